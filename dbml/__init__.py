@@ -1,0 +1,1 @@
+"""dbml — in-database machine learning for DuckDB."""

@@ -1,0 +1,39 @@
+"""Optimizer specifications shared by eager and scheduled training.
+
+A training job names its optimizer by an :class:`OptimizerSpec`; :func:`make_optimizer`
+builds the eager ``torch.optim`` optimizer for it. The optimizers are always the
+single-tensor implementations (``foreach=False``): that is the code path the scheduler
+captures op by op, so eager and scheduled training agree bit for bit on CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    kind: str = "adam"
+    lr: float = 1e-3
+    momentum: float = 0.9  # sgd only
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+
+    def __post_init__(self):
+        if self.kind not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.kind!r}; expected one of {', '.join(OPTIMIZERS)}")
+
+
+def make_optimizer(spec: OptimizerSpec, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    if spec.kind == "sgd":
+        return torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum,
+                               weight_decay=spec.weight_decay, foreach=False)
+    cls = torch.optim.Adam if spec.kind == "adam" else torch.optim.AdamW
+    return cls(params, lr=spec.lr, betas=spec.betas, eps=spec.eps,
+               weight_decay=spec.weight_decay, foreach=False)

@@ -1,0 +1,1 @@
+"""SQL files that dbml.install() applies to a connection, in name order."""
