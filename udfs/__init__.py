@@ -1,1 +1,112 @@
-"""The SQL surface of dbml: thin UDFs that parse arguments, call dbml and shape results."""
+"""The SQL surface of dbml: thin UDFs that parse SQL arguments, call dbml, shape results.
+
+``register(con)`` puts them on one connection (DuckDB's Python UDFs are per connection);
+``sql/macros.sql`` wraps some of them in macros with named parameters. ``SQL_FUNCTIONS``
+is the public surface with its help text: the shell's ``.help`` prints it and a test
+checks that the README documents every entry.
+"""
+
+from __future__ import annotations
+
+import duckdb
+from duckdb import sqltypes as t
+
+from ..inference import ModelCache
+
+SQL_FUNCTIONS: dict[str, str] = {
+    "train": "train(model, source, label := ..., features, arch, epochs, batch_size, lr, optimizer, seed, "
+             "validation, hidden, dropout, task, weight_decay, momentum) -> STRUCT: train a model on a table "
+             "or one SELECT and store it as the next version of `model`",
+    "predict": "predict(model, [x1, x2, ...]) -> DOUBLE: the prediction for raw numeric features in training "
+               "order (regression value, or class for numeric labels)",
+    "predict_label": "predict_label(model, [x1, ...]) -> VARCHAR: the predicted class as text",
+    "predict_proba": "predict_proba(model, [x1, ...]) -> DOUBLE[]: class probabilities, in class order",
+    "predictions": "SELECT * FROM predictions(model, source): every row of a table or SELECT plus a "
+                   "`prediction` column; takes the model's features by name (categorical ones too)",
+    "evaluate": "evaluate(model, source) -> STRUCT: accuracy, macro_f1, log_loss (classification) or "
+                "rmse, mae, r2 (regression) on a table or SELECT that holds the label",
+    "drop_model": "drop_model(model) -> BIGINT: delete every version of a model and its weights; "
+                  "returns how many versions were dropped",
+}
+
+# Internal functions the macros call; not part of the documented surface.
+INTERNAL_FUNCTIONS = ("dbml_train", "dbml_predictions_sql", "dbml_infer")
+
+TRAIN_RESULT = duckdb.struct_type({
+    "job_id": t.BIGINT, "model": t.VARCHAR, "version": t.INTEGER, "status": t.VARCHAR,
+    "epochs": t.INTEGER, "rows": t.BIGINT, "final_loss": t.DOUBLE, "val_metric": t.DOUBLE,
+    "seconds": t.DOUBLE, "measured_peak_bytes": t.BIGINT,
+})
+EVALUATE_RESULT = duckdb.struct_type({
+    "rows": t.BIGINT, "accuracy": t.DOUBLE, "macro_f1": t.DOUBLE, "log_loss": t.DOUBLE,
+    "rmse": t.DOUBLE, "mae": t.DOUBLE, "r2": t.DOUBLE,
+})
+DOUBLES = duckdb.list_type(t.DOUBLE)
+
+
+def register(con: duckdb.DuckDBPyConnection) -> None:
+    """Register every dbml UDF on ``con``, replacing ones registered before (idempotent)."""
+    from .. import inference, training
+    from ..catalog import drop
+
+    cache = ModelCache(con)
+
+    def dbml_train(model, source, label, features, arch, epochs, batch_size, lr, optimizer, seed,
+                   validation, hidden, dropout, task, weight_decay, momentum, device, prefetch):
+        spec = training.TrainSpec(
+            model=model, source=source, label=label,
+            features=None if features is None else tuple(features), arch=arch, epochs=epochs,
+            batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed, validation=validation,
+            hidden=None if hidden is None else tuple(hidden), dropout=dropout, task=task,
+            weight_decay=weight_decay, momentum=momentum, device=device or "auto",
+            prefetch_batches=prefetch or 4)
+        return training.train(con, spec)
+
+    def predictor(kind: str, fn: str):
+        def udf(models, features):
+            return inference.per_model(models, lambda name, rows: inference.predict_values(
+                cache.get(name, fn=fn), features.take(rows), fn=fn, kind=kind))
+        return udf
+
+    def dbml_infer(models, versions, x):
+        return inference.per_model(models, lambda name, rows: inference.infer_encoded(
+            cache.get(name, versions[rows[0]].as_py(), fn="predictions"), x.take(rows)))
+
+    def evaluate(model, source):
+        return inference.evaluate(con, cache, model, source)
+
+    def dbml_predictions_sql(model, source):
+        cur = con.cursor()
+        try:
+            return inference.predictions_sql(cur, cache, model, source)
+        finally:
+            cur.close()
+
+    def drop_model(model):
+        cur = con.cursor()
+        try:
+            return drop(cur, model)
+        finally:
+            cur.close()
+
+    effects = dict(null_handling="special", side_effects=True)
+    functions = [
+        ("dbml_train", dbml_train, [t.VARCHAR, t.VARCHAR, t.VARCHAR, duckdb.list_type(t.VARCHAR), t.VARCHAR,
+                                    t.INTEGER, t.INTEGER, t.DOUBLE, t.VARCHAR, t.BIGINT, t.DOUBLE,
+                                    duckdb.list_type(t.INTEGER), t.DOUBLE, t.VARCHAR, t.DOUBLE, t.DOUBLE,
+                                    t.VARCHAR, t.INTEGER], TRAIN_RESULT, effects),
+        ("predict", predictor("value", "predict"), [t.VARCHAR, DOUBLES], t.DOUBLE, dict(type="arrow")),
+        ("predict_label", predictor("label", "predict_label"), [t.VARCHAR, DOUBLES], t.VARCHAR, dict(type="arrow")),
+        ("predict_proba", predictor("proba", "predict_proba"), [t.VARCHAR, DOUBLES], DOUBLES, dict(type="arrow")),
+        ("dbml_infer", dbml_infer, [t.VARCHAR, t.INTEGER, duckdb.list_type(t.FLOAT)], t.DOUBLE, dict(type="arrow")),
+        ("evaluate", evaluate, [t.VARCHAR, t.VARCHAR], EVALUATE_RESULT, effects),
+        ("dbml_predictions_sql", dbml_predictions_sql, [t.VARCHAR, t.VARCHAR], t.VARCHAR, effects),
+        ("drop_model", drop_model, [t.VARCHAR], t.BIGINT, effects),
+    ]
+    for name, fn, params, returns, options in functions:
+        try:
+            con.remove_function(name)
+        except duckdb.InvalidInputException:
+            pass
+        con.create_function(name, fn, params, returns, **options)
+

@@ -1,0 +1,217 @@
+"""Using trained models: batched prediction, the table form, and evaluation.
+
+Models are loaded from the catalog once per connection and version (``ModelCache``);
+a retrained or dropped model is noticed at the next call, since every call looks up the
+latest version first.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from . import catalog
+from .data import BatchStream
+from .errors import InvalidArgument
+from .features import Preprocessing
+from .source import as_select, describe, literal, quote, resolve_column
+from .training import r2_score
+
+
+class ModelCache:
+    """The latest version of each model, loaded at most once; safe across DuckDB threads."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection):
+        self._cur = con.cursor()
+        self._lock = threading.Lock()
+        self._models: dict[tuple[str, int], catalog.StoredModel] = {}
+
+    def get(self, name: str, version: int | None = None, *, fn: str) -> catalog.StoredModel:
+        with self._lock:
+            if version is None:
+                version = catalog.latest_version(self._cur, name, fn=fn)
+            key = (name, version)
+            if key not in self._models:
+                self._models = {k: v for k, v in self._models.items() if k[0] != name}
+                self._models[key] = catalog.load(self._cur, name, version)
+            return self._models[key]
+
+    def close(self) -> None:
+        self._cur.close()
+
+
+def forward(model: catalog.StoredModel, x: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """Raw model outputs for encoded features, in batches, without autograd."""
+    x = torch.as_tensor(x, dtype=torch.float32)
+    with torch.no_grad():
+        return model.module(x)
+
+
+def outputs_to_values(prep: Preprocessing, out: torch.Tensor) -> np.ndarray:
+    """Regression: the unscaled target; classification: the class index."""
+    if prep.task == "classification":
+        return out.argmax(1).numpy()
+    return prep.unscale(out.squeeze(-1).numpy())
+
+
+def encode_raw(model: catalog.StoredModel, features: pa.Array, *, fn: str) -> tuple[np.ndarray, np.ndarray]:
+    """A LIST/ARRAY of raw numeric features per row -> (encoded rows, mask of non-NULL rows)."""
+    prep = model.preprocessing
+    features = flat(features)
+    if not prep.all_numeric:
+        cats = [f.name for f in prep.features if f.kind != "numeric"]
+        raise InvalidArgument(f"{fn}(): model {model.name!r} has categorical features ({', '.join(cats)}), "
+                              f"which a list of numbers cannot carry; use the table form: "
+                              f"SELECT * FROM predictions({model.name!r}, '<table or SELECT>')")
+    valid = ~np.asarray(features.is_null().to_numpy(zero_copy_only=False))
+    present = features.filter(pa.array(valid))
+    lengths = present.value_lengths().to_numpy(zero_copy_only=False) if len(present) else np.array([], int)
+    k = len(prep.features)
+    if len(lengths) and (lengths != k).any():
+        bad = int(lengths[lengths != k][0])
+        raise InvalidArgument(f"{fn}(): model {model.name!r} takes {k} features "
+                              f"({', '.join(prep.feature_names)}), got a list of {bad}; "
+                              f"pass [{', '.join(prep.feature_names)}] in that order")
+    raw = present.flatten().to_numpy(zero_copy_only=False).astype(np.float64).reshape(len(present), k)
+    return prep.standardise(raw), valid
+
+
+def flat(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """Arrow UDFs receive chunked arrays; the code here wants one contiguous array."""
+    return arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+
+
+def predict_values(model: catalog.StoredModel, features: pa.Array, *, fn: str, kind: str) -> pa.Array:
+    """``kind``: "value" (DOUBLE), "label" (VARCHAR) or "proba" (DOUBLE[]), NULL where the input is NULL."""
+    prep = model.preprocessing
+    if kind != "value" and prep.task != "classification":
+        raise InvalidArgument(f"{fn}(): model {model.name!r} is a regression model; use predict({model.name!r}, ...)")
+    if kind == "value" and prep.task == "classification" and not _numeric_classes(prep):
+        raise InvalidArgument(f"{fn}(): model {model.name!r} predicts text labels; "
+                              f"use predict_label({model.name!r}, ...) for the label as VARCHAR")
+    x, valid = encode_raw(model, features, fn=fn)
+    out = forward(model, x)
+    if kind == "proba":
+        values = list(torch.softmax(out, 1).double().numpy())
+        typ = pa.list_(pa.float64())
+    elif kind == "label":
+        values = [str(prep.classes[i]) for i in out.argmax(1).numpy()]
+        typ = pa.string()
+    else:
+        v = outputs_to_values(prep, out)
+        values = [float(prep.classes[i]) for i in v] if prep.task == "classification" else v
+        typ = pa.float64()
+    return _scatter(values, valid, typ)
+
+
+def _numeric_classes(prep: Preprocessing) -> bool:
+    return all(isinstance(c, (int, float, bool)) for c in prep.classes)
+
+
+def _scatter(values, valid: np.ndarray, typ: pa.DataType) -> pa.Array:
+    if valid.all():
+        return pa.array(values, type=typ)
+    it = iter(values)
+    return pa.array([next(it) if v else None for v in valid], type=typ)
+
+
+def infer_encoded(model: catalog.StoredModel, x: pa.Array) -> pa.Array:
+    """Model output for rows already encoded by ``features_sql`` (the table form)."""
+    x = flat(x)
+    width = model.preprocessing.width
+    rows = x.flatten().to_numpy(zero_copy_only=False).reshape(len(x), width)
+    return pa.array(outputs_to_values(model.preprocessing, forward(model, rows)), type=pa.float64())
+
+
+def predictions_sql(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, source: str) -> str:
+    """The query behind ``predictions(model, source)``: every source row plus a ``prediction`` column."""
+    fn = "predictions"
+    model = cache.get(name, fn=fn)
+    prep = model.preprocessing
+    select_sql = as_select(source, fn=fn)
+    columns = describe(cur, select_sql, fn=fn)
+    for f in prep.feature_names:
+        resolve_column(columns, f, fn=fn, arg="source")
+    call = f"dbml_infer({literal(name)}, {model.version}, {prep.features_sql()})"
+    if prep.task == "classification":
+        classes = ", ".join(literal(c) for c in prep.classes)
+        call = f"[{classes}][{call}::INTEGER + 1]"
+    return f"SELECT src.*, {call} AS prediction FROM ({select_sql}) AS src"
+
+
+def evaluate(con: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, source: str) -> dict:
+    """Metrics of the latest version of ``name`` on the rows of ``source`` (its label must be there)."""
+    fn = "evaluate"
+    model = cache.get(name, fn=fn)
+    prep = model.preprocessing
+    select_sql = as_select(source, fn=fn)
+    cur = con.cursor()
+    try:
+        columns = describe(cur, select_sql, fn=fn)
+        if not any(c.name.lower() == prep.label.lower() for c in columns):
+            raise InvalidArgument(f"{fn}(): source has no column {prep.label!r}, the label of model {name!r}; "
+                                  f"include it in the SELECT")
+        for f in prep.feature_names:
+            resolve_column(columns, f, fn=fn, arg="source")
+        y_sql = prep.label_sql() + "::BIGINT" if prep.task == "classification" else f"{quote(prep.label)}::DOUBLE"
+        outs, ys = [], []
+        query = f"SELECT {prep.features_sql()} AS x, {y_sql} AS y FROM ({select_sql}) WHERE {quote(prep.label)} IS NOT NULL"
+        for x, y in BatchStream(cur, query, 8192):
+            outs.append(forward(model, x))
+            ys.append(y)
+    finally:
+        cur.close()
+    if not ys:
+        raise InvalidArgument(f"{fn}(): source has no rows with a non-NULL label {prep.label!r}; "
+                              f"pass a source that selects some labelled rows")
+    out, y = torch.cat(outs), torch.cat(ys).numpy()
+    if prep.task == "classification":
+        return {"rows": len(y), **classification_metrics(out, y, len(prep.classes))}
+    return {"rows": len(y), **regression_metrics(y, prep.unscale(out.squeeze(-1).numpy()))}
+
+
+def classification_metrics(out: torch.Tensor, y: np.ndarray, n_classes: int) -> dict:
+    """Accuracy, macro F1 over the model's classes, and log loss; label -1 is a class the model never saw."""
+    pred = out.argmax(1).numpy()
+    prob = torch.softmax(out.double(), 1).numpy()
+    p_true = np.where(y >= 0, prob[np.arange(len(y)), np.clip(y, 0, None)], 0.0)
+    f1s = []
+    for c in range(n_classes):
+        tp = np.sum((pred == c) & (y == c))
+        fp, fn = np.sum((pred == c) & (y != c)), np.sum((pred != c) & (y == c))
+        if tp + fp + fn:
+            f1s.append(2 * tp / (2 * tp + fp + fn))
+    return {"accuracy": float(np.mean(pred == y)), "macro_f1": float(np.mean(f1s)) if f1s else None,
+            "log_loss": float(-np.mean(np.log(np.clip(p_true, 1e-15, 1.0)))),
+            "rmse": None, "mae": None, "r2": None}
+
+
+def regression_metrics(y: np.ndarray, pred: np.ndarray) -> dict:
+    err = pred - y
+    return {"accuracy": None, "macro_f1": None, "log_loss": None,
+            "rmse": math.sqrt(float(np.mean(err ** 2))), "mae": float(np.mean(np.abs(err))),
+            "r2": r2_score(y, pred)}
+
+
+def per_model(models: pa.Array, run) -> pa.Array:
+    """Apply ``run(model_name, row_indices)`` to each model named in a vector, reassembled in row order.
+
+    Rows whose model name is NULL get NULL.
+    """
+    models = flat(models)
+    names = models.to_numpy(zero_copy_only=False)
+    distinct = [n for n in pc.unique(models).to_pylist() if n is not None]
+    if len(distinct) == 1 and models.null_count == 0:
+        return run(distinct[0], pa.array(np.arange(len(models))))
+    parts = [(np.flatnonzero(names == n), run(n, pa.array(np.flatnonzero(names == n)))) for n in distinct]
+    null_rows = np.flatnonzero(pc.is_null(models).to_numpy(zero_copy_only=False))
+    typ = parts[0][1].type if parts else pa.float64()
+    values = pa.concat_arrays([p for _, p in parts] + [pa.nulls(len(null_rows), typ)])
+    order = np.concatenate([r for r, _ in parts] + [null_rows])
+    return values.take(pa.array(np.argsort(order, kind="stable")))

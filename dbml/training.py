@@ -1,0 +1,201 @@
+"""One training job, from a validated spec to a stored model.
+
+The job reads its source once into a temporary table of (features, label, is_val) rows
+built by DuckDB, then streams a freshly shuffled ordering of the training rows every
+epoch. Every iteration goes through a ``StepRunner`` (``dbml.scheduler.step``): the
+boundary at which the memory scheduler takes training over.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import duckdb
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import catalog, models
+from .data import BatchStream, StreamStats
+from .errors import InvalidArgument, SourceError, TrainingError
+from .features import Preprocessing, fit
+from .scheduler import OPTIMIZERS, OptimizerSpec
+from .scheduler.step import EagerStep, StepRunner
+from .settings import resolve_device
+from .source import as_select, describe, quote
+
+VALIDATION_BUCKETS = 1_000_000
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    model: str
+    source: str
+    label: str | None = None
+    features: tuple[str, ...] | None = None
+    arch: str = "auto"
+    epochs: int = 20
+    batch_size: int = 64
+    lr: float = 0.01
+    optimizer: str = "adam"
+    seed: int = 0
+    validation: float = 0.1
+    hidden: tuple[int, ...] | None = None
+    dropout: float = 0.0
+    task: str | None = None
+    weight_decay: float = 0.0
+    momentum: float = 0.9
+    device: str = "auto"
+    prefetch_batches: int = 4
+
+    def __post_init__(self):
+        fn = "train"
+        if not self.model or not self.model.strip():
+            raise InvalidArgument(f"{fn}(): model name is empty; pass a name such as train('churn', ...)")
+        _positive_int(self.epochs, "epochs", "epochs := 10")
+        _positive_int(self.batch_size, "batch_size", "batch_size := 64")
+        if self.lr is None or not self.lr > 0 or not math.isfinite(self.lr):
+            raise InvalidArgument(f"{fn}(): lr must be a positive number, got {self.lr!r}; pass e.g. lr := 0.01")
+        if self.optimizer not in OPTIMIZERS:
+            raise InvalidArgument(f"{fn}(): unknown optimizer {self.optimizer!r}; "
+                                  f"pass optimizer := one of {', '.join(map(repr, OPTIMIZERS))}")
+        if self.arch not in models.ARCHS:
+            raise InvalidArgument(f"{fn}(): unknown arch {self.arch!r}; "
+                                  f"pass arch := one of {', '.join(map(repr, models.ARCHS))}")
+        if self.validation is None or not 0.0 <= self.validation < 1.0:
+            raise InvalidArgument(f"{fn}(): validation must be a fraction in [0, 1), got {self.validation!r}; "
+                                  f"pass e.g. validation := 0.1")
+        if self.weight_decay is None or self.weight_decay < 0:
+            raise InvalidArgument(f"{fn}(): weight_decay must be >= 0; pass e.g. weight_decay := 0.01")
+
+    def optimizer_spec(self) -> OptimizerSpec:
+        return OptimizerSpec(kind=self.optimizer, lr=self.lr, momentum=self.momentum,
+                             weight_decay=self.weight_decay)
+
+
+def _positive_int(value, name: str, example: str) -> None:
+    if value is None or int(value) != value or value <= 0:
+        raise InvalidArgument(f"train(): {name} must be a positive integer, got {value!r}; pass e.g. {example}")
+
+
+def loss_function(prep: Preprocessing):
+    if prep.task == "classification":
+        return lambda out, y: F.cross_entropy(out, y)
+    return lambda out, y: F.mse_loss(out.squeeze(-1), y)
+
+
+def make_runner(model: torch.nn.Module, loss_fn, spec: TrainSpec) -> StepRunner:
+    """The step-runner boundary: plain PyTorch for now; the scheduler plugs in here."""
+    return EagerStep(model, loss_fn, spec.optimizer_spec())
+
+
+def train(con: duckdb.DuckDBPyConnection, spec: TrainSpec) -> dict:
+    """Run one training job to completion and store the model; return the summary row."""
+    started = time.perf_counter()
+    cur = con.cursor()
+    try:
+        job_id = catalog.next_job_id(cur)
+        select_sql = as_select(spec.source, fn="train")
+        columns = describe(cur, select_sql, fn="train")
+        prep = fit(cur, select_sql, columns, label=spec.label,
+                   features=None if spec.features is None else list(spec.features), task=spec.task)
+        table = f"dbml_job_{job_id}"
+        n_train, n_val = _materialise(cur, table, select_sql, prep, spec)
+        try:
+            result = _fit_model(cur, table, prep, spec, n_train, n_val)
+        finally:
+            cur.execute(f"DROP TABLE IF EXISTS {table}")
+        version = catalog.write(cur, name=spec.model, config=result["config"], prep=prep,
+                                params=_params(spec), metrics=result["metrics"], rows=n_train,
+                                module=result["module"])
+    finally:
+        cur.close()
+    return {
+        "job_id": job_id, "model": spec.model, "version": version, "status": "finished",
+        "epochs": spec.epochs, "rows": n_train, "final_loss": result["metrics"]["final_loss"],
+        "val_metric": result["metrics"]["val_metric"], "seconds": time.perf_counter() - started,
+        "measured_peak_bytes": result["measured_peak_bytes"],
+    }
+
+
+def _params(spec: TrainSpec) -> dict:
+    d = asdict(spec)
+    d.pop("source"), d.pop("model")
+    return d
+
+
+def _materialise(cur, table: str, select_sql: str, prep: Preprocessing, spec: TrainSpec) -> tuple[int, int]:
+    """Features and labels computed once by DuckDB, with a deterministic validation split."""
+    val_cut = int(spec.validation * VALIDATION_BUCKETS)
+    cur.execute(f"""
+        CREATE TEMP TABLE {table} AS
+        SELECT x, y, hash(x, y, {int(spec.seed)}) % {VALIDATION_BUCKETS} < {val_cut} AS is_val
+        FROM (SELECT {prep.features_sql()} AS x, {_label_column(prep)} AS y
+              FROM ({select_sql}) WHERE {quote(prep.label)} IS NOT NULL)""")
+    n_train, n_val = cur.execute(f"SELECT count(*) FILTER (NOT is_val), count(*) FILTER (is_val) FROM {table}").fetchall()[0]
+    if n_train == 0:
+        raise SourceError(f"train(): no rows left for training after holding out validation := {spec.validation}; "
+                          f"pass a larger source or validation := 0")
+    return n_train, n_val
+
+
+def _label_column(prep: Preprocessing) -> str:
+    """The label as the dtype the loss wants: int64 class indices or float32 scaled targets."""
+    return f"({prep.label_sql()})::BIGINT" if prep.task == "classification" else prep.label_sql()
+
+
+def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: int, n_val: int) -> dict:
+    device = resolve_device(spec.device)
+    outputs = len(prep.classes) if prep.task == "classification" else 1
+    arch = "mlp" if spec.arch == "auto" else spec.arch
+    config = models.config(arch, prep.width, outputs, spec.hidden, spec.dropout)
+    module = models.build_seeded(config, spec.seed).to(device)
+    runner = make_runner(module, loss_function(prep), spec)
+    stream_stats, history = StreamStats(), []
+    for epoch in range(spec.epochs):
+        stream = BatchStream(cur, f"SELECT x, y FROM {table} WHERE NOT is_val "
+                                  f"ORDER BY hash(x, y, {int(spec.seed)}, {epoch})",
+                             spec.batch_size, spec.prefetch_batches)
+        total = torch.zeros((), dtype=torch.float64)
+        for x, y in stream:
+            loss = runner.step(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
+            if not torch.isfinite(loss):
+                raise TrainingError(f"train(): loss became {loss.item()} in epoch {epoch + 1}; "
+                                    f"nothing was stored; pass a smaller lr := (now {spec.lr})")
+            total += loss.double().cpu() * len(y)
+        stream_stats.add(stream.stats)
+        history.append({"epoch": epoch + 1, "loss": total.item() / n_train})
+    runner.finish()
+    module.eval()
+    metrics = {"final_loss": history[-1]["loss"], "history": history,
+               "fetch_wait_seconds": stream_stats.wait_seconds, **runner.stats()}
+    metrics.update(_validation_metric(cur, table, prep, module, device, n_val))
+    return {"config": config, "module": module.cpu(), "metrics": metrics,
+            "measured_peak_bytes": runner.stats().get("measured_peak_bytes")}
+
+
+def _validation_metric(cur, table: str, prep: Preprocessing, module, device, n_val: int) -> dict:
+    """Accuracy (classification) or R^2 (regression) on the held-out rows."""
+    name = "accuracy" if prep.task == "classification" else "r2"
+    if n_val == 0:
+        return {"val_metric": None, "val_metric_name": name}
+    outs, ys = [], []
+    with torch.no_grad():
+        for x, y in BatchStream(cur, f"SELECT x, y FROM {table} WHERE is_val", 8192):
+            outs.append(module(x.to(device)).cpu())
+            ys.append(y)
+    out, y = torch.cat(outs), torch.cat(ys)
+    if prep.task == "classification":
+        value = (out.argmax(1) == y).double().mean().item()
+    else:
+        value = r2_score(y.double().numpy(), out.squeeze(-1).double().numpy())
+    return {"val_metric": value, "val_metric_name": name}
+
+
+def r2_score(y: np.ndarray, pred: np.ndarray) -> float | None:
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    if ss_tot == 0:
+        return None
+    return 1.0 - float(((y - pred) ** 2).sum()) / ss_tot

@@ -1,0 +1,14 @@
+-- The SQL surface's named parameters and defaults. TEMP: macros live beside the UDFs
+-- they call, which are registered per connection by dbml.install().
+-- Defaults here are the ones dbml.training.TrainSpec declares (a test keeps them equal).
+CREATE OR REPLACE TEMP MACRO train(model, source, label := NULL, features := NULL, arch := 'auto',
+        epochs := 20, batch_size := 64, lr := 0.01, optimizer := 'adam', seed := 0,
+        validation := 0.1, hidden := NULL, dropout := 0.0, task := NULL, weight_decay := 0.0,
+        momentum := 0.9) AS
+    dbml_train(model, source, label, features, arch, epochs, batch_size, lr, optimizer, seed,
+               validation, hidden, dropout, task, weight_decay, momentum,
+               getvariable('dbml_device'), getvariable('dbml_prefetch_batches'));
+
+-- Every row of a table or SELECT with the model's prediction appended as `prediction`.
+CREATE OR REPLACE TEMP MACRO predictions(model, source) AS TABLE
+    SELECT * FROM query(dbml_predictions_sql(model, source));
