@@ -24,10 +24,13 @@ __all__ = ["connect", "install", "DbmlError", "InvalidArgument", "SourceError", 
 
 def install(con: duckdb.DuckDBPyConnection, **settings) -> duckdb.DuckDBPyConnection:
     """Install dbml into ``con``: settings, catalog tables, UDFs and macros. Returns ``con``."""
+    from .instance import attach
     from .udfs import register
 
     _settings.apply(con, **settings)
-    register(con)
+    instance, new = attach(con)
+    if new:
+        register(con, instance)
     for sql in sorted(resources.files("dbml.sql").iterdir(), key=lambda p: p.name):
         if sql.name.endswith(".sql"):
             con.execute(sql.read_text())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import threading
+from typing import Callable
 
 import duckdb
 import numpy as np
@@ -25,25 +26,35 @@ from .training import r2_score
 
 
 class ModelCache:
-    """The latest version of each model, loaded at most once; safe across DuckDB threads."""
+    """The latest version of each model, loaded at most once; safe across DuckDB threads.
 
-    def __init__(self, con: duckdb.DuckDBPyConnection):
-        self._cur = con.cursor()
+    ``cursor`` gives a connection to the database when the cache needs one (again).
+    """
+
+    def __init__(self, cursor: Callable[[], duckdb.DuckDBPyConnection]):
+        self._new_cursor = cursor
+        self._cur: duckdb.DuckDBPyConnection | None = None
         self._lock = threading.Lock()
         self._models: dict[tuple[str, int], catalog.StoredModel] = {}
 
     def get(self, name: str, version: int | None = None, *, fn: str) -> catalog.StoredModel:
         with self._lock:
-            if version is None:
-                version = catalog.latest_version(self._cur, name, fn=fn)
-            key = (name, version)
-            if key not in self._models:
-                self._models = {k: v for k, v in self._models.items() if k[0] != name}
-                self._models[key] = catalog.load(self._cur, name, version)
-            return self._models[key]
+            try:
+                return self._get(name, version, fn)
+            except duckdb.ConnectionException:  # the connection it used was closed
+                self._cur = None
+                return self._get(name, version, fn)
 
-    def close(self) -> None:
-        self._cur.close()
+    def _get(self, name: str, version: int | None, fn: str) -> catalog.StoredModel:
+        if self._cur is None:
+            self._cur = self._new_cursor()
+        if version is None:
+            version = catalog.latest_version(self._cur, name, fn=fn)
+        key = (name, version)
+        if key not in self._models:
+            self._models = {k: v for k, v in self._models.items() if k[0] != name}
+            self._models[key] = catalog.load(self._cur, name, version)
+        return self._models[key]
 
 
 def forward(model: catalog.StoredModel, x: np.ndarray | torch.Tensor) -> torch.Tensor:
@@ -145,28 +156,24 @@ def predictions_sql(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str
     return f"SELECT src.*, {call} AS prediction FROM ({select_sql}) AS src"
 
 
-def evaluate(con: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, source: str) -> dict:
+def evaluate(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, source: str) -> dict:
     """Metrics of the latest version of ``name`` on the rows of ``source`` (its label must be there)."""
     fn = "evaluate"
     model = cache.get(name, fn=fn)
     prep = model.preprocessing
     select_sql = as_select(source, fn=fn)
-    cur = con.cursor()
-    try:
-        columns = describe(cur, select_sql, fn=fn)
-        if not any(c.name.lower() == prep.label.lower() for c in columns):
-            raise InvalidArgument(f"{fn}(): source has no column {prep.label!r}, the label of model {name!r}; "
-                                  f"include it in the SELECT")
-        for f in prep.feature_names:
-            resolve_column(columns, f, fn=fn, arg="source")
-        y_sql = prep.label_sql() + "::BIGINT" if prep.task == "classification" else f"{quote(prep.label)}::DOUBLE"
-        outs, ys = [], []
-        query = f"SELECT {prep.features_sql()} AS x, {y_sql} AS y FROM ({select_sql}) WHERE {quote(prep.label)} IS NOT NULL"
-        for x, y in BatchStream(cur, query, 8192):
-            outs.append(forward(model, x))
-            ys.append(y)
-    finally:
-        cur.close()
+    columns = describe(cur, select_sql, fn=fn)
+    if not any(c.name.lower() == prep.label.lower() for c in columns):
+        raise InvalidArgument(f"{fn}(): source has no column {prep.label!r}, the label of model {name!r}; "
+                              f"include it in the SELECT")
+    for f in prep.feature_names:
+        resolve_column(columns, f, fn=fn, arg="source")
+    y_sql = prep.label_sql() + "::BIGINT" if prep.task == "classification" else f"{quote(prep.label)}::DOUBLE"
+    outs, ys = [], []
+    query = f"SELECT {prep.features_sql()} AS x, {y_sql} AS y FROM ({select_sql}) WHERE {quote(prep.label)} IS NOT NULL"
+    for x, y in BatchStream(cur, query, 8192):
+        outs.append(forward(model, x))
+        ys.append(y)
     if not ys:
         raise InvalidArgument(f"{fn}(): source has no rows with a non-NULL label {prep.label!r}; "
                               f"pass a source that selects some labelled rows")

@@ -91,27 +91,26 @@ def make_runner(model: torch.nn.Module, loss_fn, spec: TrainSpec) -> StepRunner:
     return EagerStep(model, loss_fn, spec.optimizer_spec())
 
 
-def train(con: duckdb.DuckDBPyConnection, spec: TrainSpec) -> dict:
-    """Run one training job to completion and store the model; return the summary row."""
+def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec) -> dict:
+    """Run one training job to completion and store the model; return the summary row.
+
+    ``cur`` is a cursor for this job alone: its temporary table holds the job's rows.
+    """
     started = time.perf_counter()
-    cur = con.cursor()
+    job_id = catalog.next_job_id(cur)
+    select_sql = as_select(spec.source, fn="train")
+    columns = describe(cur, select_sql, fn="train")
+    prep = fit(cur, select_sql, columns, label=spec.label,
+               features=None if spec.features is None else list(spec.features), task=spec.task)
+    table = f"dbml_job_{job_id}"
+    n_train, n_val = _materialise(cur, table, select_sql, prep, spec)
     try:
-        job_id = catalog.next_job_id(cur)
-        select_sql = as_select(spec.source, fn="train")
-        columns = describe(cur, select_sql, fn="train")
-        prep = fit(cur, select_sql, columns, label=spec.label,
-                   features=None if spec.features is None else list(spec.features), task=spec.task)
-        table = f"dbml_job_{job_id}"
-        n_train, n_val = _materialise(cur, table, select_sql, prep, spec)
-        try:
-            result = _fit_model(cur, table, prep, spec, n_train, n_val)
-        finally:
-            cur.execute(f"DROP TABLE IF EXISTS {table}")
-        version = catalog.write(cur, name=spec.model, config=result["config"], prep=prep,
-                                params=_params(spec), metrics=result["metrics"], rows=n_train,
-                                module=result["module"])
+        result = _fit_model(cur, table, prep, spec, n_train, n_val)
     finally:
-        cur.close()
+        cur.execute(f"DROP TABLE IF EXISTS {table}")
+    version = catalog.write(cur, name=spec.model, config=result["config"], prep=prep,
+                            params=_params(spec), metrics=result["metrics"], rows=n_train,
+                            module=result["module"])
     return {
         "job_id": job_id, "model": spec.model, "version": version, "status": "finished",
         "epochs": spec.epochs, "rows": n_train, "final_loss": result["metrics"]["final_loss"],

@@ -30,7 +30,7 @@ SQL_FUNCTIONS: dict[str, str] = {
 }
 
 # Internal functions the macros call; not part of the documented surface.
-INTERNAL_FUNCTIONS = ("dbml_train", "dbml_predictions_sql", "dbml_infer")
+INTERNAL_FUNCTIONS = ("dbml_instance_id", "dbml_train", "dbml_predictions_sql", "dbml_infer")
 
 TRAIN_RESULT = duckdb.struct_type({
     "job_id": t.BIGINT, "model": t.VARCHAR, "version": t.INTEGER, "status": t.VARCHAR,
@@ -44,12 +44,23 @@ EVALUATE_RESULT = duckdb.struct_type({
 DOUBLES = duckdb.list_type(t.DOUBLE)
 
 
-def register(con: duckdb.DuckDBPyConnection) -> None:
-    """Register every dbml UDF on ``con``, replacing ones registered before (idempotent)."""
+def register(con: duckdb.DuckDBPyConnection, instance) -> None:
+    """Register every dbml UDF in the database instance behind ``con``.
+
+    UDFs are instance-wide in DuckDB; each call takes its own cursor from ``instance``
+    (a ``dbml.instance.Instance``), so no UDF depends on the connection that registered it.
+    """
     from .. import inference, training
     from ..catalog import drop
 
-    cache = ModelCache(con)
+    cache = ModelCache(instance.cursor)
+
+    def with_cursor(work):
+        cur = instance.cursor()
+        try:
+            return work(cur)
+        finally:
+            cur.close()
 
     def dbml_train(model, source, label, features, arch, epochs, batch_size, lr, optimizer, seed,
                    validation, hidden, dropout, task, weight_decay, momentum, device, prefetch):
@@ -60,7 +71,7 @@ def register(con: duckdb.DuckDBPyConnection) -> None:
             hidden=None if hidden is None else tuple(hidden), dropout=dropout, task=task,
             weight_decay=weight_decay, momentum=momentum, device=device or "auto",
             prefetch_batches=prefetch or 4)
-        return training.train(con, spec)
+        return with_cursor(lambda cur: training.train(cur, spec))
 
     def predictor(kind: str, fn: str):
         def udf(models, features):
@@ -73,24 +84,17 @@ def register(con: duckdb.DuckDBPyConnection) -> None:
             cache.get(name, versions[rows[0]].as_py(), fn="predictions"), x.take(rows)))
 
     def evaluate(model, source):
-        return inference.evaluate(con, cache, model, source)
+        return with_cursor(lambda cur: inference.evaluate(cur, cache, model, source))
 
     def dbml_predictions_sql(model, source):
-        cur = con.cursor()
-        try:
-            return inference.predictions_sql(cur, cache, model, source)
-        finally:
-            cur.close()
+        return with_cursor(lambda cur: inference.predictions_sql(cur, cache, model, source))
 
     def drop_model(model):
-        cur = con.cursor()
-        try:
-            return drop(cur, model)
-        finally:
-            cur.close()
+        return with_cursor(lambda cur: drop(cur, model))
 
     effects = dict(null_handling="special", side_effects=True)
     functions = [
+        ("dbml_instance_id", lambda: instance.id, [], t.VARCHAR, {}),
         ("dbml_train", dbml_train, [t.VARCHAR, t.VARCHAR, t.VARCHAR, duckdb.list_type(t.VARCHAR), t.VARCHAR,
                                     t.INTEGER, t.INTEGER, t.DOUBLE, t.VARCHAR, t.BIGINT, t.DOUBLE,
                                     duckdb.list_type(t.INTEGER), t.DOUBLE, t.VARCHAR, t.DOUBLE, t.DOUBLE,
@@ -104,9 +108,4 @@ def register(con: duckdb.DuckDBPyConnection) -> None:
         ("drop_model", drop_model, [t.VARCHAR], t.BIGINT, effects),
     ]
     for name, fn, params, returns, options in functions:
-        try:
-            con.remove_function(name)
-        except duckdb.InvalidInputException:
-            pass
         con.create_function(name, fn, params, returns, **options)
-

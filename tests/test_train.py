@@ -1,0 +1,184 @@
+"""train(), predict(), evaluate() and the catalog, end to end through SQL."""
+
+import dataclasses
+import json
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+import dbml
+from dbml.training import TrainSpec
+
+from conftest import linear, load, moons
+
+TRAIN_MOONS = "SELECT x1, x2, label FROM moons WHERE split = ''train''"
+TEST_MOONS = "SELECT * FROM moons WHERE split = ''test''"
+
+
+def train(con, sql_args: str) -> dict:
+    return con.sql(f"SELECT train({sql_args})").fetchall()[0][0]
+
+
+def test_mlp_learns_two_moons(moons_con):
+    r = train(moons_con, f"'moons_mlp', '{TRAIN_MOONS}', label := 'label', epochs := 15")
+    assert r["status"] == "finished" and r["version"] == 1 and r["model"] == "moons_mlp"
+    assert r["rows"] + 0 > 2048  # more than one DuckDB vector, many batches of 64
+    metrics = moons_con.sql(f"SELECT evaluate('moons_mlp', '{TEST_MOONS}')").fetchall()[0][0]
+    assert metrics["accuracy"] >= 0.95, metrics
+    assert metrics["macro_f1"] >= 0.95 and metrics["log_loss"] < 0.2
+    acc = moons_con.sql("SELECT avg((predict('moons_mlp', [x1, x2]) = label)::INT) FROM moons "
+                        "WHERE split = 'test'").fetchall()[0][0]
+    assert acc == pytest.approx(metrics["accuracy"])
+
+
+def test_linear_regression_reaches_r2(con):
+    load(con, "lin", linear(4000))
+    r = train(con, "'lin', 'SELECT a, b, c, y FROM lin WHERE split = ''train''', label := 'y', "
+                   "arch := 'linear', epochs := 10")
+    assert r["val_metric"] >= 0.99
+    m = con.sql("SELECT evaluate('lin', 'SELECT * FROM lin WHERE split = ''test''')").fetchall()[0][0]
+    assert m["r2"] >= 0.99 and m["rmse"] < 0.1 and m["accuracy"] is None
+    # predictions come back on the label's own scale
+    got = con.sql("SELECT predict('lin', [a, b, c]) AS p, y FROM lin LIMIT 50").fetchnumpy()
+    assert np.abs(got["p"] - got["y"]).max() < 0.5
+
+
+def test_categorical_features_and_nulls(con):
+    rng = np.random.default_rng(1)
+    n = 3000
+    color = rng.choice(["red", "green", "blue"], n)
+    x = rng.normal(size=n)
+    label = np.where(color == "red", x > 0, x < 0)     # learnable only with the colour
+    x_with_nulls = pa.array(np.where(rng.uniform(size=n) < 0.05, np.nan, x), from_pandas=True)
+    color_with_nulls = pa.array([None if i % 37 == 0 else c for i, c in enumerate(color)])
+    load(con, "t", pa.table({"x": x_with_nulls, "color": color_with_nulls, "flag": rng.uniform(size=n) < 0.5,
+                             "label": label}))
+    r = train(con, "'cat', 't', label := 'label', epochs := 15")
+    assert r["val_metric"] > 0.85
+    prep = json.loads(con.sql("SELECT preprocessing FROM dbml_models WHERE name = 'cat'").fetchall()[0][0])
+    assert [f["kind"] for f in prep["features"]] == ["numeric", "categorical", "categorical"]
+    assert prep["features"][1]["categories"] == ["blue", "green", "red"]
+    assert prep["classes"] == [False, True]
+    rows = con.sql("SELECT prediction, label FROM predictions('cat', 't')").fetchall()
+    assert len(rows) == n and all(isinstance(p, bool) for p, _ in rows)
+    assert np.mean([p == l for p, l in rows]) > 0.85
+    # a row whose features are all NULL still gets a prediction (NULL -> mean / all-zero one-hot)
+    assert con.sql("SELECT count(prediction) FROM predictions('cat', "
+                   "'SELECT NULL::DOUBLE AS x, NULL AS color, NULL::BOOLEAN AS flag')").fetchall() == [(1,)]
+
+
+def test_text_labels_predict_label_and_proba(con):
+    tbl = moons(2000)
+    names = np.where(tbl["label"].to_numpy() == 1, "upper", "lower")
+    load(con, "m", tbl.set_column(2, "label", pa.array(names)))
+    r = train(con, "'moons_txt', 'SELECT x1, x2, label FROM m', label := 'label', epochs := 10")
+    assert r["val_metric"] > 0.9
+    out = con.sql("SELECT predict_label('moons_txt', [x1, x2]) AS l, predict_proba('moons_txt', [x1, x2]) AS p, "
+                  "label FROM m").fetchall()
+    assert np.mean([l == y for l, _, y in out]) > 0.9
+    assert all(len(p) == 2 and abs(sum(p) - 1) < 1e-6 for _, p, _ in out)
+    with pytest.raises(duckdb.Error, match=r"predict\(\): model 'moons_txt' predicts text labels; use predict_label"):
+        con.sql("SELECT predict('moons_txt', [x1, x2]) FROM m").fetchall()
+
+
+def test_training_is_deterministic_for_a_seed_and_versions_increment(moons_con):
+    a = train(moons_con, f"'m', '{TRAIN_MOONS}', label := 'label', epochs := 2, seed := 7")
+    b = train(moons_con, f"'m', '{TRAIN_MOONS}', label := 'label', epochs := 2, seed := 7")
+    c = train(moons_con, f"'m', '{TRAIN_MOONS}', label := 'label', epochs := 2, seed := 8")
+    assert (a["version"], b["version"], c["version"]) == (1, 2, 3)
+    w = dict(moons_con.sql("SELECT version, weights FROM dbml_weights WHERE name = 'm'").fetchall())
+    assert w[1] == w[2] and w[1] != w[3]
+    assert a["final_loss"] == b["final_loss"]
+
+
+def test_shuffling_changes_per_epoch(con):
+    """The order of training rows differs between epochs and is fixed by the seed."""
+    from dbml.data import BatchStream
+    load(con, "t", moons(500))
+    orders = []
+    for epoch in (0, 1, 0):
+        sql = f"SELECT x1, x2 FROM t ORDER BY hash(x1, x2, 3, {epoch})"
+        orders.append(torch.cat([x for x, _ in BatchStream(con.cursor(), sql, 64)]))
+    assert torch.equal(orders[0], orders[2]) and not torch.equal(orders[0], orders[1])
+
+
+def test_sql_defaults_equal_trainspec_defaults(moons_con):
+    train(moons_con, "'d', 'SELECT x1, x2, label FROM moons LIMIT 300', label := 'label', epochs := 1")
+    params = json.loads(moons_con.sql("SELECT params FROM dbml_models WHERE name = 'd'").fetchall()[0][0])
+    for f in dataclasses.fields(TrainSpec):
+        if f.name in ("model", "source", "label", "epochs", "device", "prefetch_batches"):
+            continue
+        assert params[f.name] == f.default, f.name
+
+
+def test_optimizers_and_hidden_sizes(moons_con):
+    for opt in ("sgd", "adam", "adamw"):
+        r = train(moons_con, f"'o_{opt}', '{TRAIN_MOONS}', label := 'label', optimizer := '{opt}', "
+                             f"hidden := [16, 8], epochs := 8, lr := 0.05")
+        assert r["val_metric"] > 0.8, opt
+    cfg = json.loads(moons_con.sql("SELECT config FROM dbml_models WHERE name = 'o_sgd'").fetchall()[0][0])
+    assert cfg["hidden"] == [16, 8] and cfg["arch"] == "mlp"
+
+
+def test_one_statement_trains_several_models(moons_con):
+    rows = moons_con.sql(f"SELECT train(name, '{TRAIN_MOONS}', label := 'label', lr := lr, epochs := 2) "
+                         f"FROM (VALUES ('slow', 0.01), ('mid', 0.05), ('fast', 0.1)) v(name, lr)").fetchall()
+    assert sorted(r[0]["model"] for r in rows) == ["fast", "mid", "slow"]
+    assert moons_con.sql("SELECT count(*) FROM dbml_models").fetchall() == [(3,)]
+
+
+def test_second_connection_to_the_same_file_predicts(tmp_path, moons_con):
+    path = str(tmp_path / "shared.duckdb")
+    first = dbml.connect(path)
+    load(first, "moons", moons(2500))
+    train(first, f"'shared', '{TRAIN_MOONS}', label := 'label', epochs := 5")
+    expected = first.sql("SELECT predict('shared', [x1, x2]) FROM moons ORDER BY ALL").fetchall()
+    second = dbml.connect(path)
+    assert second.sql("SELECT predict('shared', [x1, x2]) FROM moons ORDER BY ALL").fetchall() == expected
+    first.close(), second.close()
+    reopened = dbml.connect(path)
+    assert reopened.sql("SELECT name, version FROM dbml_models").fetchall() == [("shared", 1)]
+    assert reopened.sql("SELECT predict('shared', [x1, x2]) FROM moons ORDER BY ALL").fetchall() == expected
+    reopened.close()
+
+
+def test_drop_model_removes_weights_and_catalog_rows(moons_con):
+    train(moons_con, "'gone', 'SELECT x1, x2, label FROM moons LIMIT 500', label := 'label', epochs := 1")
+    train(moons_con, "'gone', 'SELECT x1, x2, label FROM moons LIMIT 500', label := 'label', epochs := 1")
+    train(moons_con, "'kept', 'SELECT x1, x2, label FROM moons LIMIT 500', label := 'label', epochs := 1")
+    assert moons_con.sql("SELECT drop_model('gone')").fetchall() == [(2,)]
+    assert moons_con.sql("SELECT DISTINCT name FROM dbml_models").fetchall() == [("kept",)]
+    assert moons_con.sql("SELECT DISTINCT name FROM dbml_weights").fetchall() == [("kept",)]
+    with pytest.raises(duckdb.Error, match=r"predict\(\): no model named 'gone'"):
+        moons_con.sql("SELECT predict('gone', [x1, x2]) FROM moons").fetchall()
+
+
+def test_install_is_idempotent_and_keeps_models(moons_con):
+    train(moons_con, "'keep', 'SELECT x1, x2, label FROM moons LIMIT 500', label := 'label', epochs := 1")
+    dbml.install(moons_con)
+    dbml.install(moons_con)
+    assert moons_con.sql("SELECT count(*) FROM dbml_models").fetchall() == [(1,)]
+    assert moons_con.sql("SELECT predict('keep', [0.0, 0.0])").fetchall()[0][0] in (0.0, 1.0)
+
+
+def test_weights_load_without_pickle(moons_con):
+    """Stored weights are plain tensors: torch.load with weights_only=True reads them."""
+    import io
+    train(moons_con, "'w', 'SELECT x1, x2, label FROM moons LIMIT 500', label := 'label', epochs := 1")
+    blob = moons_con.sql("SELECT weights FROM dbml_weights WHERE name = 'w'").fetchall()[0][0]
+    state = torch.load(io.BytesIO(blob), weights_only=True)
+    assert all(isinstance(v, torch.Tensor) for v in state.values())
+
+
+def test_closing_the_installing_connection_leaves_others_working(tmp_path):
+    path = str(tmp_path / "two.duckdb")
+    first, second = dbml.connect(path), dbml.connect(path)
+    load(first, "moons", moons(600))
+    first.close()
+    r = second.sql("SELECT train('after_close', 'moons', label := 'label', epochs := 1)").fetchall()[0][0]
+    assert r["version"] == 1
+    assert len(second.sql("SELECT predict('after_close', [x1, x2]) FROM moons").fetchall()) == 600
+    second.close()
