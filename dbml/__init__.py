@@ -30,7 +30,7 @@ def install(con: duckdb.DuckDBPyConnection, **settings) -> duckdb.DuckDBPyConnec
     _settings.apply(con, **settings)
     instance, new = attach(con)
     if new:
-        register(con, instance)
+        register(instance)
     for sql in sorted(resources.files("dbml.sql").iterdir(), key=lambda p: p.name):
         if sql.name.endswith(".sql"):
             con.execute(sql.read_text())

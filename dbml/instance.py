@@ -1,11 +1,14 @@
 """The DuckDB database instances dbml is installed in.
 
 DuckDB registers a Python UDF in the whole database instance (every connection and
-cursor to it sees the function) but ties it to the connection that registered it. So
-dbml's UDFs never hold on to one connection: each instance has an :class:`Instance`
-that knows every live connection dbml was installed on, and a UDF takes a fresh cursor
-from whichever is still open. Closing the connection that installed dbml leaves the
-others working.
+cursor to it sees the function) but ties its Python function to the connection that
+registered it: once that connection closes, calling the UDF from another connection
+runs a dangling function. So for a database file dbml registers its UDFs through a
+connection of its own (the instance's *owner*), which lives as long as any connection
+dbml was installed on; UDFs take their cursors from it. When the last of those
+connections is garbage-collected, the owner unregisters the UDFs and closes. For an
+in-memory database only the installing connection and its cursors can reach it, so
+that connection is the owner.
 """
 
 from __future__ import annotations
@@ -16,48 +19,55 @@ import weakref
 
 import duckdb
 
-from .errors import DbmlError
-
 _INSTANCES: dict[str, "Instance"] = {}
 _LOCK = threading.Lock()
 
 
 class Instance:
-    def __init__(self):
+    def __init__(self, owner: duckdb.DuckDBPyConnection, owns: bool):
         self.id = uuid.uuid4().hex
-        self._connections: list[weakref.ref] = []
-        self._lock = threading.Lock()
-
-    def add(self, con: duckdb.DuckDBPyConnection) -> None:
-        with self._lock:
-            if not any(ref() is con for ref in self._connections):
-                self._connections.append(weakref.ref(con))
+        self.owner = owner
+        self.functions: list[str] = []   # filled by dbml.udfs.register
+        self._owns = owns
+        self._users = 0
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
-        """A new cursor on any still-open connection to this instance."""
-        with self._lock:
-            for ref in list(self._connections):
-                con = ref()
-                try:
-                    if con is not None:
-                        return con.cursor()
-                except duckdb.ConnectionException:
-                    pass
-                self._connections.remove(ref)
-        raise DbmlError("dbml: every connection dbml was installed on is closed; call dbml.install(con) again")
+        return self.owner.cursor()
+
+    def _add_user(self, con: duckdb.DuckDBPyConnection) -> None:
+        self._users += 1
+        weakref.finalize(con, self._release)
+
+    def _release(self) -> None:
+        with _LOCK:
+            self._users -= 1
+            if self._users:
+                return
+            _INSTANCES.pop(self.id, None)
+            if self._owns:
+                for name in self.functions:
+                    self.owner.remove_function(name)
+                self.owner.close()
 
 
 def attach(con: duckdb.DuckDBPyConnection) -> tuple[Instance, bool]:
     """The Instance behind ``con`` (created if dbml is new there) and whether it is new."""
     with _LOCK:
         try:
-            key = con.execute("SELECT dbml_instance_id()").fetchall()[0][0]
+            instance = _INSTANCES.get(con.execute("SELECT dbml_instance_id()").fetchall()[0][0])
         except duckdb.CatalogException:
-            key = None
-        instance = _INSTANCES.get(key)
+            instance = None
         new = instance is None
         if new:
-            instance = Instance()
+            instance = Instance(*_owner(con))
             _INSTANCES[instance.id] = instance
-        instance.add(con)
+        instance._add_user(con)
         return instance, new
+
+
+def _owner(con: duckdb.DuckDBPyConnection) -> tuple[duckdb.DuckDBPyConnection, bool]:
+    path, = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchall()[0]
+    if not path:
+        return con, False
+    read_only = con.execute("SELECT current_setting('access_mode')").fetchall()[0][0] == "read_only"
+    return duckdb.connect(path, read_only=read_only), True

@@ -178,7 +178,7 @@ def test_closing_the_installing_connection_leaves_others_working(tmp_path):
     first, second = dbml.connect(path), dbml.connect(path)
     load(first, "moons", moons(600))
     first.close()
-    r = second.sql("SELECT train('after_close', 'moons', label := 'label', epochs := 1)").fetchall()[0][0]
+    r = second.sql("SELECT train('after_close', 'SELECT x1, x2, label FROM moons', label := 'label', epochs := 1)").fetchall()[0][0]
     assert r["version"] == 1
     assert len(second.sql("SELECT predict('after_close', [x1, x2]) FROM moons").fetchall()) == 600
     second.close()

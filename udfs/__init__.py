@@ -44,11 +44,11 @@ EVALUATE_RESULT = duckdb.struct_type({
 DOUBLES = duckdb.list_type(t.DOUBLE)
 
 
-def register(con: duckdb.DuckDBPyConnection, instance) -> None:
-    """Register every dbml UDF in the database instance behind ``con``.
+def register(instance) -> None:
+    """Register every dbml UDF in a database instance (a ``dbml.instance.Instance``).
 
-    UDFs are instance-wide in DuckDB; each call takes its own cursor from ``instance``
-    (a ``dbml.instance.Instance``), so no UDF depends on the connection that registered it.
+    UDFs are instance-wide in DuckDB; they are registered through the instance's owner
+    connection and take their cursors from it.
     """
     from .. import inference, training
     from ..catalog import drop
@@ -108,4 +108,5 @@ def register(con: duckdb.DuckDBPyConnection, instance) -> None:
         ("drop_model", drop_model, [t.VARCHAR], t.BIGINT, effects),
     ]
     for name, fn, params, returns, options in functions:
-        con.create_function(name, fn, params, returns, **options)
+        instance.owner.create_function(name, fn, params, returns, **options)
+        instance.functions.append(name)
