@@ -114,8 +114,10 @@ def resolve_column(columns: list[Column], name: str, *, fn: str, arg: str) -> Co
         if c.name.lower() == name.lower():
             return c
     hint = _suggest(name, [c.name for c in columns])
-    raise InvalidArgument(f"{fn}(): source has no column {name!r}{hint}; pass {arg} := '<column>' "
-                          f"naming one of: {', '.join(c.name for c in columns)}")
+    fix = {"label": "pass label := '<column>'", "features": "pass features := ['<column>', ...]"}.get(
+        arg, "include it in the SELECT")
+    raise InvalidArgument(f"{fn}(): source has no column {name!r}{hint}; {fix} "
+                          f"with columns from: {', '.join(c.name for c in columns)}")
 
 
 def _suggest(name: str, names: list[str]) -> str:
