@@ -13,6 +13,7 @@ that connection is the owner.
 
 from __future__ import annotations
 
+import atexit
 import threading
 import uuid
 import weakref
@@ -36,7 +37,7 @@ class Instance:
 
     def _add_user(self, con: duckdb.DuckDBPyConnection) -> None:
         self._users += 1
-        weakref.finalize(con, self._release)
+        weakref.finalize(con, self._release).atexit = False  # at exit, _close_all does it
 
     def _release(self) -> None:
         with _LOCK:
@@ -45,9 +46,25 @@ class Instance:
                 return
             _INSTANCES.pop(self.id, None)
             if self._owns:
-                for name in self.functions:
-                    self.owner.remove_function(name)
-                self.owner.close()
+                self.close()
+
+    def close(self) -> None:
+        """Unregister the UDFs and close the owner connection."""
+        try:
+            for name in self.functions:
+                self.owner.remove_function(name)
+            self.owner.close()
+        except duckdb.Error:  # already closed
+            pass
+
+
+@atexit.register
+def _close_all() -> None:
+    """At exit, close what dbml registered: DuckDB's bindings report UDFs left alive as leaks."""
+    with _LOCK:
+        for instance in list(_INSTANCES.values()):
+            instance.close()
+        _INSTANCES.clear()
 
 
 def attach(con: duckdb.DuckDBPyConnection) -> tuple[Instance, bool]:
