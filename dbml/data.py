@@ -59,24 +59,45 @@ class StreamStats:
 
 @dataclass
 class BatchStream:
-    """Iterate a query's rows as tensors, ``batch_rows`` at a time, fetched ahead on a thread.
+    """Iterate the rows of one or more queries as tensors, ``batch_rows`` at a time,
+    fetched ahead on a thread.
 
-    ``con`` is used by the fetching thread alone while the iteration lasts: pass a cursor
-    that nothing else uses meanwhile (temporary tables of that cursor are visible).
+    The queries run one after another on a cursor of their own (so they see ``con``'s
+    database but not its temporary tables). ``start()`` begins fetching before iteration
+    does. With a ``shuffle`` seed, rows are shuffled within windows of ``window_rows``
+    (see :func:`shuffle_windows`); without one, each batch is a zero-copy view of Arrow's
+    buffers.
     """
 
     con: duckdb.DuckDBPyConnection
-    sql: str
+    sql: str | list[str]
     batch_rows: int
     prefetch: int = 4
+    shuffle: int | None = None
+    window_rows: int = 65536
     stats: StreamStats = field(default_factory=StreamStats)
 
+    def __post_init__(self):
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, self.prefetch))
+        self._stop = threading.Event()
+        self._producer: threading.Thread | None = None
+
+    def start(self) -> "BatchStream":
+        if self._producer is None:
+            self._producer = threading.Thread(target=self._produce, args=(self._queue, self._stop),
+                                              daemon=True, name="dbml-batch-stream")
+            self._producer.start()
+        return self
+
+    def close(self) -> None:
+        """Stop fetching (also when iteration ended early) and release the cursor."""
+        self._stop.set()
+        _drain(self._queue)
+        if self._producer is not None:
+            self._producer.join()
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
-        q: queue.Queue = queue.Queue(maxsize=max(1, self.prefetch))
-        stop = threading.Event()
-        producer = threading.Thread(target=self._produce, args=(q, stop), daemon=True,
-                                    name="dbml-batch-stream")
-        producer.start()
+        q = self.start()._queue
         try:
             while True:
                 t0 = time.perf_counter()
@@ -90,17 +111,18 @@ class BatchStream:
                 self.stats.batches += 1
                 yield item
         finally:
-            stop.set()
-            _drain(q)
-            producer.join()
+            self.close()
 
     def _produce(self, q: queue.Queue, stop: threading.Event) -> None:
-        reader = None
+        cur = None
         try:
+            cur = self.con.cursor()
+            batches = self._fetch(cur)
+            if self.shuffle is not None:
+                batches = shuffle_windows(batches, self.batch_rows, self.window_rows,
+                                          np.random.default_rng(self.shuffle))
             t0 = time.perf_counter()
-            reader = self.con.sql(self.sql).to_arrow_reader(self.batch_rows)
-            for batch in reader:
-                tensors = batch_to_tensors(batch)
+            for tensors in batches:
                 self.stats.fetch_seconds += time.perf_counter() - t0
                 if not _put(q, tensors, stop):
                     return
@@ -109,8 +131,53 @@ class BatchStream:
         except BaseException as e:  # handed to the consumer, raised there
             _put(q, e, stop)
         finally:
-            if reader is not None:
+            if cur is not None:
+                cur.close()
+
+    def _fetch(self, cur: duckdb.DuckDBPyConnection) -> Iterator[tuple[torch.Tensor, ...]]:
+        read_rows = self.batch_rows if self.shuffle is None else max(self.batch_rows, 8192)
+        for sql in [self.sql] if isinstance(self.sql, str) else self.sql:
+            reader = cur.sql(sql).to_arrow_reader(read_rows)
+            try:
+                for batch in reader:
+                    yield batch_to_tensors(batch)
+            finally:
                 reader.close()
+
+
+def shuffle_windows(batches: Iterator[tuple[torch.Tensor, ...]], batch_rows: int, window_rows: int,
+                    rng: np.random.Generator) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Re-batch a stream into ``batch_rows`` rows drawn at random from windows of ``window_rows``.
+
+    A shuffle buffer, as streaming data loaders use: memory stays bounded by the window
+    whatever the table's size. The rows it is fed were put in a random order once per job
+    (and each epoch starts at a random row), so the windows are random samples of the data.
+    """
+    pending: list[tuple[torch.Tensor, ...]] = []
+    held = 0
+    for batch in batches:
+        pending.append(batch)
+        held += len(batch[0])
+        if held >= window_rows:
+            window = _permuted(pending, rng)
+            cut = held - held % batch_rows
+            yield from _slices(window, 0, cut, batch_rows)
+            pending = [tuple(t[cut:] for t in window)] if cut < held else []
+            held -= cut
+    if held:
+        window = _permuted(pending, rng)
+        yield from _slices(window, 0, held, batch_rows)
+
+
+def _permuted(parts: list[tuple[torch.Tensor, ...]], rng: np.random.Generator) -> tuple[torch.Tensor, ...]:
+    order = torch.from_numpy(rng.permutation(sum(len(p[0]) for p in parts)))
+    columns = (torch.cat([p[i] for p in parts]) if len(parts) > 1 else parts[0][i] for i in range(len(parts[0])))
+    return tuple(torch.index_select(c, 0, order) for c in columns)
+
+
+def _slices(window: tuple[torch.Tensor, ...], start: int, stop: int, step: int):
+    for i in range(start, stop, step):
+        yield tuple(t[i:min(i + step, stop)] for t in window)
 
 
 def _put(q: queue.Queue, item, stop: threading.Event) -> bool:

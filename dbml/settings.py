@@ -18,6 +18,7 @@ from .errors import InvalidArgument
 DEFAULTS: dict[str, object] = {
     "device": "auto",          # 'auto' (cuda when available, else cpu), 'cpu' or 'cuda[:N]'
     "prefetch_batches": 4,     # record batches fetched ahead of training
+    "shuffle_window": 65536,   # rows of the shuffle buffer each epoch draws batches from
 }
 
 

@@ -49,6 +49,7 @@ class TrainSpec:
     momentum: float = 0.9
     device: str = "auto"
     prefetch_batches: int = 4
+    shuffle_window: int = 65536
 
     def __post_init__(self):
         fn = "train"
@@ -94,7 +95,9 @@ def make_runner(model: torch.nn.Module, loss_fn, spec: TrainSpec) -> StepRunner:
 def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec) -> dict:
     """Run one training job to completion and store the model; return the summary row.
 
-    ``cur`` is a cursor for this job alone: its temporary table holds the job's rows.
+    ``cur`` is a cursor for this job alone. The job's encoded rows live in a table of the
+    in-memory scratch database ``dbml_scratch`` (attached by install, gone with the
+    process), which every cursor can read and which is dropped when the job ends.
     """
     started = time.perf_counter()
     job_id = catalog.next_job_id(cur)
@@ -126,13 +129,21 @@ def _params(spec: TrainSpec) -> dict:
 
 
 def _materialise(cur, table: str, select_sql: str, prep: Preprocessing, spec: TrainSpec) -> tuple[int, int]:
-    """Features and labels computed once by DuckDB, with a deterministic validation split."""
+    """Features and labels computed once by DuckDB, with a deterministic validation split.
+
+    ``h`` hashes each row's content with the seed: it decides the split and the one
+    random order the rows are stored in (the only sort of the job), so both are
+    reproducible whatever order the source yields rows in. Epochs then stream that order
+    from a random starting row through a shuffle buffer (``data.shuffle_windows``).
+    """
     val_cut = int(spec.validation * VALIDATION_BUCKETS)
     cur.execute(f"""
-        CREATE TEMP TABLE {table} AS
-        SELECT x, y, hash(x, y, {int(spec.seed)}) % {VALIDATION_BUCKETS} < {val_cut} AS is_val
-        FROM (SELECT {prep.features_sql()} AS x, {_label_column(prep)} AS y
-              FROM ({select_sql}) WHERE {quote(prep.label)} IS NOT NULL)""")
+        CREATE TABLE {table} AS
+        SELECT x, y, h % {VALIDATION_BUCKETS} < {val_cut} AS is_val
+        FROM (SELECT x, y, hash(x, y, {int(spec.seed)}) AS h
+              FROM (SELECT {prep.features_sql()} AS x, {_label_column(prep)} AS y
+                    FROM ({select_sql}) WHERE {quote(prep.label)} IS NOT NULL))
+        ORDER BY h""")
     n_train, n_val = cur.execute(f"SELECT count(*) FILTER (NOT is_val), count(*) FILTER (is_val) FROM {table}").fetchall()[0]
     if n_train == 0:
         raise SourceError(f"train(): no rows left for training after holding out validation := {spec.validation}; "
@@ -153,19 +164,37 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
     module = models.build_seeded(config, spec.seed).to(device)
     runner = make_runner(module, loss_function(prep), spec)
     stream_stats, history = StreamStats(), []
-    for epoch in range(spec.epochs):
-        stream = BatchStream(cur, f"SELECT x, y FROM {table} WHERE NOT is_val "
-                                  f"ORDER BY hash(x, y, {int(spec.seed)}, {epoch})",
-                             spec.batch_size, spec.prefetch_batches)
-        total = torch.zeros((), dtype=torch.float64)
-        for x, y in stream:
-            loss = runner.step(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
-            if not torch.isfinite(loss):
-                raise TrainingError(f"train(): loss became {loss.item()} in epoch {epoch + 1}; "
-                                    f"nothing was stored; pass a smaller lr := (now {spec.lr})")
-            total += loss.double().cpu() * len(y)
-        stream_stats.add(stream.stats)
-        history.append({"epoch": epoch + 1, "loss": total.item() / n_train})
+
+    n_rows = n_train + n_val
+
+    def epoch_stream(epoch: int) -> BatchStream:
+        rng = np.random.default_rng([spec.seed, epoch])
+        start = int(rng.integers(n_rows))
+        sql = [f"SELECT x, y FROM {table} WHERE NOT is_val AND rowid >= {start}",
+               f"SELECT x, y FROM {table} WHERE NOT is_val AND rowid < {start}"]
+        return BatchStream(cur, sql, spec.batch_size, spec.prefetch_batches,
+                           shuffle=int(rng.integers(2**63)), window_rows=spec.shuffle_window).start()
+
+    stream, upcoming = None, epoch_stream(0)
+    try:
+        for epoch in range(spec.epochs):
+            epoch_started = time.perf_counter()
+            stream, upcoming = upcoming, epoch_stream(epoch + 1) if epoch + 1 < spec.epochs else None
+            total = torch.zeros((), dtype=torch.float64)
+            for x, y in stream:
+                loss = runner.step(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
+                if not torch.isfinite(loss):
+                    raise TrainingError(f"train(): loss became {loss.item()} in epoch {epoch + 1}; "
+                                        f"nothing was stored; pass a smaller lr := (now {spec.lr})")
+                total += loss.double().cpu() * len(y)
+            stream_stats.add(stream.stats)
+            history.append({"epoch": epoch + 1, "loss": total.item() / n_train,
+                            "seconds": time.perf_counter() - epoch_started,
+                            "wait_seconds": stream.stats.wait_seconds})
+    finally:
+        for s in (stream, upcoming):
+            if s is not None:
+                s.close()
     runner.finish()
     module.eval()
     metrics = {"final_loss": history[-1]["loss"], "history": history,

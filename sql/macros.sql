@@ -7,7 +7,8 @@ CREATE OR REPLACE TEMP MACRO train(model, source, label := NULL, features := NUL
         momentum := 0.9) AS
     dbml_train(model, source, label, features, arch, epochs, batch_size, lr, optimizer, seed,
                validation, hidden, dropout, task, weight_decay, momentum,
-               getvariable('dbml_device'), getvariable('dbml_prefetch_batches'));
+               getvariable('dbml_device'), getvariable('dbml_prefetch_batches'),
+               getvariable('dbml_shuffle_window'));
 
 -- Every row of a table or SELECT with the model's prediction appended as `prediction`.
 CREATE OR REPLACE TEMP MACRO predictions(model, source) AS TABLE

@@ -341,6 +341,20 @@ def test_cross_iteration_swaps_updated_parameter():
         plan(seq, 250, settings=PlanSettings(cross_iteration=False, recompute=False))
 
 
+def test_swap_later_accesses_reuses_the_host_copy():
+    # t1 (100): made by op0, read by op5 and op10; the peak (t3, 20) is at op2-op3
+    ops = ([([0], [1], 1), ([0], [2], 1), ([2], [3], 1), ([3], [4], 1), ([4], [5], 1), ([1, 5], [6], 1)]
+           + [([k], [k + 1], 1) for k in range(6, 10)] + [([1, 10], [11], 1)])
+    seq = make_seq([1, 100, 1, 20, 1, 1, 1, 1, 1, 1, 1, 1], [0], ops, outputs={11}, bandwidth=1000.0)
+    assert plan(seq, 1 << 40, policy="none").peak_bytes == 122
+    p = plan(seq, 110)
+    check_plan(seq, p, 110)
+    assert [(e.kind, e.trigger) for e in p.events if e.tensor == 1] == [(SO, 0), (SI, 3), (R, 5), (SI, 8), (R, 10)]
+    alone = plan(seq, 110, settings=PlanSettings(swap_later_accesses=False))
+    check_plan(seq, alone, 110)
+    assert [(e.kind, e.trigger) for e in alone.events if e.tensor == 1] == [(SO, 0), (SI, 3), (R, 10)]
+
+
 def test_max_swap_rate_caps_swapping():
     seq = bench_planning.training_sequence("j", 300, seed=4)
     vanilla = plan(seq, 1 << 62, policy="none").peak_bytes

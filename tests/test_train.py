@@ -94,22 +94,38 @@ def test_training_is_deterministic_for_a_seed_and_versions_increment(moons_con):
     assert a["final_loss"] == b["final_loss"]
 
 
-def test_shuffling_changes_per_epoch(con):
-    """The order of training rows differs between epochs and is fixed by the seed."""
+def test_shuffle_windows_emit_every_row_once_in_a_seeded_order():
+    from dbml.data import shuffle_windows
+    batches = [(torch.arange(i, min(i + 100, 1050)),) for i in range(0, 1050, 100)]
+
+    def run(seed, window=300):
+        out = list(shuffle_windows(iter(batches), 64, window, np.random.default_rng(seed)))
+        return out, torch.cat([b[0] for b in out])
+
+    out, rows = run(1)
+    assert sorted(rows.tolist()) == list(range(1050))            # every row exactly once
+    assert [len(b[0]) for b in out[:-1]] == [64] * (len(out) - 1)  # full batches but the last
+    assert torch.equal(rows, run(1)[1]) and not torch.equal(rows, run(2)[1])
+    assert not torch.equal(rows, torch.arange(1050))
+
+
+def test_epochs_see_different_batches_and_the_same_ones_for_a_seed(con):
+    """Two epochs stream different orders; a rerun with the same seed repeats them exactly."""
     from dbml.data import BatchStream
-    load(con, "t", moons(500))
-    orders = []
-    for epoch in (0, 1, 0):
-        sql = f"SELECT x1, x2 FROM t ORDER BY hash(x1, x2, 3, {epoch})"
-        orders.append(torch.cat([x for x, _ in BatchStream(con.cursor(), sql, 64)]))
-    assert torch.equal(orders[0], orders[2]) and not torch.equal(orders[0], orders[1])
+    load(con, "t", moons(3000))
+    def epoch(start, seed):
+        sql = [f"SELECT x1, x2 FROM t WHERE rowid >= {start}", f"SELECT x1, x2 FROM t WHERE rowid < {start}"]
+        return torch.cat([x for x, _ in BatchStream(con, sql, 64, shuffle=seed, window_rows=512)])
+    a, b, again = epoch(100, 5), epoch(2000, 6), epoch(100, 5)
+    assert torch.equal(a, again) and not torch.equal(a, b)
+    assert sorted(a.tolist()) == sorted(b.tolist())               # the same rows, another order
 
 
 def test_sql_defaults_equal_trainspec_defaults(moons_con):
     train(moons_con, "'d', 'SELECT x1, x2, label FROM moons LIMIT 300', label := 'label', epochs := 1")
     params = json.loads(moons_con.sql("SELECT params FROM dbml_models WHERE name = 'd'").fetchall()[0][0])
     for f in dataclasses.fields(TrainSpec):
-        if f.name in ("model", "source", "label", "epochs", "device", "prefetch_batches"):
+        if f.name in ("model", "source", "label", "epochs", "device", "prefetch_batches", "shuffle_window"):
             continue
         assert params[f.name] == f.default, f.name
 

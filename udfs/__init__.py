@@ -63,14 +63,14 @@ def register(instance) -> None:
             cur.close()
 
     def dbml_train(model, source, label, features, arch, epochs, batch_size, lr, optimizer, seed,
-                   validation, hidden, dropout, task, weight_decay, momentum, device, prefetch):
+                   validation, hidden, dropout, task, weight_decay, momentum, device, prefetch, window):
         spec = training.TrainSpec(
             model=model, source=source, label=label,
             features=None if features is None else tuple(features), arch=arch, epochs=epochs,
             batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed, validation=validation,
             hidden=None if hidden is None else tuple(hidden), dropout=dropout, task=task,
             weight_decay=weight_decay, momentum=momentum, device=device or "auto",
-            prefetch_batches=prefetch or 4)
+            prefetch_batches=prefetch or 4, shuffle_window=window or 65536)
         return with_cursor(lambda cur: training.train(cur, spec))
 
     def predictor(kind: str, fn: str):
@@ -98,7 +98,7 @@ def register(instance) -> None:
         ("dbml_train", dbml_train, [t.VARCHAR, t.VARCHAR, t.VARCHAR, duckdb.list_type(t.VARCHAR), t.VARCHAR,
                                     t.INTEGER, t.INTEGER, t.DOUBLE, t.VARCHAR, t.BIGINT, t.DOUBLE,
                                     duckdb.list_type(t.INTEGER), t.DOUBLE, t.VARCHAR, t.DOUBLE, t.DOUBLE,
-                                    t.VARCHAR, t.INTEGER], TRAIN_RESULT, effects),
+                                    t.VARCHAR, t.INTEGER, t.INTEGER], TRAIN_RESULT, effects),
         ("predict", predictor("value", "predict"), [t.VARCHAR, DOUBLES], t.DOUBLE, dict(type="arrow")),
         ("predict_label", predictor("label", "predict_label"), [t.VARCHAR, DOUBLES], t.VARCHAR, dict(type="arrow")),
         ("predict_proba", predictor("proba", "predict_proba"), [t.VARCHAR, DOUBLES], DOUBLES, dict(type="arrow")),
