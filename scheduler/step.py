@@ -12,6 +12,7 @@ from typing import Callable, Protocol
 
 import torch
 
+from .memory import live_tensors, measure_peak
 from .optim import OptimizerSpec, make_optimizer
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -29,11 +30,28 @@ class StepRunner(Protocol):
 
 
 class EagerStep:
-    def __init__(self, model: torch.nn.Module, loss_fn: LossFn, spec: OptimizerSpec):
+    """Plain PyTorch. The peak memory of the first ``measured_steps`` iterations is
+    measured (``memory.measure_peak``: exact storage accounting on CPU, the allocator's
+    statistics on CUDA); the first covers the optimizer state's creation, the second a
+    steady-state iteration."""
+
+    def __init__(self, model: torch.nn.Module, loss_fn: LossFn, spec: OptimizerSpec, measured_steps: int = 2):
         self.model, self.loss_fn = model, loss_fn
         self.optimizer = make_optimizer(spec, model.parameters())
+        self.measured_steps = measured_steps
+        self.steps = 0
+        self.peak_bytes: int | None = None
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        self.steps += 1
+        if self.steps > self.measured_steps:
+            return self._step(x, y)
+        base = live_tensors(self.model, self.optimizer, x, y)
+        loss, peak = measure_peak(lambda: self._step(x, y), base, device=x.device)
+        self.peak_bytes = max(self.peak_bytes or 0, peak)
+        return loss
+
+    def _step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.loss_fn(self.model(x), y)
@@ -45,4 +63,4 @@ class EagerStep:
         self.optimizer.zero_grad(set_to_none=True)
 
     def stats(self) -> dict:
-        return {}
+        return {"measured_peak_bytes": self.peak_bytes}

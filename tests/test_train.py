@@ -26,6 +26,9 @@ def test_mlp_learns_two_moons(moons_con):
     r = train(moons_con, f"'moons_mlp', '{TRAIN_MOONS}', label := 'label', epochs := 15")
     assert r["status"] == "finished" and r["version"] == 1 and r["model"] == "moons_mlp"
     assert r["rows"] + 0 > 2048  # more than one DuckDB vector, many batches of 64
+    # Adam keeps parameters, gradients and two moments alive: at least 4x the parameters
+    param_bytes = 4 * (2 * 64 + 64 + 64 * 64 + 64 + 64 * 2 + 2)
+    assert 4 * param_bytes < r["measured_peak_bytes"] < 40 * param_bytes
     metrics = moons_con.sql(f"SELECT evaluate('moons_mlp', '{TEST_MOONS}')").fetchall()[0][0]
     assert metrics["accuracy"] >= 0.95, metrics
     assert metrics["macro_f1"] >= 0.95 and metrics["log_loss"] < 0.2
