@@ -140,15 +140,21 @@ def infer_encoded(model: catalog.StoredModel, x: pa.Array) -> pa.Array:
     return pa.array(outputs_to_values(model.preprocessing, forward(model, rows)), type=pa.float64())
 
 
-def predictions_sql(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, source: str) -> str:
-    """The query behind ``predictions(model, source)``: every source row plus a ``prediction`` column."""
-    fn = "predictions"
+def _model_and_source(cur, cache: ModelCache, name: str, source: str, fn: str):
+    """The latest version of model ``name``, the source as one SELECT and its columns,
+    which must hold every feature of the model."""
     model = cache.get(name, fn=fn)
-    prep = model.preprocessing
     select_sql = as_select(source, fn=fn)
     columns = describe(cur, select_sql, fn=fn)
-    for f in prep.feature_names:
+    for f in model.preprocessing.feature_names:
         resolve_column(columns, f, fn=fn, arg="source")
+    return model, select_sql, columns
+
+
+def predictions_sql(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, source: str) -> str:
+    """The query behind ``predictions(model, source)``: every source row plus a ``prediction`` column."""
+    model, select_sql, _ = _model_and_source(cur, cache, name, source, "predictions")
+    prep = model.preprocessing
     call = f"dbml_infer({literal(name)}, {model.version}, {prep.features_sql()})"
     if prep.task == "classification":
         classes = ", ".join(literal(c) for c in prep.classes)
@@ -159,15 +165,11 @@ def predictions_sql(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str
 def evaluate(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, source: str) -> dict:
     """Metrics of the latest version of ``name`` on the rows of ``source`` (its label must be there)."""
     fn = "evaluate"
-    model = cache.get(name, fn=fn)
+    model, select_sql, columns = _model_and_source(cur, cache, name, source, fn)
     prep = model.preprocessing
-    select_sql = as_select(source, fn=fn)
-    columns = describe(cur, select_sql, fn=fn)
     if not any(c.name.lower() == prep.label.lower() for c in columns):
         raise InvalidArgument(f"{fn}(): source has no column {prep.label!r}, the label of model {name!r}; "
                               f"include it in the SELECT")
-    for f in prep.feature_names:
-        resolve_column(columns, f, fn=fn, arg="source")
     y_sql = prep.label_sql() + "::BIGINT" if prep.task == "classification" else f"{quote(prep.label)}::DOUBLE"
     outs, ys = [], []
     query = f"SELECT {prep.features_sql()} AS x, {y_sql} AS y FROM ({select_sql}) WHERE {quote(prep.label)} IS NOT NULL"
