@@ -8,6 +8,7 @@ boundary at which the memory scheduler takes training over.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -22,11 +23,16 @@ from .data import BatchStream, StreamStats
 from .errors import InvalidArgument, SourceError, TrainingError
 from .features import Preprocessing, fit
 from .scheduler import OPTIMIZERS, OptimizerSpec
+from .scheduler.planner import InfeasibleBudget
+from .scheduler.runner import ScheduledStep
 from .scheduler.step import EagerStep, StepRunner
-from .settings import resolve_device
+from .settings import default_budget, resolve_device
 from .source import as_select, describe, quote
 
 VALIDATION_BUCKETS = 1_000_000
+# tensile: the TENSILE scheduler within memory_budget; none: the same captured graph,
+# tensors released after their last use, no budget; eager: plain PyTorch (the vanilla).
+POLICIES = ("tensile", "none", "eager")
 
 
 @dataclass(frozen=True)
@@ -47,9 +53,12 @@ class TrainSpec:
     task: str | None = None
     weight_decay: float = 0.0
     momentum: float = 0.9
+    policy: str = "tensile"
+    memory_budget: int | None = None       # bytes; None: settings.default_budget(device)
     device: str = "auto"
     prefetch_batches: int = 4
     shuffle_window: int = 65536
+    torch_threads: int = 1
 
     def __post_init__(self):
         fn = "train"
@@ -68,6 +77,9 @@ class TrainSpec:
         if self.validation is None or not 0.0 <= self.validation < 1.0:
             raise InvalidArgument(f"{fn}(): validation must be a fraction in [0, 1), got {self.validation!r}; "
                                   f"pass e.g. validation := 0.1")
+        if self.policy not in POLICIES:
+            raise InvalidArgument(f"{fn}(): unknown policy {self.policy!r}; "
+                                  f"pass policy := one of {', '.join(map(repr, POLICIES))}")
         if self.weight_decay is None or self.weight_decay < 0:
             raise InvalidArgument(f"{fn}(): weight_decay must be >= 0; pass e.g. weight_decay := 0.01")
 
@@ -87,9 +99,21 @@ def loss_function(prep: Preprocessing):
     return lambda out, y: F.mse_loss(out.squeeze(-1), y)
 
 
-def make_runner(model: torch.nn.Module, loss_fn, spec: TrainSpec) -> StepRunner:
-    """The step-runner boundary: plain PyTorch for now; the scheduler plugs in here."""
-    return EagerStep(model, loss_fn, spec.optimizer_spec())
+def make_runner(model: torch.nn.Module, loss_fn, spec: TrainSpec, device: str, job: str) -> StepRunner:
+    """The step-runner boundary: the TENSILE scheduler, or plain PyTorch for policy 'eager'."""
+    if spec.policy == "eager":
+        return EagerStep(model, loss_fn, spec.optimizer_spec())
+    budget = spec.memory_budget or default_budget(device)
+    return ScheduledStep(model, loss_fn, spec.optimizer_spec(), policy=spec.policy, budget_bytes=budget,
+                         device=device, job=job)
+
+
+def eager_peak(model: torch.nn.Module, loss_fn, spec: TrainSpec, x: torch.Tensor, y: torch.Tensor) -> int:
+    """The vanilla of MSR: eager PyTorch's peak for one iteration on a copy of the model."""
+    runner = EagerStep(copy.deepcopy(model), loss_fn, spec.optimizer_spec())
+    runner.step(x, y)
+    runner.step(x, y)
+    return runner.stats()["measured_peak_bytes"]
 
 
 def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec) -> dict:
@@ -100,15 +124,17 @@ def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec) -> dict:
     process), which every cursor can read and which is dropped when the job ends.
     """
     started = time.perf_counter()
+    if torch.get_num_threads() != spec.torch_threads:
+        torch.set_num_threads(spec.torch_threads)
     job_id = catalog.next_job_id(cur)
     select_sql = as_select(spec.source, fn="train")
     columns = describe(cur, select_sql, fn="train")
     prep = fit(cur, select_sql, columns, label=spec.label,
                features=None if spec.features is None else list(spec.features), task=spec.task)
-    table = f"dbml_job_{job_id}"
+    table = f"dbml_scratch.job_{job_id}"
     n_train, n_val = _materialise(cur, table, select_sql, prep, spec)
     try:
-        result = _fit_model(cur, table, prep, spec, n_train, n_val)
+        result = _fit_model(cur, table, prep, spec, n_train, n_val, job=f"job_{job_id}")
     finally:
         cur.execute(f"DROP TABLE IF EXISTS {table}")
     version = catalog.write(cur, name=spec.model, config=result["config"], prep=prep,
@@ -118,8 +144,12 @@ def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec) -> dict:
         "job_id": job_id, "model": spec.model, "version": version, "status": "finished",
         "epochs": spec.epochs, "rows": n_train, "final_loss": result["metrics"]["final_loss"],
         "val_metric": result["metrics"]["val_metric"], "seconds": time.perf_counter() - started,
-        "measured_peak_bytes": result["measured_peak_bytes"],
+        **{k: result["memory"].get(k) for k in MEMORY_FIELDS},
     }
+
+
+MEMORY_FIELDS = ("measured_peak_bytes", "vanilla_peak_bytes", "planned_peak_bytes", "msr", "swaps",
+                 "recomputes", "passive_swaps", "plan_seconds")
 
 
 def _params(spec: TrainSpec) -> dict:
@@ -156,17 +186,64 @@ def _label_column(prep: Preprocessing) -> str:
     return f"({prep.label_sql()})::BIGINT" if prep.task == "classification" else prep.label_sql()
 
 
-def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: int, n_val: int) -> dict:
+def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: int, n_val: int,
+               job: str) -> dict:
     device = resolve_device(spec.device)
     outputs = len(prep.classes) if prep.task == "classification" else 1
     arch = "mlp" if spec.arch == "auto" else spec.arch
     config = models.config(arch, prep.width, outputs, spec.hidden, spec.dropout)
     module = models.build_seeded(config, spec.seed).to(device)
-    runner = make_runner(module, loss_function(prep), spec)
-    stream_stats, history = StreamStats(), []
+    loss_fn = loss_function(prep)
+    runner = make_runner(module, loss_fn, spec, device, job)
+    vanilla: list[int] = []
 
-    n_rows = n_train + n_val
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if not vanilla:
+            vanilla.append(eager_peak(module, loss_fn, spec, x, y))
+        try:
+            return runner.step(x, y)
+        except InfeasibleBudget as e:
+            raise InvalidArgument(
+                f"train(): memory_budget {_size(spec.memory_budget or default_budget(device))} is below the "
+                f"smallest budget this model and batch can be trained in, {_size(e.min_budget)}; pass "
+                f"memory_budget := '{_round_up(e.min_budget)}' or more, or a smaller batch_size") from None
 
+    history, stream_stats = _run_epochs(cur, table, spec, step, device, n_train + n_val, n_train)
+    runner.finish()
+    module.eval()
+    memory = _memory_summary(runner.stats(), vanilla[0] if vanilla else None)
+    metrics = {"final_loss": history[-1]["loss"], "history": history,
+               "fetch_wait_seconds": stream_stats.wait_seconds, "memory": memory}
+    metrics.update(_validation_metric(cur, table, prep, module, device, n_val))
+    return {"config": config, "module": module.cpu(), "metrics": metrics, "memory": memory}
+
+
+def _round_up(n: int) -> str:
+    """A size at least ``n`` bytes, in KB or MB with two significant digits: 109404 -> '110KB'."""
+    unit, scale = ("MB", 1e6) if n >= 1e6 else ("KB", 1e3)
+    value = n / scale
+    step = 10 ** (math.floor(math.log10(value)) - 1)
+    return f"{math.ceil(value / step) * step:g}{unit}"
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB ({n} bytes)"
+
+
+def _memory_summary(stats: dict, vanilla: int | None) -> dict:
+    """The train summary's memory figures; MSR against eager PyTorch's measured peak."""
+    out = {k: stats.get(k) for k in MEMORY_FIELDS}
+    out["vanilla_peak_bytes"] = vanilla
+    measured = out["measured_peak_bytes"]
+    out["msr"] = (vanilla - measured) / vanilla if vanilla and measured is not None else None
+    out["planned_vanilla_peak_bytes"] = stats.get("vanilla_peak_bytes")
+    out["policy"] = stats.get("policy", "eager")
+    out["budget_bytes"] = stats.get("budget_bytes")
+    return out
+
+
+def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int, n_train: int):
+    """Every epoch: stream the training rows, shuffled, through ``step``; return the history."""
     def epoch_stream(epoch: int) -> BatchStream:
         rng = np.random.default_rng([spec.seed, epoch])
         start = int(rng.integers(n_rows))
@@ -175,6 +252,7 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
         return BatchStream(cur, sql, spec.batch_size, spec.prefetch_batches,
                            shuffle=int(rng.integers(2**63)), window_rows=spec.shuffle_window).start()
 
+    stream_stats, history = StreamStats(), []
     stream, upcoming = None, epoch_stream(0)
     try:
         for epoch in range(spec.epochs):
@@ -182,7 +260,7 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
             stream, upcoming = upcoming, epoch_stream(epoch + 1) if epoch + 1 < spec.epochs else None
             total = torch.zeros((), dtype=torch.float64)
             for x, y in stream:
-                loss = runner.step(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
+                loss = step(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
                 if not torch.isfinite(loss):
                     raise TrainingError(f"train(): loss became {loss.item()} in epoch {epoch + 1}; "
                                         f"nothing was stored; pass a smaller lr := (now {spec.lr})")
@@ -195,13 +273,7 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
         for s in (stream, upcoming):
             if s is not None:
                 s.close()
-    runner.finish()
-    module.eval()
-    metrics = {"final_loss": history[-1]["loss"], "history": history,
-               "fetch_wait_seconds": stream_stats.wait_seconds, **runner.stats()}
-    metrics.update(_validation_metric(cur, table, prep, module, device, n_val))
-    return {"config": config, "module": module.cpu(), "metrics": metrics,
-            "measured_peak_bytes": runner.stats().get("measured_peak_bytes")}
+    return history, stream_stats
 
 
 def _validation_metric(cur, table: str, prep: Preprocessing, module, device, n_val: int) -> dict:

@@ -4,11 +4,12 @@
 CREATE OR REPLACE TEMP MACRO train(model, source, label := NULL, features := NULL, arch := 'auto',
         epochs := 20, batch_size := 64, lr := 0.01, optimizer := 'adam', seed := 0,
         validation := 0.1, hidden := NULL, dropout := 0.0, task := NULL, weight_decay := 0.0,
-        momentum := 0.9) AS
+        momentum := 0.9, policy := 'tensile', memory_budget := NULL) AS
     dbml_train(model, source, label, features, arch, epochs, batch_size, lr, optimizer, seed,
-               validation, hidden, dropout, task, weight_decay, momentum,
+               validation, hidden, dropout, task, weight_decay, momentum, policy,
+               coalesce(memory_budget::VARCHAR, getvariable('dbml_memory_budget')::VARCHAR),
                getvariable('dbml_device'), getvariable('dbml_prefetch_batches'),
-               getvariable('dbml_shuffle_window'));
+               getvariable('dbml_shuffle_window'), getvariable('dbml_torch_threads'));
 
 -- Every row of a table or SELECT with the model's prediction appended as `prediction`.
 CREATE OR REPLACE TEMP MACRO predictions(model, source) AS TABLE

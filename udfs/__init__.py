@@ -12,11 +12,13 @@ import duckdb
 from duckdb import sqltypes as t
 
 from ..inference import ModelCache
+from ..settings import parse_bytes
 
 SQL_FUNCTIONS: dict[str, str] = {
     "train": "train(model, source, label := ..., features, arch, epochs, batch_size, lr, optimizer, seed, "
-             "validation, hidden, dropout, task, weight_decay, momentum) -> STRUCT: train a model on a table "
-             "or one SELECT and store it as the next version of `model`",
+             "validation, hidden, dropout, task, weight_decay, momentum, policy, memory_budget) -> STRUCT: "
+             "train a model on a table or one SELECT under the memory scheduler and store it as the next "
+             "version of `model`",
     "predict": "predict(model, [x1, x2, ...]) -> DOUBLE: the prediction for raw numeric features in training "
                "order (regression value, or class for numeric labels)",
     "predict_label": "predict_label(model, [x1, ...]) -> VARCHAR: the predicted class as text",
@@ -35,7 +37,9 @@ INTERNAL_FUNCTIONS = ("dbml_instance_id", "dbml_train", "dbml_predictions_sql", 
 TRAIN_RESULT = duckdb.struct_type({
     "job_id": t.BIGINT, "model": t.VARCHAR, "version": t.INTEGER, "status": t.VARCHAR,
     "epochs": t.INTEGER, "rows": t.BIGINT, "final_loss": t.DOUBLE, "val_metric": t.DOUBLE,
-    "seconds": t.DOUBLE, "measured_peak_bytes": t.BIGINT,
+    "seconds": t.DOUBLE, "measured_peak_bytes": t.BIGINT, "vanilla_peak_bytes": t.BIGINT,
+    "planned_peak_bytes": t.BIGINT, "msr": t.DOUBLE, "swaps": t.BIGINT, "recomputes": t.BIGINT,
+    "passive_swaps": t.BIGINT, "plan_seconds": t.DOUBLE,
 })
 EVALUATE_RESULT = duckdb.struct_type({
     "rows": t.BIGINT, "accuracy": t.DOUBLE, "macro_f1": t.DOUBLE, "log_loss": t.DOUBLE,
@@ -63,14 +67,17 @@ def register(instance) -> None:
             cur.close()
 
     def dbml_train(model, source, label, features, arch, epochs, batch_size, lr, optimizer, seed,
-                   validation, hidden, dropout, task, weight_decay, momentum, device, prefetch, window):
+                   validation, hidden, dropout, task, weight_decay, momentum, policy, memory_budget,
+                   device, prefetch, window, threads):
         spec = training.TrainSpec(
             model=model, source=source, label=label,
             features=None if features is None else tuple(features), arch=arch, epochs=epochs,
             batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed, validation=validation,
             hidden=None if hidden is None else tuple(hidden), dropout=dropout, task=task,
-            weight_decay=weight_decay, momentum=momentum, device=device or "auto",
-            prefetch_batches=prefetch or 4, shuffle_window=window or 65536)
+            weight_decay=weight_decay, momentum=momentum, policy=policy,
+            memory_budget=None if memory_budget is None else parse_bytes(memory_budget, name="train(): memory_budget"),
+            device=device or "auto",
+            prefetch_batches=prefetch or 4, shuffle_window=window or 65536, torch_threads=threads or 1)
         return with_cursor(lambda cur: training.train(cur, spec))
 
     def predictor(kind: str, fn: str):
@@ -98,7 +105,7 @@ def register(instance) -> None:
         ("dbml_train", dbml_train, [t.VARCHAR, t.VARCHAR, t.VARCHAR, duckdb.list_type(t.VARCHAR), t.VARCHAR,
                                     t.INTEGER, t.INTEGER, t.DOUBLE, t.VARCHAR, t.BIGINT, t.DOUBLE,
                                     duckdb.list_type(t.INTEGER), t.DOUBLE, t.VARCHAR, t.DOUBLE, t.DOUBLE,
-                                    t.VARCHAR, t.INTEGER, t.INTEGER], TRAIN_RESULT, effects),
+                                    t.VARCHAR, t.VARCHAR, t.VARCHAR, t.INTEGER, t.INTEGER, t.INTEGER], TRAIN_RESULT, effects),
         ("predict", predictor("value", "predict"), [t.VARCHAR, DOUBLES], t.DOUBLE, dict(type="arrow")),
         ("predict_label", predictor("label", "predict_label"), [t.VARCHAR, DOUBLES], t.VARCHAR, dict(type="arrow")),
         ("predict_proba", predictor("proba", "predict_proba"), [t.VARCHAR, DOUBLES], DOUBLES, dict(type="arrow")),

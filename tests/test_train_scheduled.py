@@ -1,0 +1,87 @@
+"""train() under the TENSILE scheduler: same results as eager PyTorch, within the budget."""
+
+import os
+
+import duckdb
+import pytest
+
+import dbml
+from dbml.training import _round_up
+
+ARGS = "label := 'y', epochs := 2, hidden := [256, 256], batch_size := 256"
+
+
+@pytest.fixture
+def wide(con):
+    cols = ", ".join(f"(hash(range, {i}) % 1000 / 1000.0) AS f{i}" for i in range(16))
+    con.execute(f"CREATE TABLE t AS SELECT *, (f0 + f1 > 1)::INT AS y FROM (SELECT {cols} FROM range(2000))")
+    return con
+
+
+def train(con, name, extra=""):
+    return con.sql(f"SELECT train('{name}', 't', {ARGS}{extra})").fetchall()[0][0]
+
+
+def weights(con, name):
+    return con.sql(f"SELECT weights FROM dbml_weights WHERE name = '{name}'").fetchall()[0][0]
+
+
+def test_scheduled_training_equals_eager_bit_for_bit_within_the_budget(wide):
+    eager = train(wide, "eager", ", policy := 'eager'")
+    vanilla = eager["vanilla_peak_bytes"]
+    budget = int(0.75 * vanilla)
+    tensile = train(wide, "tensile", f", memory_budget := {budget}")
+    none = train(wide, "none", ", policy := 'none'")
+    assert weights(wide, "tensile") == weights(wide, "eager") == weights(wide, "none")
+    assert tensile["final_loss"] == eager["final_loss"] == none["final_loss"]
+    assert tensile["measured_peak_bytes"] <= budget
+    assert tensile["swaps"] > 0 and tensile["msr"] > 0.2
+    assert tensile["planned_peak_bytes"] <= budget
+    assert abs(tensile["planned_peak_bytes"] - tensile["measured_peak_bytes"]) <= 0.05 * tensile["measured_peak_bytes"]
+    assert none["swaps"] == 0 and none["recomputes"] == 0
+    assert eager["vanilla_peak_bytes"] == tensile["vanilla_peak_bytes"]
+
+
+def test_budget_from_settings_and_sql(wide, tmp_path):
+    small = wide.sql("SELECT train('probe', 't', " + ARGS + ", policy := 'eager')").fetchall()[0][0]
+    budget = int(0.75 * small["vanilla_peak_bytes"])
+    wide.execute(f"SET VARIABLE dbml_memory_budget = '{budget}'")
+    r = train(wide, "from_variable")
+    assert r["measured_peak_bytes"] <= budget and r["swaps"] > 0
+    other = dbml.connect(memory_budget=f"{budget / 1e3}KB")
+    assert other.sql("SELECT getvariable('dbml_memory_budget')").fetchall()[0][0] == f"{budget / 1e3}KB"
+    other.close()
+
+
+def test_infeasible_budget_names_the_smallest_feasible_one_and_stores_nothing(wide):
+    with pytest.raises(duckdb.Error, match=r"train\(\): memory_budget 0\.0 MB \(10000 bytes\) is below the smallest "
+                                           r"budget this model and batch can be trained in, [0-9.]+ MB \([0-9]+ bytes\); "
+                                           r"pass memory_budget := '[0-9.]+[KM]B' or more"):
+        train(wide, "tiny", ", memory_budget := 10000")
+    assert wide.sql("SELECT count(*) FROM dbml_models").fetchall() == [(0,)]
+
+
+def test_the_suggested_budget_is_enough(wide):
+    with pytest.raises(duckdb.Error) as info:
+        train(wide, "tiny", ", memory_budget := 10000")
+    suggested = str(info.value).split("memory_budget := '")[1].split("'")[0]
+    assert train(wide, "fits", f", memory_budget := '{suggested}'")["status"] == "finished"
+
+
+def test_no_scheduler_switch_runs_policy_none(wide, monkeypatch):
+    monkeypatch.setenv("DBML_NO_SCHEDULER", "1")
+    r = train(wide, "off", ", memory_budget := 1000000")
+    assert r["swaps"] == 0 and r["recomputes"] == 0 and r["measured_peak_bytes"] > 1000000
+
+
+def test_bad_policy_and_budget(wide):
+    with pytest.raises(duckdb.Error, match=r"train\(\): unknown policy 'magic'; pass policy := one of 'tensile', 'none', 'eager'"):
+        train(wide, "p", ", policy := 'magic'")
+    with pytest.raises(duckdb.Error, match=r"memory_budget 'lots' is not a size; pass bytes or a size such as '512MB'"):
+        train(wide, "p", ", memory_budget := 'lots'")
+    with pytest.raises(dbml.InvalidArgument, match=r"memory_budget '12 parsecs' is not a size"):
+        dbml.connect(memory_budget="12 parsecs")
+
+
+def test_round_up_suggestions():
+    assert [_round_up(n) for n in (109404, 1458156, 123456789, 5000)] == ["110KB", "1.5MB", "130MB", "5KB"]
