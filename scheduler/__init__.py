@@ -3,6 +3,31 @@
 A library for any PyTorch training step: it never imports the dbml runtime.
 """
 
+from .access import build_sequence
+from .capture import CaptureError, CapturedStep, GraphCache, capture
+from .devices import CpuDevice, CudaDevice, make_device
+from .estimate import LatencyModel, Machine, RooflineModel, measure_machine
+from .executor import ExecState, ExecutionError, Executor, Program, check_event_log
+from .memory import PeakMeter, live_tensors, measure_peak
+from .liveness import analyse_liveness, release_events
 from .optim import OPTIMIZERS, OptimizerSpec, make_optimizer
+from .peak import Peak, analyse_peak
+from .planner import InfeasibleBudget, PlanSettings, plan, plan_jobs, summary, tensor_granularity_floor
+from .runner import ScheduledStep
 
-__all__ = ["OPTIMIZERS", "OptimizerSpec", "make_optimizer"]
+__all__ = ["OPTIMIZERS", "OptimizerSpec", "make_optimizer", "PeakMeter", "live_tensors", "measure_peak",
+           "analyse_liveness", "release_events", "Peak", "analyse_peak",
+           "InfeasibleBudget", "PlanSettings", "plan", "plan_jobs", "summary", "tensor_granularity_floor",
+           "capture", "CapturedStep", "CaptureError", "GraphCache", "build_sequence",
+           "LatencyModel", "Machine", "RooflineModel", "measure_machine",
+           "Executor", "ExecState", "ExecutionError", "Program", "check_event_log",
+           "CpuDevice", "CudaDevice", "make_device", "ScheduledStep"]
+
+# latency predictor (TENSILE IV-A cold start); calibrate() stays in .calibrate: a package
+# attribute of that name would shadow the module.
+from .calibrate import load_or_calibrate  # noqa: E402
+from .predictor import OpReport, Predictor, PredictorReport, load_predictor  # noqa: E402
+from .utilisation import device_utilisation  # noqa: E402
+
+__all__ += ["load_or_calibrate", "Predictor", "PredictorReport", "OpReport", "load_predictor",
+            "device_utilisation"]

@@ -27,6 +27,10 @@ Usage::
 
 or ``loss, peak = measure_peak(lambda: step.step(x, y), live_tensors(model, opt, x, y))``
 which uses the CUDA allocator's statistics when ``device`` is a CUDA device.
+
+Do not keep your own reference to the list of base tensors while measuring (pass it as
+a temporary): the meter holds weak references only, but a list you hold keeps its
+tensors alive, e.g. last step's gradients through ``zero_grad(set_to_none=True)``.
 """
 
 from __future__ import annotations
@@ -160,6 +164,9 @@ def measure_peak(fn: Callable[[], Any], base: Iterable[torch.Tensor] = (), *,
         result = fn()
         torch.cuda.synchronize(device)
         return result, torch.cuda.max_memory_allocated(device)
-    with PeakMeter(base, device=device.type) as meter:
+    meter = PeakMeter(base, device=device.type)
+    del base  # the meter keeps weak references only: holding the list would keep e.g.
+    # last step's gradients alive through zero_grad(set_to_none=True) and inflate the peak
+    with meter:
         result = fn()
     return result, meter.peak_bytes

@@ -72,6 +72,13 @@ class AccessSequence:
     updates: Mapping[int, int] = field(default_factory=dict)
     workspace: int = 0            # bytes held for the whole iteration (allocator, libraries)
     copy_bandwidth: float = 8e9   # bytes per second, host <-> device, each direction
+    # Graph outputs, never released within the iteration: the loss and whatever the
+    # runtime reads after the step. Always includes the keys of ``updates``.
+    outputs: frozenset[int] | None = None
+
+    def __post_init__(self) -> None:
+        outputs = frozenset(self.outputs or ()) | frozenset(self.updates)
+        object.__setattr__(self, "outputs", outputs)
 
     @property
     def duration(self) -> float:
@@ -113,6 +120,10 @@ class Plan:
     vanilla_peak_bytes: int           # predicted peak with release-after-last-use only
     extra_time: float = 0.0           # predicted added seconds per iteration
     policy: str = "tensile"
+    # Initial tensors that start every iteration on the host (cross-iteration swapping:
+    # their updated versions are swapped out in the optimizer phase and not brought
+    # back). Each has a SWAP_IN before its first use and no SWAP_OUT before that.
+    host_at_start: frozenset[int] = frozenset()
 
     def count(self, kind: EventKind) -> int:
         return sum(1 for e in self.events if e.kind is kind)

@@ -1,0 +1,372 @@
+"""Graph capture: one whole training iteration as a static aten graph (TENSILE's G(V, E)).
+
+:func:`capture` traces forward, backward and the optimizer update of a model once,
+with ``make_fx`` over a functionalized step on fake tensors: no real compute, no device
+memory. The traced function is ``torch.func.grad_and_value`` over ``functional_call``
+followed by torch's own single-tensor optimizer update (``foreach=False``, the code
+path :func:`~.optim.make_optimizer` uses in eager), so executing the graph op by op on
+CPU reproduces eager ``loss.backward(); optimizer.step()`` bit for bit.
+
+Graph inputs (placeholders, in this order): parameters, buffers, optimizer state, then
+the batch ``x``, ``y``. Functionalization turns every in-place update of an input into a
+trailing ``copy_(input, new)``; capture removes those and returns the new values as
+graph outputs instead, each mapped to the input it replaces (``CapturedStep.updates``).
+The graph returns ``(loss, *updated values)``.
+
+The optimizer's step-dependent scalars (Adam's bias corrections) stay symbolic:
+``step.item()`` becomes ``_local_scalar_dense`` and Python float arithmetic nodes, which
+compute in double precision at run time exactly as eager does.
+
+Analyses written into ``node.meta`` (see :func:`annotate`):
+
+``dbml_storage``  int storage id of a tensor-valued node (views share their base's id),
+                  a tuple of ids for a multi-output node, ``None`` for non-tensors
+``dbml_owner``    for a storage, the name of the node that created it
+``dbml_nbytes``   bytes this node newly allocates (0 for views and non-tensors)
+``dbml_phase``    :class:`~.sequence.Phase` of the node
+``dbml_random``   whether the op draws random numbers (``nondeterministic_seeded`` tag)
+``dbml_mutates``  whether the op writes into an input (BatchNorm's running statistics)
+``dbml_kind``     for placeholders, the :class:`~.sequence.TensorKind`
+``dbml_key``      for placeholders, what it holds: ``("param", name)``,
+                  ``("buffer", name)``, ``("state", param name, state key)``, ``("batch", "x")``
+
+Random numbers: the graph keeps eager's random ops (dropout's ``bernoulli`` on CPU) in
+eager's order, and tracing on fake tensors draws nothing, so running the graph consumes
+the global generator exactly as eager does and reproduces its masks bit for bit (tested
+on CPU; on CUDA eager's fused ``native_dropout`` is traced the same way, untested here).
+Capture, latency estimates and the executor never draw from the generator themselves.
+Random ops are never recomputed (``dbml_random``), nor are ops that write into an
+input (``dbml_mutates``: BatchNorm's running statistics).
+
+A new batch shape (e.g. the last, smaller batch) needs its own graph;
+:class:`GraphCache` keeps one per batch signature.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from .optim import OptimizerSpec, make_optimizer
+from .sequence import Phase, TensorKind
+
+__all__ = ["CapturedStep", "CaptureError", "GraphCache", "capture", "annotate", "state_keys",
+           "init_state", "initial_states", "trainable", "batch_signature"]
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class CaptureError(RuntimeError):
+    """The training step could not be captured as a static graph."""
+
+
+@dataclass
+class CapturedStep:
+    """One traced training iteration and how its inputs and outputs map to state."""
+
+    gm: fx.GraphModule
+    spec: OptimizerSpec
+    input_keys: list[tuple]             # per placeholder, its dbml_key
+    updates: dict[int, int]             # output position -> placeholder position it replaces
+    signature: tuple                    # batch_signature() of the example batch
+    job: str = "job"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def graph(self) -> fx.Graph:
+        return self.gm.graph
+
+    def placeholders(self) -> list[fx.Node]:
+        return [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+
+    def output_node(self) -> fx.Node:
+        return next(n for n in reversed(self.gm.graph.nodes) if n.op == "output")
+
+
+def batch_signature(x: torch.Tensor, y: torch.Tensor) -> tuple:
+    return (tuple(x.shape), x.dtype, x.device.type, tuple(y.shape), y.dtype, y.device.type)
+
+
+# -- optimizer state ----------------------------------------------------------------
+
+def state_keys(spec: OptimizerSpec) -> tuple[str, ...]:
+    """The per-parameter optimizer state, in the order the graph takes it."""
+    if spec.kind == "sgd":
+        return ("momentum_buffer",) if spec.momentum != 0 else ()
+    return ("exp_avg", "exp_avg_sq", "step")
+
+
+def init_state(spec: OptimizerSpec, param: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Fresh state for ``param``, as torch.optim creates it lazily on its first step.
+
+    SGD's momentum buffer starts at zero here, where torch clones the first gradient:
+    ``0 * momentum + g`` equals ``g`` exactly (up to the sign of a zero), so one graph
+    serves every iteration.
+    """
+    state = {}
+    for key in state_keys(spec):
+        if key == "step":
+            state[key] = torch.zeros((), dtype=_scalar_dtype(), device=param.device
+                                     if _step_on_device() else "cpu")
+        else:
+            state[key] = torch.zeros_like(param, memory_format=torch.preserve_format)
+    return state
+
+
+def _scalar_dtype() -> torch.dtype:
+    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+
+
+def _step_on_device() -> bool:
+    return False  # capturable=False: torch keeps Adam's step on the CPU
+
+
+def _optimizer_update(spec: OptimizerSpec, group: dict, params, grads, states) -> None:
+    """torch's single-tensor update, in place, with the hyper-parameters eager uses."""
+    if spec.kind == "sgd":
+        from torch.optim.sgd import _single_tensor_sgd
+        bufs = [s["momentum_buffer"] for s in states] if group["momentum"] != 0 else [None] * len(params)
+        _single_tensor_sgd(params, grads, bufs, None, None, weight_decay=group["weight_decay"],
+                           momentum=group["momentum"], lr=group["lr"], dampening=group["dampening"],
+                           nesterov=group["nesterov"], maximize=group["maximize"], has_sparse_grad=False)
+        return
+    from torch.optim.adam import _single_tensor_adam
+    _single_tensor_adam(params, grads, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
+                        [], [s["step"] for s in states], None, None, amsgrad=group["amsgrad"],
+                        has_complex=False, beta1=group["betas"][0], beta2=group["betas"][1],
+                        lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"],
+                        maximize=group["maximize"], capturable=False, differentiable=False,
+                        decoupled_weight_decay=group.get("decoupled_weight_decay", spec.kind == "adamw"))
+
+
+def _eager_group(spec: OptimizerSpec) -> dict:
+    """The param-group settings eager's optimizer uses for ``spec`` (one source of truth)."""
+    probe = torch.nn.Parameter(torch.empty(0))
+    group = dict(make_optimizer(spec, [probe]).param_groups[0])
+    if group.get("amsgrad"):
+        raise CaptureError("amsgrad is not supported by the captured optimizer")
+    return group
+
+
+# -- tracing ------------------------------------------------------------------------
+
+def _phase_marker(marks: list[int]) -> Callable[[], None]:
+    def mark() -> None:
+        mode = get_proxy_mode()
+        marks.append(len(mode.tracer.graph.nodes) if mode is not None else -1)
+    return mark
+
+
+def trainable(model: torch.nn.Module) -> list[bool]:
+    """Per parameter, whether the optimizer updates it (eager skips a parameter whose
+    ``requires_grad`` is off: it never gets a gradient)."""
+    return [p.requires_grad for p in model.parameters()]
+
+
+def initial_states(spec: OptimizerSpec, model: torch.nn.Module, params=None) -> list[torch.Tensor]:
+    """Fresh optimizer state of every trainable parameter, flat, in graph input order
+    (``params``: the tensors to shape it after, by default the model's own)."""
+    params = list(model.parameters()) if params is None else list(params)
+    return [t for p, train in zip(params, trainable(model)) if train
+            for t in init_state(spec, p.detach()).values()]
+
+
+def _make_step_fn(model, loss_fn, spec, names, buffer_names, marks):
+    group = _eager_group(spec)
+    keys = state_keys(spec)
+    mark = _phase_marker(marks)
+    train = [i for i, t in enumerate(trainable(model)) if t]
+
+    def step(params, buffers, flat_states, x, y):
+        def loss_of(trained, all_params, bs):
+            ps = list(all_params)
+            for i, p in zip(train, trained):
+                ps[i] = p
+            tensors = dict(zip(names, ps))
+            tensors.update(zip(buffer_names, bs))  # an argument: BatchNorm updates it in place
+            loss = loss_fn(torch.func.functional_call(model, tensors, (x,)), y)
+            mark()  # forward ends here
+            return loss
+
+        trained = [params[i] for i in train]
+        grads, loss = torch.func.grad_and_value(loss_of, argnums=0)(trained, list(params), list(buffers))
+        mark()  # backward ends here
+        states = [dict(zip(keys, flat_states[j * len(keys):(j + 1) * len(keys)]))
+                  for j in range(len(train))]
+        with torch.no_grad():
+            _optimizer_update(spec, group, trained, list(grads), states)
+        return loss
+
+    return step
+
+
+def _fake_inputs(model, spec, x, y):
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True)
+    params = [fake_mode.from_tensor(p.detach()) for p in model.parameters()]
+    buffers = [fake_mode.from_tensor(b) for b in model.buffers()]
+    with fake_mode:
+        states = initial_states(spec, model, params)
+    return fake_mode, params, buffers, states, fake_mode.from_tensor(x), fake_mode.from_tensor(y)
+
+
+def _input_keys(model, spec) -> list[tuple]:
+    names = [n for n, _ in model.named_parameters()]
+    keys = [("param", n) for n in names]
+    keys += [("buffer", n) for n, _ in model.named_buffers()]
+    keys += [("state", n, k) for n, t in zip(names, trainable(model)) if t for k in state_keys(spec)]
+    return keys + [("batch", "x"), ("batch", "y")]
+
+
+def _outputs_from_copies(gm: fx.GraphModule) -> dict[int, int]:
+    """Replace trailing ``copy_(placeholder, new)`` nodes by graph outputs."""
+    graph = gm.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    position = {n: i for i, n in enumerate(placeholders)}
+    out = next(n for n in reversed(graph.nodes) if n.op == "output")
+    (loss,) = out.args[0] if isinstance(out.args[0], (list, tuple)) else (out.args[0],)
+    new_values: list[fx.Node] = []
+    updates: dict[int, int] = {}
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is torch.ops.aten.copy_.default \
+                and node.args[0] in position:
+            updates[1 + len(new_values)] = position[node.args[0]]
+            new_values.append(node.args[1])
+            graph.erase_node(node)
+    out.args = (tuple([loss] + new_values),)
+    graph.set_codegen(fx.graph.CodeGen())  # flat positional inputs, a flat output tuple
+    graph.eliminate_dead_code()
+    graph.lint()
+    gm.recompile()
+    return updates
+
+
+def capture(model: torch.nn.Module, loss_fn: LossFn, optimizer_spec: OptimizerSpec,
+            example_batch: tuple[torch.Tensor, torch.Tensor], *, job: str = "job") -> CapturedStep:
+    """Trace one training iteration of ``model`` on fake tensors; annotate its nodes."""
+    x, y = example_batch
+    model.train()
+    names = [n for n, _ in model.named_parameters()]
+    buffer_names = [n for n, _ in model.named_buffers()]
+    marks: list[int] = []
+    fake_mode, params, buffers, states, fx_, fy = _fake_inputs(model, optimizer_spec, x, y)
+    step = _make_step_fn(model, loss_fn, optimizer_spec, names, buffer_names, marks)
+    try:
+        gm = make_fx(torch.func.functionalize(step), tracing_mode="fake")(params, buffers, states, fx_, fy)
+    except Exception as e:  # noqa: BLE001 - re-raised with the job's context
+        raise CaptureError(f"job {job!r}: could not capture the training step of "
+                           f"{type(model).__name__}: {type(e).__name__}: {e}") from e
+    phase_of = _phases_by_position(gm, marks)
+    updates = _outputs_from_copies(gm)
+    captured = CapturedStep(gm=gm, spec=optimizer_spec, input_keys=_input_keys(model, optimizer_spec),
+                            updates=updates, signature=batch_signature(x, y), job=job)
+    annotate(captured, phase_of)
+    return captured
+
+
+def _phases_by_position(gm: fx.GraphModule, marks: list[int]) -> dict[str, Phase]:
+    """Phase per node name from the node counts recorded at the phase boundaries."""
+    if len(marks) != 2 or min(marks) < 0:
+        raise CaptureError(f"phase boundaries not recorded during tracing (marks={marks})")
+    phases = {}
+    for i, node in enumerate(gm.graph.nodes):
+        phases[node.name] = (Phase.FORWARD if i < marks[0] else
+                             Phase.BACKWARD if i < marks[1] else Phase.OPTIMIZER)
+    return phases
+
+
+# -- analyses -----------------------------------------------------------------------
+
+_KIND_OF = {"param": TensorKind.PARAM, "buffer": TensorKind.BUFFER,
+            "state": TensorKind.OPT_STATE, "batch": TensorKind.BATCH}
+
+
+def is_random(node: fx.Node) -> bool:
+    """Whether running ``node`` draws from a random generator (dropout masks):
+    such an op is never recomputed, since a rerun would draw a different mask."""
+    target = node.target
+    return node.op == "call_function" and isinstance(target, torch._ops.OpOverload) \
+        and torch.Tag.nondeterministic_seeded in target.tags
+
+
+# Ops that write into an input although their schema does not say so (BatchNorm's running
+# statistics are updated inside the kernel). Functionalization cannot see this.
+HIDDEN_MUTATIONS = frozenset({"native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm"})
+
+
+def mutates_inputs(node: fx.Node) -> bool:
+    """Whether ``node`` writes into one of its inputs: rerunning it would apply the write
+    twice, so like a random op it is never recomputed."""
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return False
+    if target.overloadpacket.__name__ in HIDDEN_MUTATIONS:
+        return True
+    return any(a.alias_info is not None and a.alias_info.is_write for a in target._schema.arguments)
+
+
+def _vals(val: Any) -> list:
+    return list(val) if isinstance(val, (list, tuple)) else [val]
+
+
+def annotate(captured: CapturedStep, phase_of: dict[str, Phase]) -> None:
+    """Write dbml_storage / dbml_owner / dbml_nbytes / dbml_phase / dbml_random /
+    dbml_kind / dbml_key into each node's meta."""
+    ids: dict[StorageWeakRef, int] = {}
+    owners: list[str] = []
+    keys = iter(captured.input_keys)
+    for node in captured.graph.nodes:
+        node.meta["dbml_phase"] = phase_of.get(node.name, Phase.OPTIMIZER)
+        node.meta["dbml_random"] = is_random(node)
+        node.meta["dbml_mutates"] = mutates_inputs(node)
+        if node.op == "placeholder":
+            key = next(keys)
+            node.meta["dbml_key"] = key
+            node.meta["dbml_kind"] = _KIND_OF[key[0]]
+            node.meta["dbml_phase"] = Phase.FORWARD
+        if node.op == "output":
+            node.meta["dbml_storage"], node.meta["dbml_nbytes"] = None, 0
+            continue
+        storages, nbytes = [], 0
+        for v in _vals(node.meta.get("val")):
+            if not isinstance(v, torch.Tensor):
+                storages.append(None)
+                continue
+            ref = StorageWeakRef(v.untyped_storage())
+            if ref not in ids:
+                ids[ref] = len(owners)
+                owners.append(node.name)
+                nbytes += v.untyped_storage().nbytes()
+            storages.append(ids[ref])
+        multi = isinstance(node.meta.get("val"), (list, tuple))
+        node.meta["dbml_storage"] = tuple(storages) if multi else storages[0]
+        node.meta["dbml_nbytes"] = nbytes
+    for node in captured.graph.nodes:
+        sid = node.meta.get("dbml_storage")
+        if isinstance(sid, int):
+            node.meta["dbml_owner"] = owners[sid]
+    captured.meta["storage_owners"] = owners
+
+
+class GraphCache:
+    """One captured graph per batch signature (the last, smaller batch gets its own)."""
+
+    def __init__(self, model, loss_fn, spec: OptimizerSpec, *, job: str = "job"):
+        self.model, self.loss_fn, self.spec, self.job = model, loss_fn, spec, job
+        self._graphs: dict[tuple, CapturedStep] = {}
+
+    def get(self, x: torch.Tensor, y: torch.Tensor) -> CapturedStep:
+        sig = batch_signature(x, y)
+        if sig not in self._graphs:
+            self._graphs[sig] = capture(self.model, self.loss_fn, self.spec, (x, y), job=self.job)
+        return self._graphs[sig]
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+

@@ -1,0 +1,266 @@
+"""Device backends: where tensors live, how they travel to the host and back.
+
+One interface, two backends:
+
+* :class:`CpuDevice` — the device is the CPU. Its "device memory" is the executor's
+  ledger; a swap-out really copies the storage into a separate host store (and the
+  device tensor is dropped), a swap-in copies it back into a fresh allocation.
+* :class:`CudaDevice` — a GPU. Copies run on a side stream into pinned host buffers
+  taken from a pool allocated ahead (never per swap); the copy waits on an event
+  recorded on the compute stream after the trigger op; ``record_stream`` tells the
+  caching allocator about tensors used across streams; the compute stream waits for a
+  swap-in's event before its first use. Memory truth: ``torch.cuda`` statistics.
+
+Storages travel as flat ``uint8`` tensors (:func:`storage_bytes`), so any dtype, view
+or layout round-trips bit for bit; :func:`as_view` rebuilds a node's tensor on top.
+
+Copies are performed by a :class:`CopyChannel`: one thread per device (TENSILE's Swap
+Executor), serving copy jobs in order of their issue time, each no earlier than it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections import defaultdict
+from typing import Callable
+
+import torch
+
+__all__ = ["Device", "CpuDevice", "CudaDevice", "CopyChannel", "make_device", "storage_bytes", "as_view"]
+
+
+def storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 tensor over the whole storage of ``t`` (shares memory)."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def as_view(flat: torch.Tensor, dtype: torch.dtype, size, stride, offset: int) -> torch.Tensor:
+    """The tensor ``(dtype, size, stride, offset)`` over the storage of ``flat``."""
+    return torch.empty(0, dtype=dtype, device=flat.device).set_(flat.untyped_storage(), offset, size, stride)
+
+
+class Device:
+    """The interface the executor uses; both backends implement every method."""
+
+    type = "abstract"
+
+    def __init__(self, device: torch.device):
+        self.torch_device = device
+
+    # compute-side markers: "everything issued on the compute stream so far"
+    def compute_marker(self):
+        return None
+
+    def wait_marker(self, marker) -> None:
+        """On the copy thread: wait until the compute work before ``marker`` is done."""
+
+    def alloc(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, device=self.torch_device)
+
+    def host_buffer(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def free_host(self, buf: torch.Tensor) -> None:
+        """Give a host buffer back (to the pool, where there is one)."""
+
+    def reserve_host(self, sizes) -> None:
+        """Allocate host buffers ahead for swaps of these sizes (bytes)."""
+
+    def copy_out(self, src: torch.Tensor, marker) -> torch.Tensor:
+        """On the copy thread: copy device bytes ``src`` to a new host buffer; return it
+        once the copy has completed."""
+        self.wait_marker(marker)
+        dst = self.host_buffer(src.numel())
+        dst.copy_(src)
+        return dst
+
+    def copy_in(self, host: torch.Tensor, dst: torch.Tensor):
+        """On the copy thread: copy ``host`` into device bytes ``dst``; return a marker
+        the compute stream must wait for before using ``dst``."""
+        dst.copy_(host)
+        return None
+
+    def use_on_compute(self, dst: torch.Tensor, marker) -> None:
+        """On the compute thread, before ``dst`` (a swapped-in storage) is first read."""
+
+    def memory_allocated(self) -> int | None:
+        """Bytes the device's allocator holds, where it can tell (None on CPU)."""
+        return None
+
+    def synchronize(self) -> None:
+        pass
+
+
+class CpuDevice(Device):
+    type = "cpu"
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        super().__init__(torch.device(device))
+
+
+class CudaDevice(Device):
+    """A CUDA GPU: side copy stream, pinned host pool, events, record_stream."""
+
+    type = "cuda"
+
+    def __init__(self, device: torch.device | str = "cuda", *, pin: bool = True):
+        device = torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(f"CudaDevice needs a cuda device, got {device}")
+        super().__init__(device)
+        self.pin = pin and torch.cuda.is_available()
+        self._pool: dict[int, list[torch.Tensor]] = defaultdict(list)
+        self._pool_lock = threading.Lock()
+        self._copy_stream = torch.cuda.Stream(device) if torch.cuda.is_available() else None
+
+    # -- pinned pool ------------------------------------------------------------
+    def reserve_host(self, sizes) -> None:
+        for n in sizes:
+            self.free_host(torch.empty(n, dtype=torch.uint8, pin_memory=self.pin))
+
+    def host_buffer(self, nbytes: int) -> torch.Tensor:
+        with self._pool_lock:
+            free = self._pool.get(nbytes)
+            if free:
+                return free.pop()
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin)
+
+    def free_host(self, buf: torch.Tensor) -> None:
+        with self._pool_lock:
+            self._pool[buf.numel()].append(buf)
+
+    # -- streams and events -----------------------------------------------------
+    def compute_marker(self):
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.torch_device))
+        return event
+
+    def wait_marker(self, marker) -> None:
+        if marker is not None:
+            self._copy_stream.wait_event(marker)
+
+    def copy_out(self, src: torch.Tensor, marker) -> torch.Tensor:
+        with torch.cuda.stream(self._copy_stream):
+            self.wait_marker(marker)
+            dst = self.host_buffer(src.numel())
+            dst.copy_(src, non_blocking=self.pin)
+            src.record_stream(self._copy_stream)  # src may be freed by compute meanwhile
+            done = torch.cuda.Event()
+            done.record(self._copy_stream)
+        done.synchronize()
+        return dst
+
+    def alloc(self, nbytes: int) -> torch.Tensor:
+        with torch.cuda.stream(self._copy_stream):
+            return torch.empty(nbytes, dtype=torch.uint8, device=self.torch_device)
+
+    def copy_in(self, host: torch.Tensor, dst: torch.Tensor):
+        with torch.cuda.stream(self._copy_stream):
+            dst.copy_(host, non_blocking=self.pin)
+            done = torch.cuda.Event()
+            done.record(self._copy_stream)
+        done.synchronize()  # the host buffer may go back to the pool only after this
+        return done
+
+    def use_on_compute(self, dst: torch.Tensor, marker) -> None:
+        stream = torch.cuda.current_stream(self.torch_device)
+        if marker is not None:
+            stream.wait_event(marker)
+        dst.record_stream(stream)  # allocated on the copy stream, used on the compute stream
+
+    def memory_allocated(self) -> int | None:
+        return torch.cuda.memory_allocated(self.torch_device)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.torch_device)
+
+
+def make_device(device: str | torch.device) -> Device:
+    device = torch.device(device)
+    if device.type == "cpu":
+        return CpuDevice(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("device 'cuda' requested but CUDA is not available; use device='cpu'")
+        return CudaDevice(device)
+    raise ValueError(f"unsupported device {device}; expected 'cpu' or 'cuda'")
+
+
+class CopyChannel:
+    """One copy thread serving jobs in order of issue time, each no earlier than it.
+
+    A job is a callable run on the thread; ``submit`` returns at once. ``drain`` waits
+    until every submitted job has run. An exception in a job is re-raised by ``drain``
+    (and by the next ``submit``)."""
+
+    def __init__(self, name: str = "dbml-copy"):
+        self._heap: list = []
+        self._counter = itertools.count()
+        self._cv = threading.Condition()
+        self._pending = 0
+        self._error: BaseException | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, at: float, job: Callable[[], None]) -> None:
+        with self._cv:
+            self._raise()
+            heapq.heappush(self._heap, (at, next(self._counter), job))
+            self._pending += 1
+            self._cv.notify_all()
+
+    def drain(self) -> None:
+        with self._cv:
+            while self._pending and self._error is None:
+                self._cv.wait()
+            self._raise()
+
+    def idle(self) -> bool:
+        with self._cv:
+            return self._pending == 0
+
+    @property
+    def closing(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        self._thread.join(timeout=5)
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+    def _next_job(self):
+        with self._cv:
+            while True:
+                if self._closed:
+                    return None
+                if self._heap:
+                    wait = self._heap[0][0] - time.perf_counter()
+                    if wait <= 0:
+                        return heapq.heappop(self._heap)[2]
+                    self._cv.wait(timeout=wait)
+                else:
+                    self._cv.wait()
+
+    def _loop(self) -> None:
+        while True:
+            job = self._next_job()
+            if job is None:
+                return
+            try:
+                job()
+            except BaseException as e:  # noqa: BLE001 - handed to the compute thread
+                with self._cv:
+                    self._error = e
+            with self._cv:
+                self._pending -= 1
+                self._cv.notify_all()

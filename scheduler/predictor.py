@@ -1,0 +1,468 @@
+"""The latency predictor: TENSILE's cold-start op latency model (journal IV-A), small.
+
+One MLP for all op kinds (the authors trained one 2048x2048 tanh MLP per op type, 321 MB,
+on unnormalised inputs): input = one-hot op kind ++ standardised
+:func:`~.opfeatures.op_features` ++ device utilisation; output = standardised
+log-latency. About 40k parameters (< 200 kB). Samples come from :mod:`.calibrate`.
+
+:class:`Predictor` implements :class:`~.estimate.LatencyModel`. Nodes that are not timed
+kernels (views, ``getitem``, scalar arithmetic) take :class:`~.estimate.RooflineModel`'s
+view latency; an op kind calibration never saw falls back to the roofline model and is
+counted in ``predictor.fallbacks``; an op far outside the sizes calibration measured is
+predicted by its kind's least-squares power law instead of the MLP (counted in
+``predictor.extrapolated``). ``predictor.machine`` (the calibrated roofline figures,
+host<->device copy bandwidth included) is what :mod:`.access` reads for swap times.
+
+Persistence: ``<cache>/predictor-<device>-<key>.pt`` (plain tensors, loaded with
+``weights_only=True``) beside ``.json`` metadata, where ``<cache>`` is ``$DBML_CACHE_DIR``,
+else ``$XDG_CACHE_HOME/dbml``, else ``~/.cache/dbml``, and ``<key>`` hashes the device
+fingerprint (device name, torch version, threads on CPU, feature format). A machine or
+torch upgrade therefore finds no predictor: :func:`load_predictor` returns None and the
+caller calibrates (:func:`~.calibrate.load_or_calibrate`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import random
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+import torch
+import torch.fx as fx
+
+from .estimate import Machine, RooflineModel
+from .opfeatures import LOG_BYTES, LOG_FLOPS, N_FEATURES, op_features, op_kind
+from .utilisation import device_utilisation
+
+__all__ = ["Predictor", "Samples", "OpReport", "PredictorReport", "fit_predictor", "load_predictor",
+           "fingerprint", "cache_dir", "predictor_path", "split_heldout", "fit_baseline", "r2_score",
+           "median_relative_error", "predictions", "heldout_report"]
+
+FORMAT = 1                     # bump when features or architecture change: old caches go stale
+HIDDEN = (128, 128, 64)        # four weight layers, as the paper's "four layers MLP"
+HELDOUT_FRACTION = 0.25        # share of each op kind's distinct shapes kept out of training
+TRAIN_STEPS = int(os.environ.get("DBML_PREDICTOR_STEPS", "3000"))
+BATCH = 256
+LEARNING_RATE = 3e-3
+# Huber loss on standardised log-latency: a timing spiked by another process's burst
+# (a shared machine) pulls the fit linearly, not quadratically.
+HUBER_DELTA = 0.5
+# Kinds with many samples (optimizer elementwise ops) would drown rare, costly kinds
+# (convolution_backward): sample minibatches with weight count(kind) ** -BALANCE_POWER.
+BALANCE_POWER = 0.5
+# An op whose log2 FLOPs or bytes exceed the largest calibrated for its kind by more than
+# this many doublings is predicted by the kind's least-squares power law: the MLP
+# interpolates well and extrapolates arbitrarily; a power law in FLOPs/bytes scales.
+EXTRAPOLATE_WITH_BASELINE = os.environ.get("DBML_PREDICTOR_EXTRAPOLATE", "baseline") == "baseline"
+EXTRAPOLATION_MARGIN = 1.0
+# The MLP learns the residual of its kind's least-squares power law (log t ~ a + b log
+# FLOPs + c log bytes + d util) rather than log t itself: the power law carries the
+# scale and extrapolates; the MLP adds what shape, strides, layout and load do beyond
+# it. With a few dozen shapes per kind a bare MLP overfits the scale.
+RESIDUAL_ON_BASELINE = os.environ.get("DBML_PREDICTOR_RESIDUAL", "1") == "1"
+# Features are log2 sizes, flags and a [0, 1] load: a feature (nearly) constant in training
+# (every add was float32) must not blow up when a graph brings another value (an int64
+# counter), so standardisation divides by at least this.
+STD_FLOOR = 0.25
+# Predictions are clamped to [1 ns, 1000 s]: a guard, never reached by sane inputs.
+LOG_LATENCY_RANGE = (math.log(1e-9), math.log(1e3))
+UTIL_TTL_S = 1.0               # re-read device utilisation at most once a second
+
+
+# -- samples --------------------------------------------------------------------------
+
+@dataclass
+class Samples:
+    """Calibration measurements: one row per (op shape, load level)."""
+
+    kinds: list[str] = field(default_factory=list)
+    features: list[list[float]] = field(default_factory=list)
+    util: list[float] = field(default_factory=list)
+    latency: list[float] = field(default_factory=list)   # seconds
+    level: list[float] = field(default_factory=list)     # load generator level
+    workloads: int = 0                                   # models whose steps were timed
+
+    def add(self, kind: str, features: list[float], util: float, latency: float, level: float) -> None:
+        self.kinds.append(kind)
+        self.features.append(list(features))
+        self.util.append(float(util))
+        self.latency.append(float(latency))
+        self.level.append(float(level))
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def shape_key(self, i: int) -> tuple:
+        return (self.kinds[i], tuple(round(f, 6) for f in self.features[i]))
+
+
+def split_heldout(samples: Samples, fraction: float = HELDOUT_FRACTION,
+                  seed: int = 0) -> tuple[list[int], list[int]]:
+    """(train, held-out) row indices; every row of a held-out *shape* is held out, at
+    every load level, so no held-out shape is ever trained on. Per kind, a share
+    ``fraction`` of its distinct shapes is held out (none where it has fewer than 2)."""
+    shapes: dict[str, list[tuple]] = defaultdict(list)
+    for i in range(len(samples)):
+        key = samples.shape_key(i)
+        if key not in shapes[key[0]]:
+            shapes[key[0]].append(key)
+    rng = random.Random(seed)
+    held: set[tuple] = set()
+    for kind in sorted(shapes):
+        keys = list(shapes[kind])
+        rng.shuffle(keys)
+        n = math.ceil(fraction * len(keys)) if len(keys) >= 2 else 0
+        held.update(keys[:n])
+    train = [i for i in range(len(samples)) if samples.shape_key(i) not in held]
+    test = [i for i in range(len(samples)) if samples.shape_key(i) in held]
+    return train, test
+
+
+# -- metrics and the least-squares baseline --------------------------------------------
+
+def r2_score(y: torch.Tensor, pred: torch.Tensor) -> float:
+    ss_res = float(((y - pred) ** 2).sum())
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    return 1.0 - ss_res / ss_tot if ss_tot > 0 else float("nan")
+
+
+def median_relative_error(latency: torch.Tensor, predicted: torch.Tensor) -> float:
+    return float(((predicted - latency).abs() / latency).median())
+
+
+def _baseline_design(features: torch.Tensor, util: torch.Tensor) -> torch.Tensor:
+    ones = torch.ones_like(util)
+    return torch.stack([ones, features[:, LOG_FLOPS], features[:, LOG_BYTES], util], dim=1)
+
+
+def fit_baseline(kinds: list[str], features: torch.Tensor, util: torch.Tensor,
+                 log_latency: torch.Tensor, vocab: dict[str, int]) -> torch.Tensor:
+    """Per kind, least squares ``log t ~ a + b log FLOPs + c log bytes + d util``:
+    a (len(vocab), 4) tensor of coefficients (tiny ridge: constant columns are common)."""
+    coef = torch.zeros(len(vocab), 4, dtype=torch.float64)
+    design = _baseline_design(features, util).double()
+    for kind, k in vocab.items():
+        rows = torch.tensor([i for i, s in enumerate(kinds) if s == kind], dtype=torch.long)
+        if len(rows) == 0:
+            continue
+        a, y = design[rows], log_latency[rows].double()
+        ridge = 1e-6 * torch.eye(4, dtype=torch.float64)
+        ridge[0, 0] = 0.0
+        coef[k] = torch.linalg.solve(a.T @ a + ridge * len(rows), a.T @ y)
+    return coef.float()
+
+
+def _baseline_log(coef: torch.Tensor, idx: torch.Tensor, features: torch.Tensor,
+                  util: torch.Tensor) -> torch.Tensor:
+    return (_baseline_design(features, util) * coef[idx]).sum(dim=1)
+
+
+# -- the network ------------------------------------------------------------------------
+
+def _make_net(n_in: int, hidden: tuple[int, ...]) -> torch.nn.Sequential:
+    layers: list[torch.nn.Module] = []
+    for width in hidden:
+        layers += [torch.nn.Linear(n_in, width), torch.nn.SiLU()]
+        n_in = width
+    layers.append(torch.nn.Linear(n_in, 1))
+    return torch.nn.Sequential(*layers)
+
+
+def _inputs(idx: torch.Tensor, features: torch.Tensor, util: torch.Tensor, n_kinds: int,
+            mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    onehot = torch.nn.functional.one_hot(idx, n_kinds).float()
+    x = torch.cat([features, util[:, None]], dim=1)
+    return torch.cat([onehot, (x - mean) / std], dim=1)
+
+
+def _learning_rate(progress: float) -> float:
+    """Linear warm-up over the first 5%, then cosine decay to zero at ``progress`` 1."""
+    if progress < 0.05:
+        return LEARNING_RATE * progress / 0.05
+    return LEARNING_RATE * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def _train_net(x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, hidden: tuple[int, ...],
+               steps: int, seconds: float, seed: int,
+               progress: Callable[[int, int], None] | None) -> torch.nn.Sequential:
+    """Minibatch AdamW for ``steps`` steps or ``seconds``, whichever ends first; the
+    learning-rate schedule follows whichever is further along."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        net = _make_net(x.shape[1], hidden)
+    opt = torch.optim.AdamW(net.parameters(), lr=LEARNING_RATE, weight_decay=1e-4)
+    start, step, done = time.perf_counter(), 0, 0.0
+    while done < 1.0:
+        for group in opt.param_groups:
+            group["lr"] = _learning_rate(done)
+        rows = torch.multinomial(weights, min(BATCH, len(weights)), replacement=True, generator=gen)
+        loss = torch.nn.functional.huber_loss(net(x[rows]).squeeze(1), y[rows], delta=HUBER_DELTA)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        step += 1
+        done = max(step / steps, (time.perf_counter() - start) / seconds)
+        if progress is not None and step % 50 == 0:
+            progress(min(steps, int(done * steps)), steps)
+    return net.eval()
+
+
+# -- report -----------------------------------------------------------------------------
+
+class OpReport(NamedTuple):
+    op: str
+    samples: int              # calibration rows of this kind (training + held-out)
+    r2: float                 # MLP, log-latency, held-out shapes
+    baseline_r2: float        # least squares on log FLOPs / log bytes / util, same data
+    median_rel_error: float   # MLP, |pred - t| / t, held-out shapes
+
+
+@dataclass(frozen=True)
+class PredictorReport:
+    rows: list[OpReport]
+    fingerprint: dict
+    model_bytes: int
+    calibration_seconds: float
+    fallbacks: dict[str, int]
+    copy_bandwidth: dict[str, float]
+
+    def format(self) -> str:
+        lines = [f"{'op':44} {'samples':>7} {'r2':>7} {'base_r2':>7} {'med_rel':>7}"]
+        for r in self.rows:
+            lines.append(f"{r.op:44} {r.samples:7d} {r.r2:7.3f} {r.baseline_r2:7.3f} {r.median_rel_error:7.1%}")
+        lines.append(f"model {self.model_bytes / 1e3:.0f} kB, calibration {self.calibration_seconds:.0f} s, "
+                     f"fallbacks {sum(self.fallbacks.values())}")
+        return "\n".join(lines)
+
+
+def _evaluate(pred_log: torch.Tensor, base_log: torch.Tensor, log_latency: torch.Tensor,
+              kinds: list[str], counts: Counter) -> list[OpReport]:
+    rows = []
+    for kind in sorted(set(kinds)):
+        sel = torch.tensor([i for i, s in enumerate(kinds) if s == kind], dtype=torch.long)
+        y = log_latency[sel]
+        rows.append(OpReport(kind, counts[kind], r2_score(y, pred_log[sel]), r2_score(y, base_log[sel]),
+                             median_relative_error(y.exp(), pred_log[sel].exp())))
+    return rows
+
+
+# -- the predictor ------------------------------------------------------------------------
+
+class Predictor:
+    """An MLP latency model over captured nodes (a :class:`~.estimate.LatencyModel`)."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], meta: dict):
+        self.tensors, self.meta = tensors, meta
+        self.device = meta["device"]
+        self.vocab: dict[str, int] = meta["vocab"]
+        self.net = _make_net(len(self.vocab) + N_FEATURES + 1, tuple(meta["hidden"]))
+        self.net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
+        self.net.eval()
+        self.machine = Machine(**meta["machine"])
+        self.copy_bandwidth: dict[str, float] = meta["copy_bandwidth"]
+        self.fallback = RooflineModel(self.machine)
+        self.fallbacks: Counter[str] = Counter()
+        self.extrapolated: Counter[str] = Counter()
+        self.utilisation: float | None = None   # set to pin the load; None reads the device
+        self._util_read = (-math.inf, 0.0)
+        self._cache: dict[tuple, float] = {}
+        self.samples: Samples | None = None
+
+    # LatencyModel
+    def predict(self, node: fx.Node) -> float:
+        kind = op_kind(node)
+        if kind is None:
+            return self.fallback.predict(node)
+        if kind not in self.vocab:
+            self.fallbacks[kind] += 1
+            return self.fallback.predict(node)
+        return self.predict_features(kind, op_features(node), self.current_utilisation())
+
+    def predict_nodes(self, nodes: list[fx.Node]) -> list[float]:
+        return [self.predict(n) for n in nodes]
+
+    def current_utilisation(self) -> float:
+        if self.utilisation is not None:
+            return float(self.utilisation)
+        at, value = self._util_read
+        if time.monotonic() - at > UTIL_TTL_S:
+            value = device_utilisation(self.device)
+            self._util_read = (time.monotonic(), value)
+        return value
+
+    def predict_features(self, kind: str, features: list[float], util: float) -> float:
+        key = (kind, tuple(features), round(util, 3))
+        if key not in self._cache:
+            self._cache[key] = self._predict_uncached(kind, features, util)
+        return self._cache[key]
+
+    def _predict_uncached(self, kind: str, features: list[float], util: float) -> float:
+        idx = torch.tensor([self.vocab[kind]])
+        f = torch.tensor([features], dtype=torch.float32)
+        u = torch.tensor([util], dtype=torch.float32)
+        if EXTRAPOLATE_WITH_BASELINE and self._beyond_calibration(kind, features):
+            self.extrapolated[kind] += 1
+            return float(_baseline_log(self.tensors["baseline"], idx, f, u).clamp(*LOG_LATENCY_RANGE).exp())
+        return float(self.predict_log(idx, f, u).exp())
+
+    def _beyond_calibration(self, kind: str, features: list[float]) -> bool:
+        top_flops, top_bytes = self.meta["kind_max"][kind]
+        return (features[LOG_FLOPS] > top_flops + EXTRAPOLATION_MARGIN
+                or features[LOG_BYTES] > top_bytes + EXTRAPOLATION_MARGIN)
+
+    @torch.no_grad()
+    def predict_log(self, idx: torch.Tensor, features: torch.Tensor, util: torch.Tensor) -> torch.Tensor:
+        """Natural-log latency (seconds) of rows of (kind index, features, utilisation)."""
+        t = self.tensors
+        x = _inputs(idx, features, util, len(self.vocab), t["x_mean"], t["x_std"])
+        out = self.net(x).squeeze(1) * t["y_std"] + t["y_mean"]
+        if self.meta["residual"]:
+            out = out + _baseline_log(t["baseline"], idx, features, util)
+        return out.clamp(*LOG_LATENCY_RANGE)
+
+    @property
+    def model_bytes(self) -> int:
+        return sum(v.numel() * v.element_size() for v in self.tensors.values())
+
+    def report(self) -> PredictorReport:
+        rows = [OpReport(*r) for r in self.meta["report"]]
+        return PredictorReport(rows, self.meta["fingerprint"], self.model_bytes,
+                               self.meta.get("calibration_seconds", 0.0), dict(self.fallbacks),
+                               dict(self.copy_bandwidth))
+
+    def save(self, path: str | Path | None = None) -> Path:
+        """Write ``path`` (.pt tensors) and its .json metadata; returns the .pt path."""
+        path = Path(path) if path is not None else predictor_path(self.device)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp_pt, tmp_json = path.with_suffix(".pt.tmp"), path.with_suffix(".json.tmp")
+        torch.save({k: v.contiguous() for k, v in self.tensors.items()}, tmp_pt)
+        tmp_json.write_text(json.dumps(self.meta, indent=1, sort_keys=True))
+        os.replace(tmp_pt, path)
+        os.replace(tmp_json, path.with_suffix(".json"))  # written last: its presence = complete
+        return path
+
+
+# -- fingerprint and cache ------------------------------------------------------------------
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def fingerprint(device: str | torch.device = "cpu") -> dict:
+    """What a predictor's timings depend on: device, its name, torch (and CUDA) version;
+    on CPU also the core and intra-op thread counts (latency scales with them)."""
+    device = torch.device(device)
+    fp = {"device": device.type, "torch": torch.__version__, "format": FORMAT}
+    if device.type == "cuda":
+        fp["name"] = torch.cuda.get_device_name(device)
+        fp["cuda"] = torch.version.cuda
+    else:
+        fp.update(name=_cpu_name(), cores=os.cpu_count(), threads=torch.get_num_threads())
+    return fp
+
+
+def cache_dir() -> Path:
+    if os.environ.get("DBML_CACHE_DIR"):
+        return Path(os.environ["DBML_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "dbml"
+
+
+def predictor_path(device: str | torch.device = "cpu") -> Path:
+    fp = fingerprint(device)
+    key = hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / f"predictor-{fp['device']}-{key}.pt"
+
+
+def load_predictor(device: str | torch.device = "cpu", path: str | Path | None = None) -> Predictor | None:
+    """The cached predictor for this device's fingerprint, or None (caller calibrates)."""
+    path = Path(path) if path is not None else predictor_path(device)
+    meta_path = path.with_suffix(".json")
+    if not path.exists() or not meta_path.exists():
+        return None
+    meta = json.loads(meta_path.read_text())
+    if meta.get("format") != FORMAT or meta.get("fingerprint") != fingerprint(device):
+        return None
+    tensors = torch.load(path, weights_only=True, map_location="cpu")
+    return Predictor(tensors, meta)
+
+
+# -- fitting ------------------------------------------------------------------------------------
+
+def _kind_max(samples: Samples, rows: list[int]) -> dict[str, list[float]]:
+    top: dict[str, list[float]] = {}
+    for i in rows:
+        f = samples.features[i]
+        cur = top.setdefault(samples.kinds[i], [-math.inf, -math.inf])
+        cur[0], cur[1] = max(cur[0], f[LOG_FLOPS]), max(cur[1], f[LOG_BYTES])
+    return top
+
+
+def fit_predictor(samples: Samples, device: str | torch.device, machine: Machine,
+                  copy_bandwidth: dict[str, float], *, steps: int = TRAIN_STEPS, seconds: float = math.inf,
+                  hidden: tuple[int, ...] = HIDDEN, seed: int = 0, residual: bool = RESIDUAL_ON_BASELINE,
+                  progress: Callable[[int, int], None] | None = None) -> Predictor:
+    """Train on the training shapes of ``samples`` (at most ``steps`` steps or
+    ``seconds``); evaluate on the held-out shapes."""
+    train, test = split_heldout(samples, seed=seed)
+    vocab = {k: i for i, k in enumerate(sorted({samples.kinds[i] for i in train}))}
+    idx = torch.tensor([vocab.get(k, -1) for k in samples.kinds])
+    feats = torch.tensor(samples.features, dtype=torch.float32)
+    util = torch.tensor(samples.util, dtype=torch.float32)
+    log_t = torch.tensor(samples.latency, dtype=torch.float64).log().float()
+    tr = torch.tensor(train, dtype=torch.long)
+    baseline = fit_baseline([samples.kinds[i] for i in train], feats[tr], util[tr], log_t[tr], vocab)
+    target = log_t[tr] - (_baseline_log(baseline, idx[tr], feats[tr], util[tr]) if residual else 0.0)
+    x_all = torch.cat([feats, util[:, None]], dim=1)
+    x_mean, x_std = x_all[tr].mean(0), x_all[tr].std(0).clamp_min(STD_FLOOR)
+    y_mean, y_std = target.mean(), target.std().clamp_min(1e-3)
+    counts = Counter(samples.kinds[i] for i in train)
+    weights = torch.tensor([counts[samples.kinds[i]] ** -BALANCE_POWER for i in train])
+    x = _inputs(idx[tr], feats[tr], util[tr], len(vocab), x_mean, x_std)
+    net = _train_net(x, (target - y_mean) / y_std, weights, hidden, steps, seconds, seed, progress)
+    tensors = {f"net.{k}": v.detach().clone() for k, v in net.state_dict().items()}
+    tensors.update(x_mean=x_mean, x_std=x_std, y_mean=y_mean, y_std=y_std, baseline=baseline)
+    meta = {"format": FORMAT, "device": str(torch.device(device)), "fingerprint": fingerprint(device),
+            "vocab": vocab, "hidden": list(hidden), "residual": residual, "machine": machine.__dict__,
+            "copy_bandwidth": copy_bandwidth, "kind_max": _kind_max(samples, train),
+            "train_rows": len(train), "heldout_rows": len(test), "report": []}
+    predictor = Predictor(tensors, meta)
+    meta["report"] = [list(r) for r in heldout_report(predictor, samples, test)]
+    predictor.samples = samples  # in memory only, for benchmarks and tests
+    return predictor
+
+
+def predictions(predictor: Predictor, samples: Samples, rows: list[int]):
+    """(kinds, log t, MLP log t, baseline log t) of the sample ``rows`` whose kind the
+    predictor knows (natural logs of seconds)."""
+    rows = [i for i in rows if samples.kinds[i] in predictor.vocab]
+    kinds = [samples.kinds[i] for i in rows]
+    idx = torch.tensor([predictor.vocab[k] for k in kinds], dtype=torch.long)
+    feats = torch.tensor([samples.features[i] for i in rows], dtype=torch.float32).reshape(len(rows), N_FEATURES)
+    util = torch.tensor([samples.util[i] for i in rows], dtype=torch.float32)
+    log_t = torch.tensor([samples.latency[i] for i in rows], dtype=torch.float64).log().float()
+    pred = predictor.predict_log(idx, feats, util)
+    return kinds, log_t, pred, _baseline_log(predictor.tensors["baseline"], idx, feats, util)
+
+
+def heldout_report(predictor: Predictor, samples: Samples, rows: list[int]) -> list[OpReport]:
+    """Per kind: MLP and baseline R^2 (log-latency) and MLP median relative error on
+    ``rows``; ``samples`` counts all rows of the kind."""
+    kinds, log_t, pred, base = predictions(predictor, samples, rows)
+    return _evaluate(pred, base, log_t, kinds, Counter(samples.kinds)) if kinds else []

@@ -1,0 +1,366 @@
+"""The executor performs plans exactly: hand-made plans (independent of the planner's
+choices) exercise swaps, recomputation, cross-iteration swapping and passive swaps.
+
+Every test compares with eager PyTorch bit for bit, checks the event log (no op read
+a tensor that was not resident) and compares the executor's ledger with peak.py."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from dbml.scheduler.access import build_sequence
+from dbml.scheduler.capture import capture, init_state
+from dbml.scheduler.devices import CopyChannel, CpuDevice, CudaDevice, make_device
+from dbml.scheduler.estimate import Machine, RooflineModel
+from dbml.scheduler.executor import ExecState, ExecutionError, Executor, Program, check_event_log
+from dbml.scheduler.liveness import analyse_liveness, release_events
+from dbml.scheduler.optim import OptimizerSpec
+from dbml.scheduler.peak import analyse_peak, host_at_start
+from dbml.scheduler.sequence import Event, EventKind, Plan, TensorKind
+from dbml.scheduler.step import EagerStep
+
+SO, SI, R, RC = EventKind.SWAP_OUT, EventKind.SWAP_IN, EventKind.RELEASE, EventKind.RECOMPUTE
+MACHINE = Machine(peak_flops=5e9, memory_bandwidth=5e9, copy_bandwidth=2e9, op_overhead=5e-6)
+loss_fn = torch.nn.functional.cross_entropy
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def mlp():
+    return torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Dropout(0.25),
+                               torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+
+
+def deep_mlp():
+    layers = [m for _ in range(8) for m in (torch.nn.Linear(64, 64), torch.nn.Tanh())]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(64, 10))
+
+
+def batches(n=3, b=32, shape=(32,)):
+    g = torch.Generator().manual_seed(7)
+    return [(torch.randn(b, *shape, generator=g), torch.randint(0, 10, (b,), generator=g)) for _ in range(n)]
+
+
+class Harness:
+    """A captured step, its sequence, and eager reference parameters."""
+
+    def __init__(self, model_fn=mlp, spec=OptimizerSpec("adam", lr=1e-2), data=None):
+        self.model_fn, self.spec = model_fn, spec
+        self.data = data or batches()
+        torch.manual_seed(0)
+        self.model = model_fn()
+        self.captured = capture(copy.deepcopy(self.model), loss_fn, spec, self.data[0])
+        self.seq = build_sequence(self.captured, RooflineModel(MACHINE))
+        self.live = analyse_liveness(self.seq)
+
+    def eager(self):
+        m = copy.deepcopy(self.model)
+        step = EagerStep(m, loss_fn, self.spec)
+        torch.manual_seed(1)
+        losses = [step.step(x, y) for x, y in self.data]
+        return list(m.parameters()) + list(m.buffers()), losses
+
+    def plan(self, events):
+        events = tuple(sorted(events, key=lambda e: (e.trigger, e.delay)))
+        peak = analyse_peak(self.seq, events, self.live)
+        vanilla = analyse_peak(self.seq, release_events(self.seq, self.live), self.live)
+        return Plan(self.seq.job, events, peak.bytes, vanilla.bytes,
+                    host_at_start=host_at_start(self.seq, events))
+
+    def run(self, plan, budget=None):
+        m = copy.deepcopy(self.model)
+        params = [p.detach() for p in m.parameters()]
+        state = ExecState(params + [b.detach() for b in m.buffers()]
+                          + [t for p in params for t in init_state(self.spec, p).values()])
+        ex = Executor(Program(self.captured, self.seq), plan, CpuDevice(), log=True, budget_bytes=budget)
+        torch.manual_seed(1)
+        losses, peaks = [], []
+        try:
+            for x, y in self.data:
+                losses.append(ex.run(state, x, y))
+                peaks.append(ex.iteration_peak)
+        finally:
+            ex.close()
+        n = len(list(m.parameters())) + len(list(m.buffers()))
+        for i in range(n):   # bring everything back from the host store
+            if state.values[i] is None:
+                like = self.captured.placeholders()[i].meta["val"]
+                flat = state.host.pop(i)
+                state.values[i] = torch.empty(0, dtype=like.dtype).set_(
+                    flat.untyped_storage(), 0, like.shape, like.stride())
+        return state.values[:n], losses, ex, peaks
+
+
+def assert_identical(got, want):
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+def swap_gaps(h: Harness, min_gap: int = 4):
+    """Swap out every activation across its longest gap between accesses, and back in
+    one op before the access after the gap."""
+    events = list(release_events(h.seq, h.live))
+    for t in h.seq.tensors:
+        if t.kind is not TensorKind.ACTIVATION or t.id in h.seq.outputs:
+            continue
+        acc = [h.live.gen[t.id]] + list(h.live.accesses[t.id])
+        gaps = [(b - a, a, b) for a, b in zip(acc, acc[1:]) if b - a >= min_gap]
+        if gaps:
+            _, a, b = max(gaps)
+            events += [Event(a, 0.0, SO, t.id), Event(b - 2, 0.0, SI, t.id, before=b)]
+    return events
+
+
+# -- bit identity and the ledger --------------------------------------------------------
+
+def test_release_only_plan_matches_eager_and_peak_analysis():
+    h = Harness()
+    want, want_losses = h.eager()
+    plan = h.plan(release_events(h.seq, h.live))
+    got, losses, ex, peaks = h.run(plan)
+    assert_identical(got, want)
+    assert all(torch.equal(a, b) for a, b in zip(losses, want_losses))
+    assert check_event_log(ex.event_log) == []
+    assert peaks == [plan.peak_bytes] * len(peaks)  # release-only: no timing, exact
+
+
+def test_swaps_are_performed_and_change_nothing():
+    h = Harness()
+    want, _ = h.eager()
+    plan = h.plan(swap_gaps(h))
+    assert plan.count(SO) >= 5 and plan.peak_bytes < plan.vanilla_peak_bytes
+    got, _, ex, peaks = h.run(plan, budget=plan.peak_bytes)
+    assert_identical(got, want)
+    assert check_event_log(ex.event_log) == []
+    assert ex.totals["swap_outs"] == ex.totals["swap_ins"] == plan.count(SO) * len(h.data)
+    assert ex.totals["passive_swaps"] == 0
+    assert max(peaks) <= plan.peak_bytes
+    assert max(peaks) >= 0.95 * plan.peak_bytes
+
+
+def test_recompute_reruns_the_generating_op():
+    h = Harness()
+    want, _ = h.eager()
+    events = list(release_events(h.seq, h.live))
+    picked = _recompute_candidate(h)
+    t, a, b = picked
+    events += [Event(a, 0.0, R, t), Event(b - 1, 0.0, RC, t, before=b)]
+    plan = h.plan(events)
+    got, _, ex, _ = h.run(plan)
+    assert_identical(got, want)
+    assert ex.totals["recomputes"] == len(h.data)
+    assert check_event_log(ex.event_log) == []
+    logged = [e for e in ex.event_log if e[0] == "recompute"]
+    assert logged and all(e[2] == t for e in logged)
+
+
+def _recompute_candidate(h: Harness):
+    """A replayable activation with a gap between two accesses whose generating op's
+    inputs are all still alive at the later access."""
+    seq, live = h.seq, h.live
+    for t in seq.tensors:
+        if t.kind is not TensorKind.ACTIVATION or t.random or t.id in seq.outputs:
+            continue
+        g = live.gen[t.id]
+        acc = list(live.accesses[t.id])
+        for a, b in zip([g] + acc, acc):
+            if b - a < 3 or a == g:
+                continue
+            if all(s in seq.initial or live.last_access(s) >= b for s in seq.ops[g].inputs):
+                return t.id, a, b
+    raise AssertionError("no recompute candidate in the test model")
+
+
+def test_random_tensor_is_never_recomputed():
+    """Dropout's scaled mask released too early (a plan bug): rebuilding it would need
+    the random mask again, and the executor refuses to draw a new one."""
+    h = Harness()
+    mask = next(t for t in h.seq.tensors if t.random and t.kind is TensorKind.ACTIVATION)
+    scaled = h.seq.ops[h.live.accesses[mask.id][0]].outputs[0]
+    events = list(release_events(h.seq, h.live))
+    events.append(Event(h.live.accesses[scaled][0], 0.0, R, scaled))
+    plan = Plan(h.seq.job, tuple(sorted(events)), 0, 0)
+    with pytest.raises(ExecutionError, match="cannot be recomputed"):
+        h.run(plan)
+
+
+def test_late_or_missing_swap_in_is_passive_and_counted():
+    h = Harness()
+    want, _ = h.eager()
+    events = [e for e in swap_gaps(h) if e.kind is not SI]  # swap-outs only
+    plan = Plan(h.seq.job, tuple(sorted(events)), 0, 0)
+    got, _, ex, _ = h.run(plan)
+    assert_identical(got, want)
+    assert ex.totals["passive_swaps"] == plan.count(SO) * len(h.data) > 0
+    assert check_event_log(ex.event_log) == []
+
+
+def test_cross_iteration_swaps_updated_state_and_prefetches_it():
+    """Updated optimizer state leaves in the optimizer phase, comes back just before its
+    next use in the next iteration: the device never holds params + state together."""
+    h = Harness(deep_mlp, data=batches(4, b=4, shape=(64,)))  # parameters and state dominate
+    want, _ = h.eager()
+    events = list(release_events(h.seq, h.live))
+    moved = 0
+    for n, o in h.seq.updates.items():
+        if h.seq.tensors[o].kind is not TensorKind.OPT_STATE or h.seq.tensors[o].nbytes < 1024:
+            continue
+        first = h.live.accesses[o][0]
+        events += [Event(h.live.last_access(n), 0.0, SO, n), Event(first - 1, 0.0, SI, o, before=first)]
+        moved += 1
+    plan = h.plan(events)
+    assert moved >= 4 and len(plan.host_at_start) == moved
+    initial = sum(h.seq.tensors[t].nbytes for t in h.seq.initial)
+    assert plan.peak_bytes < initial   # below params + optimizer state + batch
+    got, _, ex, peaks = h.run(plan, budget=plan.peak_bytes)
+    assert_identical(got, want)
+    assert check_event_log(ex.event_log) == []
+    assert ex.totals["setup_swaps"] == moved          # first iteration only
+    assert ex.totals["passive_swaps"] == 0
+    assert ex.totals["swap_ins"] == moved * len(h.data)
+    assert max(peaks) <= plan.peak_bytes
+
+
+def test_batchnorm_running_stats_and_last_smaller_batch_graph():
+    def cnn():
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4),
+                                   torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 10))
+    h = Harness(cnn, OptimizerSpec("sgd", lr=0.05), data=batches(3, 8, (3, 6, 6)))
+    want, _ = h.eager()
+    got, _, ex, _ = h.run(h.plan(swap_gaps(h, 3)))
+    assert_identical(got, want)   # includes running_mean, running_var, num_batches_tracked
+    bn = [t for t in h.seq.tensors if t.name.startswith("getitem") and t.random]
+    assert bn, "BatchNorm outputs are marked never-recompute (the op updates running stats)"
+
+
+def test_released_buffers_are_reused_within_the_planned_peak():
+    """Pointwise outputs go over their dying input or into released buffers (no fresh
+    allocation); the pool never makes ledger + pool exceed the plan's peak, and results
+    stay bit-identical."""
+    def wide():
+        return torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                                   torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    h = Harness(wide, data=batches(3, b=64, shape=(64,)))
+    want, _ = h.eager()
+    plan = h.plan(release_events(h.seq, h.live))
+    got, _, ex, peaks = h.run(plan)
+    assert_identical(got, want)
+    assert ex.totals["reused_buffers"] > 0
+    assert ex.prog.overwrites > 0      # pointwise ops writing over their dying input
+    assert ex.reserved_peak <= plan.peak_bytes
+    assert peaks == [plan.peak_bytes] * len(peaks)
+
+
+def test_release_and_swap_in_again_of_a_running_stat_uses_its_new_value():
+    """BatchNorm writes its running statistics in place: a host copy made before that
+    is stale, and "release, swap in again" must bring back the updated value."""
+    def cnn():
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4),
+                                   torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 10))
+    h = Harness(cnn, OptimizerSpec("sgd", lr=0.05), data=batches(2, 8, (3, 6, 6)))
+    want, _ = h.eager()
+    rm = next(t.id for t in h.seq.tensors if t.kind is TensorKind.BUFFER and t.nbytes == 16)
+    f, b = h.live.accesses[rm][0], h.live.accesses[rm][-1]
+    assert b > f + 2, "the running mean is read again by the backward op"
+    events = list(release_events(h.seq, h.live)) + [
+        Event(-1, 0.0, SO, rm), Event(f - 1, 0.0, SI, rm, before=f),
+        Event(f, 0.0, R, rm), Event(b - 1, 0.0, SI, rm, before=b)]
+    got, _, ex, _ = h.run(Plan(h.seq.job, tuple(sorted(events)), 0, 0))
+    assert_identical(got, want)
+    assert ex.totals["refresh_swaps"] == len(h.data)
+    assert check_event_log(ex.event_log) == []
+
+
+# -- invariant checker, devices ---------------------------------------------------------
+
+def test_event_log_checker_reports_nonresident_reads():
+    assert check_event_log([("op", 3, (1, 2), (True, False))]) == ["op 3 read tensor 2 while it was not resident"]
+    assert check_event_log([("op", 3, (1, 2), (True, True)), ("swap_out", 3, 1)]) == []
+
+
+def test_copy_channel_runs_jobs_in_issue_order_not_before_issue_time():
+    import time
+    ch = CopyChannel()
+    seen = []
+    t0 = time.perf_counter()
+    ch.submit(t0 + 0.02, lambda: seen.append(("late", time.perf_counter() - t0)))
+    ch.submit(t0, lambda: seen.append(("now", time.perf_counter() - t0)))
+    ch.drain()
+    ch.close()
+    assert [s[0] for s in seen] == ["now", "late"]
+    assert seen[1][1] >= 0.02
+
+
+def test_copy_channel_reraises_job_errors():
+    ch = CopyChannel()
+    ch.submit(0.0, lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        ch.drain()
+    ch.close()
+
+
+def test_cpu_device_round_trip_is_bitwise():
+    from dbml.scheduler.devices import as_view, storage_bytes
+    dev = CpuDevice()
+    t = torch.randn(5, 7).t()           # a non-contiguous view
+    host = dev.copy_out(storage_bytes(t), dev.compute_marker())
+    back = dev.alloc(host.numel())
+    dev.use_on_compute(back, dev.copy_in(host, back))
+    v = as_view(back, t.dtype, t.shape, t.stride(), t.storage_offset())
+    assert torch.equal(v, t) and v.data_ptr() != t.data_ptr()
+
+
+def test_cuda_backend_interface_on_cpu():
+    """The pinned pool and the interface work without a GPU; asking for cuda without one
+    is a clear error, not an import error."""
+    dev = CudaDevice.__new__(CudaDevice)
+    CudaDevice.__init__(dev, "cuda", pin=False) if torch.cuda.is_available() else _cpu_cuda(dev)
+    dev.reserve_host([64, 64, 128])
+    a = dev.host_buffer(64)
+    dev.free_host(a)
+    assert dev.host_buffer(64).data_ptr() == a.data_ptr()   # reused, not reallocated
+    assert dev.host_buffer(128).numel() == 128
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA is not available"):
+            make_device("cuda")
+
+
+def _cpu_cuda(dev):
+    import threading
+    from collections import defaultdict
+    dev.torch_device, dev.pin = torch.device("cuda"), False
+    dev._pool, dev._pool_lock, dev._copy_stream = defaultdict(list), threading.Lock(), None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_scheduled_training_matches_cpu_eager_shapes():
+    from dbml.scheduler.runner import ScheduledStep
+    torch.manual_seed(0)
+    m = mlp().cuda()
+    step = ScheduledStep(m, loss_fn, OptimizerSpec("adam"), device="cuda", policy="none")
+    for x, y in batches():
+        loss = step.step(x.cuda(), y.cuda())
+    step.finish()
+    assert torch.isfinite(loss).item()
+    assert step.stats()["device_max_allocated_bytes"] > 0
+
+
+def test_delayed_swap_in_is_issued_when_its_op_starts():
+    """A swap-in planned to start inside op j is issued at op j's start (plus the rest
+    of its delay), never earlier relative to the ops: slow ops cannot make it early."""
+    from dbml.scheduler.executor import _swap_in_slot
+    starts, ends = [0.0, 1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0, 5.0]
+    slot, delay = _swap_in_slot(Event(0, 1.5, SI, 7, before=4), starts, ends)
+    assert (slot, delay) == (2, 0.5)          # performed after op 1, i.e. when op 2 starts
+    assert _swap_in_slot(Event(0, 0.25, SI, 7, before=4), starts, ends) == (1, 0.25)
+    assert _swap_in_slot(Event(0, 9.0, SI, 7, before=3), starts, ends)[0] == 3   # not after its use

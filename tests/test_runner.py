@@ -1,0 +1,241 @@
+"""ScheduledStep end to end with the real planner: scheduling never changes results,
+the budget holds, predicted and measured peaks agree, and the switches work."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+import torch
+
+from dbml.scheduler.executor import check_event_log
+from dbml.scheduler.optim import OptimizerSpec
+from dbml.scheduler.planner import InfeasibleBudget
+from dbml.scheduler.runner import ScheduledStep
+from dbml.scheduler.sequence import EventKind, Phase
+from dbml.scheduler.step import EagerStep
+
+loss_fn = torch.nn.functional.cross_entropy
+TOLERANCE = 0.05   # predicted vs measured peak
+
+
+@pytest.fixture(autouse=True)
+def _threads(monkeypatch):
+    monkeypatch.delenv("DBML_NO_SCHEDULER", raising=False)
+    monkeypatch.delenv("DBML_DEBUG", raising=False)
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def mlp():
+    layers = [torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Dropout(0.2)]
+    for _ in range(4):
+        layers += [torch.nn.Linear(128, 128), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(128, 10))
+
+
+def cnn():
+    layers, c = [], 3
+    for _ in range(3):
+        layers += [torch.nn.Conv2d(c, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU()]
+        c = 8
+    return torch.nn.Sequential(*layers, torch.nn.Flatten(), torch.nn.Linear(8 * 12 * 12, 10))
+
+
+def deep_narrow():
+    layers = [m for _ in range(8) for m in (torch.nn.Linear(64, 64), torch.nn.Tanh())]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(64, 10))
+
+
+SHAPES = {mlp: (64, (32,)), cnn: (16, (3, 12, 12)), deep_narrow: (4, (64,))}
+
+
+def data_for(model_fn, n=5, last=None):
+    b, shape = SHAPES[model_fn]
+    g = torch.Generator().manual_seed(3)
+    sizes = [b] * n + ([last] if last else [])
+    return [(torch.randn(s, *shape, generator=g), torch.randint(0, 10, (s,), generator=g)) for s in sizes]
+
+
+def train(runner, data, seed=1):
+    torch.manual_seed(seed)
+    losses = [runner.step(x, y) for x, y in data]
+    runner.finish()
+    return losses
+
+
+def state_of(model):
+    return list(model.parameters()) + list(model.buffers())
+
+
+def vanilla_peak(model_fn, spec, x, y) -> int:
+    torch.manual_seed(0)
+    runner = ScheduledStep(model_fn(), loss_fn, spec, policy="none")
+    runner.step(x, y)
+    return runner.stats()["vanilla_peak_bytes"]
+
+
+def assert_same(a, b):
+    assert len(a) == len(b)
+    for u, v in zip(a, b):
+        assert torch.equal(u, v)
+
+
+@pytest.mark.parametrize("model_fn", [mlp, cnn], ids=["mlp", "cnn_bn"])
+@pytest.mark.parametrize("kind", ["adam", "sgd"])
+def test_tensile_at_half_the_peak_is_bit_identical(model_fn, kind):
+    spec = OptimizerSpec(kind, lr=0.01)
+    data = data_for(model_fn, 5, last=5)   # five full batches and a last, smaller one
+    torch.manual_seed(0)
+    model = model_fn()
+    eager, none, sched = (copy.deepcopy(model) for _ in range(3))
+    budget = vanilla_peak(model_fn, spec, *data[0]) // 2
+
+    want = train(EagerStep(eager, loss_fn, spec), data)
+    got_none = train(ScheduledStep(none, loss_fn, spec, policy="none"), data)
+    runner = ScheduledStep(sched, loss_fn, spec, policy="tensile", budget_bytes=budget, log=True)
+    got = train(runner, data)
+
+    assert_same(state_of(sched), state_of(eager))
+    assert_same(state_of(none), state_of(eager))
+    assert_same(got, want) and assert_same(got_none, want) is None
+    stats = runner.stats()
+    assert stats["graphs"] == 2 and stats["iterations"] == 6
+    assert stats["swaps"] + stats["recomputes"] > 0              # it did schedule
+    assert stats["measured_peak_bytes"] <= budget
+    assert stats["reserved_peak_bytes"] <= budget   # the reuse pool stays within it too
+    assert abs(stats["measured_peak_bytes"] - stats["planned_peak_bytes"]) <= TOLERANCE * stats["planned_peak_bytes"]
+    for ex in runner.executors():
+        assert check_event_log(ex.event_log) == []
+        assert ex.peak_bytes <= budget
+
+
+def test_dropout_trains_and_is_never_recomputed():
+    spec = OptimizerSpec("adam", lr=0.01)
+    data = data_for(mlp, 3)
+    torch.manual_seed(0)
+    model = mlp()
+    eager, sched = copy.deepcopy(model), copy.deepcopy(model)
+    floor = _min_budget(mlp, spec, data[0])
+    want = train(EagerStep(eager, loss_fn, spec), data)
+    runner = ScheduledStep(sched, loss_fn, spec, budget_bytes=floor, log=True)
+    got = train(runner, data)
+    assert_same(state_of(sched), state_of(eager))
+    assert_same(got, want)
+    seq, plan = next(iter(runner.sequences.values())), next(iter(runner.plans.values()))
+    random = {t.id for t in seq.tensors if t.random}
+    dropout = [op for op in seq.ops if op.random and op.phase is Phase.FORWARD and op.name.startswith("bernoulli")]
+    assert dropout and all(set(op.outputs) <= random for op in dropout)
+    assert not any(e.kind is EventKind.RECOMPUTE and e.tensor in random for e in plan.events)
+    logged = [e for ex in runner.executors() for e in ex.event_log if e[0] == "recompute"]
+    assert not any(e[2] in random for e in logged)
+
+
+def _min_budget(model_fn, spec, batch) -> int:
+    torch.manual_seed(0)
+    with pytest.raises(InfeasibleBudget) as err:
+        ScheduledStep(model_fn(), loss_fn, spec, budget_bytes=1).step(*batch)
+    return err.value.min_budget
+
+
+@pytest.mark.parametrize("kind", ["adam", "sgd"])
+def test_cross_iteration_below_params_plus_state(kind):
+    """A budget below parameters + optimizer state: updated tensors leave in the
+    optimizer phase and are prefetched in the next iteration; results unchanged."""
+    spec = OptimizerSpec(kind, lr=0.01)
+    data = data_for(deep_narrow, 4)
+    torch.manual_seed(0)
+    model = deep_narrow()
+    eager, sched = copy.deepcopy(model), copy.deepcopy(model)
+    want = train(EagerStep(eager, loss_fn, spec), data)
+    state_bytes = sum(p.numel() * 4 for p in model.parameters()) * (3 if kind == "adam" else 2)
+    budget = int(state_bytes * 0.9)
+    runner = ScheduledStep(sched, loss_fn, spec, budget_bytes=budget, log=True)
+    got = train(runner, data)
+    assert_same(state_of(sched), state_of(eager))
+    assert_same(got, want)
+
+    seq, plan = next(iter(runner.sequences.values())), next(iter(runner.plans.values()))
+    assert plan.host_at_start, "nothing carried across iterations on the host"
+    updated_out = [e for e in plan.events if e.kind is EventKind.SWAP_OUT and e.tensor in seq.updates
+                   and seq.ops[e.trigger].phase is Phase.OPTIMIZER]
+    assert {seq.updates[e.tensor] for e in updated_out} >= set(plan.host_at_start)
+    prefetched = {e.tensor for e in plan.events if e.kind is EventKind.SWAP_IN}
+    assert set(plan.host_at_start) <= prefetched
+    stats = runner.stats()
+    assert stats["measured_peak_bytes"] <= budget < state_bytes
+    assert all(check_event_log(ex.event_log) == [] for ex in runner.executors())
+
+
+def test_infeasible_budget_names_the_smallest_feasible_one():
+    spec = OptimizerSpec("sgd", lr=0.01)
+    data = data_for(cnn, 2)
+    torch.manual_seed(0)
+    runner = ScheduledStep(cnn(), loss_fn, spec, budget_bytes=1000)
+    with pytest.raises(InfeasibleBudget, match=r"smallest feasible budget is \d+ bytes") as err:
+        runner.step(*data[0])
+    smallest = err.value.min_budget
+    assert 1000 < smallest < vanilla_peak(cnn, spec, *data[0])
+    ok = ScheduledStep(cnn(), loss_fn, spec, budget_bytes=smallest)
+    train(ok, data)
+    assert ok.stats()["measured_peak_bytes"] <= smallest
+
+
+def test_no_scheduler_switch_and_debug_summary(monkeypatch, capsys):
+    spec = OptimizerSpec("adam")
+    data = data_for(mlp, 1)
+    monkeypatch.setenv("DBML_NO_SCHEDULER", "1")
+    off = ScheduledStep(mlp(), loss_fn, spec, budget_bytes=1000)   # would be infeasible
+    off.step(*data[0])
+    assert off.policy == "none" and off.stats()["swaps"] == 0
+    monkeypatch.delenv("DBML_NO_SCHEDULER")
+    monkeypatch.setenv("DBML_DEBUG", "1")
+    budget = vanilla_peak(mlp, spec, *data[0]) * 3 // 4
+    on = ScheduledStep(mlp(), loss_fn, spec, budget_bytes=budget)
+    on.step(*data[0])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert re.fullmatch(r"dbml\.scheduler\[job\]: peak [\d.]+ MB -> [\d.]+ MB, \d+ swaps, "
+                        r"\d+ recomputes, plan \d+\.\d\d s", line), line
+    stats = on.stats()
+    for key in ("vanilla_peak_bytes", "planned_peak_bytes", "measured_peak_bytes", "swaps",
+                "recomputes", "passive_swaps", "plan_seconds", "summary"):
+        assert key in stats
+    assert stats["summary"] in line
+
+
+def test_finish_writes_weights_back_even_from_the_host():
+    spec = OptimizerSpec("sgd", lr=0.1)
+    data = data_for(deep_narrow, 2)
+    torch.manual_seed(0)
+    model = deep_narrow()
+    eager, sched = copy.deepcopy(model), copy.deepcopy(model)
+    train(EagerStep(eager, loss_fn, spec), data)
+    budget = int(sum(p.numel() * 4 for p in model.parameters()) * 2 * 0.9)
+    runner = ScheduledStep(sched, loss_fn, spec, budget_bytes=budget)
+    torch.manual_seed(1)
+    for x, y in data:
+        runner.step(x, y)
+    assert runner.state.host, "some state should be on the host between iterations"
+    runner.finish()
+    assert_same(state_of(sched), state_of(eager))
+
+
+def test_frozen_parameters_stay_frozen_like_eager():
+    """A parameter with requires_grad off gets no gradient in eager, so the optimizer
+    leaves it (and creates no state for it): the captured step must do the same."""
+    spec = OptimizerSpec("adam", lr=0.05)
+    data = data_for(mlp, 3)
+    torch.manual_seed(0)
+    model = mlp()
+    model[0].weight.requires_grad_(False)
+    eager, sched = copy.deepcopy(model), copy.deepcopy(model)
+    want = train(EagerStep(eager, loss_fn, spec), data)
+    runner = ScheduledStep(sched, loss_fn, spec, policy="none")
+    got = train(runner, data)
+    assert_same(state_of(sched), state_of(eager))
+    assert_same(got, want)
+    assert torch.equal(sched[0].weight, model[0].weight)
+    assert len(runner.optimizer_state()) == len(list(model.parameters())) - 1
