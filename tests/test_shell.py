@@ -71,7 +71,7 @@ def test_demo_runs_end_to_end(tmp_path):
     db = str(tmp_path / "demo.duckdb")
     r = subprocess.run([sys.executable, "-m", "dbml", "demo", db], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
-    assert "Report: 4 models trained in SQL" in r.stdout
+    assert "Report: 6 models trained in SQL" in r.stdout and "identical weights" in r.stdout
     con = dbml.connect(db)
     acc = con.sql("SELECT evaluate('moons_mlp', 'SELECT * FROM moons WHERE split = ''test''').accuracy").fetchall()
     assert acc[0][0] > 0.95
