@@ -1,9 +1,11 @@
 """One training job, from a validated spec to a stored model.
 
-The job reads its source once into a temporary table of (features, label, is_val) rows
-built by DuckDB, then streams a freshly shuffled ordering of the training rows every
-epoch. Every iteration goes through a ``StepRunner`` (``dbml.scheduler.step``): the
-boundary at which the memory scheduler takes training over.
+The job has DuckDB encode its source once into a scratch table of (features, label,
+is_val) rows stored in a random order, then streams the training rows every epoch from
+a random starting row through a shuffle buffer. Every iteration goes through a
+``StepRunner`` (``dbml.scheduler.step``), the boundary at which the memory scheduler
+takes training over: ``ScheduledStep`` for policies tensile and none, ``EagerStep``
+(plain PyTorch) for eager.
 """
 
 from __future__ import annotations
@@ -109,7 +111,8 @@ def make_runner(model: torch.nn.Module, loss_fn, spec: TrainSpec, device: str, j
 
 
 def eager_peak(model: torch.nn.Module, loss_fn, spec: TrainSpec, x: torch.Tensor, y: torch.Tensor) -> int:
-    """The vanilla of MSR: eager PyTorch's peak for one iteration on a copy of the model."""
+    """The vanilla of MSR: eager PyTorch's peak on a copy of the model, over two iterations
+    (the first creates the optimizer state, the second is a steady one)."""
     runner = EagerStep(copy.deepcopy(model), loss_fn, spec.optimizer_spec())
     runner.step(x, y)
     runner.step(x, y)
