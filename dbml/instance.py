@@ -20,6 +20,8 @@ import weakref
 
 import duckdb
 
+from .jobs import JobManager
+
 _INSTANCES: dict[str, "Instance"] = {}
 _LOCK = threading.Lock()
 
@@ -29,6 +31,7 @@ class Instance:
         self.id = uuid.uuid4().hex
         self.owner = owner
         self.functions: list[str] = []   # filled by dbml.udfs.register
+        self.jobs = JobManager(self.cursor)
         self._owns = owns
         self._users = 0
 

@@ -7,6 +7,7 @@ weights, so loading never runs pickled code.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import asdict, dataclass
 
 import torch
@@ -65,8 +66,13 @@ def build(cfg: ModelConfig) -> nn.Module:
     return nn.Sequential(*layers)
 
 
+# Layers draw their initial weights from the global generator: concurrent jobs build
+# their models one at a time so each sees only its own seed.
+_BUILD_LOCK = threading.Lock()
+
+
 def build_seeded(cfg: ModelConfig, seed: int) -> nn.Module:
-    """The model with its initial weights drawn from ``seed``, without touching the global RNG."""
-    with torch.random.fork_rng(devices=[]):
+    """The model with its initial weights drawn from ``seed``, leaving the global RNG as it was."""
+    with _BUILD_LOCK, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return build(cfg)

@@ -24,6 +24,7 @@ from . import catalog, models
 from .data import BatchStream, StreamStats
 from .errors import InvalidArgument, SourceError, TrainingError
 from .features import Preprocessing, fit
+from .jobs import Job
 from .scheduler import OPTIMIZERS, OptimizerSpec
 from .scheduler.planner import InfeasibleBudget
 from .scheduler.runner import ScheduledStep
@@ -119,17 +120,19 @@ def eager_peak(model: torch.nn.Module, loss_fn, spec: TrainSpec, x: torch.Tensor
     return runner.stats()["measured_peak_bytes"]
 
 
-def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec) -> dict:
+def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, job: Job | None = None) -> dict:
     """Run one training job to completion and store the model; return the summary row.
 
     ``cur`` is a cursor for this job alone. The job's encoded rows live in a table of the
     in-memory scratch database ``dbml_scratch`` (attached by install, gone with the
     process), which every cursor can read and which is dropped when the job ends.
+    ``job`` receives progress and may cancel at an iteration boundary (``dbml.jobs``).
     """
     started = time.perf_counter()
     if torch.get_num_threads() != spec.torch_threads:
         torch.set_num_threads(spec.torch_threads)
-    job_id = catalog.next_job_id(cur)
+    job = job or Job(id=catalog.next_job_id(cur), model=spec.model)
+    job_id = job.id
     select_sql = as_select(spec.source, fn="train")
     columns = describe(cur, select_sql, fn="train")
     prep = fit(cur, select_sql, columns, label=spec.label,
@@ -137,7 +140,7 @@ def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec) -> dict:
     table = f"dbml_scratch.job_{job_id}"
     n_train, n_val = _materialise(cur, table, select_sql, prep, spec)
     try:
-        result = _fit_model(cur, table, prep, spec, n_train, n_val, job=f"job_{job_id}")
+        result = _fit_model(cur, table, prep, spec, n_train, n_val, job)
     finally:
         cur.execute(f"DROP TABLE IF EXISTS {table}")
     version = catalog.write(cur, name=spec.model, config=result["config"], prep=prep,
@@ -190,28 +193,32 @@ def _label_column(prep: Preprocessing) -> str:
 
 
 def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: int, n_val: int,
-               job: str) -> dict:
+               job: Job) -> dict:
     device = resolve_device(spec.device)
     outputs = len(prep.classes) if prep.task == "classification" else 1
     arch = "mlp" if spec.arch == "auto" else spec.arch
     config = models.config(arch, prep.width, outputs, spec.hidden, spec.dropout)
     module = models.build_seeded(config, spec.seed).to(device)
     loss_fn = loss_function(prep)
-    runner = make_runner(module, loss_fn, spec, device, job)
+    runner = make_runner(module, loss_fn, spec, device, f"job_{job.id}")
     vanilla: list[int] = []
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if not vanilla:
             vanilla.append(eager_peak(module, loss_fn, spec, x, y))
         try:
-            return runner.step(x, y)
+            loss = runner.step(x, y)
         except InfeasibleBudget as e:
             raise InvalidArgument(
                 f"train(): memory_budget {_size(spec.memory_budget or default_budget(device))} is below the "
                 f"smallest budget this model and batch can be trained in, {_size(e.min_budget)}; pass "
                 f"memory_budget := '{_round_up(e.min_budget)}' or more, or a smaller batch_size") from None
+        job.step(len(y))
+        return loss
 
-    history, stream_stats = _run_epochs(cur, table, spec, step, device, n_train + n_val, n_train)
+    job.begin(spec.epochs, math.ceil(n_train / spec.batch_size))
+    history, stream_stats = _run_epochs(cur, table, spec, step, device, n_train + n_val, n_train,
+                                        lambda record: job.end_epoch(record, runner.stats()))
     runner.finish()
     module.eval()
     memory = _memory_summary(runner.stats(), vanilla[0] if vanilla else None)
@@ -245,7 +252,7 @@ def _memory_summary(stats: dict, vanilla: int | None) -> dict:
     return out
 
 
-def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int, n_train: int):
+def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int, n_train: int, on_epoch):
     """Every epoch: stream the training rows, shuffled, through ``step``; return the history."""
     def epoch_stream(epoch: int) -> BatchStream:
         rng = np.random.default_rng([spec.seed, epoch])
@@ -272,6 +279,7 @@ def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int
             history.append({"epoch": epoch + 1, "loss": total.item() / n_train,
                             "seconds": time.perf_counter() - epoch_started,
                             "wait_seconds": stream.stats.wait_seconds})
+            on_epoch(history[-1])
     finally:
         for s in (stream, upcoming):
             if s is not None:

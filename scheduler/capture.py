@@ -44,6 +44,8 @@ A new batch shape (e.g. the last, smaller batch) needs its own graph;
 
 from __future__ import annotations
 
+import threading
+
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -247,6 +249,11 @@ def _outputs_from_copies(gm: fx.GraphModule) -> dict[int, int]:
     return updates
 
 
+# make_fx patches module-level state while it traces (its "patcher"), so two traces on
+# two threads at once corrupt each other: concurrent jobs capture one at a time.
+_TRACE_LOCK = threading.Lock()
+
+
 def capture(model: torch.nn.Module, loss_fn: LossFn, optimizer_spec: OptimizerSpec,
             example_batch: tuple[torch.Tensor, torch.Tensor], *, job: str = "job") -> CapturedStep:
     """Trace one training iteration of ``model`` on fake tensors; annotate its nodes."""
@@ -258,7 +265,8 @@ def capture(model: torch.nn.Module, loss_fn: LossFn, optimizer_spec: OptimizerSp
     fake_mode, params, buffers, states, fx_, fy = _fake_inputs(model, optimizer_spec, x, y)
     step = _make_step_fn(model, loss_fn, optimizer_spec, names, buffer_names, marks)
     try:
-        gm = make_fx(torch.func.functionalize(step), tracing_mode="fake")(params, buffers, states, fx_, fy)
+        with _TRACE_LOCK:
+            gm = make_fx(torch.func.functionalize(step), tracing_mode="fake")(params, buffers, states, fx_, fy)
     except Exception as e:  # noqa: BLE001 - re-raised with the job's context
         raise CaptureError(f"job {job!r}: could not capture the training step of "
                            f"{type(model).__name__}: {type(e).__name__}: {e}") from e

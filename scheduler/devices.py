@@ -227,11 +227,12 @@ class CopyChannel:
     def closing(self) -> bool:
         return self._closed
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         with self._cv:
             self._closed = True
             self._cv.notify_all()
-        self._thread.join(timeout=5)
+        if wait and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
 
     def _raise(self) -> None:
         if self._error is not None:

@@ -242,6 +242,8 @@ def plan_jobs(seqs: Sequence[AccessSequence], budget_bytes: int,
 
 
 def _schedule(seqs, budget: int, settings: PlanSettings, policy: str) -> list[JobSchedule]:
+    """Algorithm 3's loop: one swap (or recompute) per round until the peak fits or
+    nothing more can be placed."""
     shared = Channel()
     jobs = [JobSchedule(s, shared if settings.shared_channel else Channel(), settings.shared_channel)
             for s in seqs]

@@ -370,7 +370,7 @@ def fingerprint(device: str | torch.device = "cpu") -> dict:
     device = torch.device(device)
     fp = {"device": device.type, "torch": torch.__version__, "format": FORMAT}
     if device.type == "cuda":
-        fp["name"] = torch.cuda.get_device_name(device)
+        fp["name"] = torch.cuda.get_device_name(device) if torch.cuda.is_available() else "unavailable"
         fp["cuda"] = torch.version.cuda
     else:
         fp.update(name=_cpu_name(), cores=os.cpu_count(), threads=torch.get_num_threads())

@@ -46,8 +46,10 @@ class EagerStep:
         self.steps += 1
         if self.steps > self.measured_steps:
             return self._step(x, y)
-        base = live_tensors(self.model, self.optimizer, x, y)
-        loss, peak = measure_peak(lambda: self._step(x, y), base, device=x.device)
+        # the base list is a temporary: held here, it would keep last step's gradients
+        # alive through zero_grad(set_to_none=True) and inflate the peak
+        loss, peak = measure_peak(lambda: self._step(x, y), live_tensors(self.model, self.optimizer, x, y),
+                                  device=x.device)
         self.peak_bytes = max(self.peak_bytes or 0, peak)
         return loss
 

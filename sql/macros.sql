@@ -4,13 +4,23 @@
 CREATE OR REPLACE TEMP MACRO train(model, source, label := NULL, features := NULL, arch := 'auto',
         epochs := 20, batch_size := 64, lr := 0.01, optimizer := 'adam', seed := 0,
         validation := 0.1, hidden := NULL, dropout := 0.0, task := NULL, weight_decay := 0.0,
-        momentum := 0.9, policy := 'tensile', memory_budget := NULL) AS
+        momentum := 0.9, policy := 'tensile', memory_budget := NULL, wait := true) AS
     dbml_train(model, source, label, features, arch, epochs, batch_size, lr, optimizer, seed,
                validation, hidden, dropout, task, weight_decay, momentum, policy,
-               coalesce(memory_budget::VARCHAR, getvariable('dbml_memory_budget')::VARCHAR),
+               coalesce(memory_budget::VARCHAR, getvariable('dbml_memory_budget')::VARCHAR), wait,
                getvariable('dbml_device'), getvariable('dbml_prefetch_batches'),
                getvariable('dbml_shuffle_window'), getvariable('dbml_torch_threads'));
 
 -- Every row of a table or SELECT with the model's prediction appended as `prediction`.
 CREATE OR REPLACE TEMP MACRO predictions(model, source) AS TABLE
     SELECT * FROM query(dbml_predictions_sql(model, source));
+
+-- Training jobs of this database, live: one row per job started since the process began.
+CREATE OR REPLACE TEMP VIEW dbml_jobs AS
+    SELECT unnest(dbml_job_rows(), recursive := true);
+
+-- Per-epoch metrics of every stored model (like BigQuery ML's TRAINING_INFO).
+CREATE OR REPLACE TEMP VIEW dbml_epochs AS
+    SELECT name AS model, version, (e->>'epoch')::INTEGER AS epoch, (e->>'loss')::DOUBLE AS loss,
+           (e->>'seconds')::DOUBLE AS seconds, (e->>'wait_seconds')::DOUBLE AS data_wait_seconds
+    FROM dbml_models, unnest(CAST(metrics->'history' AS JSON[])) AS h(e);

@@ -22,7 +22,7 @@ from dbml.scheduler.predictor import (fingerprint, heldout_report, load_predicto
 from dbml.scheduler.utilisation import device_utilisation, utilisation_source
 
 # One tiny model per family, small steps, two load levels, a short training.
-TINY = Plan(models=1, levels=(0.0, 1.0), steps=150, copy_sizes=(1 << 14, 1 << 18), flops_cap=2e6, seconds=12)
+TINY = Plan(models=1, levels=(0.0, 1.0), steps=150, copy_sizes=(1 << 14, 1 << 18), flops_cap=2e6, seconds=20)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ checks that the README documents every entry.
 from __future__ import annotations
 
 import duckdb
+import pyarrow as pa
 from duckdb import sqltypes as t
 
 from ..inference import ModelCache
@@ -29,17 +30,32 @@ SQL_FUNCTIONS: dict[str, str] = {
                 "rmse, mae, r2 (regression) on a table or SELECT that holds the label",
     "drop_model": "drop_model(model) -> BIGINT: delete every version of a model and its weights; "
                   "returns how many versions were dropped",
+    "wait_job": "wait_job(job_id) -> STRUCT: block until a training job started with wait := false ends; "
+                "its summary (the job's error if it failed or was cancelled)",
+    "cancel_job": "cancel_job(job_id) -> VARCHAR: stop a training job at its next iteration boundary; "
+                  "nothing of it is stored; returns its status when asked",
 }
 
 # Internal functions the macros call; not part of the documented surface.
-INTERNAL_FUNCTIONS = ("dbml_instance_id", "dbml_train", "dbml_predictions_sql", "dbml_infer")
+INTERNAL_FUNCTIONS = ("dbml_instance_id", "dbml_train", "dbml_predictions_sql", "dbml_infer", "dbml_job_rows")
 
-TRAIN_RESULT = duckdb.struct_type({
-    "job_id": t.BIGINT, "model": t.VARCHAR, "version": t.INTEGER, "status": t.VARCHAR,
-    "epochs": t.INTEGER, "rows": t.BIGINT, "final_loss": t.DOUBLE, "val_metric": t.DOUBLE,
-    "seconds": t.DOUBLE, "measured_peak_bytes": t.BIGINT, "vanilla_peak_bytes": t.BIGINT,
-    "planned_peak_bytes": t.BIGINT, "msr": t.DOUBLE, "swaps": t.BIGINT, "recomputes": t.BIGINT,
-    "passive_swaps": t.BIGINT, "plan_seconds": t.DOUBLE,
+TRAIN_FIELDS = {
+    "job_id": (t.BIGINT, pa.int64()), "model": (t.VARCHAR, pa.string()), "version": (t.INTEGER, pa.int32()),
+    "status": (t.VARCHAR, pa.string()), "epochs": (t.INTEGER, pa.int32()), "rows": (t.BIGINT, pa.int64()),
+    "final_loss": (t.DOUBLE, pa.float64()), "val_metric": (t.DOUBLE, pa.float64()),
+    "seconds": (t.DOUBLE, pa.float64()), "measured_peak_bytes": (t.BIGINT, pa.int64()),
+    "vanilla_peak_bytes": (t.BIGINT, pa.int64()), "planned_peak_bytes": (t.BIGINT, pa.int64()),
+    "msr": (t.DOUBLE, pa.float64()), "swaps": (t.BIGINT, pa.int64()), "recomputes": (t.BIGINT, pa.int64()),
+    "passive_swaps": (t.BIGINT, pa.int64()), "plan_seconds": (t.DOUBLE, pa.float64()),
+}
+TRAIN_RESULT = duckdb.struct_type({k: v[0] for k, v in TRAIN_FIELDS.items()})
+TRAIN_RESULT_ARROW = pa.struct([(k, v[1]) for k, v in TRAIN_FIELDS.items()])
+TRAIN_WAIT_ARG = 18   # position of `wait` among dbml_train's arguments
+JOB_ROW = duckdb.struct_type({
+    "id": t.BIGINT, "model": t.VARCHAR, "status": t.VARCHAR, "progress": t.DOUBLE, "epoch": t.INTEGER,
+    "epochs": t.INTEGER, "loss": t.DOUBLE, "rows_per_s": t.DOUBLE, "planned_peak_bytes": t.BIGINT,
+    "measured_peak_bytes": t.BIGINT, "swaps": t.BIGINT, "recomputes": t.BIGINT, "passive_swaps": t.BIGINT,
+    "replans": t.BIGINT, "started": t.TIMESTAMP, "finished": t.TIMESTAMP, "error": t.VARCHAR,
 })
 EVALUATE_RESULT = duckdb.struct_type({
     "rows": t.BIGINT, "accuracy": t.DOUBLE, "macro_f1": t.DOUBLE, "log_loss": t.DOUBLE,
@@ -54,7 +70,7 @@ def register(instance) -> None:
     UDFs are instance-wide in DuckDB; they are registered through the instance's owner
     connection and take their cursors from it.
     """
-    from .. import inference, training
+    from .. import inference, jobs, training
     from ..catalog import drop
 
     cache = ModelCache(instance.cursor)
@@ -66,10 +82,10 @@ def register(instance) -> None:
         finally:
             cur.close()
 
-    def dbml_train(model, source, label, features, arch, epochs, batch_size, lr, optimizer, seed,
-                   validation, hidden, dropout, task, weight_decay, momentum, policy, memory_budget,
-                   device, prefetch, window, threads):
-        spec = training.TrainSpec(
+    def train_spec(model, source, label, features, arch, epochs, batch_size, lr, optimizer, seed, validation,
+                   hidden, dropout, task, weight_decay, momentum, policy, memory_budget, wait, device, prefetch,
+                   window, threads):
+        return training.TrainSpec(
             model=model, source=source, label=label,
             features=None if features is None else tuple(features), arch=arch, epochs=epochs,
             batch_size=batch_size, lr=lr, optimizer=optimizer, seed=seed, validation=validation,
@@ -78,7 +94,19 @@ def register(instance) -> None:
             memory_budget=None if memory_budget is None else parse_bytes(memory_budget, name="train(): memory_budget"),
             device=device or "auto",
             prefetch_batches=prefetch or 4, shuffle_window=window or 65536, torch_threads=threads or 1)
-        return with_cursor(lambda cur: training.train(cur, spec))
+
+    def dbml_train(model, source, label, features, arch, epochs, batch_size, lr, optimizer, seed, validation,
+                   hidden, dropout, task, weight_decay, momentum, policy, memory_budget, wait, device, prefetch,
+                   window, threads):
+        """Vectorised: every row of the vector is a job; they all start at once."""
+        columns = (model, source, label, features, arch, epochs, batch_size, lr, optimizer, seed, validation,
+                   hidden, dropout, task, weight_decay, momentum, policy, memory_budget, wait, device, prefetch,
+                   window, threads)
+        rows = list(zip(*(c.to_pylist() for c in columns)))
+        specs = [train_spec(*row) for row in rows]          # all validated before any starts
+        waits = {row[TRAIN_WAIT_ARG] is not False for row in rows}
+        results = jobs.train_all(instance.jobs, specs, wait=waits != {False})
+        return pa.array(results, type=TRAIN_RESULT_ARROW)
 
     def predictor(kind: str, fn: str):
         def udf(models, features):
@@ -99,13 +127,26 @@ def register(instance) -> None:
     def drop_model(model):
         return with_cursor(lambda cur: drop(cur, model))
 
+    def wait_job(job_id):
+        return instance.jobs.wait(job_id)
+
+    def cancel_job(job_id):
+        return instance.jobs.cancel(job_id)
+
+    def dbml_job_rows():
+        return instance.jobs.rows()
+
     effects = dict(null_handling="special", side_effects=True)
     functions = [
         ("dbml_instance_id", lambda: instance.id, [], t.VARCHAR, {}),
         ("dbml_train", dbml_train, [t.VARCHAR, t.VARCHAR, t.VARCHAR, duckdb.list_type(t.VARCHAR), t.VARCHAR,
                                     t.INTEGER, t.INTEGER, t.DOUBLE, t.VARCHAR, t.BIGINT, t.DOUBLE,
                                     duckdb.list_type(t.INTEGER), t.DOUBLE, t.VARCHAR, t.DOUBLE, t.DOUBLE,
-                                    t.VARCHAR, t.VARCHAR, t.VARCHAR, t.INTEGER, t.INTEGER, t.INTEGER], TRAIN_RESULT, effects),
+                                    t.VARCHAR, t.VARCHAR, t.BOOLEAN, t.VARCHAR, t.INTEGER, t.INTEGER, t.INTEGER],
+         TRAIN_RESULT, dict(type="arrow", **effects)),
+        ("wait_job", wait_job, [t.BIGINT], TRAIN_RESULT, effects),
+        ("cancel_job", cancel_job, [t.BIGINT], t.VARCHAR, effects),
+        ("dbml_job_rows", dbml_job_rows, [], duckdb.list_type(JOB_ROW), effects),
         ("predict", predictor("value", "predict"), [t.VARCHAR, DOUBLES], t.DOUBLE, dict(type="arrow")),
         ("predict_label", predictor("label", "predict_label"), [t.VARCHAR, DOUBLES], t.VARCHAR, dict(type="arrow")),
         ("predict_proba", predictor("proba", "predict_proba"), [t.VARCHAR, DOUBLES], DOUBLES, dict(type="arrow")),
