@@ -8,6 +8,8 @@ import sys
 COMMANDS = {
     "shell": "an interactive SQL shell with dbml installed; reads statements from a pipe too",
     "demo": "build demo data, train several models from SQL, predict, evaluate, and print a report",
+    "install": "calibrate this machine (op latencies under load, copy bandwidth) and train the latency "
+               "predictor the memory scheduler plans with; --quick takes about 30 s",
 }
 
 
@@ -18,7 +20,23 @@ def parser() -> argparse.ArgumentParser:
     shell.add_argument("database", nargs="?", default=":memory:", help="DuckDB database file (default: in memory)")
     demo = sub.add_parser("demo", help=COMMANDS["demo"], description=COMMANDS["demo"])
     demo.add_argument("database", nargs="?", default=":memory:", help="DuckDB database file (default: in memory)")
+    install = sub.add_parser("install", help=COMMANDS["install"], description=COMMANDS["install"])
+    install.add_argument("--quick", action="store_true", help="a quick calibration (about 30 s)")
+    install.add_argument("--device", default="auto", help="device to calibrate: auto, cpu or cuda (default auto)")
+    install.add_argument("--threads", type=int, default=1,
+                         help="PyTorch threads, as training jobs use them (the torch_threads setting; default 1)")
     return p
+
+
+def progress_bar(out=sys.stderr, width: int = 40):
+    """A progress callback drawing ``[####....]  45%  stage`` on one line."""
+    def draw(done: int, total: int, stage: str) -> None:
+        filled = int(width * done / max(total, 1))
+        out.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {100 * done / max(total, 1):3.0f}%  {stage[:30]:30}")
+        if done >= total:
+            out.write("\n")
+        out.flush()
+    return draw
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +49,15 @@ def main(argv: list[str] | None = None) -> int:
         interactive = sys.stdin.isatty()
         lines = shell.interactive_lines() if interactive else sys.stdin
         return shell.run(con, lines, interactive=interactive)
+    if args.command == "install":
+        from .latency import calibrate
+        from .scheduler.predictor import predictor_path
+        from .settings import resolve_device
+        device = resolve_device(args.device)
+        predictor = calibrate(device, args.quick, args.threads, progress=progress_bar())
+        print(predictor.report().format())
+        print(f"saved {predictor_path(device, args.threads)}")
+        return 0
     if args.command == "demo":
         from . import demo
         return demo.main(args.database)

@@ -24,6 +24,7 @@ CPU_DEFAULT_BUDGET = 2 * 2**30   # the CPU has no device memory to ask; 2 GiB, d
 DEFAULTS: dict[str, object] = {
     "device": "auto",          # 'auto' (cuda when available, else cpu), 'cpu' or 'cuda[:N]'
     "memory_budget": None,     # bytes or '512MB' for a training job; NULL: default_budget(device)
+    "latency_model": "predictor",  # op latencies for planning: 'predictor' (installed) or 'roofline'
     "torch_threads": 1,        # PyTorch intra-op threads while training (process-wide); see README
     "prefetch_batches": 4,     # record batches fetched ahead of training
     "shuffle_window": 65536,   # rows of the shuffle buffer each epoch draws batches from

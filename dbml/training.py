@@ -25,6 +25,7 @@ from .data import BatchStream, StreamStats
 from .errors import InvalidArgument, SourceError, TrainingError
 from .features import Preprocessing, fit
 from .jobs import Job
+from .latency import latency_model
 from .scheduler import OPTIMIZERS, OptimizerSpec
 from .scheduler.planner import InfeasibleBudget
 from .scheduler.runner import ScheduledStep
@@ -62,6 +63,7 @@ class TrainSpec:
     prefetch_batches: int = 4
     shuffle_window: int = 65536
     torch_threads: int = 1
+    latency_model: str = "predictor"
 
     def __post_init__(self):
         fn = "train"
@@ -107,8 +109,11 @@ def make_runner(model: torch.nn.Module, loss_fn, spec: TrainSpec, device: str, j
     if spec.policy == "eager":
         return EagerStep(model, loss_fn, spec.optimizer_spec())
     budget = spec.memory_budget or default_budget(device)
-    return ScheduledStep(model, loss_fn, spec.optimizer_spec(), policy=spec.policy, budget_bytes=budget,
-                         device=device, job=job)
+    estimator, how = latency_model(spec.latency_model, device, spec.torch_threads)
+    runner = ScheduledStep(model, loss_fn, spec.optimizer_spec(), policy=spec.policy, budget_bytes=budget,
+                           device=device, job=job, latency_model=estimator)
+    runner.latency_source = how
+    return runner
 
 
 def eager_peak(model: torch.nn.Module, loss_fn, spec: TrainSpec, x: torch.Tensor, y: torch.Tensor) -> int:
@@ -155,7 +160,7 @@ def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, job: Job | None = Non
 
 
 MEMORY_FIELDS = ("measured_peak_bytes", "vanilla_peak_bytes", "planned_peak_bytes", "msr", "swaps",
-                 "recomputes", "passive_swaps", "plan_seconds")
+                 "recomputes", "passive_swaps", "plan_seconds", "latency_model")
 
 
 def _params(spec: TrainSpec) -> dict:
@@ -221,7 +226,8 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
                                         lambda record: job.end_epoch(record, runner.stats()))
     runner.finish()
     module.eval()
-    memory = _memory_summary(runner.stats(), vanilla[0] if vanilla else None)
+    memory = _memory_summary({**runner.stats(), "latency_model": getattr(runner, "latency_source", None)},
+                             vanilla[0] if vanilla else None)
     metrics = {"final_loss": history[-1]["loss"], "history": history,
                "fetch_wait_seconds": stream_stats.wait_seconds, "memory": memory}
     metrics.update(_validation_metric(cur, table, prep, module, device, n_val))
@@ -248,6 +254,7 @@ def _memory_summary(stats: dict, vanilla: int | None) -> dict:
     out["msr"] = (vanilla - measured) / vanilla if vanilla and measured is not None else None
     out["planned_vanilla_peak_bytes"] = stats.get("vanilla_peak_bytes")
     out["policy"] = stats.get("policy", "eager")
+    out["latency_model"] = stats.get("latency_model")
     out["budget_bytes"] = stats.get("budget_bytes")
     return out
 

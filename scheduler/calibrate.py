@@ -182,7 +182,7 @@ def _mlp(rng: random.Random, target: float, scale: int) -> Workload:
 def _cnn(rng: random.Random, target: float, scale: int) -> Workload:
     size, channels = rng.choice([4, 8, 12, 16, 24, 32, 48]), rng.choice([1, 3, 8, 16])
     hw, per_example, layers, c0, activations = size, 0.0, [], channels, channels * size * size
-    for _ in range(rng.randint(2, 5)):
+    for index in range(rng.randint(2, 5)):
         out, k = _log_int(rng, 4, 128), rng.choice([1, 3, 3, 5])
         stride = 2 if hw >= 8 and rng.random() < 0.3 else 1
         layers.append(torch.nn.Conv2d(channels, out, k, stride=stride, padding=k // 2))
@@ -192,8 +192,11 @@ def _cnn(rng: random.Random, target: float, scale: int) -> Workload:
         if rng.random() < 0.7:
             layers.append(torch.nn.BatchNorm2d(out))
         layers.append(torch.nn.ReLU())
-        if hw >= 4 and rng.random() < 0.5:
-            layers.append(torch.nn.MaxPool2d(2) if rng.random() < 0.6 else torch.nn.AvgPool2d(2))
+        # Max-pool after the first layer and average-pool after the second where the
+        # image allows (every plan, the quick one too, times both), at random later.
+        if hw >= 4 and (index < 2 or rng.random() < 0.5):
+            max_pool = index == 0 or (index > 1 and rng.random() < 0.5)
+            layers.append(torch.nn.MaxPool2d(2) if max_pool else torch.nn.AvgPool2d(2))
             hw //= 2
         channels = out
     layers += [torch.nn.Flatten(), torch.nn.Linear(channels * hw * hw, CLASSES)]

@@ -32,7 +32,7 @@ __all__ = ["op_kind", "op_features", "FEATURE_NAMES", "N_FEATURES", "LOG_FLOPS",
 
 MAX_TENSORS = 3
 MAX_DIMS = 4
-MAX_PARAMS = 14
+MAX_PARAMS = 14  # convolution_backward has 14 (bias sizes .. groups, output_mask)
 
 FEATURE_NAMES = ([f"t{t}_d{d}" for t in range(MAX_TENSORS) for d in range(MAX_DIMS)]
                  + [f"t{t}_contiguous" for t in range(MAX_TENSORS)]

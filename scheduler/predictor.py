@@ -364,16 +364,18 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def fingerprint(device: str | torch.device = "cpu") -> dict:
+def fingerprint(device: str | torch.device = "cpu", threads: int | None = None) -> dict:
     """What a predictor's timings depend on: device, its name, torch (and CUDA) version;
-    on CPU also the core and intra-op thread counts (latency scales with them)."""
+    on CPU also the core and intra-op thread counts (latency scales with them; ``threads``
+    defaults to the current ``torch.get_num_threads()``)."""
     device = torch.device(device)
     fp = {"device": device.type, "torch": torch.__version__, "format": FORMAT}
     if device.type == "cuda":
         fp["name"] = torch.cuda.get_device_name(device) if torch.cuda.is_available() else "unavailable"
         fp["cuda"] = torch.version.cuda
     else:
-        fp.update(name=_cpu_name(), cores=os.cpu_count(), threads=torch.get_num_threads())
+        fp.update(name=_cpu_name(), cores=os.cpu_count(),
+                  threads=torch.get_num_threads() if threads is None else threads)
     return fp
 
 
@@ -384,20 +386,22 @@ def cache_dir() -> Path:
     return Path(base) / "dbml"
 
 
-def predictor_path(device: str | torch.device = "cpu") -> Path:
-    fp = fingerprint(device)
+def predictor_path(device: str | torch.device = "cpu", threads: int | None = None) -> Path:
+    fp = fingerprint(device, threads)
     key = hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
     return cache_dir() / f"predictor-{fp['device']}-{key}.pt"
 
 
-def load_predictor(device: str | torch.device = "cpu", path: str | Path | None = None) -> Predictor | None:
-    """The cached predictor for this device's fingerprint, or None (caller calibrates)."""
-    path = Path(path) if path is not None else predictor_path(device)
+def load_predictor(device: str | torch.device = "cpu", path: str | Path | None = None,
+                   threads: int | None = None) -> Predictor | None:
+    """The cached predictor for this device's fingerprint (with ``threads`` PyTorch threads,
+    default the current count), or None (caller calibrates)."""
+    path = Path(path) if path is not None else predictor_path(device, threads)
     meta_path = path.with_suffix(".json")
     if not path.exists() or not meta_path.exists():
         return None
     meta = json.loads(meta_path.read_text())
-    if meta.get("format") != FORMAT or meta.get("fingerprint") != fingerprint(device):
+    if meta.get("format") != FORMAT or meta.get("fingerprint") != fingerprint(device, threads):
         return None
     tensors = torch.load(path, weights_only=True, map_location="cpu")
     return Predictor(tensors, meta)

@@ -9,7 +9,12 @@ CREATE OR REPLACE TEMP MACRO train(model, source, label := NULL, features := NUL
                validation, hidden, dropout, task, weight_decay, momentum, policy,
                coalesce(memory_budget::VARCHAR, getvariable('dbml_memory_budget')::VARCHAR), wait,
                getvariable('dbml_device'), getvariable('dbml_prefetch_batches'),
-               getvariable('dbml_shuffle_window'), getvariable('dbml_torch_threads'));
+               getvariable('dbml_shuffle_window'), getvariable('dbml_torch_threads'),
+               getvariable('dbml_latency_model'));
+
+-- Calibrate this machine and train the latency predictor (as python -m dbml install).
+CREATE OR REPLACE TEMP MACRO calibrate(quick := false) AS
+    dbml_calibrate(quick, getvariable('dbml_device'), getvariable('dbml_torch_threads'));
 
 -- Every row of a table or SELECT with the model's prediction appended as `prediction`.
 CREATE OR REPLACE TEMP MACRO predictions(model, source) AS TABLE
@@ -24,3 +29,8 @@ CREATE OR REPLACE TEMP VIEW dbml_epochs AS
     SELECT name AS model, version, (e->>'epoch')::INTEGER AS epoch, (e->>'loss')::DOUBLE AS loss,
            (e->>'seconds')::DOUBLE AS seconds, (e->>'wait_seconds')::DOUBLE AS data_wait_seconds
     FROM dbml_models, unnest(CAST(metrics->'history' AS JSON[])) AS h(e);
+
+-- The installed latency predictor, one row per op kind, with its held-out accuracy.
+CREATE OR REPLACE TEMP VIEW dbml_predictor AS
+    SELECT unnest(dbml_predictor_rows(getvariable('dbml_device'), getvariable('dbml_torch_threads')),
+                  recursive := true);

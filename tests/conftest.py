@@ -1,4 +1,12 @@
-"""Shared fixtures: fresh dbml connections and generated data with known structure."""
+"""Shared fixtures: fresh dbml connections and generated data with known structure.
+
+Tests keep predictors out of the user's cache (``DBML_CACHE_DIR`` points at a temporary
+folder) and plan with the roofline estimator unless they test the predictor: plans then
+do not depend on a calibration's timings.
+"""
+
+import os
+import tempfile
 
 import numpy as np
 import pyarrow as pa
@@ -7,9 +15,12 @@ import pytest
 import dbml
 
 
+os.environ["DBML_CACHE_DIR"] = tempfile.mkdtemp(prefix="dbml-test-cache-")
+
+
 @pytest.fixture
 def con():
-    c = dbml.connect()
+    c = dbml.connect(latency_model="roofline")
     yield c
     c.close()
 

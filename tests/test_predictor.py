@@ -91,7 +91,7 @@ def test_unknown_fingerprint_yields_none_and_calibrates(calibrated, cache, monke
     p.save()
     assert load_predictor("cpu") is not None
     other = dict(fingerprint("cpu"), torch="0.0.0")
-    monkeypatch.setattr(predictor_mod, "fingerprint", lambda device="cpu": other)
+    monkeypatch.setattr(predictor_mod, "fingerprint", lambda device="cpu", threads=None: other)
     assert load_predictor("cpu") is None           # another torch: another (missing) file
     p.save(predictor_path("cpu"))                  # a file at that key holding the old fingerprint
     assert load_predictor("cpu") is None           # the metadata is checked, not only the name

@@ -53,7 +53,8 @@ def test_quit_stops_reading(con):
 
 def test_piped_shell_trains_and_a_second_process_predicts(tmp_path):
     db = str(tmp_path / "piped.duckdb")
-    script = ("CREATE TABLE pts AS SELECT range::DOUBLE AS x, (range % 2 = 0) AS even, range % 3 AS y "
+    script = ("SET VARIABLE dbml_latency_model = 'roofline';\n"
+              "CREATE TABLE pts AS SELECT range::DOUBLE AS x, (range % 2 = 0) AS even, range % 3 AS y "
               "FROM range(300);\n"
               "SELECT t.status FROM (SELECT train('m', 'pts', label := 'y', epochs := 1) AS t);\n")
     first = subprocess.run([sys.executable, "-m", "dbml", "shell", db], input=script, text=True,

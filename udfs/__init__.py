@@ -34,10 +34,13 @@ SQL_FUNCTIONS: dict[str, str] = {
                 "its summary (the job's error if it failed or was cancelled)",
     "cancel_job": "cancel_job(job_id) -> VARCHAR: stop a training job at its next iteration boundary; "
                   "nothing of it is stored; returns its status when asked",
+    "calibrate": "calibrate(quick := false) -> STRUCT: measure this machine's op latencies and copy bandwidth "
+                 "and train the latency predictor the scheduler plans with (as python -m dbml install)",
 }
 
 # Internal functions the macros call; not part of the documented surface.
-INTERNAL_FUNCTIONS = ("dbml_instance_id", "dbml_train", "dbml_predictions_sql", "dbml_infer", "dbml_job_rows")
+INTERNAL_FUNCTIONS = ("dbml_instance_id", "dbml_train", "dbml_predictions_sql", "dbml_infer", "dbml_job_rows",
+                      "dbml_calibrate", "dbml_predictor_rows")
 
 TRAIN_FIELDS = {
     "job_id": (t.BIGINT, pa.int64()), "model": (t.VARCHAR, pa.string()), "version": (t.INTEGER, pa.int32()),
@@ -47,10 +50,19 @@ TRAIN_FIELDS = {
     "vanilla_peak_bytes": (t.BIGINT, pa.int64()), "planned_peak_bytes": (t.BIGINT, pa.int64()),
     "msr": (t.DOUBLE, pa.float64()), "swaps": (t.BIGINT, pa.int64()), "recomputes": (t.BIGINT, pa.int64()),
     "passive_swaps": (t.BIGINT, pa.int64()), "plan_seconds": (t.DOUBLE, pa.float64()),
+    "latency_model": (t.VARCHAR, pa.string()),
 }
 TRAIN_RESULT = duckdb.struct_type({k: v[0] for k, v in TRAIN_FIELDS.items()})
 TRAIN_RESULT_ARROW = pa.struct([(k, v[1]) for k, v in TRAIN_FIELDS.items()])
 TRAIN_WAIT_ARG = 18   # position of `wait` among dbml_train's arguments
+CALIBRATE_RESULT = duckdb.struct_type({
+    "device": t.VARCHAR, "op_kinds": t.INTEGER, "samples": t.BIGINT, "model_bytes": t.BIGINT,
+    "seconds": t.DOUBLE, "path": t.VARCHAR,
+})
+PREDICTOR_ROW = duckdb.struct_type({
+    "op": t.VARCHAR, "samples": t.BIGINT, "r2": t.DOUBLE, "baseline_r2": t.DOUBLE, "median_rel_error": t.DOUBLE,
+    "fingerprint": t.VARCHAR, "model_bytes": t.BIGINT, "calibration_seconds": t.DOUBLE,
+})
 JOB_ROW = duckdb.struct_type({
     "id": t.BIGINT, "model": t.VARCHAR, "status": t.VARCHAR, "progress": t.DOUBLE, "epoch": t.INTEGER,
     "epochs": t.INTEGER, "loss": t.DOUBLE, "rows_per_s": t.DOUBLE, "planned_peak_bytes": t.BIGINT,
@@ -70,7 +82,9 @@ def register(instance) -> None:
     UDFs are instance-wide in DuckDB; they are registered through the instance's owner
     connection and take their cursors from it.
     """
-    from .. import inference, jobs, training
+    from .. import inference, jobs, latency, training
+    from ..scheduler.predictor import predictor_path
+    from ..settings import resolve_device
     from ..catalog import drop
 
     cache = ModelCache(instance.cursor)
@@ -84,7 +98,7 @@ def register(instance) -> None:
 
     def train_spec(model, source, label, features, arch, epochs, batch_size, lr, optimizer, seed, validation,
                    hidden, dropout, task, weight_decay, momentum, policy, memory_budget, wait, device, prefetch,
-                   window, threads):
+                   window, threads, latency):
         return training.TrainSpec(
             model=model, source=source, label=label,
             features=None if features is None else tuple(features), arch=arch, epochs=epochs,
@@ -93,15 +107,16 @@ def register(instance) -> None:
             weight_decay=weight_decay, momentum=momentum, policy=policy,
             memory_budget=None if memory_budget is None else parse_bytes(memory_budget, name="train(): memory_budget"),
             device=device or "auto",
-            prefetch_batches=prefetch or 4, shuffle_window=window or 65536, torch_threads=threads or 1)
+            prefetch_batches=prefetch or 4, shuffle_window=window or 65536, torch_threads=threads or 1,
+            latency_model=latency or "predictor")
 
     def dbml_train(model, source, label, features, arch, epochs, batch_size, lr, optimizer, seed, validation,
                    hidden, dropout, task, weight_decay, momentum, policy, memory_budget, wait, device, prefetch,
-                   window, threads):
+                   window, threads, latency):
         """Vectorised: every row of the vector is a job; they all start at once."""
         columns = (model, source, label, features, arch, epochs, batch_size, lr, optimizer, seed, validation,
                    hidden, dropout, task, weight_decay, momentum, policy, memory_budget, wait, device, prefetch,
-                   window, threads)
+                   window, threads, latency)
         rows = list(zip(*(c.to_pylist() for c in columns)))
         specs = [train_spec(*row) for row in rows]          # all validated before any starts
         waits = {row[TRAIN_WAIT_ARG] is not False for row in rows}
@@ -136,17 +151,31 @@ def register(instance) -> None:
     def dbml_job_rows():
         return instance.jobs.rows()
 
+    def dbml_calibrate(quick, device, threads):
+        predictor = latency.calibrate(resolve_device(device), bool(quick), threads or 1)
+        report = predictor.report()
+        return {"device": str(predictor.device), "op_kinds": len(report.rows),
+                "samples": sum(r.samples for r in report.rows), "model_bytes": report.model_bytes,
+                "seconds": report.calibration_seconds, "path": str(predictor_path(predictor.device, threads or 1))}
+
+    def dbml_predictor_rows(device, threads):
+        return latency.report_rows(resolve_device(device), threads or 1)
+
     effects = dict(null_handling="special", side_effects=True)
     functions = [
         ("dbml_instance_id", lambda: instance.id, [], t.VARCHAR, {}),
         ("dbml_train", dbml_train, [t.VARCHAR, t.VARCHAR, t.VARCHAR, duckdb.list_type(t.VARCHAR), t.VARCHAR,
                                     t.INTEGER, t.INTEGER, t.DOUBLE, t.VARCHAR, t.BIGINT, t.DOUBLE,
                                     duckdb.list_type(t.INTEGER), t.DOUBLE, t.VARCHAR, t.DOUBLE, t.DOUBLE,
-                                    t.VARCHAR, t.VARCHAR, t.BOOLEAN, t.VARCHAR, t.INTEGER, t.INTEGER, t.INTEGER],
+                                    t.VARCHAR, t.VARCHAR, t.BOOLEAN, t.VARCHAR, t.INTEGER, t.INTEGER, t.INTEGER,
+                                    t.VARCHAR],
          TRAIN_RESULT, dict(type="arrow", **effects)),
         ("wait_job", wait_job, [t.BIGINT], TRAIN_RESULT, effects),
         ("cancel_job", cancel_job, [t.BIGINT], t.VARCHAR, effects),
         ("dbml_job_rows", dbml_job_rows, [], duckdb.list_type(JOB_ROW), effects),
+        ("dbml_calibrate", dbml_calibrate, [t.BOOLEAN, t.VARCHAR, t.INTEGER], CALIBRATE_RESULT, effects),
+        ("dbml_predictor_rows", dbml_predictor_rows, [t.VARCHAR, t.INTEGER], duckdb.list_type(PREDICTOR_ROW),
+         effects),
         ("predict", predictor("value", "predict"), [t.VARCHAR, DOUBLES], t.DOUBLE, dict(type="arrow")),
         ("predict_label", predictor("label", "predict_label"), [t.VARCHAR, DOUBLES], t.VARCHAR, dict(type="arrow")),
         ("predict_proba", predictor("proba", "predict_proba"), [t.VARCHAR, DOUBLES], DOUBLES, dict(type="arrow")),
