@@ -52,10 +52,31 @@ class Job:
     history: list[dict] = field(default_factory=list)
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     _done: threading.Event = field(default_factory=threading.Event, repr=False)
+    _scheduler: object = field(default=None, repr=False)
     _rows: int = 0
     _steps_total: int = 0
     _steps: int = 0
     _t0: float = 0.0
+
+    @property
+    def name(self) -> str:
+        """The job's name in the memory scheduler."""
+        return f"job_{self.id}"
+
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def attach_scheduler(self, scheduler) -> None:
+        """The shared MemoryScheduler planning this job; it is left when the job ends."""
+        self._scheduler = scheduler
+
+    def release_scheduler(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.unregister(self.name)
+            self._scheduler = None
+
+    def waiting_for_memory(self) -> bool:
+        return self._scheduler is not None and self.name in self._scheduler.waiting()
 
     # -- reporting, called by the training loop on the job's thread ------------------------
     def begin(self, epochs: int, steps_per_epoch: int) -> None:
@@ -80,7 +101,10 @@ class Job:
                 setattr(self, key, memory[key])
 
     def row(self) -> dict:
-        return {k: getattr(self, k) for k in JOB_COLUMNS}
+        row = {k: getattr(self, k) for k in JOB_COLUMNS}
+        if self.status == "running" and self.waiting_for_memory():
+            row["status"] = "queued"
+        return row
 
 
 JOB_COLUMNS = ("id", "model", "status", "progress", "epoch", "epochs", "loss", "rows_per_s",

@@ -24,19 +24,21 @@ from . import catalog, models
 from .data import BatchStream, StreamStats
 from .errors import InvalidArgument, SourceError, TrainingError
 from .features import Preprocessing, fit
-from .jobs import Job
+from .jobs import Job, JobCancelled
 from .latency import latency_model
 from .scheduler import OPTIMIZERS, OptimizerSpec
 from .scheduler.planner import InfeasibleBudget
 from .scheduler.runner import ScheduledStep
+from .scheduler.shared import NotAdmitted, shared_scheduler
 from .scheduler.step import EagerStep, StepRunner
 from .settings import default_budget, resolve_device
 from .source import as_select, describe, quote
 
 VALIDATION_BUCKETS = 1_000_000
-# tensile: the TENSILE scheduler within memory_budget; none: the same captured graph,
-# tensors released after their last use, no budget; eager: plain PyTorch (the vanilla).
-POLICIES = ("tensile", "none", "eager")
+# tensile: the TENSILE scheduler within the budget; none: the same captured graph, tensors
+# released after their last use, no budget; eager: plain PyTorch (the vanilla); capuchin:
+# passive mode, the cold-start peer (swap on demand in iteration 1, then plan from it).
+POLICIES = ("tensile", "none", "eager", "capuchin")
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,8 @@ class TrainSpec:
     weight_decay: float = 0.0
     momentum: float = 0.9
     policy: str = "tensile"
-    memory_budget: int | None = None       # bytes; None: settings.default_budget(device)
+    memory_budget: int | None = None       # bytes: this job's own budget, planned alone
+    device_budget: int | None = None       # bytes shared by all jobs; None: settings.default_budget
     device: str = "auto"
     prefetch_batches: int = 4
     shuffle_window: int = 65536
@@ -104,14 +107,27 @@ def loss_function(prep: Preprocessing):
     return lambda out, y: F.mse_loss(out.squeeze(-1), y)
 
 
-def make_runner(model: torch.nn.Module, loss_fn, spec: TrainSpec, device: str, job: str) -> StepRunner:
-    """The step-runner boundary: the TENSILE scheduler, or plain PyTorch for policy 'eager'."""
+def make_runner(model: torch.nn.Module, loss_fn, spec: TrainSpec, device: str, job: Job) -> StepRunner:
+    """The step-runner boundary: the TENSILE scheduler, or plain PyTorch for policy 'eager'.
+
+    A tensile job without a ``memory_budget`` of its own plans jointly with every other
+    such job on the device through the process's shared MemoryScheduler, within the
+    device budget (the ``memory_budget`` setting), waiting for admission when it does not
+    fit beside the running ones. A job given its own budget, and the none/capuchin
+    policies, plan alone.
+    """
     if spec.policy == "eager":
         return EagerStep(model, loss_fn, spec.optimizer_spec())
-    budget = spec.memory_budget or default_budget(device)
     estimator, how = latency_model(spec.latency_model, device, spec.torch_threads)
+    shared = spec.policy == "tensile" and spec.memory_budget is None
+    budget = spec.memory_budget or spec.device_budget or default_budget(device)
+    planner = None
+    if shared:
+        scheduler = shared_scheduler(device, budget)
+        planner = scheduler.planner_for(job.name, wait=True, cancelled=job.cancelled)
+        job.attach_scheduler(scheduler)
     runner = ScheduledStep(model, loss_fn, spec.optimizer_spec(), policy=spec.policy, budget_bytes=budget,
-                           device=device, job=job, latency_model=estimator)
+                           device=device, job=job.name, latency_model=estimator, planner=planner)
     runner.latency_source = how
     return runner
 
@@ -205,7 +221,7 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
     config = models.config(arch, prep.width, outputs, spec.hidden, spec.dropout)
     module = models.build_seeded(config, spec.seed).to(device)
     loss_fn = loss_function(prep)
-    runner = make_runner(module, loss_fn, spec, device, f"job_{job.id}")
+    runner = make_runner(module, loss_fn, spec, device, job)
     vanilla: list[int] = []
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -213,6 +229,9 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
             vanilla.append(eager_peak(module, loss_fn, spec, x, y))
         try:
             loss = runner.step(x, y)
+        except NotAdmitted:
+            raise JobCancelled(f"job {job.id} ({job.model!r}) was cancelled while it waited for memory; "
+                               f"nothing was stored") from None
         except InfeasibleBudget as e:
             raise InvalidArgument(
                 f"train(): memory_budget {_size(spec.memory_budget or default_budget(device))} is below the "
@@ -222,9 +241,14 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
         return loss
 
     job.begin(spec.epochs, math.ceil(n_train / spec.batch_size))
-    history, stream_stats = _run_epochs(cur, table, spec, step, device, n_train + n_val, n_train,
-                                        lambda record: job.end_epoch(record, runner.stats()))
-    runner.finish()
+    try:
+        history, stream_stats = _run_epochs(cur, table, spec, step, device, n_train + n_val, n_train,
+                                            lambda record: job.end_epoch(record, runner.stats()))
+        runner.finish()
+    finally:
+        if hasattr(runner, "close"):
+            runner.close()
+        job.release_scheduler()
     module.eval()
     memory = _memory_summary({**runner.stats(), "latency_model": getattr(runner, "latency_source", None)},
                              vanilla[0] if vanilla else None)

@@ -31,3 +31,13 @@ from .utilisation import device_utilisation  # noqa: E402
 
 __all__ += ["load_or_calibrate", "Predictor", "PredictorReport", "OpReport", "load_predictor",
             "device_utilisation"]
+
+# one joint planner and admission control for all jobs on a device (TENSILE III-D)
+from .shared import JobPlanner, JobPlans, MemoryScheduler, NotAdmitted, graph_key, shared_scheduler  # noqa: E402
+
+__all__ += ["MemoryScheduler", "JobPlanner", "JobPlans", "NotAdmitted", "graph_key", "shared_scheduler"]
+
+# plan updating (TENSILE IV-E) and the passive-mode (Capuchin) peer: see .runner
+from .updating import LatencyTracker, UpdateSettings, retime  # noqa: E402
+
+__all__ += ["LatencyTracker", "UpdateSettings", "retime"]

@@ -15,6 +15,11 @@ argument mapping), and between ops it performs the plan's events and nothing els
   pool, like a caching allocator's; ledger + pool never exceeds the plan's peak), which
   saves CPU allocations and page faults and gives the same bits.
 
+In passive mode (``evict=True``, Capuchin's first iteration: no plan, only a budget),
+an allocation that would pass the budget first swaps resident tensors out on demand,
+least recently used first, waiting for each copy (``_evict``); they come back as
+passive swap-ins when next read. Both are counted.
+
 If a tensor an op needs is not resident, the executor waits for its in-flight swap-in
 (a *late* swap-in) or swaps it in itself (a *passive* swap), or recomputes it; both are
 counted. It never runs an op on a tensor that is not resident; the event log records,
@@ -22,9 +27,11 @@ for every op, the tensors it read and whether each was resident.
 
 The ledger mirrors ``peak.py``'s rules (see its module docstring): an op's outputs are
 added before it runs (an in-place update adds new minus old); a recompute adds all the
-generating op's outputs and then removes the others; a swap-in adds when its copy
-starts; a swap-out removes when its copy ends; a release removes at once. The largest
-total is the measured peak. Across iterations, parameters and optimizer state stay where
+generating op's outputs and then removes the others; a swap-in adds when it is issued
+(its planned start, to an op: see ``_swap_in_slot``); a swap-out removes when its copy
+ends; a release removes at once. The largest total is the measured peak. With a limit
+(the budget, or the plan's peak), compute waits for in-flight swap-outs rather than go
+over it: copies slower than planned cost time, not memory. Across iterations, parameters and optimizer state stay where
 the iteration left them (on the device, or in the host store), and at the start of an
 iteration they are brought where the plan expects them (``Plan.host_at_start``).
 """
@@ -167,7 +174,18 @@ class Program:
         self.gen = list(self.live.gen)
         self.inputs = [seq.ops[k].inputs for k in range(n_ops)]
         self.outputs = [seq.ops[k].outputs for k in range(n_ops)]
+        self.accesses: list[list[int]] = [[] for _ in self.nbytes]   # per tensor: ops touching it
+        for op in seq.ops:
+            for s in dict.fromkeys(op.inputs + op.outputs):
+                self.accesses[s].append(op.index)
+        self.loss_sid = self.nodes[self.out_pos[0]].meta["dbml_storage"]
         self._compile_all(pos)
+
+    def last_access_before(self, sid: int, k: int) -> int:
+        """The last op before ``k`` that read or generated ``sid`` (-1: none this iteration)."""
+        acc = self.accesses[sid]
+        i = bisect.bisect_left(acc, k)
+        return acc[i - 1] if i else -1
 
     def _last_use(self, nodes, op_index, n_ops) -> None:
         last = [-1] * len(nodes)
@@ -293,28 +311,34 @@ class Program:
 
 # -- the executor -------------------------------------------------------------------
 
+_UNCHANGED = object()
+
 class Executor:
     """Performs ``plan`` on ``program`` each :meth:`run`; one per job and graph."""
 
     def __init__(self, program: Program, plan: Plan, device: Device, *, log: bool = False,
-                 budget_bytes: int | None = None):
+                 budget_bytes: int | None = None, evict: bool = False):
         self.prog, self.device, self.log_enabled = program, device, log
         self.budget = budget_bytes
-        self._main_waiting = False
+        # Passive mode (Capuchin's first iteration): over the budget, swap resident
+        # tensors out on demand, least recently used first (see ``_evict``).
+        self.evict = evict and budget_bytes is not None
         self.channel = CopyChannel(f"dbml-copy-{program.job}")
         self._cv = threading.Condition()
         self.n_ops = len(program.op_nodes)
         self.latency = [0.0] * self.n_ops
+        self.copied = [0, 0.0]   # bytes and seconds the copy channel copied in the last iteration
         self.totals = dict(swap_outs=0, swap_ins=0, releases=0, recomputes=0, passive_swaps=0,
                            late_swap_ins=0, passive_recomputes=0, setup_swaps=0, budget_waits=0,
+                           passive_swap_outs=0,
                            reused_buffers=0, refresh_swaps=0, iterations=0)
         self.peak_bytes = 0          # largest ledger total over all iterations
         self.iteration_peak = 0      # ... during the last iteration
         # The ledger is two counters, each written by one thread only (no lost updates
-        # without a lock on the hot path): compute's and the copy channel's.
+        # without a lock on the hot path): compute's (every increase, and the frees it
+        # makes) and the copy channel's (swap-outs completing).
         self._m = self._c = 0
-        self._peak_main = self._peak_copy = 0
-        self._copy_waiting = False
+        self._peak_main = 0
         self._pool: dict[int, list[torch.Tensor]] = {}   # released buffers by size
         self.pool_bytes = 0
         self.reserved_peak = 0     # largest ledger + pool
@@ -322,12 +346,22 @@ class Executor:
         self.set_plan(plan)
 
     # -- plan ------------------------------------------------------------------------
-    def set_plan(self, plan: Plan) -> None:
-        """Take a new plan; it applies from the next iteration."""
+    def set_plan(self, plan: Plan, seq: AccessSequence | None = None, *,
+                 budget_bytes: int | None | object = _UNCHANGED) -> None:
+        """Take a new plan; it applies from the next iteration (call it between runs).
+        ``seq``: the sequence the plan was made from, where its op times differ from the
+        program's (plan updating retimes it); ``budget_bytes``: a new limit."""
+        timing = seq if seq is not None else self.prog.seq
+        if len(timing.ops) != self.n_ops or len(timing.tensors) != len(self.prog.nbytes):
+            raise ExecutionError(f"job {self.prog.job!r}: the plan's sequence has {len(timing.ops)} ops, "
+                                 f"the program {self.n_ops}")
+        if budget_bytes is not _UNCHANGED:
+            self.budget = budget_bytes
+            self.evict = self.evict and budget_bytes is not None
         self.plan = plan
         after: list[list] = [[] for _ in range(self.n_ops + 1)]  # after[k + 1]: after op k
-        starts = [op.start for op in self.prog.seq.ops]
-        ends = [op.end for op in self.prog.seq.ops]
+        starts = [op.start for op in timing.ops]
+        ends = [op.end for op in timing.ops]
         for e in sorted(plan.events, key=_event_order):
             if not -1 <= e.trigger < self.n_ops:
                 raise ExecutionError(f"job {self.prog.job!r}: event {e} has no trigger op")
@@ -341,6 +375,11 @@ class Executor:
     def close(self) -> None:
         self.channel.close()
 
+    def __del__(self):
+        channel = getattr(self, "channel", None)
+        if channel is not None:
+            channel.close(wait=False)   # its thread ends; nothing waits for it here
+
     def release_pool(self) -> None:
         """Give back the buffers kept for reuse (another executor is about to run)."""
         self._pool.clear()
@@ -350,6 +389,12 @@ class Executor:
         """Measured wall seconds of each op in the last iteration (host clock; on CUDA
         the launch time unless the op synchronises), for plan updating."""
         return list(self.latency)
+
+    def copy_bandwidth(self) -> float | None:
+        """Bytes per second the copy channel achieved in the last iteration (planned
+        swaps, each direction; None if it copied nothing), for plan updating."""
+        nbytes, seconds = self.copied
+        return nbytes / seconds if nbytes and seconds > 0 else None
 
     # -- one iteration ---------------------------------------------------------------
     def run(self, state: ExecState, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -378,8 +423,8 @@ class Executor:
                     if kk != SKIP:  # a getitem of a multi-output op: its value is in place already
                         need = add_bytes[k]
                         if need:
-                            if self._m + self._c + need > budget and self.inflight_out:
-                                self._wait_for_room(need)
+                            if self._m + self._c + need > budget:
+                                self._make_room(need, k)
                             self._m += need
                             total = self._m + self._c
                             if total > self._peak_main:
@@ -407,11 +452,7 @@ class Executor:
                 node = prog.op_nodes[k].format_node() if k >= 0 else "(iteration start)"
                 raise ExecutionError(f"job {prog.job!r}: op {k} failed: {node}: "
                                      f"{type(e).__name__}: {e}") from e
-            with self._cv:
-                self._main_waiting = True   # a swap-in waiting for room must go ahead now
-                self._cv.notify_all()
             self.channel.drain()
-            self._main_waiting = False
             self._service(self.n_ops)
         loss = env[prog.out_pos[0]]
         self._end(state)
@@ -450,19 +491,50 @@ class Executor:
 
     def _free(self, nbytes: int) -> None:
         self._m -= nbytes
-        if self._copy_waiting:
-            with self._cv:
-                self._cv.notify_all()
+
+    def _make_room(self, nbytes: int, k: int, keep: tuple = ()) -> None:
+        """Adding ``nbytes`` before op ``k`` would pass the limit: wait for swap-outs in
+        flight, then, in passive mode, swap tensors out on demand."""
+        if self.inflight_out:
+            self._wait_for_room(nbytes)
+        if self.evict and self._m + self._c + nbytes > self.budget:
+            self._evict(nbytes, k, keep)
+
+    def _evict(self, nbytes: int, k: int, keep: tuple = ()) -> None:
+        """Passive swap-outs (Capuchin's passive mode): until ``nbytes`` more fit the
+        budget, copy the least recently used resident tensor to the host, wait for the
+        copy, and free it; the op that next needs it swaps it back in (``_fetch``).
+
+        Least recently used, as Capuchin evicts, rather than largest: without a plan the
+        executor knows the past, not the future, and the tensor touched longest ago
+        (usually an early activation waiting for the backward pass, or a parameter used
+        once in the forward pass) is the one least likely to be read next. Never evicted:
+        what op ``k`` reads or updates (and ``keep``), the loss, and tensors in flight."""
+        prog = self.prog
+        protected = set(prog.req[k] if k < self.n_ops else ()) | set(keep) | {prog.loss_sid}
+        order = sorted((prog.last_access_before(s, k), -prog.nbytes[s], s)
+                       for s in range(len(prog.nbytes))
+                       if self.res[s] and s not in protected and s not in self.inflight_in
+                       and prog.nbytes[s] > 0 and self._value_of(s) is not None)
+        for _, _, sid in order:
+            if self._m + self._c + nbytes <= self.budget:
+                return
+            if sid not in self.host_store:   # else its host copy is still valid: just drop it
+                self._keep_host(sid, self.device.copy_out(self._bytes_of(sid), self.device.compute_marker()))
+            self._drop(sid)
+            self._free(prog.nbytes[sid])
+            self.counts["passive_swap_outs"] += 1
+            if self.log_enabled:
+                self.event_log.append(("passive_swap_out", k, sid))
+        if self.pool_bytes:
+            self._hold_pool_within(self._m + self._c + nbytes, self.budget)
 
     def _wait_for_room(self, nbytes: int) -> None:
         """The budget is a hard limit: a copy slower than planned makes compute wait
         for the swap-outs in flight rather than exceed it."""
         with self._cv:
-            self._main_waiting = True
-            self._cv.notify_all()
             while self._m + self._c + nbytes > self.budget and self.inflight_out:
                 self._cv.wait()
-            self._main_waiting = False
         self.counts["budget_waits"] += 1
 
     # -- iteration boundaries ----------------------------------------------------------
@@ -477,6 +549,7 @@ class Executor:
         self._deferred: list = []
         self._stale: set[int] = set()   # written in place since their host copy was made
         self.counts = dict.fromkeys(self.totals, 0)
+        self.copied = [0, 0.0]
         values = list(state.values) + [x, y]
         for i, (p, sid) in enumerate(zip(prog.placeholders, prog.ph_sid)):
             if values[i] is not None:
@@ -488,7 +561,7 @@ class Executor:
         self._m = sum(prog.nbytes[s] for s in prog.ph_sid if self.res[s]) + prog.seq.workspace
         self._c = 0
         self._setup_residency()
-        self._peak_main = self._peak_copy = self._m
+        self._peak_main = self._m
 
     def _setup_residency(self) -> None:
         """Bring initial tensors where the plan expects them when the iteration starts."""
@@ -502,6 +575,8 @@ class Executor:
             elif sid not in self.host_at_start and not self.res[sid]:
                 self._swap_in_now(sid, 0)
                 self.counts["setup_swaps"] += 1
+        if self.evict and self._m + self._c > self.budget:
+            self._evict(0, 0)   # passive mode: start the iteration within the budget
 
     def _end(self, state: ExecState) -> None:
         prog = self.prog
@@ -520,7 +595,7 @@ class Executor:
             else:
                 raise ExecutionError(f"job {self.prog.job!r}: {prog.nodes[p].format_node()} is "
                                      f"neither resident nor on the host at the end of the iteration")
-        self.iteration_peak = max(self._peak_main, self._peak_copy)
+        self.iteration_peak = self._peak_main
         self.peak_bytes = max(self.peak_bytes, self.iteration_peak)
         for key, v in self.counts.items():
             self.totals[key] += v
@@ -658,8 +733,10 @@ class Executor:
         nbytes = self.prog.nbytes[sid]
 
         def job():
+            t0 = time.perf_counter()
             host = self.device.copy_out(holder[0], marker)
             holder.clear()  # the device bytes are freed here
+            self._copied(nbytes, t0)
             with self._cv:
                 self._c -= nbytes
                 self._keep_host(sid, host)
@@ -669,28 +746,32 @@ class Executor:
         self.counts["swap_outs"] += 1
         self.channel.submit(at, job)
 
+    def _copied(self, nbytes: int, t0: float) -> None:
+        """On the copy thread (the only writer while an iteration runs)."""
+        self.copied[0] += nbytes
+        self.copied[1] += time.perf_counter() - t0
+
     def _swap_in(self, sid: int, at: float) -> None:
+        """Issue a swap-in. Its destination is counted here, on the compute thread, when
+        it is issued (the planned start, to an op): every increase of the ledger happens
+        on this thread, where the limit is enforced, so a copy channel running late can
+        only make compute wait, never make the device hold more than planned."""
         if self.res[sid] or sid in self.inflight_in:
             return
-        self.inflight_in.add(sid)
+        if sid not in self.host_store and sid not in self.inflight_out:
+            return   # nothing to copy (a plan mismatch): the op that needs it will fetch
         nbytes = self.prog.nbytes[sid]
+        if self.budget is not None and self._m + self._c + nbytes > self.budget and self.inflight_out:
+            self._wait_for_room(nbytes)
+        self._alloc(nbytes)
+        self.inflight_in.add(sid)
 
         def job():
-            with self._cv:
-                host = self.host_store.get(sid)
-                if host is None:   # nothing to copy (plan mismatch): the op will fetch
-                    self.inflight_in.discard(sid)
-                    self._cv.notify_all()
-                    return
-                while self.budget is not None and self._m + self._c + nbytes > self.budget \
-                        and not self._main_waiting and not self.channel.closing:
-                    self._copy_waiting = True
-                    self._cv.wait(timeout=0.1)  # compute is still freeing memory
-                self._copy_waiting = False
-                self._c += nbytes
-                self._peak_copy = max(self._peak_copy, self._m + self._c)
+            t0 = time.perf_counter()
+            host = self.host_store[sid]   # a swap-out of it, issued earlier, has completed
             dst = self.device.alloc(nbytes)
             marker = self.device.copy_in(host, dst)
+            self._copied(nbytes, t0)
             with self._cv:
                 self._done.append((sid, dst, marker))
                 self._cv.notify_all()
@@ -707,6 +788,8 @@ class Executor:
         """A swap-in on the compute thread (passive, or setting up the iteration)."""
         host = self.host_store[sid]
         nbytes = self.prog.nbytes[sid]
+        if self.evict and self._m + self._c + nbytes > self.budget:
+            self._make_room(nbytes, k, (sid,))
         self._alloc(nbytes)
         dst = self.device.alloc(nbytes)
         marker = self.device.copy_in(host, dst)
@@ -719,10 +802,7 @@ class Executor:
             with self._cv:
                 while sid in self.inflight_out or (sid in self.inflight_in and not self._done):
                     waited = True
-                    self._main_waiting = True
-                    self._cv.notify_all()
                     self._cv.wait()
-                self._main_waiting = False
             self._service(k)
             if self.res[sid]:
                 if waited:
@@ -750,7 +830,10 @@ class Executor:
             if not self.res[s]:
                 self._fetch(s, before)
         outs = prog.outputs[g]
-        self._alloc(sum(prog.nbytes[s] for s in outs))
+        need = sum(prog.nbytes[s] for s in outs)
+        if self.evict and self._m + self._c + need > self.budget:
+            self._make_room(need, before, prog.inputs[g])
+        self._alloc(need)
         with torch.no_grad():
             value = prog.replay_calls[g](self.env)
         if prog.kind[g] == MULTI:

@@ -6,6 +6,32 @@ estimates, asks the planner for a plan within the budget, and runs every iterati
 through the :class:`~.executor.Executor`. Results equal eager PyTorch's bit for bit on
 CPU, whatever the policy.
 
+Policies:
+
+* ``"tensile"``: plan from the estimates before the first iteration (cold start by the
+  latency model), then keep the plan up to date (below);
+* ``"capuchin"``: the passive-mode peer (Capuchin, as TENSILE's paper reproduces it):
+  the first iteration of each graph runs with no plan, only the budget: an allocation
+  that would pass it swaps tensors out on demand, least recently used first, and a
+  swapped tensor is swapped in on demand when next read (``passive_swaps``). That
+  iteration's measured op latencies are the observation; the next iteration runs a plan
+  made from it — by the TENSILE planner, standing in for Capuchin's own (which also
+  plans swaps and recomputation from the measured access pattern). Eviction stays armed
+  as a fallback;
+* ``"none"``: release after last use only, no budget.
+
+Plan updating (TENSILE IV-E, :mod:`.updating`): after every iteration the executor's
+measured op latencies are folded into a per-op moving average; when their sum drifts
+past ``UpdateSettings.threshold`` from the sum the plan was made with, the sequence is
+retimed with the averages and replanned (``stats()["replans"]``). A new plan — from a
+replan, :meth:`ScheduledStep.offer_plan`, or a newer version of an external planner —
+takes effect at the next iteration boundary, never during an iteration.
+
+``planner=``: a callable ``(AccessSequence) -> Plan`` used instead of
+``planner.plan(seq, budget, ...)`` for every plan of this runner (a shared multi-job
+scheduler). If it also has ``version() -> int`` and ``latest(seq) -> Plan``, the runner
+compares the version at each iteration boundary and takes ``latest(seq)`` when it moved.
+
 Switches: ``DBML_NO_SCHEDULER=1`` forces policy ``"none"`` (release after last use
 only, no budget); ``DBML_DEBUG=1`` prints the one-line summary to stderr after each new
 plan, e.g. ``peak 912 MB -> 431 MB, 37 swaps, 4 recomputes, plan 0.21 s``.
@@ -15,7 +41,10 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
+from collections import Counter
+from typing import Callable, Hashable
 
 import torch
 
@@ -27,10 +56,12 @@ from .executor import ExecState, Executor, Program
 from .optim import OptimizerSpec
 from .sequence import AccessSequence, EventKind, Plan
 from .step import LossFn
+from .updating import LatencyTracker, UpdateSettings, retime
 
-__all__ = ["ScheduledStep", "scheduler_disabled", "summary_line"]
+__all__ = ["ScheduledStep", "scheduler_disabled", "summary_line", "POLICIES"]
 
-POLICIES = ("tensile", "none")
+POLICIES = ("tensile", "capuchin", "none")
+Planner = Callable[[AccessSequence], Plan]
 
 
 def scheduler_disabled() -> bool:
@@ -50,6 +81,17 @@ def summary_line(stats: dict) -> str:
             f"{stats['swaps']} swaps, {stats['recomputes']} recomputes, plan {stats['plan_seconds']:.2f} s")
 
 
+class _Graph:
+    """One captured graph's schedule: its executor, the plan in effect and the sequence
+    it was made from, the latency tracker, and a plan waiting for the next boundary."""
+
+    def __init__(self, executor: Executor, plan: Plan, seq: AccessSequence, tracker: LatencyTracker,
+                 passive: bool):
+        self.executor, self.plan, self.seq, self.tracker = executor, plan, seq, tracker
+        self.passive = passive                  # capuchin: no plan yet, evicting on demand
+        self.pending: tuple[Plan, AccessSequence] | None = None
+
+
 class ScheduledStep:
     """A :class:`~.step.StepRunner` executing the captured step under a memory plan.
 
@@ -57,25 +99,38 @@ class ScheduledStep:
     raises ``InfeasibleBudget`` (naming the smallest feasible budget) when it cannot be
     met. ``latency_model`` defaults to the roofline estimator; ``log=True`` keeps the
     executor's event log (``self.executors()[i].event_log``) for invariant checks.
+    ``update`` sets plan updating (:class:`~.updating.UpdateSettings`; its defaults:
+    ``beta=0.9``, ``threshold=0.3``; ``UpdateSettings(enabled=False)`` turns it off);
+    ``planner`` replaces the built-in planning call (see the module docstring).
+    ``iteration_plans`` lists the plan each iteration ran under, in order.
     """
 
     def __init__(self, model: torch.nn.Module, loss_fn: LossFn, spec: OptimizerSpec, *,
                  policy: str = "tensile", budget_bytes: int | None = None, device: str = "cpu",
                  job: str = "job", latency_model: LatencyModel | None = None, log: bool = False,
-                 planner_settings=None):
+                 planner_settings=None, planner: Planner | None = None,
+                 update: UpdateSettings | None = None):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
+        if policy == "capuchin" and budget_bytes is None and planner is None:
+            raise ValueError("policy 'capuchin' needs budget_bytes: passive mode evicts against a budget")
         self.policy = "none" if scheduler_disabled() else policy
         self.model, self.loss_fn, self.spec, self.job = model, loss_fn, spec, job
         self.budget_bytes, self.log, self.planner_settings = budget_bytes, log, planner_settings
+        self.planner, self.update = planner, update or UpdateSettings()
         self.device: Device = make_device(device)
         self.latency_model = latency_model or RooflineModel(device=str(self.device.torch_device))
         self.graphs = GraphCache(model, loss_fn, spec, job=job)
-        self._executors: dict[tuple, Executor] = {}
-        self.plans: dict[tuple, Plan] = {}
-        self.sequences: dict[tuple, AccessSequence] = {}
+        self._graphs: dict[Hashable, _Graph] = {}
+        self._lock = threading.Lock()           # offer_plan may come from another thread
+        self._planner_version = self._external_version()
         self._last: Executor | None = None
+        self._reserved: Counter = Counter()   # host buffer sizes reserved ahead so far
+        self.iteration_plans: list[Plan] = []
         self.plan_seconds = 0.0
+        self.replans = 0            # replans after latencies drifted (plan updating)
+        self.failed_replans = 0     # ... that found no plan within the budget (old plan kept)
+        self.plan_changes = 0       # plans taken at an iteration boundary, from any source
         self.state = self._initial_state()
 
     # -- state -----------------------------------------------------------------------
@@ -97,41 +152,170 @@ class ScheduledStep:
             self.state.values[i] = v
         return v
 
+    # -- views kept for callers and tests ----------------------------------------------
+    @property
+    def plans(self) -> dict[Hashable, Plan]:
+        """Per graph signature, the plan in effect."""
+        return {k: g.plan for k, g in self._graphs.items()}
+
+    @property
+    def sequences(self) -> dict[Hashable, AccessSequence]:
+        """Per graph signature, the access sequence the plan in effect was made from."""
+        return {k: g.seq for k, g in self._graphs.items()}
+
     # -- planning --------------------------------------------------------------------
-    def _executor(self, x: torch.Tensor, y: torch.Tensor) -> Executor:
+    def _make_plan(self, seq: AccessSequence) -> Plan:
+        t0 = time.perf_counter()
+        try:
+            if self.planner is not None:
+                return self.planner(seq)
+            from .planner import plan  # the planning passes; imported late (optional at import time)
+            if self.policy == "none" or self.budget_bytes is None:
+                return plan(seq, sys.maxsize, policy="none" if self.policy == "none" else "tensile",
+                            settings=self.planner_settings)
+            return plan(seq, self.budget_bytes, policy="tensile", settings=self.planner_settings)
+        finally:
+            self.plan_seconds += time.perf_counter() - t0
+
+    def _limit(self, plan: Plan, passive: bool) -> int | None:
+        """The executor's hard limit. TENSILE: the plan's peak is a promise, so where
+        copies run slower than planned compute waits for them rather than exceed it (and
+        never exceeds the budget). Capuchin: the budget, which eviction defends."""
+        if self.policy == "none":
+            return None
+        if self.policy == "capuchin" or passive:
+            return self.budget_bytes
+        if self.budget_bytes is None and self.planner is None:
+            return None
+        return min(plan.peak_bytes, self.budget_bytes if self.budget_bytes is not None else plan.peak_bytes)
+
+    def _graph(self, x: torch.Tensor, y: torch.Tensor) -> tuple[Hashable, _Graph]:
         captured = self.graphs.get(x, y)
         key = captured.signature
-        if key not in self._executors:
-            self._executors[key] = self._build(captured)
-        return self._executors[key]
+        if key not in self._graphs:
+            self._graphs[key] = self._build(captured)
+        return key, self._graphs[key]
 
-    def _build(self, captured: CapturedStep) -> Executor:
-        from .planner import plan  # the planning passes; imported late (optional at import time)
+    def _build(self, captured: CapturedStep) -> _Graph:
         seq = build_sequence(captured, self.latency_model, self.job)
-        budget = self.budget_bytes if self.policy == "tensile" and self.budget_bytes is not None else sys.maxsize
-        t0 = time.perf_counter()
-        the_plan = plan(seq, budget, policy=self.policy, settings=self.planner_settings)
-        self.plan_seconds += time.perf_counter() - t0
-        self.plans[captured.signature] = the_plan
-        self.sequences[captured.signature] = seq
-        # host copies live until the iteration ends: one pinned buffer per swap-out, ahead
-        self.device.reserve_host([seq.tensors[e.tensor].nbytes for e in the_plan.events
-                                  if e.kind is EventKind.SWAP_OUT])
-        # The plan's peak is a promise: where copies run slower than planned, compute
-        # waits for them rather than exceed it (and never exceeds the budget).
-        limit = min(budget, the_plan.peak_bytes) if self.policy == "tensile" and budget != sys.maxsize else None
-        return Executor(Program(captured, seq), the_plan, self.device, log=self.log, budget_bytes=limit)
+        passive = self.policy == "capuchin"
+        if passive:   # no plan: release after last use, evict against the budget
+            from .planner import plan
+            the_plan = plan(seq, sys.maxsize, policy="none", settings=self.planner_settings)
+        else:
+            the_plan = self._make_plan(seq)
+        self._reserve(seq, the_plan)
+        executor = Executor(Program(captured, seq), the_plan, self.device, log=self.log,
+                            budget_bytes=self._limit(the_plan, passive), evict=passive)
+        return _Graph(executor, the_plan, seq, LatencyTracker(seq, self.update), passive)
+
+    def _reserve(self, seq: AccessSequence, plan: Plan) -> None:
+        """Host copies live until the iteration ends: one pinned buffer per swap-out,
+        allocated ahead; a later plan adds only the buffers no earlier plan reserved."""
+        want = Counter(seq.tensors[e.tensor].nbytes for e in plan.events if e.kind is EventKind.SWAP_OUT)
+        self.device.reserve_host(list((want - self._reserved).elements()))
+        self._reserved |= want
+
+    # -- plan updating and hand-over -------------------------------------------------
+    def _after_iteration(self, g: _Graph) -> None:
+        """Fold the measured latencies in; replan when they drifted (or, in passive mode,
+        plan from the observation). The plan waits in ``g.pending`` for the boundary."""
+        if self.policy == "none" or (self.budget_bytes is None and self.planner is None):
+            return   # no budget: the plan only releases, whatever the latencies
+        measured = g.executor.op_latencies()
+        if g.passive:
+            from .planner import InfeasibleBudget
+            observed = retime(g.seq, measured)
+            try:
+                self._offer(g, self._make_plan(observed), observed)
+            except InfeasibleBudget:
+                pass   # no plan fits: stay in passive mode, observe again next iteration
+            return
+        if g.tracker.observe(measured, g.executor.copy_bandwidth()):
+            from .planner import InfeasibleBudget
+            seq = retime(g.seq, g.tracker.latencies,
+                         g.tracker.bandwidth if self.update.copy_bandwidth else None)
+            try:
+                new = self._make_plan(seq)
+            except InfeasibleBudget:
+                # the current plan still fits (its peak is a ledger bound); only its
+                # timing is stale. Measure drift from the new latencies from now on.
+                self.failed_replans += 1
+                g.tracker.rebase(seq)
+                return
+            self.replans += 1
+            self._offer(g, new, seq)
+
+    def _offer(self, g: _Graph, plan: Plan, seq: AccessSequence) -> None:
+        with self._lock:
+            g.pending = (plan, seq)
+
+    def offer_plan(self, plan: Plan, seq: AccessSequence | None = None,
+                   signature: Hashable | None = None) -> None:
+        """Hand the runner a plan from outside; it takes effect at the next iteration
+        boundary of its graph. ``seq``: the sequence it was made from (default: the one
+        the current plan was made from); ``signature``: the graph (default: the graph of
+        the last step). Thread-safe."""
+        if signature is None:
+            signature = next((k for k, g in list(self._graphs.items()) if g.executor is self._last), None)
+        if signature not in self._graphs:
+            raise ValueError(f"offer_plan(): job {self.job!r} has no graph {signature!r}; "
+                             f"known: {list(self._graphs)}")
+        if plan.job != self.job:
+            raise ValueError(f"offer_plan(): the plan is for job {plan.job!r}, this runner runs {self.job!r}")
+        g = self._graphs[signature]
+        self._offer(g, plan, seq if seq is not None else g.seq)
+
+    def _versioned(self) -> bool:
+        return callable(getattr(self.planner, "version", None)) and callable(getattr(self.planner, "latest", None))
+
+    def _external_version(self):
+        if not self._versioned():
+            return None
+        try:
+            return self.planner.version()
+        except LookupError:   # the job is not registered with it yet
+            return None
+
+    def _boundary(self, g: _Graph) -> None:
+        """An iteration boundary: adopt a pending plan, or a newer external one."""
+        if self._versioned():
+            version = self._external_version()
+            if version != self._planner_version:
+                self._planner_version = version
+                try:
+                    latest = self.planner.latest(g.seq)
+                except LookupError:   # it has no plan for this graph (yet)
+                    latest = g.plan
+                if latest is not g.plan and g.pending is None:
+                    self._offer(g, latest, g.seq)
+        with self._lock:
+            pending, g.pending = g.pending, None
+        if pending is None:
+            return
+        plan, seq = pending
+        self._reserve(seq, plan)
+        g.executor.set_plan(plan, seq, budget_bytes=self._limit(plan, False))
+        g.plan, g.seq, g.passive = plan, seq, False
+        g.tracker.rebase(seq)
+        self.plan_changes += 1
+        if _debug():
+            print(f"dbml.scheduler[{self.job}]: new plan: {self.stats()['summary']}", file=sys.stderr)
 
     # -- StepRunner ------------------------------------------------------------------
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        fresh = len(self._executors)
-        executor = self._executor(x, y)
+        fresh = len(self._graphs)
+        _, g = self._graph(x, y)
+        self._boundary(g)
+        executor = g.executor
         if executor is not self._last:   # one graph's reuse pool must not sit beside another's
             if self._last is not None:
                 self._last.release_pool()
             self._last = executor
+        self.iteration_plans.append(g.plan)
         loss = executor.run(self.state, x, y)
-        if _debug() and len(self._executors) != fresh:
+        self._after_iteration(g)
+        if _debug() and len(self._graphs) != fresh:
             print(f"dbml.scheduler[{self.job}]: {self.stats()['summary']}", file=sys.stderr)
         return loss.detach()
 
@@ -156,11 +340,11 @@ class ScheduledStep:
         return out
 
     def executors(self) -> list[Executor]:
-        return list(self._executors.values())
+        return [g.executor for g in self._graphs.values()]
 
     def close(self) -> None:
-        for e in self._executors.values():
-            e.close()
+        for g in self._graphs.values():
+            g.executor.close()
 
     def stats(self) -> dict:
         execs = self.executors()
@@ -181,7 +365,11 @@ class ScheduledStep:
             "swap_outs": totals.get("swap_outs", 0),
             "swap_ins": totals.get("swap_ins", 0),
             "recomputes": totals.get("recomputes", 0),
-            "passive_swaps": totals.get("passive_swaps", 0),
+            # passive: copies made on demand, not by a plan (swap-ins of tensors an op
+            # needed and found on the host; swap-outs evicting over the budget)
+            "passive_swaps": totals.get("passive_swaps", 0) + totals.get("passive_swap_outs", 0),
+            "passive_swap_ins": totals.get("passive_swaps", 0),
+            "passive_swap_outs": totals.get("passive_swap_outs", 0),
             "late_swap_ins": totals.get("late_swap_ins", 0),
             "passive_recomputes": totals.get("passive_recomputes", 0),
             "setup_swaps": totals.get("setup_swaps", 0),
@@ -189,6 +377,9 @@ class ScheduledStep:
             "iterations": totals.get("iterations", 0),
             "graphs": len(self.graphs),
             "plan_seconds": self.plan_seconds,
+            "replans": self.replans,
+            "failed_replans": self.failed_replans,
+            "plan_changes": self.plan_changes,
             "planned_extra_seconds": sum(p.extra_time for p in plans),
         }
         if self.device.type == "cuda":

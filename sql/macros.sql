@@ -7,7 +7,7 @@ CREATE OR REPLACE TEMP MACRO train(model, source, label := NULL, features := NUL
         momentum := 0.9, policy := 'tensile', memory_budget := NULL, wait := true) AS
     dbml_train(model, source, label, features, arch, epochs, batch_size, lr, optimizer, seed,
                validation, hidden, dropout, task, weight_decay, momentum, policy,
-               coalesce(memory_budget::VARCHAR, getvariable('dbml_memory_budget')::VARCHAR), wait,
+               memory_budget::VARCHAR, getvariable('dbml_memory_budget')::VARCHAR, wait,
                getvariable('dbml_device'), getvariable('dbml_prefetch_batches'),
                getvariable('dbml_shuffle_window'), getvariable('dbml_torch_threads'),
                getvariable('dbml_latency_model'));

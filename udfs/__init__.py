@@ -54,7 +54,7 @@ TRAIN_FIELDS = {
 }
 TRAIN_RESULT = duckdb.struct_type({k: v[0] for k, v in TRAIN_FIELDS.items()})
 TRAIN_RESULT_ARROW = pa.struct([(k, v[1]) for k, v in TRAIN_FIELDS.items()])
-TRAIN_WAIT_ARG = 18   # position of `wait` among dbml_train's arguments
+TRAIN_WAIT_ARG = 19   # position of `wait` among dbml_train's arguments
 CALIBRATE_RESULT = duckdb.struct_type({
     "device": t.VARCHAR, "op_kinds": t.INTEGER, "samples": t.BIGINT, "model_bytes": t.BIGINT,
     "seconds": t.DOUBLE, "path": t.VARCHAR,
@@ -97,8 +97,8 @@ def register(instance) -> None:
             cur.close()
 
     def train_spec(model, source, label, features, arch, epochs, batch_size, lr, optimizer, seed, validation,
-                   hidden, dropout, task, weight_decay, momentum, policy, memory_budget, wait, device, prefetch,
-                   window, threads, latency):
+                   hidden, dropout, task, weight_decay, momentum, policy, memory_budget, device_budget, wait,
+                   device, prefetch, window, threads, latency):
         return training.TrainSpec(
             model=model, source=source, label=label,
             features=None if features is None else tuple(features), arch=arch, epochs=epochs,
@@ -106,17 +106,18 @@ def register(instance) -> None:
             hidden=None if hidden is None else tuple(hidden), dropout=dropout, task=task,
             weight_decay=weight_decay, momentum=momentum, policy=policy,
             memory_budget=None if memory_budget is None else parse_bytes(memory_budget, name="train(): memory_budget"),
+            device_budget=None if device_budget is None else parse_bytes(device_budget, name="setting memory_budget"),
             device=device or "auto",
             prefetch_batches=prefetch or 4, shuffle_window=window or 65536, torch_threads=threads or 1,
             latency_model=latency or "predictor")
 
     def dbml_train(model, source, label, features, arch, epochs, batch_size, lr, optimizer, seed, validation,
-                   hidden, dropout, task, weight_decay, momentum, policy, memory_budget, wait, device, prefetch,
-                   window, threads, latency):
+                   hidden, dropout, task, weight_decay, momentum, policy, memory_budget, device_budget, wait,
+                   device, prefetch, window, threads, latency):
         """Vectorised: every row of the vector is a job; they all start at once."""
         columns = (model, source, label, features, arch, epochs, batch_size, lr, optimizer, seed, validation,
-                   hidden, dropout, task, weight_decay, momentum, policy, memory_budget, wait, device, prefetch,
-                   window, threads, latency)
+                   hidden, dropout, task, weight_decay, momentum, policy, memory_budget, device_budget, wait,
+                   device, prefetch, window, threads, latency)
         rows = list(zip(*(c.to_pylist() for c in columns)))
         specs = [train_spec(*row) for row in rows]          # all validated before any starts
         waits = {row[TRAIN_WAIT_ARG] is not False for row in rows}
@@ -167,8 +168,8 @@ def register(instance) -> None:
         ("dbml_train", dbml_train, [t.VARCHAR, t.VARCHAR, t.VARCHAR, duckdb.list_type(t.VARCHAR), t.VARCHAR,
                                     t.INTEGER, t.INTEGER, t.DOUBLE, t.VARCHAR, t.BIGINT, t.DOUBLE,
                                     duckdb.list_type(t.INTEGER), t.DOUBLE, t.VARCHAR, t.DOUBLE, t.DOUBLE,
-                                    t.VARCHAR, t.VARCHAR, t.BOOLEAN, t.VARCHAR, t.INTEGER, t.INTEGER, t.INTEGER,
-                                    t.VARCHAR],
+                                    t.VARCHAR, t.VARCHAR, t.VARCHAR, t.BOOLEAN, t.VARCHAR, t.INTEGER, t.INTEGER,
+                                    t.INTEGER, t.VARCHAR],
          TRAIN_RESULT, dict(type="arrow", **effects)),
         ("wait_job", wait_job, [t.BIGINT], TRAIN_RESULT, effects),
         ("cancel_job", cancel_job, [t.BIGINT], t.VARCHAR, effects),

@@ -1,0 +1,175 @@
+"""The passive-mode peer, ``policy="capuchin"``: the first iteration runs with no plan,
+only the budget, evicting least recently used tensors on demand and swapping them back
+in on demand; later iterations run a plan made from what it measured. Results are
+bit-identical to eager and the budget holds in every iteration."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from dbml.scheduler.executor import Executor, check_event_log
+from dbml.scheduler.optim import OptimizerSpec
+from dbml.scheduler.planner import plan
+from dbml.scheduler.runner import ScheduledStep
+from dbml.scheduler.sequence import EventKind
+from dbml.scheduler.step import EagerStep
+
+loss_fn = torch.nn.functional.cross_entropy
+
+
+@pytest.fixture(autouse=True)
+def _threads(monkeypatch):
+    monkeypatch.delenv("DBML_NO_SCHEDULER", raising=False)
+    monkeypatch.delenv("DBML_DEBUG", raising=False)
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def mlp():
+    layers = [torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Dropout(0.2)]
+    for _ in range(3):
+        layers += [torch.nn.Linear(128, 128), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(128, 10))
+
+
+def cnn():
+    layers, c = [], 3
+    for _ in range(3):
+        layers += [torch.nn.Conv2d(c, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU()]
+        c = 8
+    return torch.nn.Sequential(*layers, torch.nn.Flatten(), torch.nn.Linear(8 * 12 * 12, 10))
+
+
+SHAPES = {mlp: (64, (32,)), cnn: (16, (3, 12, 12))}
+
+
+def batches(model_fn, n):
+    b, shape = SHAPES[model_fn]
+    g = torch.Generator().manual_seed(3)
+    return [(torch.randn(b, *shape, generator=g), torch.randint(0, 10, (b,), generator=g)) for _ in range(n)]
+
+
+def state_of(model):
+    return list(model.parameters()) + list(model.buffers())
+
+
+def vanilla_peak(model, spec, x, y) -> int:
+    r = ScheduledStep(copy.deepcopy(model), loss_fn, spec, policy="none")
+    r.step(x, y)
+    return r.stats()["vanilla_peak_bytes"]
+
+
+@pytest.mark.parametrize("model_fn, kind", [(mlp, "adam"), (cnn, "sgd")], ids=["mlp_adam", "cnn_bn_sgd"])
+def test_capuchin_is_bit_identical_passive_first_then_planned(model_fn, kind):
+    spec = OptimizerSpec(kind, lr=0.01, **({"momentum": 0.9} if kind == "sgd" else {}))
+    data = batches(model_fn, 5)
+    torch.manual_seed(0)
+    model = model_fn()
+    eager_model, sched_model = copy.deepcopy(model), copy.deepcopy(model)
+    budget = vanilla_peak(model, spec, *data[0]) // 2
+
+    eager = EagerStep(eager_model, loss_fn, spec)
+    torch.manual_seed(1)
+    want = [eager.step(x, y) for x, y in data]
+    eager.finish()
+
+    runner = ScheduledStep(sched_model, loss_fn, spec, policy="capuchin", budget_bytes=budget, log=True)
+    torch.manual_seed(1)
+    got, per_iter = [], []
+    for x, y in data:
+        got.append(runner.step(x, y))
+        ex = runner.executors()[0]
+        per_iter.append((dict(ex.counts), ex.iteration_peak))
+    runner.finish()
+
+    assert all(torch.equal(a, b) for a, b in zip(state_of(sched_model), state_of(eager_model)))
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    first, _ = per_iter[0]
+    assert first["passive_swap_outs"] > 0 and first["passive_swaps"] > 0   # evicted, brought back
+    assert first["swap_outs"] == 0                                          # no plan yet
+    later = [c["passive_swap_outs"] + c["passive_swaps"] for c, _ in per_iter[1:]]
+    assert all(n < first["passive_swap_outs"] + first["passive_swaps"] for n in later)
+    assert sum(c["swap_outs"] for c, _ in per_iter[1:]) > 0                 # planned swaps now
+    assert all(peak <= budget for _, peak in per_iter)
+    stats = runner.stats()
+    assert stats["measured_peak_bytes"] <= budget and stats["reserved_peak_bytes"] <= budget
+    assert stats["passive_swaps"] == sum(c["passive_swap_outs"] + c["passive_swaps"] for c, _ in per_iter)
+    assert check_event_log(runner.executors()[0].event_log) == []
+    # the plan in effect came from the TENSILE planner over the measured sequence
+    plans = runner.iteration_plans
+    assert plans[0].count(EventKind.SWAP_OUT) == 0 and plans[1].count(EventKind.SWAP_OUT) > 0
+    assert plans[1].peak_bytes <= budget
+
+
+def test_capuchin_plans_from_the_observed_latencies(monkeypatch):
+    """The plan of iteration 2 is made from iteration 1's measurements, not estimates."""
+    spec = OptimizerSpec("adam", lr=0.01)
+    data = batches(mlp, 2)
+    torch.manual_seed(0)
+    model = mlp()
+    budget = vanilla_peak(model, spec, *data[0]) // 2
+    observed = {}
+
+    def op_latencies(self):
+        observed.setdefault("lat", [1e-4 * (1 + (k % 7)) for k in range(self.n_ops)])
+        return list(observed["lat"])
+
+    monkeypatch.setattr(Executor, "op_latencies", op_latencies)
+    seen, made = [], []
+
+    def hook(seq):
+        seen.append(seq)
+        made.append(plan(seq, budget))
+        return made[-1]
+
+    runner = ScheduledStep(model, loss_fn, spec, policy="capuchin", budget_bytes=budget, planner=hook)
+    torch.manual_seed(1)
+    runner.step(*data[0])
+    assert len(seen) == 1                 # planned at the end of the passive iteration, once
+    assert [op.latency for op in seen[0].ops] == pytest.approx(observed["lat"])
+    runner.step(*data[1])
+    assert len(seen) == 1
+    assert runner.iteration_plans[0] is not made[0] and runner.iteration_plans[1] is made[0]
+
+
+def test_capuchin_needs_a_budget():
+    with pytest.raises(ValueError, match="capuchin.*budget_bytes"):
+        ScheduledStep(mlp(), loss_fn, OptimizerSpec("sgd"), policy="capuchin")
+
+
+def test_passive_eviction_takes_the_least_recently_used_first():
+    """Each passive swap-out picks, among the tensors it could evict, one whose last
+    access is the oldest (ties: the largest)."""
+    spec = OptimizerSpec("sgd", lr=0.01)
+    data = batches(mlp, 1)
+    torch.manual_seed(0)
+    model = mlp()
+    budget = vanilla_peak(model, spec, *data[0]) // 2
+    runner = ScheduledStep(model, loss_fn, spec, policy="capuchin", budget_bytes=budget, log=True)
+    picks = []
+    original = Executor._evict
+
+    def spy(self, nbytes, k, keep=()):
+        prog = self.prog
+        protected = set(prog.req[k] if k < self.n_ops else ()) | set(keep) | {prog.loss_sid}
+        cands = [s for s in range(len(prog.nbytes)) if self.res[s] and s not in protected
+                 and s not in self.inflight_in and prog.nbytes[s] > 0]
+        before = set(cands)
+        original(self, nbytes, k, keep)
+        gone = [s for s in cands if not self.res[s]]
+        oldest = min(prog.last_access_before(s, k) for s in before)
+        if gone:
+            picks.append((min(prog.last_access_before(s, k) for s in gone), oldest))
+
+    Executor._evict = spy
+    try:
+        torch.manual_seed(1)
+        runner.step(*data[0])
+    finally:
+        Executor._evict = original
+    assert picks and all(first == oldest for first, oldest in picks)
