@@ -139,7 +139,7 @@ def main():
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--cols", type=int, default=32)
     args = ap.parse_args()
-    con = dbml.connect()
+    con = dbml.connect(latency_model="roofline")   # the data path only: no calibration here
     con.execute("SET enable_progress_bar = false")
     print(f"torch {torch.__version__}, duckdb {duckdb.__version__}, threads {torch.get_num_threads()}, "
           f"{args.rows} rows x {args.cols} FLOAT columns\n")

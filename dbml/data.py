@@ -26,6 +26,7 @@ import torch
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 _DONE = object()
+READ_ROWS = 65536   # rows per Arrow record batch fetched from DuckDB
 
 
 def column_to_numpy(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -135,12 +136,18 @@ class BatchStream:
                 cur.close()
 
     def _fetch(self, cur: duckdb.DuckDBPyConnection) -> Iterator[tuple[torch.Tensor, ...]]:
-        read_rows = self.batch_rows if self.shuffle is None else max(self.batch_rows, 8192)
+        """Arrow record batches of a whole number of batches (at least READ_ROWS rows: fewer
+        round trips to DuckDB), cut into ``batch_rows`` views when not shuffling."""
+        read_rows = self.batch_rows * max(1, -(-READ_ROWS // self.batch_rows))
         for sql in [self.sql] if isinstance(self.sql, str) else self.sql:
             reader = cur.sql(sql).to_arrow_reader(read_rows)
             try:
                 for batch in reader:
-                    yield batch_to_tensors(batch)
+                    tensors = batch_to_tensors(batch)
+                    if self.shuffle is not None:
+                        yield tensors
+                    else:
+                        yield from _slices(tensors, 0, len(tensors[0]), self.batch_rows)
             finally:
                 reader.close()
 
