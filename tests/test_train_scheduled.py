@@ -85,3 +85,11 @@ def test_bad_policy_and_budget(wide):
 
 def test_round_up_suggestions():
     assert [_round_up(n) for n in (109404, 1458156, 123456789, 5000)] == ["110KB", "1.5MB", "130MB", "5KB"]
+
+
+def test_capuchin_policy_from_sql_swaps_passively_and_matches_eager(wide):
+    eager = train(wide, "eager", ", policy := 'eager'")
+    budget = int(0.75 * eager["vanilla_peak_bytes"])
+    r = train(wide, "capuchin", f", policy := 'capuchin', memory_budget := {budget}")
+    assert weights(wide, "capuchin") == weights(wide, "eager")
+    assert r["passive_swaps"] > 0 and r["measured_peak_bytes"] <= budget
