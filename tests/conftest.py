@@ -19,6 +19,18 @@ os.environ["DBML_CACHE_DIR"] = tempfile.mkdtemp(prefix="dbml-test-cache-")
 
 
 @pytest.fixture
+def one_thread(monkeypatch):
+    """Scheduler tests: no scheduler switches from the environment, one PyTorch thread."""
+    monkeypatch.delenv("DBML_NO_SCHEDULER", raising=False)
+    monkeypatch.delenv("DBML_DEBUG", raising=False)
+    import torch
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture
 def con():
     c = dbml.connect(latency_model="roofline")
     yield c

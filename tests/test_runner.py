@@ -9,6 +9,8 @@ import re
 import pytest
 import torch
 
+import nets
+
 from dbml.scheduler.executor import check_event_log
 from dbml.scheduler.optim import OptimizerSpec
 from dbml.scheduler.planner import InfeasibleBudget
@@ -20,29 +22,14 @@ loss_fn = torch.nn.functional.cross_entropy
 TOLERANCE = 0.05   # predicted vs measured peak
 
 
-@pytest.fixture(autouse=True)
-def _threads(monkeypatch):
-    monkeypatch.delenv("DBML_NO_SCHEDULER", raising=False)
-    monkeypatch.delenv("DBML_DEBUG", raising=False)
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def mlp():
-    layers = [torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Dropout(0.2)]
-    for _ in range(4):
-        layers += [torch.nn.Linear(128, 128), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers, torch.nn.Linear(128, 10))
+    return nets.mlp(depth=4)
 
 
-def cnn():
-    layers, c = [], 3
-    for _ in range(3):
-        layers += [torch.nn.Conv2d(c, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU()]
-        c = 8
-    return torch.nn.Sequential(*layers, torch.nn.Flatten(), torch.nn.Linear(8 * 12 * 12, 10))
+cnn = nets.cnn
 
 
 def deep_narrow():

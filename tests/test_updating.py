@@ -11,6 +11,8 @@ import functools
 import pytest
 import torch
 
+import nets
+
 from dbml.scheduler import planner as planner_mod
 from dbml.scheduler.executor import Executor, check_event_log
 from dbml.scheduler.optim import OptimizerSpec
@@ -24,14 +26,7 @@ L = 1e-4          # every op's estimated latency (ConstModel)
 SLOW_FROM = 3     # the first iteration in which the slowed op is slow
 
 
-@pytest.fixture(autouse=True)
-def _threads(monkeypatch):
-    monkeypatch.delenv("DBML_NO_SCHEDULER", raising=False)
-    monkeypatch.delenv("DBML_DEBUG", raising=False)
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class ConstModel:
@@ -42,10 +37,7 @@ class ConstModel:
 
 
 def mlp():
-    layers = [torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Dropout(0.2)]
-    for _ in range(3):
-        layers += [torch.nn.Linear(128, 128), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers, torch.nn.Linear(128, 10))
+    return nets.mlp(depth=3)
 
 
 def batches(n):
