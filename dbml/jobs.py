@@ -193,3 +193,34 @@ def train_all(manager: JobManager, specs: list, wait: bool) -> list[dict]:
     for job in jobs:
         job._done.wait()
     return [summary(j) for j in jobs]
+
+
+MEMORY_COLUMNS = ("job_id", "model", "status", "planned_peak_bytes", "in_effect_bytes", "share",
+                  "measured_peak_bytes", "budget_bytes", "global_planned_peak_bytes", "global_in_effect_bytes",
+                  "waiting_jobs")
+
+
+def memory_rows(manager: JobManager, scheduler) -> list[dict]:
+    """``dbml_memory``: the shared device budget and each of this database's jobs in it.
+
+    One row per job the scheduler holds (planned or waiting), with the global figures
+    repeated; one row with no job when it holds none. ``in_effect_bytes`` is what the
+    job's current plan may use (a new, larger plan takes effect only once the other jobs
+    have shrunk); ``measured_peak_bytes`` the job's own peak so far.
+    """
+    snap = scheduler.snapshot() if scheduler is not None else {
+        "budget_bytes": None, "planned_peak_bytes": 0, "running_bytes": 0, "jobs": {}, "waiting": []}
+    overall = {"budget_bytes": snap["budget_bytes"], "global_planned_peak_bytes": snap["planned_peak_bytes"],
+               "global_in_effect_bytes": snap["running_bytes"], "waiting_jobs": len(snap["waiting"])}
+    with manager._lock:
+        by_name = {job.name: job for job in manager._jobs.values()}
+    rows = []
+    for name in list(snap["jobs"]) + [w for w in snap["waiting"] if w not in snap["jobs"]]:
+        job, plan = by_name.get(name), snap["jobs"].get(name, {})
+        if job is None:
+            continue   # a job of another database on the same device
+        rows.append({"job_id": job.id, "model": job.model, "status": job.row()["status"],
+                     "planned_peak_bytes": plan.get("planned_peak_bytes"),
+                     "in_effect_bytes": plan.get("in_effect_bytes"), "share": plan.get("share"),
+                     "measured_peak_bytes": job.measured_peak_bytes, **overall})
+    return rows or [{**dict.fromkeys(MEMORY_COLUMNS), **overall}]

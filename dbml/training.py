@@ -233,10 +233,13 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
             raise JobCancelled(f"job {job.id} ({job.model!r}) was cancelled while it waited for memory; "
                                f"nothing was stored") from None
         except InfeasibleBudget as e:
+            own = spec.memory_budget is not None
+            budget = spec.memory_budget if own else spec.device_budget or default_budget(device)
+            fix = (f"pass memory_budget := '{_round_up(e.min_budget)}'" if own else
+                   f"SET VARIABLE dbml_memory_budget = '{_round_up(e.min_budget)}'")
             raise InvalidArgument(
-                f"train(): memory_budget {_size(spec.memory_budget or default_budget(device))} is below the "
-                f"smallest budget this model and batch can be trained in, {_size(e.min_budget)}; pass "
-                f"memory_budget := '{_round_up(e.min_budget)}' or more, or a smaller batch_size") from None
+                f"train(): memory_budget {_size(budget)} is below the smallest budget this model and batch "
+                f"can be trained in, {_size(e.min_budget)}; {fix} or more, or a smaller batch_size") from None
         job.step(len(y))
         return loss
 

@@ -630,3 +630,9 @@ def shared_scheduler(device: str = "cpu", budget_bytes: int | None = None,
     if budget_bytes is not None and budget_bytes != ms.budget_bytes:
         ms.set_budget(budget_bytes)
     return ms
+
+
+def existing_scheduler(device: str = "cpu") -> MemoryScheduler | None:
+    """The process-wide MemoryScheduler of ``device`` if one was created, else None."""
+    with _DEFAULTS_LOCK:
+        return _DEFAULTS.get(_device_key(device))

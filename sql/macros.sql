@@ -34,3 +34,7 @@ CREATE OR REPLACE TEMP VIEW dbml_epochs AS
 CREATE OR REPLACE TEMP VIEW dbml_predictor AS
     SELECT unnest(dbml_predictor_rows(getvariable('dbml_device'), getvariable('dbml_torch_threads')),
                   recursive := true);
+
+-- The device budget shared by training jobs, and each running or waiting job's share.
+CREATE OR REPLACE TEMP VIEW dbml_memory AS
+    SELECT unnest(dbml_memory_rows(getvariable('dbml_device')), recursive := true);

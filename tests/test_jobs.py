@@ -101,3 +101,43 @@ def test_unknown_job(db):
         db.sql("SELECT wait_job(12345)").fetchall()
     with pytest.raises(duckdb.Error, match=r"cancel_job\(\): no job 12345"):
         db.sql("SELECT cancel_job(12345)").fetchall()
+
+
+WIDE = "'SELECT * FROM t', label := 'y', hidden := [256, 256], batch_size := 256"
+
+
+@pytest.fixture
+def wide(con):
+    cols = ", ".join(f"(hash(range, {i}) % 1000 / 1000.0) AS f{i}" for i in range(16))
+    con.execute(f"CREATE TABLE t AS SELECT *, (f0 + f1 > 1)::INT AS y FROM (SELECT {cols} FROM range(2000))")
+    yield con
+    con.execute("SET VARIABLE dbml_memory_budget = NULL")
+
+
+def test_jobs_that_do_not_fit_together_queue_and_run_later(wide):
+    # one such job needs at least ~1.3 MB (2.0 MB unscheduled): two cannot share 2.5 MB
+    wide.execute("SET VARIABLE dbml_memory_budget = 2500000")
+    first = wide.sql(f"SELECT train('first', {WIDE}, epochs := 12, wait := false).job_id").fetchall()[0][0]
+    while job_rows(wide)[first][6] == 0:
+        time.sleep(0.02)
+    second = wide.sql(f"SELECT train('second', {WIDE}, epochs := 2, wait := false).job_id").fetchall()[0][0]
+    seen = set()
+    while job_rows(wide)[first][2] == "running":
+        seen.add(job_rows(wide)[second][2])
+        memory = wide.sql("SELECT job_id, status, waiting_jobs, budget_bytes FROM dbml_memory").fetchall()
+        if any(m[1] == "queued" for m in memory):
+            assert all(m[2] == 1 and m[3] == 2500000 for m in memory)
+        time.sleep(0.02)
+    assert "queued" in seen                                  # it waited for memory ...
+    for job in (first, second):                              # ... and then ran: both finished
+        assert wide.sql(f"SELECT wait_job({job}).status").fetchall()[0][0] == "finished"
+    r = wide.sql(f"SELECT wait_job({second})").fetchall()[0][0]
+    assert r["measured_peak_bytes"] <= 2500000
+
+
+def test_a_job_too_big_for_the_device_budget_fails_at_once_naming_the_budget_it_needs(wide):
+    wide.execute("SET VARIABLE dbml_memory_budget = 100000")
+    with pytest.raises(duckdb.Error, match=r"train\(\): memory_budget 0\.1 MB \(100000 bytes\) is below the smallest "
+                                           r"budget .*; SET VARIABLE dbml_memory_budget = '[0-9.]+[KM]B' or more"):
+        wide.sql(f"SELECT train('huge', {WIDE}, epochs := 1)").fetchall()
+    assert wide.sql("SELECT count(*) FROM dbml_models").fetchall() == [(0,)]

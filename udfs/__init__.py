@@ -40,7 +40,7 @@ SQL_FUNCTIONS: dict[str, str] = {
 
 # Internal functions the macros call; not part of the documented surface.
 INTERNAL_FUNCTIONS = ("dbml_instance_id", "dbml_train", "dbml_predictions_sql", "dbml_infer", "dbml_job_rows",
-                      "dbml_calibrate", "dbml_predictor_rows")
+                      "dbml_calibrate", "dbml_predictor_rows", "dbml_memory_rows")
 
 TRAIN_FIELDS = {
     "job_id": (t.BIGINT, pa.int64()), "model": (t.VARCHAR, pa.string()), "version": (t.INTEGER, pa.int32()),
@@ -55,6 +55,11 @@ TRAIN_FIELDS = {
 TRAIN_RESULT = duckdb.struct_type({k: v[0] for k, v in TRAIN_FIELDS.items()})
 TRAIN_RESULT_ARROW = pa.struct([(k, v[1]) for k, v in TRAIN_FIELDS.items()])
 TRAIN_WAIT_ARG = 19   # position of `wait` among dbml_train's arguments
+MEMORY_ROW = duckdb.struct_type({
+    "job_id": t.BIGINT, "model": t.VARCHAR, "status": t.VARCHAR, "planned_peak_bytes": t.BIGINT,
+    "in_effect_bytes": t.BIGINT, "share": t.DOUBLE, "measured_peak_bytes": t.BIGINT, "budget_bytes": t.BIGINT,
+    "global_planned_peak_bytes": t.BIGINT, "global_in_effect_bytes": t.BIGINT, "waiting_jobs": t.INTEGER,
+})
 CALIBRATE_RESULT = duckdb.struct_type({
     "device": t.VARCHAR, "op_kinds": t.INTEGER, "samples": t.BIGINT, "model_bytes": t.BIGINT,
     "seconds": t.DOUBLE, "path": t.VARCHAR,
@@ -84,6 +89,7 @@ def register(instance) -> None:
     """
     from .. import inference, jobs, latency, training
     from ..scheduler.predictor import predictor_path
+    from ..scheduler.shared import existing_scheduler
     from ..settings import resolve_device
     from ..catalog import drop
 
@@ -159,6 +165,9 @@ def register(instance) -> None:
                 "samples": sum(r.samples for r in report.rows), "model_bytes": report.model_bytes,
                 "seconds": report.calibration_seconds, "path": str(predictor_path(predictor.device, threads or 1))}
 
+    def dbml_memory_rows(device):
+        return jobs.memory_rows(instance.jobs, existing_scheduler(resolve_device(device)))
+
     def dbml_predictor_rows(device, threads):
         return latency.report_rows(resolve_device(device), threads or 1)
 
@@ -174,6 +183,7 @@ def register(instance) -> None:
         ("wait_job", wait_job, [t.BIGINT], TRAIN_RESULT, effects),
         ("cancel_job", cancel_job, [t.BIGINT], t.VARCHAR, effects),
         ("dbml_job_rows", dbml_job_rows, [], duckdb.list_type(JOB_ROW), effects),
+        ("dbml_memory_rows", dbml_memory_rows, [t.VARCHAR], duckdb.list_type(MEMORY_ROW), effects),
         ("dbml_calibrate", dbml_calibrate, [t.BOOLEAN, t.VARCHAR, t.INTEGER], CALIBRATE_RESULT, effects),
         ("dbml_predictor_rows", dbml_predictor_rows, [t.VARCHAR, t.INTEGER], duckdb.list_type(PREDICTOR_ROW),
          effects),
