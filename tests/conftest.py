@@ -67,3 +67,12 @@ def load(con, name: str, table: pa.Table) -> None:
 def moons_con(con):
     load(con, "moons", moons(3000))
     return con
+
+
+@pytest.fixture
+def wide(con):
+    """Table t: 16 numeric features and a binary label y, for MLPs wide enough to schedule."""
+    cols = ", ".join(f"(hash(range, {i}) % 1000 / 1000.0) AS f{i}" for i in range(16))
+    con.execute(f"CREATE TABLE t AS SELECT *, (f0 + f1 > 1)::INT AS y FROM (SELECT {cols} FROM range(2000))")
+    yield con
+    con.execute("SET VARIABLE dbml_memory_budget = NULL")

@@ -106,14 +106,6 @@ def test_unknown_job(db):
 WIDE = "'SELECT * FROM t', label := 'y', hidden := [256, 256], batch_size := 256"
 
 
-@pytest.fixture
-def wide(con):
-    cols = ", ".join(f"(hash(range, {i}) % 1000 / 1000.0) AS f{i}" for i in range(16))
-    con.execute(f"CREATE TABLE t AS SELECT *, (f0 + f1 > 1)::INT AS y FROM (SELECT {cols} FROM range(2000))")
-    yield con
-    con.execute("SET VARIABLE dbml_memory_budget = NULL")
-
-
 def test_jobs_that_do_not_fit_together_queue_and_run_later(wide):
     # one such job needs at least ~1.3 MB (2.0 MB unscheduled): two cannot share 2.5 MB
     wide.execute("SET VARIABLE dbml_memory_budget = 2500000")

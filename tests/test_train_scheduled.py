@@ -11,13 +11,6 @@ from dbml.training import _round_up
 ARGS = "label := 'y', epochs := 2, hidden := [256, 256], batch_size := 256"
 
 
-@pytest.fixture
-def wide(con):
-    cols = ", ".join(f"(hash(range, {i}) % 1000 / 1000.0) AS f{i}" for i in range(16))
-    con.execute(f"CREATE TABLE t AS SELECT *, (f0 + f1 > 1)::INT AS y FROM (SELECT {cols} FROM range(2000))")
-    return con
-
-
 def train(con, name, extra=""):
     return con.sql(f"SELECT train('{name}', 't', {ARGS}{extra})").fetchall()[0][0]
 
