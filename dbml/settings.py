@@ -25,6 +25,8 @@ DEFAULTS: dict[str, object] = {
     "device": "auto",          # 'auto' (cuda when available, else cpu), 'cpu' or 'cuda[:N]'
     "memory_budget": None,     # bytes or '512MB' for a training job; NULL: default_budget(device)
     "latency_model": "predictor",  # op latencies for planning: 'predictor' (installed) or 'roofline'
+    "replan_beta": 0.9,        # plan updating: weight of a new latency measurement in the EWMA
+    "replan_threshold": 0.3,   # plan updating: relative drift of the summed latency that replans
     "torch_threads": 1,        # PyTorch intra-op threads while training (process-wide); see README
     "prefetch_batches": 4,     # record batches fetched ahead of training
     "shuffle_window": 65536,   # rows of the shuffle buffer each epoch draws batches from

@@ -30,6 +30,7 @@ from .scheduler import OPTIMIZERS, OptimizerSpec
 from .scheduler.planner import InfeasibleBudget
 from .scheduler.runner import ScheduledStep
 from .scheduler.shared import NotAdmitted, shared_scheduler
+from .scheduler.updating import UpdateSettings
 from .scheduler.step import EagerStep, StepRunner
 from .settings import default_budget, resolve_device
 from .source import as_select, describe, quote
@@ -67,6 +68,8 @@ class TrainSpec:
     shuffle_window: int = 65536
     torch_threads: int = 1
     latency_model: str = "predictor"
+    replan_beta: float = 0.9
+    replan_threshold: float = 0.3
 
     def __post_init__(self):
         fn = "train"
@@ -88,6 +91,9 @@ class TrainSpec:
         if self.policy not in POLICIES:
             raise InvalidArgument(f"{fn}(): unknown policy {self.policy!r}; "
                                   f"pass policy := one of {', '.join(map(repr, POLICIES))}")
+        if not 0.0 < self.replan_beta <= 1.0 or not self.replan_threshold > 0:
+            raise InvalidArgument(f"{fn}(): plan updating needs 0 < replan_beta <= 1 and replan_threshold > 0; "
+                                  f"SET VARIABLE dbml_replan_beta = 0.9, dbml_replan_threshold = 0.3")
         if self.weight_decay is None or self.weight_decay < 0:
             raise InvalidArgument(f"{fn}(): weight_decay must be >= 0; pass e.g. weight_decay := 0.01")
 
@@ -127,7 +133,8 @@ def make_runner(model: torch.nn.Module, loss_fn, spec: TrainSpec, device: str, j
         planner = scheduler.planner_for(job.name, wait=True, cancelled=job.cancelled)
         job.attach_scheduler(scheduler)
     runner = ScheduledStep(model, loss_fn, spec.optimizer_spec(), policy=spec.policy, budget_bytes=budget,
-                           device=device, job=job.name, latency_model=estimator, planner=planner)
+                           device=device, job=job.name, latency_model=estimator, planner=planner,
+                           update=UpdateSettings(beta=spec.replan_beta, threshold=spec.replan_threshold))
     runner.latency_source = how
     return runner
 
@@ -176,7 +183,7 @@ def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, job: Job | None = Non
 
 
 MEMORY_FIELDS = ("measured_peak_bytes", "vanilla_peak_bytes", "planned_peak_bytes", "msr", "swaps",
-                 "recomputes", "passive_swaps", "plan_seconds", "latency_model")
+                 "recomputes", "passive_swaps", "replans", "plan_seconds", "latency_model")
 
 
 def _params(spec: TrainSpec) -> dict:

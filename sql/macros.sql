@@ -10,7 +10,8 @@ CREATE OR REPLACE TEMP MACRO train(model, source, label := NULL, features := NUL
                memory_budget::VARCHAR, getvariable('dbml_memory_budget')::VARCHAR, wait,
                getvariable('dbml_device'), getvariable('dbml_prefetch_batches'),
                getvariable('dbml_shuffle_window'), getvariable('dbml_torch_threads'),
-               getvariable('dbml_latency_model'));
+               getvariable('dbml_latency_model'), getvariable('dbml_replan_beta'),
+               getvariable('dbml_replan_threshold'));
 
 -- Calibrate this machine and train the latency predictor (as python -m dbml install).
 CREATE OR REPLACE TEMP MACRO calibrate(quick := false) AS

@@ -128,7 +128,7 @@ def test_sql_defaults_equal_trainspec_defaults(moons_con):
     train(moons_con, "'d', 'SELECT x1, x2, label FROM moons LIMIT 300', label := 'label', epochs := 1")
     params = json.loads(moons_con.sql("SELECT params FROM dbml_models WHERE name = 'd'").fetchall()[0][0])
     for f in dataclasses.fields(TrainSpec):
-        if f.name in ("model", "source", "label", "epochs", "device", "prefetch_batches", "shuffle_window", "torch_threads", "memory_budget", "latency_model"):
+        if f.name in ("model", "source", "label", "epochs", "device", "prefetch_batches", "shuffle_window", "torch_threads", "memory_budget", "latency_model", "replan_beta", "replan_threshold"):
             continue
         assert params[f.name] == f.default, f.name
 

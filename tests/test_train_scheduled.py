@@ -86,3 +86,20 @@ def test_capuchin_policy_from_sql_swaps_passively_and_matches_eager(wide):
     r = train(wide, "capuchin", f", policy := 'capuchin', memory_budget := {budget}")
     assert weights(wide, "capuchin") == weights(wide, "eager")
     assert r["passive_swaps"] > 0 and r["measured_peak_bytes"] <= budget
+
+
+def test_plan_updating_settings_reach_the_job(wide):
+    wide.execute("SET VARIABLE dbml_replan_beta = 0.5")
+    wide.execute("SET VARIABLE dbml_replan_threshold = 1e-9")    # every measured drift replans
+    eager = train(wide, "eager", ", policy := 'eager'")
+    r = train(wide, "eager_like", f", memory_budget := {int(0.75 * eager['vanilla_peak_bytes'])}")
+    assert weights(wide, "eager_like") == weights(wide, "eager")
+    params = wide.sql("SELECT params->>'replan_beta', params->>'replan_threshold' FROM dbml_models "
+                      "WHERE name = 'eager_like'").fetchall()[0]
+    assert float(params[0]) == 0.5 and float(params[1]) == 1e-9
+    assert r["replans"] > 0
+    wide.execute("SET VARIABLE dbml_replan_threshold = 1e9")        # no drift is that large
+    assert train(wide, "steady", f", memory_budget := {int(0.75 * eager['vanilla_peak_bytes'])}")["replans"] == 0
+    wide.execute("SET VARIABLE dbml_replan_threshold = -1")
+    with pytest.raises(duckdb.Error, match=r"plan updating needs 0 < replan_beta <= 1 and replan_threshold > 0"):
+        train(wide, "bad")

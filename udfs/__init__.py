@@ -49,7 +49,8 @@ TRAIN_FIELDS = {
     "seconds": (t.DOUBLE, pa.float64()), "measured_peak_bytes": (t.BIGINT, pa.int64()),
     "vanilla_peak_bytes": (t.BIGINT, pa.int64()), "planned_peak_bytes": (t.BIGINT, pa.int64()),
     "msr": (t.DOUBLE, pa.float64()), "swaps": (t.BIGINT, pa.int64()), "recomputes": (t.BIGINT, pa.int64()),
-    "passive_swaps": (t.BIGINT, pa.int64()), "plan_seconds": (t.DOUBLE, pa.float64()),
+    "passive_swaps": (t.BIGINT, pa.int64()), "replans": (t.BIGINT, pa.int64()),
+    "plan_seconds": (t.DOUBLE, pa.float64()),
     "latency_model": (t.VARCHAR, pa.string()),
 }
 TRAIN_RESULT = duckdb.struct_type({k: v[0] for k, v in TRAIN_FIELDS.items()})
@@ -104,7 +105,7 @@ def register(instance) -> None:
 
     def train_spec(model, source, label, features, arch, epochs, batch_size, lr, optimizer, seed, validation,
                    hidden, dropout, task, weight_decay, momentum, policy, memory_budget, device_budget, wait,
-                   device, prefetch, window, threads, latency):
+                   device, prefetch, window, threads, latency, beta, threshold):
         return training.TrainSpec(
             model=model, source=source, label=label,
             features=None if features is None else tuple(features), arch=arch, epochs=epochs,
@@ -115,15 +116,16 @@ def register(instance) -> None:
             device_budget=None if device_budget is None else parse_bytes(device_budget, name="setting memory_budget"),
             device=device or "auto",
             prefetch_batches=prefetch or 4, shuffle_window=window or 65536, torch_threads=threads or 1,
-            latency_model=latency or "predictor")
+            latency_model=latency or "predictor", replan_beta=0.9 if beta is None else beta,
+            replan_threshold=0.3 if threshold is None else threshold)
 
     def dbml_train(model, source, label, features, arch, epochs, batch_size, lr, optimizer, seed, validation,
                    hidden, dropout, task, weight_decay, momentum, policy, memory_budget, device_budget, wait,
-                   device, prefetch, window, threads, latency):
+                   device, prefetch, window, threads, latency, beta, threshold):
         """Vectorised: every row of the vector is a job; they all start at once."""
         columns = (model, source, label, features, arch, epochs, batch_size, lr, optimizer, seed, validation,
                    hidden, dropout, task, weight_decay, momentum, policy, memory_budget, device_budget, wait,
-                   device, prefetch, window, threads, latency)
+                   device, prefetch, window, threads, latency, beta, threshold)
         rows = list(zip(*(c.to_pylist() for c in columns)))
         specs = [train_spec(*row) for row in rows]          # all validated before any starts
         waits = {row[TRAIN_WAIT_ARG] is not False for row in rows}
@@ -178,7 +180,7 @@ def register(instance) -> None:
                                     t.INTEGER, t.INTEGER, t.DOUBLE, t.VARCHAR, t.BIGINT, t.DOUBLE,
                                     duckdb.list_type(t.INTEGER), t.DOUBLE, t.VARCHAR, t.DOUBLE, t.DOUBLE,
                                     t.VARCHAR, t.VARCHAR, t.VARCHAR, t.BOOLEAN, t.VARCHAR, t.INTEGER, t.INTEGER,
-                                    t.INTEGER, t.VARCHAR],
+                                    t.INTEGER, t.VARCHAR, t.DOUBLE, t.DOUBLE],
          TRAIN_RESULT, dict(type="arrow", **effects)),
         ("wait_job", wait_job, [t.BIGINT], TRAIN_RESULT, effects),
         ("cancel_job", cancel_job, [t.BIGINT], t.VARCHAR, effects),
