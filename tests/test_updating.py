@@ -109,15 +109,21 @@ def first_matmul(runner) -> int:
 N = 7
 
 
-@functools.lru_cache(maxsize=None)
-def adam_workload():
-    """Shared by the threshold cases: model, data, budget, eager reference, op to slow."""
+def scenario(n: int):
+    """Adam, ``n`` batches, a seeded MLP, a budget it must be scheduled in, and eager's result."""
     spec = OptimizerSpec("adam", lr=0.01)
-    data = batches(N)
+    data = batches(n)
     torch.manual_seed(0)
     model = mlp()
     budget = budget_for(model, spec, *data[0])
-    eager, eager_losses = eager_state(model, spec, data)
+    eager, losses = eager_state(model, spec, data)
+    return spec, data, model, budget, eager, losses
+
+
+@functools.lru_cache(maxsize=None)
+def adam_workload():
+    """Shared by the threshold cases: model, data, budget, eager reference, op to slow."""
+    spec, data, model, budget, eager, eager_losses = scenario(N)
     probe = ScheduledStep(copy.deepcopy(model), loss_fn, spec, budget_bytes=budget, latency_model=ConstModel())
     probe.step(*data[0])
     slow, n_ops = first_matmul(probe), len(next(iter(probe.sequences.values())).ops)
@@ -172,12 +178,7 @@ def test_no_drift_no_replans_and_the_switch(monkeypatch):
 
 def test_offered_plan_waits_for_the_iteration_boundary(monkeypatch):
     """A plan offered while an iteration runs is not used by it, only by the next."""
-    spec = OptimizerSpec("adam", lr=0.01)
-    data = batches(4)
-    torch.manual_seed(0)
-    model = mlp()
-    budget = budget_for(model, spec, *data[0])
-    eager, _ = eager_state(model, spec, data)
+    spec, data, model, budget, eager, _ = scenario(4)
     fake_measurements(monkeypatch, None, 0.0)
     runner = ScheduledStep(copy.deepcopy(model), loss_fn, spec, budget_bytes=budget, latency_model=ConstModel())
     seen = []
@@ -204,12 +205,7 @@ def test_offered_plan_waits_for_the_iteration_boundary(monkeypatch):
 
 
 def test_planner_hook_is_used_for_first_plan_and_replans(monkeypatch):
-    spec = OptimizerSpec("adam", lr=0.01)
-    data = batches(6)
-    torch.manual_seed(0)
-    model = mlp()
-    budget = budget_for(model, spec, *data[0])
-    eager, _ = eager_state(model, spec, data)
+    spec, data, model, budget, eager, _ = scenario(6)
     calls, made = [], []
 
     def hook(seq):
