@@ -196,22 +196,28 @@ def train_all(manager: JobManager, specs: list, wait: bool) -> list[dict]:
 
 
 MEMORY_COLUMNS = ("job_id", "model", "status", "planned_peak_bytes", "in_effect_bytes", "share",
-                  "measured_peak_bytes", "budget_bytes", "global_planned_peak_bytes", "global_in_effect_bytes",
-                  "waiting_jobs")
+                  "held_bytes", "measured_peak_bytes", "budget_bytes", "global_planned_peak_bytes",
+                  "global_in_effect_bytes", "global_held_bytes", "global_measured_peak_bytes", "waiting_jobs")
 
 
-def memory_rows(manager: JobManager, scheduler) -> list[dict]:
+def memory_rows(manager: JobManager, scheduler, ledger=None) -> list[dict]:
     """``dbml_memory``: the shared device budget and each of this database's jobs in it.
 
     One row per job the scheduler holds (planned or waiting), with the global figures
     repeated; one row with no job when it holds none. ``in_effect_bytes`` is what the
     job's current plan may use (a new, larger plan takes effect only once the other jobs
-    have shrunk); ``measured_peak_bytes`` the job's own peak so far.
+    have shrunk); ``held_bytes`` what its executors hold now and ``measured_peak_bytes``
+    its own peak so far. ``global_held_bytes`` and ``global_measured_peak_bytes`` come
+    from the device's ledger (``ledger``), where every scheduled job's executors report
+    their memory as it changes: what all jobs hold together now, and the most they held
+    at one moment since the process started.
     """
     snap = scheduler.snapshot() if scheduler is not None else {
         "budget_bytes": None, "planned_peak_bytes": 0, "running_bytes": 0, "jobs": {}, "waiting": []}
     overall = {"budget_bytes": snap["budget_bytes"], "global_planned_peak_bytes": snap["planned_peak_bytes"],
                "global_in_effect_bytes": snap["running_bytes"], "waiting_jobs": len(snap["waiting"])}
+    held = ledger.snapshot() if ledger is not None else {"current_bytes": None, "peak_bytes": None, "jobs": {}}
+    overall.update(global_held_bytes=held["current_bytes"], global_measured_peak_bytes=held["peak_bytes"])
     with manager._lock:
         by_name = {job.name: job for job in manager._jobs.values()}
     rows = []
@@ -222,5 +228,6 @@ def memory_rows(manager: JobManager, scheduler) -> list[dict]:
         rows.append({"job_id": job.id, "model": job.model, "status": job.row()["status"],
                      "planned_peak_bytes": plan.get("planned_peak_bytes"),
                      "in_effect_bytes": plan.get("in_effect_bytes"), "share": plan.get("share"),
+                     "held_bytes": held["jobs"].get(name),
                      "measured_peak_bytes": job.measured_peak_bytes, **overall})
     return rows or [{**dict.fromkeys(MEMORY_COLUMNS), **overall}]

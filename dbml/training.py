@@ -29,7 +29,7 @@ from .latency import latency_model
 from .scheduler import OPTIMIZERS, OptimizerSpec
 from .scheduler.planner import InfeasibleBudget
 from .scheduler.runner import ScheduledStep
-from .scheduler.shared import NotAdmitted, shared_scheduler
+from .scheduler.shared import NotAdmitted, device_ledger, shared_scheduler
 from .scheduler.updating import UpdateSettings
 from .scheduler.step import EagerStep, StepRunner
 from .settings import default_budget, resolve_device
@@ -134,6 +134,7 @@ def make_runner(model: torch.nn.Module, loss_fn, spec: TrainSpec, device: str, j
         job.attach_scheduler(scheduler)
     runner = ScheduledStep(model, loss_fn, spec.optimizer_spec(), policy=spec.policy, budget_bytes=budget,
                            device=device, job=job.name, latency_model=estimator, planner=planner,
+                           ledger=device_ledger(device),
                            update=UpdateSettings(beta=spec.replan_beta, threshold=spec.replan_threshold))
     runner.latency_source = how
     return runner

@@ -54,6 +54,7 @@ from .access import op_nodes, output_nodes, replayable
 from .capture import CapturedStep
 from .devices import CopyChannel, Device, as_view, storage_bytes
 from .liveness import analyse_liveness
+from .memory import JobAccount
 from .sequence import AccessSequence, EventKind, Plan
 
 __all__ = ["Executor", "ExecState", "ExecutionError", "Program", "check_event_log"]
@@ -317,8 +318,11 @@ class Executor:
     """Performs ``plan`` on ``program`` each :meth:`run`; one per job and graph."""
 
     def __init__(self, program: Program, plan: Plan, device: Device, *, log: bool = False,
-                 budget_bytes: int | None = None, evict: bool = False):
+                 budget_bytes: int | None = None, evict: bool = False, account: JobAccount | None = None):
         self.prog, self.device, self.log_enabled = program, device, log
+        # the job's part of the device's global ledger (all jobs' memory together), told
+        # of every change of this executor's ledger and pool; None: no global ledger
+        self.account = account
         self.budget = budget_bytes
         # Passive mode (Capuchin's first iteration): over the budget, swap resident
         # tensors out on demand, least recently used first (see ``_evict``).
@@ -383,6 +387,8 @@ class Executor:
     def release_pool(self) -> None:
         """Give back the buffers kept for reuse (another executor is about to run)."""
         self._pool.clear()
+        if self.account is not None and self.pool_bytes:
+            self.account.add_pool(-self.pool_bytes)
         self.pool_bytes = 0
 
     def op_latencies(self) -> list[float]:
@@ -404,6 +410,7 @@ class Executor:
         add_bytes, latency, after, log = prog.add_bytes, self.latency, self.after, self.log_enabled
         budget = self.budget if self.budget is not None else 1 << 62
         pool_limit = self._pool_limit()
+        account = self.account
         perf = time.perf_counter
         if after[0]:
             self._perform(after[0], -1)
@@ -426,6 +433,8 @@ class Executor:
                             if self._m + self._c + need > budget:
                                 self._make_room(need, k)
                             self._m += need
+                            if account is not None:
+                                account.add(need)
                             total = self._m + self._c
                             if total > self._peak_main:
                                 self._peak_main = total
@@ -485,12 +494,16 @@ class Executor:
 
     def _alloc(self, nbytes: int) -> None:
         self._m += nbytes
+        if self.account is not None:
+            self.account.add(nbytes)
         total = self._m + self._c
         if total > self._peak_main:
             self._peak_main = total
 
     def _free(self, nbytes: int) -> None:
         self._m -= nbytes
+        if self.account is not None:
+            self.account.add(-nbytes)
 
     def _make_room(self, nbytes: int, k: int, keep: tuple = ()) -> None:
         """Adding ``nbytes`` before op ``k`` would pass the limit: wait for swap-outs in
@@ -560,6 +573,8 @@ class Executor:
                 self.host_store[sid] = state.host.pop(i)
         self._m = sum(prog.nbytes[s] for s in prog.ph_sid if self.res[s]) + prog.seq.workspace
         self._c = 0
+        if self.account is not None:
+            self.account.set(self._m)
         self._setup_residency()
         self._peak_main = self._m
 
@@ -570,7 +585,7 @@ class Executor:
             if sid in self.host_at_start and self.res[sid]:
                 self._keep_host(sid, self.device.copy_out(self._bytes_of(sid), self.device.compute_marker()))
                 self._drop(sid)
-                self._m -= prog.nbytes[sid]
+                self._free(prog.nbytes[sid])
                 self.counts["setup_swaps"] += 1
             elif sid not in self.host_at_start and not self.res[sid]:
                 self._swap_in_now(sid, 0)
@@ -582,6 +597,7 @@ class Executor:
         prog = self.prog
         source = {ph: o for o, ph in prog.updates.items()}
         n_state = len(state.values)
+        held = 0
         for i in range(n_state):
             o = source.get(i)
             p = prog.out_pos[o] if o is not None else prog.placeholders[i]
@@ -589,6 +605,7 @@ class Executor:
             if self.res[sid] and self.env[p] is not None:
                 state.values[i] = self.env[p]
                 self._forget_host(sid)
+                held += prog.nbytes[sid]
             elif sid in self.host_store:
                 state.values[i] = None
                 state.host[i] = self.host_store.pop(sid)
@@ -603,6 +620,30 @@ class Executor:
         self.env = []
         for sid in list(self.host_store):
             self._forget_host(sid)
+        # between iterations the job holds its resident state (and the pool) only
+        self._m, self._c = held, 0
+        if self.account is not None:
+            self.account.set(held)
+
+    def settle(self, state: ExecState) -> int:
+        """Between iterations, after :meth:`set_plan`: move the state the new plan keeps
+        on the host at its start there now, and give back pooled buffers past its limit.
+        A job whose plan shrank calls this before it tells the scheduler it runs the new
+        plan (which lets another job take the room). Returns the bytes it now holds."""
+        prog, device = self.prog, self.device
+        for i, sid in enumerate(prog.ph_sid[:len(state.values)]):
+            v = state.values[i]
+            if sid in self.host_at_start and v is not None:
+                state.host[i] = device.copy_out(storage_bytes(v), device.compute_marker())
+                state.values[i] = None
+                self.totals["setup_swaps"] += 1
+        held = sum(prog.nbytes[sid] for i, sid in enumerate(prog.ph_sid[:len(state.values)])
+                   if state.values[i] is not None)
+        self._m, self._c = held, 0
+        if self.account is not None:
+            self.account.set(held)
+        self._hold_pool_within(held, self._pool_limit())
+        return held
 
     # -- events ----------------------------------------------------------------------
     def _perform(self, events, k: int) -> None:
@@ -656,6 +697,8 @@ class Executor:
             size = max(n for n, bufs in self._pool.items() if bufs)
             self._pool[size].pop()
             self.pool_bytes -= size
+            if self.account is not None:
+                self.account.add_pool(-size)
         self.reserved_peak = max(self.reserved_peak, total + self.pool_bytes)
 
     def _recycle(self, value: torch.Tensor, nbytes: int) -> None:
@@ -668,11 +711,15 @@ class Executor:
             return  # shared with someone else (a caller's tensor, a view we do not own)
         self._pool.setdefault(nbytes, []).append(storage_bytes(value))
         self.pool_bytes += nbytes
+        if self.account is not None:
+            self.account.add_pool(nbytes)
         self.reserved_peak = max(self.reserved_peak, self._m + self._c + self.pool_bytes)
 
     def _from_pool(self, r) -> torch.Tensor:
         nbytes, dtype, size, stride, _ = r
         self.pool_bytes -= nbytes
+        if self.account is not None:
+            self.account.add_pool(-nbytes)
         self.counts["reused_buffers"] += 1
         return as_view(self._pool[nbytes].pop(), dtype, size, stride, 0)
 
@@ -739,6 +786,8 @@ class Executor:
             self._copied(nbytes, t0)
             with self._cv:
                 self._c -= nbytes
+                if self.account is not None:
+                    self.account.add(-nbytes)
                 self._keep_host(sid, host)
                 self.inflight_out.discard(sid)
                 self._cv.notify_all()

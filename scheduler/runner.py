@@ -53,6 +53,7 @@ from .capture import CapturedStep, GraphCache, initial_states, state_keys, train
 from .devices import Device, as_view, make_device
 from .estimate import LatencyModel, RooflineModel
 from .executor import ExecState, Executor, Program
+from .memory import DeviceLedger, JobAccount
 from .optim import OptimizerSpec
 from .sequence import AccessSequence, EventKind, Plan
 from .step import LossFn
@@ -109,7 +110,7 @@ class ScheduledStep:
                  policy: str = "tensile", budget_bytes: int | None = None, device: str = "cpu",
                  job: str = "job", latency_model: LatencyModel | None = None, log: bool = False,
                  planner_settings=None, planner: Planner | None = None,
-                 update: UpdateSettings | None = None):
+                 update: UpdateSettings | None = None, ledger: DeviceLedger | None = None):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
         if policy == "capuchin" and budget_bytes is None and planner is None:
@@ -121,6 +122,8 @@ class ScheduledStep:
         self.device: Device = make_device(device)
         self.latency_model = latency_model or RooflineModel(device=str(self.device.torch_device))
         self.graphs = GraphCache(model, loss_fn, spec, job=job)
+        ledger = ledger if ledger is not None else getattr(planner, "ledger", None)
+        self.account: JobAccount | None = ledger.account(job) if ledger is not None else None
         self._graphs: dict[Hashable, _Graph] = {}
         self._lock = threading.Lock()           # offer_plan may come from another thread
         self._planner_version = self._external_version()
@@ -206,7 +209,8 @@ class ScheduledStep:
             the_plan = self._make_plan(seq)
         self._reserve(seq, the_plan)
         executor = Executor(Program(captured, seq), the_plan, self.device, log=self.log,
-                            budget_bytes=self._limit(the_plan, passive), evict=passive)
+                            budget_bytes=self._limit(the_plan, passive), evict=passive,
+                            account=self.account)
         return _Graph(executor, the_plan, seq, LatencyTracker(seq, self.update), passive)
 
     def _reserve(self, seq: AccessSequence, plan: Plan) -> None:
@@ -287,15 +291,21 @@ class ScheduledStep:
                     latest = self.planner.latest(g.seq)
                 except LookupError:   # it has no plan for this graph (yet)
                     latest = g.plan
-                if latest is not g.plan and g.pending is None:
-                    self._offer(g, latest, g.seq)
+                if latest is not g.plan:   # it supersedes a pending replan of our own
+                    made_from = getattr(self.planner, "made_from", None)
+                    self._offer(g, latest, made_from(g.seq) if made_from is not None else
+                                g.pending[1] if g.pending is not None else g.seq)
         with self._lock:
             pending, g.pending = g.pending, None
-        if pending is None:
-            return
-        plan, seq = pending
+        if pending is not None:
+            self._adopt(g, *pending)
+        if callable(getattr(self.planner, "applied", None)):
+            self.planner.applied()   # after settling: the room a smaller plan frees is free now
+
+    def _adopt(self, g: _Graph, plan: Plan, seq: AccessSequence) -> None:
         self._reserve(seq, plan)
         g.executor.set_plan(plan, seq, budget_bytes=self._limit(plan, False))
+        g.executor.settle(self.state)   # hold no more than the new plan allows before saying so
         g.plan, g.seq, g.passive = plan, seq, False
         g.tracker.rebase(seq)
         self.plan_changes += 1
@@ -306,12 +316,12 @@ class ScheduledStep:
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         fresh = len(self._graphs)
         _, g = self._graph(x, y)
-        self._boundary(g)
         executor = g.executor
         if executor is not self._last:   # one graph's reuse pool must not sit beside another's
             if self._last is not None:
                 self._last.release_pool()
             self._last = executor
+        self._boundary(g)
         self.iteration_plans.append(g.plan)
         loss = executor.run(self.state, x, y)
         self._after_iteration(g)
@@ -343,8 +353,12 @@ class ScheduledStep:
         return [g.executor for g in self._graphs.values()]
 
     def close(self) -> None:
+        """Stop the copy threads; the job's account in the device ledger closes (call it
+        once the job's device memory is given back, e.g. after :meth:`finish`)."""
         for g in self._graphs.values():
             g.executor.close()
+        if self.account is not None:
+            self.account.close()
 
     def stats(self) -> dict:
         execs = self.executors()

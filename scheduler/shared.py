@@ -73,11 +73,13 @@ from dataclasses import dataclass, field
 from typing import Callable, Hashable, Mapping
 
 from .liveness import release_events
+from .memory import DeviceLedger
 from .peak import analyse_peak
 from .planner import InfeasibleBudget, PlanSettings, plan, plan_jobs
 from .sequence import AccessSequence, EventKind, Plan
 
-__all__ = ["MemoryScheduler", "JobPlanner", "JobPlans", "NotAdmitted", "graph_key", "shared_scheduler"]
+__all__ = ["MemoryScheduler", "JobPlanner", "JobPlans", "NotAdmitted", "device_ledger", "graph_key",
+           "shared_scheduler"]
 
 POLL_SECONDS = 0.05   # how often a waiting job looks at its ``cancelled`` callable
 
@@ -143,15 +145,20 @@ class MemoryScheduler:
     ``budget_bytes``: the device memory all jobs together may use. ``settings``: the
     planner's settings; a job's ``swap_rate`` (``register``) overrides
     ``settings.swap_rates`` / ``settings.max_swap_rate`` for it. ``strict_fifo``: waiting
-    jobs are admitted strictly in arrival order (see the module docstring).
+    jobs are admitted strictly in arrival order (see the module docstring). ``ledger``:
+    the device's :class:`~.memory.DeviceLedger`, where the runners of its jobs report
+    the memory they hold (``snapshot()["measured_peak_bytes"]``).
     """
 
-    def __init__(self, budget_bytes: int, settings: PlanSettings | None = None, *, strict_fifo: bool = False):
+    def __init__(self, budget_bytes: int, settings: PlanSettings | None = None, *, strict_fifo: bool = False,
+                 ledger: DeviceLedger | None = None):
         if budget_bytes < 0:
             raise ValueError(f"MemoryScheduler(): budget_bytes must be >= 0, got {budget_bytes}")
         self.budget_bytes = int(budget_bytes)
         self.settings = settings or PlanSettings()
         self.strict_fifo = strict_fifo
+        # what the jobs' executors hold together, measured (runners of hooked jobs report to it)
+        self.ledger = ledger if ledger is not None else DeviceLedger()
         self._plan_lock = threading.Lock()     # one mutation (and its planning) at a time
         self._cond = threading.Condition()     # guards what follows; notified on every publish
         self._jobs: dict[str, _Job] = {}       # registered, in admission order
@@ -305,17 +312,28 @@ class MemoryScheduler:
                      for k, jp in self._published.items() if k != job)
         return others + new <= self.budget_bytes
 
-    def _offered(self, job: str, settle: bool = True) -> JobPlans | None:
+    def _offered(self, job: str, settle: bool = True, defer_shrink: bool = False) -> JobPlans | None:
         """The plans a hooked runner may run now: the published ones where safe (or where
         ``settle`` is off), and taking them counts as adopting them; else those it runs
-        (None if it runs none yet). Caller holds _cond."""
+        (None if it runs none yet). ``defer_shrink``: smaller plans are handed out but
+        count as adopted only once the runner says it holds no more than they allow
+        (:meth:`_adopted`): until then the room they free is not given to others.
+        Caller holds _cond."""
         if job not in self._published:
             raise KeyError(f"job {job!r} is not registered with this MemoryScheduler")
         if not settle or self._may_adopt(job):
-            if self._in_effect.get(job) is not self._published[job]:
-                self._in_effect[job] = self._published[job]
-                self._cond.notify_all()   # a job waiting for others to shrink may go on
+            published, current = self._published[job], self._in_effect.get(job)
+            if current is not published:
+                if defer_shrink and current is not None and published.reserved_bytes < current.reserved_bytes:
+                    return published
+                self._adopted(job, published)
         return self._in_effect.get(job)
+
+    def _adopted(self, job: str, plans: JobPlans) -> None:
+        """``job``'s runner runs ``plans`` now. Caller holds _cond."""
+        if job in self._published:
+            self._in_effect[job] = plans
+            self._cond.notify_all()   # a job waiting for others to shrink may go on
 
     def _adopt_when_safe(self, job: str, deadline: float | None,
                          cancelled: Callable[[], bool] | None) -> JobPlans | None:
@@ -338,8 +356,11 @@ class MemoryScheduler:
             return [w.job.name for w in self._waiting]
 
     def snapshot(self) -> dict:
-        """A live view: budget, global planned peak (sum of the jobs' reservations), per
-        job its planned peak, share of the budget and version, the waiting jobs, replans."""
+        """A live view: budget, global planned peak (sum of the jobs' reservations), the
+        measured global figures from the ledger (``held_bytes`` now, ``measured_peak_bytes``
+        and, with pooled buffers, ``reserved_peak_bytes`` since it was created), per job
+        its planned peak, share of the budget, version and held bytes, the waiting jobs,
+        replans."""
         with self._cond:
             jobs = {}
             for name, jp in self._published.items():
@@ -361,7 +382,12 @@ class MemoryScheduler:
             # what the runners may use now: hooked ones their plans in effect, others the latest
             running = sum(j["in_effect_bytes"] or 0 if name in self._hooked else j["planned_peak_bytes"]
                           for name, j in jobs.items())
+            held = self.ledger.snapshot()
+            for name, j in jobs.items():
+                j["held_bytes"] = held["jobs"].get(name)
             return {"budget_bytes": self.budget_bytes, "planned_peak_bytes": peak, "running_bytes": running,
+                    "held_bytes": held["current_bytes"], "measured_peak_bytes": held["peak_bytes"],
+                    "reserved_peak_bytes": held["reserved_peak_bytes"],
                     "free_bytes": self.budget_bytes - peak, "jobs": jobs,
                     "waiting": [w.job.name for w in self._waiting], "replans": self.replans,
                     "failed_replans": self.failed_replans, "plan_seconds": self.plan_seconds}
@@ -544,6 +570,8 @@ class JobPlanner:
                  timeout: float | None = None, settle: bool = True):
         self.scheduler, self.job, self.swap_rate = scheduler, job, swap_rate
         self.wait, self.cancelled, self.timeout, self.settle = wait, cancelled, timeout, settle
+        self.ledger = scheduler.ledger     # the runner's executors report their memory here
+        self._taking: JobPlans | None = None   # smaller plans handed out, not yet applied
 
     def __call__(self, seq: AccessSequence) -> Plan:
         ms, job = self.scheduler, self.job
@@ -561,8 +589,10 @@ class JobPlanner:
                 ms._hooked.add(job)
         key = graph_key(seq)
         with ms._cond:
-            offered = ms._offered(job, self.settle)
+            offered = ms._offered(job, self.settle, defer_shrink=not new_job)
             if offered is not None and key in offered.plans:   # a known graph keeps its plan until safe
+                if offered is not ms._in_effect.get(job):
+                    self._taking = offered   # smaller: taken once the runner has applied it
                 return offered.plans[key]
         offered = ms._adopt_when_safe(job, deadline, self.cancelled)
         if offered is None:
@@ -588,17 +618,39 @@ class JobPlanner:
 
     def latest(self, seq: AccessSequence) -> Plan:
         """The plan ``seq``'s graph may run now (the same object while it is unchanged);
-        the runner takes it at this iteration boundary."""
+        the runner takes it at this iteration boundary. A smaller plan counts as taken
+        only once the runner calls :meth:`applied`."""
         ms, key = self.scheduler, graph_key(seq)
         with ms._cond:
-            offered = ms._offered(self.job, self.settle)
+            offered = ms._offered(self.job, self.settle, defer_shrink=True)
+            if offered is not None and offered is not ms._in_effect.get(self.job):
+                self._taking = offered
             return offered.plans[key] if offered is not None and key in offered.plans else \
                 ms._published[self.job].plan(seq)
+
+    def made_from(self, seq: AccessSequence) -> AccessSequence:
+        """The sequence (with the latencies) the plan :meth:`latest` gives for ``seq``'s
+        graph was made from: the executor times its events by it."""
+        ms, key = self.scheduler, graph_key(seq)
+        with ms._cond:
+            jp = self._taking or ms._in_effect.get(self.job) or ms._published[self.job]
+            return jp.sequences.get(key, seq)
+
+    def applied(self) -> None:
+        """The runner has taken the plan :meth:`latest` gave and holds no more memory
+        than it allows (its state is where the plan wants it at the iteration's start):
+        the room a smaller plan frees may go to other jobs now."""
+        ms = self.scheduler
+        with ms._cond:
+            taking, self._taking = self._taking, None
+            if taking is not None:
+                ms._adopted(self.job, taking)
 
 
 # -- one scheduler per device, process-wide ----------------------------------------------
 
 _DEFAULTS: dict[str, MemoryScheduler] = {}
+_LEDGERS: dict[str, DeviceLedger] = {}
 _DEFAULTS_LOCK = threading.Lock()
 
 
@@ -625,7 +677,7 @@ def shared_scheduler(device: str = "cpu", budget_bytes: int | None = None,
             if budget_bytes is None:
                 raise ValueError(f"shared_scheduler({device!r}): the first call for a device must "
                                  f"give budget_bytes, the memory all its jobs may use")
-            ms = _DEFAULTS[key] = MemoryScheduler(budget_bytes, settings)
+            ms = _DEFAULTS[key] = MemoryScheduler(budget_bytes, settings, ledger=_ledger(key))
             return ms
     if budget_bytes is not None and budget_bytes != ms.budget_bytes:
         ms.set_budget(budget_bytes)
@@ -636,3 +688,18 @@ def existing_scheduler(device: str = "cpu") -> MemoryScheduler | None:
     """The process-wide MemoryScheduler of ``device`` if one was created, else None."""
     with _DEFAULTS_LOCK:
         return _DEFAULTS.get(_device_key(device))
+
+
+def _ledger(key: str) -> DeviceLedger:   # the caller holds _DEFAULTS_LOCK
+    if key not in _LEDGERS:
+        _LEDGERS[key] = DeviceLedger()
+    return _LEDGERS[key]
+
+
+def device_ledger(device: str = "cpu") -> DeviceLedger:
+    """The process-wide :class:`~.memory.DeviceLedger` of ``device``: every job running on
+    it reports the memory its executors hold here, whether it plans through the shared
+    scheduler (which uses this ledger) or alone, so its peak is the device's measured
+    global peak."""
+    with _DEFAULTS_LOCK:
+        return _ledger(_device_key(device))

@@ -127,6 +127,21 @@ def test_jobs_that_do_not_fit_together_queue_and_run_later(wide):
     assert r["measured_peak_bytes"] <= 2500000
 
 
+def test_three_jobs_below_the_sum_of_their_unscheduled_peaks_stay_within_the_budget(wide):
+    # each needs ~2.0 MB unscheduled and ~1.3 MB scheduled: 4.5 MB holds all three only scheduled
+    budget = 4_500_000
+    wide.execute(f"SET VARIABLE dbml_memory_budget = {budget}")
+    rows = wide.sql(f"SELECT train(name, {WIDE}, epochs := 3, seed := seed) "
+                    f"FROM (VALUES ('w1', 1), ('w2', 2), ('w3', 3)) v(name, seed)").fetchall()
+    summaries = [r[0] for r in rows]
+    assert all(s["status"] == "finished" for s in summaries)
+    assert sum(s["vanilla_peak_bytes"] for s in summaries) > budget
+    (held, peak, planned), = wide.sql("SELECT DISTINCT global_held_bytes, global_measured_peak_bytes, "
+                                      "global_planned_peak_bytes FROM dbml_memory").fetchall()
+    assert held == 0 and planned == 0                     # all done: nothing held or planned
+    assert max(s["measured_peak_bytes"] for s in summaries) <= peak <= budget
+
+
 def test_a_job_too_big_for_the_device_budget_fails_at_once_naming_the_budget_it_needs(wide):
     wide.execute("SET VARIABLE dbml_memory_budget = 100000")
     with pytest.raises(duckdb.Error, match=r"train\(\): memory_budget 0\.1 MB \(100000 bytes\) is below the smallest "

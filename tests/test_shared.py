@@ -390,6 +390,9 @@ def test_a_new_job_starts_only_once_the_others_took_their_smaller_plans():
     assert ms.snapshot()["running_bytes"] == 121   # b does not run yet
     v = a.version()                            # a's boundary: the smaller plan is its to take
     assert v == ms.version("a") and a.latest(chain()).peak_bytes == 103
+    time.sleep(0.1)
+    assert t.is_alive()                        # a has not moved its state yet: b still waits
+    a.applied()                                # a holds no more than 103 now
     t.join(5)
     assert out["value"].peak_bytes == 140
     snap = ms.snapshot()
@@ -411,7 +414,8 @@ def test_a_growing_plan_waits_for_the_jobs_that_make_room():
     a(chain())
     t, out = start(b, chain())                 # the tie goes to a: a swaps (103), b does not (121)
     wait_until(lambda: a.version() == ms.version("a") > 1)
-    a.latest(chain())                          # a's boundary: b may start
+    a.latest(chain())                          # a's boundary...
+    a.applied()                                # ...once it has shrunk, b may start
     t.join(5)
     assert out["value"].peak_bytes == 121
     assert a.latest(chain()).peak_bytes == 103 and b.latest(chain()).peak_bytes == 121
@@ -423,6 +427,8 @@ def test_a_growing_plan_waits_for_the_jobs_that_make_room():
     assert ms.plan_for("a").peak_bytes == 121 and ms.plan_for("b").peak_bytes == 103
     assert a.version() == va and a.latest(fast).peak_bytes == 103
     assert b.latest(chain()).peak_bytes == 103   # b's boundary: it takes the smaller plan
+    assert a.version() == va                     # ...and a grows only once b has applied it
+    b.applied()
     assert a.version() > va and a.latest(fast).peak_bytes == 121
     assert ms.snapshot()["running_bytes"] == 224
 

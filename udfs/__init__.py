@@ -58,8 +58,9 @@ TRAIN_RESULT_ARROW = pa.struct([(k, v[1]) for k, v in TRAIN_FIELDS.items()])
 TRAIN_WAIT_ARG = 19   # position of `wait` among dbml_train's arguments
 MEMORY_ROW = duckdb.struct_type({
     "job_id": t.BIGINT, "model": t.VARCHAR, "status": t.VARCHAR, "planned_peak_bytes": t.BIGINT,
-    "in_effect_bytes": t.BIGINT, "share": t.DOUBLE, "measured_peak_bytes": t.BIGINT, "budget_bytes": t.BIGINT,
-    "global_planned_peak_bytes": t.BIGINT, "global_in_effect_bytes": t.BIGINT, "waiting_jobs": t.INTEGER,
+    "in_effect_bytes": t.BIGINT, "share": t.DOUBLE, "held_bytes": t.BIGINT, "measured_peak_bytes": t.BIGINT,
+    "budget_bytes": t.BIGINT, "global_planned_peak_bytes": t.BIGINT, "global_in_effect_bytes": t.BIGINT,
+    "global_held_bytes": t.BIGINT, "global_measured_peak_bytes": t.BIGINT, "waiting_jobs": t.INTEGER,
 })
 CALIBRATE_RESULT = duckdb.struct_type({
     "device": t.VARCHAR, "op_kinds": t.INTEGER, "samples": t.BIGINT, "model_bytes": t.BIGINT,
@@ -90,7 +91,7 @@ def register(instance) -> None:
     """
     from .. import inference, jobs, latency, training
     from ..scheduler.predictor import predictor_path
-    from ..scheduler.shared import existing_scheduler
+    from ..scheduler.shared import device_ledger, existing_scheduler
     from ..settings import resolve_device
     from ..catalog import drop
 
@@ -168,7 +169,8 @@ def register(instance) -> None:
                 "seconds": report.calibration_seconds, "path": str(predictor_path(predictor.device, threads or 1))}
 
     def dbml_memory_rows(device):
-        return jobs.memory_rows(instance.jobs, existing_scheduler(resolve_device(device)))
+        device = resolve_device(device)
+        return jobs.memory_rows(instance.jobs, existing_scheduler(device), device_ledger(device))
 
     def dbml_predictor_rows(device, threads):
         return latency.report_rows(resolve_device(device), threads or 1)
