@@ -107,20 +107,32 @@ def _positive_int(value, name: str, example: str) -> None:
         raise InvalidArgument(f"train(): {name} must be a positive integer, got {value!r}; pass e.g. {example}")
 
 
+def _classification_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(out, y)
+
+
+def _regression_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(out.squeeze(-1), y)
+
+
 def loss_function(prep: Preprocessing):
-    if prep.task == "classification":
-        return lambda out, y: F.cross_entropy(out, y)
-    return lambda out, y: F.mse_loss(out.squeeze(-1), y)
+    """One function object per task: jobs with equal models share captured graphs."""
+    return _classification_loss if prep.task == "classification" else _regression_loss
 
 
-def make_runner(model: torch.nn.Module, loss_fn, spec: TrainSpec, device: str, job: Job) -> StepRunner:
+# Drift replans take at most this share of a job's time (UpdateSettings.max_plan_share).
+MAX_PLAN_SHARE = 0.05
+
+
+def make_runner(model: torch.nn.Module, loss_fn, spec: TrainSpec, device: str, job: Job,
+                config: models.ModelConfig | None = None) -> StepRunner:
     """The step-runner boundary: the TENSILE scheduler, or plain PyTorch for policy 'eager'.
 
     A tensile job without a ``memory_budget`` of its own plans jointly with every other
     such job on the device through the process's shared MemoryScheduler, within the
     device budget (the ``memory_budget`` setting), waiting for admission when it does not
     fit beside the running ones. A job given its own budget, and the none/capuchin
-    policies, plan alone.
+    policies, plan alone. Jobs with the same model ``config`` share captured graphs.
     """
     if spec.policy == "eager":
         return EagerStep(model, loss_fn, spec.optimizer_spec())
@@ -134,8 +146,9 @@ def make_runner(model: torch.nn.Module, loss_fn, spec: TrainSpec, device: str, j
         job.attach_scheduler(scheduler)
     runner = ScheduledStep(model, loss_fn, spec.optimizer_spec(), policy=spec.policy, budget_bytes=budget,
                            device=device, job=job.name, latency_model=estimator, planner=planner,
-                           ledger=device_ledger(device),
-                           update=UpdateSettings(beta=spec.replan_beta, threshold=spec.replan_threshold))
+                           ledger=device_ledger(device), share_graphs=config,
+                           update=UpdateSettings(beta=spec.replan_beta, threshold=spec.replan_threshold,
+                                                 max_plan_share=MAX_PLAN_SHARE))
     runner.latency_source = how
     return runner
 
@@ -229,12 +242,15 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
     config = models.config(arch, prep.width, outputs, spec.hidden, spec.dropout)
     module = models.build_seeded(config, spec.seed).to(device)
     loss_fn = loss_function(prep)
-    runner = make_runner(module, loss_fn, spec, device, job)
+    runner = make_runner(module, loss_fn, spec, device, job, config)
     vanilla: list[int] = []
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if not vanilla:
-            vanilla.append(eager_peak(module, loss_fn, spec, x, y))
+            # CPU: measured on a copy. On CUDA an eager copy would take device memory the
+            # shared budget does not know of (and the allocator's peak is every job's):
+            # there the vanilla is the plan's release-only peak (_memory_summary).
+            vanilla.append(eager_peak(module, loss_fn, spec, x, y) if torch.device(device).type == "cpu" else None)
         try:
             loss = runner.step(x, y)
         except NotAdmitted:
@@ -251,10 +267,19 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
         job.step(len(y))
         return loss
 
+    def prepare() -> None:   # the first batch's graph and plan, while DuckDB reads the rows
+        if hasattr(runner, "prepare"):
+            rows = min(spec.batch_size, n_train)
+            label = torch.int64 if prep.task == "classification" else torch.float32
+            try:
+                runner.prepare(torch.empty(rows, prep.width, device=device), torch.empty(rows, dtype=label, device=device))
+            except (NotAdmitted, InfeasibleBudget):
+                pass   # the first step meets it again and reports it
+
     job.begin(spec.epochs, math.ceil(n_train / spec.batch_size))
     try:
         history, stream_stats = _run_epochs(cur, table, spec, step, device, n_train + n_val, n_train,
-                                            lambda record: job.end_epoch(record, runner.stats()))
+                                            lambda record: job.end_epoch(record, runner.stats()), prepare)
         runner.finish()
     finally:
         if hasattr(runner, "close"):
@@ -284,7 +309,7 @@ def _size(n: int) -> str:
 def _memory_summary(stats: dict, vanilla: int | None) -> dict:
     """The train summary's memory figures; MSR against eager PyTorch's measured peak."""
     out = {k: stats.get(k) for k in MEMORY_FIELDS}
-    out["vanilla_peak_bytes"] = vanilla
+    out["vanilla_peak_bytes"] = vanilla = vanilla or stats.get("vanilla_peak_bytes")
     measured = out["measured_peak_bytes"]
     out["msr"] = (vanilla - measured) / vanilla if vanilla and measured is not None else None
     out["planned_vanilla_peak_bytes"] = stats.get("vanilla_peak_bytes")
@@ -294,8 +319,10 @@ def _memory_summary(stats: dict, vanilla: int | None) -> dict:
     return out
 
 
-def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int, n_train: int, on_epoch):
-    """Every epoch: stream the training rows, shuffled, through ``step``; return the history."""
+def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int, n_train: int, on_epoch,
+                before=None):
+    """Every epoch: stream the training rows, shuffled, through ``step``; return the history.
+    ``before()`` runs once the first epoch's stream has started, before its first batch."""
     def epoch_stream(epoch: int) -> BatchStream:
         rng = np.random.default_rng([spec.seed, epoch])
         start = int(rng.integers(n_rows))
@@ -307,6 +334,8 @@ def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int
     stream_stats, history = StreamStats(), []
     stream, upcoming = None, epoch_stream(0)
     try:
+        if before is not None:
+            before()
         for epoch in range(spec.epochs):
             epoch_started = time.perf_counter()
             stream, upcoming = upcoming, epoch_stream(epoch + 1) if epoch + 1 < spec.epochs else None

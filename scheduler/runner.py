@@ -103,14 +103,20 @@ class ScheduledStep:
     ``update`` sets plan updating (:class:`~.updating.UpdateSettings`; its defaults:
     ``beta=0.9``, ``threshold=0.3``; ``UpdateSettings(enabled=False)`` turns it off);
     ``planner`` replaces the built-in planning call (see the module docstring).
-    ``iteration_plans`` lists the plan each iteration ran under, in order.
+    ``ledger``: the device's :class:`~.memory.DeviceLedger` (default: the planner's, if
+    it has one), told of every change of this job's device memory, for the measured
+    global peak of concurrent jobs. ``share_graphs``: a name for the model's
+    architecture under which captured graphs are shared with other jobs
+    (:class:`~.capture.GraphCache`). ``iteration_plans`` lists the plan each iteration
+    ran under, in order.
     """
 
     def __init__(self, model: torch.nn.Module, loss_fn: LossFn, spec: OptimizerSpec, *,
                  policy: str = "tensile", budget_bytes: int | None = None, device: str = "cpu",
                  job: str = "job", latency_model: LatencyModel | None = None, log: bool = False,
                  planner_settings=None, planner: Planner | None = None,
-                 update: UpdateSettings | None = None, ledger: DeviceLedger | None = None):
+                 update: UpdateSettings | None = None, ledger: DeviceLedger | None = None,
+                 share_graphs: Hashable | None = None):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
         if policy == "capuchin" and budget_bytes is None and planner is None:
@@ -121,7 +127,7 @@ class ScheduledStep:
         self.planner, self.update = planner, update or UpdateSettings()
         self.device: Device = make_device(device)
         self.latency_model = latency_model or RooflineModel(device=str(self.device.torch_device))
-        self.graphs = GraphCache(model, loss_fn, spec, job=job)
+        self.graphs = GraphCache(model, loss_fn, spec, job=job, share=share_graphs)
         ledger = ledger if ledger is not None else getattr(planner, "ledger", None)
         self.account: JobAccount | None = ledger.account(job) if ledger is not None else None
         self._graphs: dict[Hashable, _Graph] = {}
@@ -132,6 +138,9 @@ class ScheduledStep:
         self.iteration_plans: list[Plan] = []
         self.plan_seconds = 0.0
         self.replans = 0            # replans after latencies drifted (plan updating)
+        self.replan_seconds = 0.0   # ... and the time they took
+        self.deferred_replans = 0   # drifts that waited for UpdateSettings.max_plan_share
+        self._started: float | None = None   # perf_counter() at the first step
         self.failed_replans = 0     # ... that found no plan within the budget (old plan kept)
         self.plan_changes = 0       # plans taken at an iteration boundary, from any source
         self.state = self._initial_state()
@@ -237,8 +246,13 @@ class ScheduledStep:
             return
         if g.tracker.observe(measured, g.executor.copy_bandwidth()):
             from .planner import InfeasibleBudget
+            share = self.update.max_plan_share
+            if share is not None and self.replan_seconds > share * (time.perf_counter() - self._started):
+                self.deferred_replans += 1   # the drift stays: replan once the share allows it
+                return
             seq = retime(g.seq, g.tracker.latencies,
                          g.tracker.bandwidth if self.update.copy_bandwidth else None)
+            t0 = self.plan_seconds
             try:
                 new = self._make_plan(seq)
             except InfeasibleBudget:
@@ -247,6 +261,8 @@ class ScheduledStep:
                 self.failed_replans += 1
                 g.tracker.rebase(seq)
                 return
+            finally:
+                self.replan_seconds += self.plan_seconds - t0
             self.replans += 1
             self._offer(g, new, seq)
 
@@ -313,8 +329,20 @@ class ScheduledStep:
             print(f"dbml.scheduler[{self.job}]: new plan: {self.stats()['summary']}", file=sys.stderr)
 
     # -- StepRunner ------------------------------------------------------------------
+    def prepare(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Everything the first iteration of this batch shape needs before it runs: capture
+        the graph, estimate its latencies, make its plan (TENSILE: from the estimates,
+        which is the point of the predictor; Capuchin: release only, no plan yet), admit
+        it under a shared planner, build its executor. :meth:`step` does this the first
+        time it sees a shape; calling it ahead, while the data is still being read, takes
+        it off the first iteration. ``x`` and ``y`` only give shapes and dtypes (e.g.
+        ``torch.empty``)."""
+        self._graph(x, y)
+
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         fresh = len(self._graphs)
+        if self._started is None:
+            self._started = time.perf_counter()
         _, g = self._graph(x, y)
         executor = g.executor
         if executor is not self._last:   # one graph's reuse pool must not sit beside another's
@@ -393,6 +421,8 @@ class ScheduledStep:
             "plan_seconds": self.plan_seconds,
             "replans": self.replans,
             "failed_replans": self.failed_replans,
+            "deferred_replans": self.deferred_replans,
+            "replan_seconds": self.replan_seconds,
             "plan_changes": self.plan_changes,
             "planned_extra_seconds": sum(p.extra_time for p in plans),
         }

@@ -45,7 +45,11 @@ class UpdateSettings:
     """Plan updating. ``beta``: weight of a new measurement in the per-op moving average
     (the authors' 0.9). ``threshold``: relative change of the summed latency that
     triggers a replan (the authors' 0.3). ``enabled=False``: never replan.
-    ``copy_bandwidth=True``: also follow the measured copy bandwidth (an extension)."""
+    ``copy_bandwidth=True``: also follow the measured copy bandwidth (an extension).
+    ``max_plan_share``: at most this fraction of the job's wall time since its first
+    iteration goes to drift replans; past it a drift waits (it is kept) until the share
+    allows the next replan (an extension: jobs sharing a CPU drift whenever one joins or
+    leaves, and each joint replan costs CPU time; None: the paper's, no limit)."""
 
     beta: float = 0.9
     threshold: float = 0.3
@@ -55,12 +59,15 @@ class UpdateSettings:
     # the paper corrects op latencies only. Where the copy thread shares cores with
     # compute (CPU), copies run slower than measured on an idle machine.
     copy_bandwidth: bool = False
+    max_plan_share: float | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 < self.beta <= 1.0:
             raise ValueError(f"UpdateSettings: beta must be in (0, 1], got {self.beta}")
         if self.threshold < 0.0:
             raise ValueError(f"UpdateSettings: threshold must be >= 0, got {self.threshold}")
+        if self.max_plan_share is not None and not 0.0 < self.max_plan_share <= 1.0:
+            raise ValueError(f"UpdateSettings: max_plan_share must be in (0, 1] or None, got {self.max_plan_share}")
 
 
 def ewma(old: Sequence[float], measured: Sequence[float], beta: float) -> list[float]:

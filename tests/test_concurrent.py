@@ -186,3 +186,18 @@ def test_concurrent_jobs_stay_within_a_budget_below_their_unscheduled_peaks():
     assert ms.ledger.peak_bytes >= max(peaks.values())
     assert sum(r.stats()["swaps"] for r in runners.values()) > 0   # room was made by swapping
     assert ms.ledger.current_bytes == 0 and ms.jobs() == []
+
+
+def test_jobs_with_the_same_architecture_share_one_capture():
+    m, data = model(64, 0), batches(3, 0)
+    first = ScheduledStep(copy.deepcopy(m), loss_fn, SPEC, job="first", share_graphs="mlp-64")
+    other = ScheduledStep(model(64, 1), loss_fn, SPEC, job="other", share_graphs="mlp-64")
+    wider = ScheduledStep(model(96, 0), loss_fn, SPEC, job="wider", share_graphs="mlp-64")
+    unshared = ScheduledStep(copy.deepcopy(m), loss_fn, SPEC, job="unshared")
+    graphs = [r.graphs.get(*data[0]) for r in (first, other, wider, unshared)]
+    assert graphs[0].gm is graphs[1].gm and graphs[1].job == "other" and other.graphs.shared_hits == 1
+    assert graphs[2].gm is not graphs[0].gm and graphs[3].gm is not graphs[0].gm   # other shapes; not shared
+    for x, y in data:
+        other.step(x, y)
+    other.finish()
+    assert all(torch.equal(p, q) for p, q in zip(other.model.parameters(), eager_params(model(64, 1), data)))

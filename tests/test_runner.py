@@ -17,6 +17,7 @@ from dbml.scheduler.planner import InfeasibleBudget
 from dbml.scheduler.runner import ScheduledStep
 from dbml.scheduler.sequence import EventKind, Phase
 from dbml.scheduler.step import EagerStep
+from dbml.scheduler.updating import UpdateSettings
 
 loss_fn = torch.nn.functional.cross_entropy
 TOLERANCE = 0.05   # predicted vs measured peak
@@ -226,3 +227,24 @@ def test_frozen_parameters_stay_frozen_like_eager():
     assert_same(got, want)
     assert torch.equal(sched[0].weight, model[0].weight)
     assert len(runner.optimizer_state()) == len(list(model.parameters())) - 1
+
+
+def test_prepare_plans_before_the_first_batch_from_shapes_alone():
+    spec = OptimizerSpec("adam", lr=0.01)
+    data = data_for(cnn, 3)
+    torch.manual_seed(0)
+    model = cnn()
+    eager, sched = copy.deepcopy(model), copy.deepcopy(model)
+    want = train(EagerStep(eager, loss_fn, spec), data)
+    runner = ScheduledStep(sched, loss_fn, spec, budget_bytes=vanilla_peak(cnn, spec, *data[0]) * 3 // 4,
+                           update=UpdateSettings(enabled=False))
+    x, y = data[0]
+    runner.prepare(torch.empty_like(x), torch.empty_like(y))
+    planned, seconds = runner.plans, runner.plan_seconds
+    assert len(planned) == 1 and next(iter(planned.values())).count(EventKind.SWAP_OUT) > 0
+    got = train(runner, data)
+    assert runner.plans == planned and runner.stats()["iterations"] == 3 and runner.iteration_plans[0] is \
+        next(iter(planned.values()))
+    assert seconds > 0 and runner.stats()["graphs"] == 1
+    assert_same(state_of(sched), state_of(eager))
+    assert_same(got, want)
