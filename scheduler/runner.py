@@ -209,17 +209,29 @@ class ScheduledStep:
         return key, self._graphs[key]
 
     def _build(self, captured: CapturedStep) -> _Graph:
+        from .planner import InfeasibleBudget, plan
         seq = build_sequence(captured, self.latency_model, self.job)
         passive = self.policy == "capuchin"
+        limit = None
         if passive:   # no plan: release after last use, evict against the budget
-            from .planner import plan
             the_plan = plan(seq, sys.maxsize, policy="none", settings=self.planner_settings)
         else:
-            the_plan = self._make_plan(seq)
+            try:
+                the_plan = self._make_plan(seq)
+            except InfeasibleBudget:
+                if not self._graphs or self.policy != "tensile":
+                    raise
+                # A further graph (the last, smaller batch: faster ops hide fewer copies)
+                # that no plan fits beside the other jobs: it runs in passive mode within
+                # the largest limit the job's planned graphs have, evicting on demand,
+                # and is planned again from what it measures (see _after_iteration).
+                limit = max(g.executor.budget or g.plan.peak_bytes for g in self._graphs.values())
+                the_plan = plan(seq, sys.maxsize, policy="none", settings=self.planner_settings)
+                passive = True
         self._reserve(seq, the_plan)
         executor = Executor(Program(captured, seq), the_plan, self.device, log=self.log,
-                            budget_bytes=self._limit(the_plan, passive), evict=passive,
-                            account=self.account)
+                            budget_bytes=limit if limit is not None else self._limit(the_plan, passive),
+                            evict=passive, account=self.account)
         return _Graph(executor, the_plan, seq, LatencyTracker(seq, self.update), passive)
 
     def _reserve(self, seq: AccessSequence, plan: Plan) -> None:

@@ -248,3 +248,31 @@ def test_prepare_plans_before_the_first_batch_from_shapes_alone():
     assert seconds > 0 and runner.stats()["graphs"] == 1
     assert_same(state_of(sched), state_of(eager))
     assert_same(got, want)
+
+
+def test_a_further_graph_no_plan_fits_runs_passively_within_the_jobs_limit():
+    """The last, smaller batch's graph may find no plan beside other jobs (its faster ops
+    hide fewer copies): it runs in passive mode, evicting on demand within the largest
+    limit the job's planned graphs have, and the job goes on, bit-identical."""
+    from dbml.scheduler.planner import plan
+    spec = OptimizerSpec("adam", lr=0.01)
+    data = data_for(mlp, 3, last=8)
+    torch.manual_seed(0)
+    model = mlp()
+    eager, sched = copy.deepcopy(model), copy.deepcopy(model)
+    want = train(EagerStep(eager, loss_fn, spec), data)
+    budget = vanilla_peak(mlp, spec, *data[0]) * 3 // 4
+
+    def planner(seq, calls=[]):   # noqa: B006 - counts the graphs planned
+        calls.append(seq)
+        if len(calls) > 1 and len(seq.ops) and seq.tensors != calls[0].tensors:
+            raise InfeasibleBudget(seq.job, budget // 10, budget)
+        return plan(seq, budget)
+
+    runner = ScheduledStep(sched, loss_fn, spec, planner=planner, update=UpdateSettings(enabled=False))
+    got = train(runner, data)
+    assert_same(state_of(sched), state_of(eager))
+    assert_same(got, want)
+    small = [g for g in runner._graphs.values() if g.passive]
+    assert len(small) == 1 and small[0].executor.budget == runner.plans[next(iter(runner.plans))].peak_bytes
+    assert runner.stats()["measured_peak_bytes"] <= budget
