@@ -54,7 +54,10 @@ paper's threshold on the relative change of their sum) is the caller's decision 
 runner's :mod:`.updating`). If no joint plan fits, it raises InfeasibleBudget and the
 plans stay (they still fit the budget: a plan's peak is a ledger bound the executor
 enforces, only its timing is stale); a drifted graph's new latencies are kept for the
-next replan (``failed_replans`` counts these), a new graph is not added.
+next replan (``failed_replans`` counts these), a new graph is not added. A drifted
+graph is first planned alone within its job's reservation (``local_drift``, the
+default): where that fits, no other job's plan changes, so a drift in one job costs one
+job's planning and no hand-over; only where it does not fit do all jobs replan jointly.
 
 Locks: planning runs under ``_plan_lock`` (one mutation at a time), results are
 published under ``_cond``'s lock, which readers (``plan_for``, ``version``,
@@ -147,16 +150,19 @@ class MemoryScheduler:
     ``settings.swap_rates`` / ``settings.max_swap_rate`` for it. ``strict_fifo``: waiting
     jobs are admitted strictly in arrival order (see the module docstring). ``ledger``:
     the device's :class:`~.memory.DeviceLedger`, where the runners of its jobs report
-    the memory they hold (``snapshot()["measured_peak_bytes"]``).
+    the memory they hold (``snapshot()["measured_peak_bytes"]``). ``local_drift``: a
+    drifted graph is first replanned alone within its job's reservation, the other
+    jobs' plans untouched (an extension; False: always the paper's joint replan).
     """
 
     def __init__(self, budget_bytes: int, settings: PlanSettings | None = None, *, strict_fifo: bool = False,
-                 ledger: DeviceLedger | None = None):
+                 ledger: DeviceLedger | None = None, local_drift: bool = True):
         if budget_bytes < 0:
             raise ValueError(f"MemoryScheduler(): budget_bytes must be >= 0, got {budget_bytes}")
         self.budget_bytes = int(budget_bytes)
         self.settings = settings or PlanSettings()
         self.strict_fifo = strict_fifo
+        self.local_drift = local_drift
         # what the jobs' executors hold together, measured (runners of hooked jobs report to it)
         self.ledger = ledger if ledger is not None else DeviceLedger()
         self._plan_lock = threading.Lock()     # one mutation (and its planning) at a time
@@ -169,6 +175,7 @@ class MemoryScheduler:
         self._version = 0                      # last version handed out (all jobs share the counter)
         self.replans = 0                       # joint plans published
         self.failed_replans = 0                # drift updates that found no joint plan
+        self.local_replans = 0                 # drift updates planned within the job's share
         self.plan_seconds = 0.0
 
     # -- registration ------------------------------------------------------------------
@@ -225,6 +232,12 @@ class MemoryScheduler:
                 return self._published[job].version
             new = current.with_graph(key, seq)
             jobs = {**self._jobs, job: new}
+            if key in current.graphs and self.local_drift:
+                local = self._replan_within_share(job, key, seq)
+                if local is not None:
+                    self._commit(jobs, local)
+                    self.local_replans += 1
+                    return self._published[job].version
             try:
                 solution = self._solve(jobs)
             except InfeasibleBudget:
@@ -237,6 +250,21 @@ class MemoryScheduler:
             self._commit(jobs, solution)
             self._admit_waiters()
             return self._published[job].version
+
+    def _replan_within_share(self, job: str, key: Hashable, seq: AccessSequence):
+        """A drifted graph planned alone within the job's reservation: the solution with
+        only that plan changed, or None if it does not fit there."""
+        jp = self._published[job]
+        t0 = time.perf_counter()
+        try:
+            new = plan(seq, jp.reserved_bytes, settings=self._settings(self._jobs))
+        except InfeasibleBudget:
+            return None
+        finally:
+            self.plan_seconds += time.perf_counter() - t0
+        solution = self._current_solution()
+        solution[job] = (jp.primary, {**jp.plans, key: new})
+        return solution
 
     def unregister(self, job: str) -> bool:
         """Remove a job (running or waiting); True if it was there. Call it once the job's

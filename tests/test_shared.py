@@ -13,7 +13,7 @@ import pytest
 from dbml.scheduler import shared
 from dbml.scheduler.planner import InfeasibleBudget, PlanSettings, plan, plan_jobs
 from dbml.scheduler.sequence import EventKind
-from dbml.scheduler.shared import MemoryScheduler, NotAdmitted, graph_key, shared_scheduler
+from dbml.scheduler.shared import MemoryScheduler, NotAdmitted, _named, graph_key, shared_scheduler
 
 from test_planner import bench_planning, chain, check_plan, make_seq
 
@@ -451,3 +451,18 @@ def test_module_doctest():
     import doctest
     result = doctest.testmod(shared)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_a_drift_is_replanned_within_the_jobs_share_first():
+    slow = dataclasses.replace(chain(), ops=tuple(dataclasses.replace(o, start=o.start * 2, end=o.end * 2)
+                                                  for o in chain().ops))
+    for local in (True, False):
+        ms = MemoryScheduler(250, local_drift=local)
+        ms.register("a", chain())
+        ms.register("b", fixed(140))
+        vb, replans, seconds = ms.version("b"), ms.replans, ms.plan_seconds
+        ms.update("a", slow)                       # slower ops hide the same copies: it fits its share
+        assert ms.plans("a").sequences[graph_key(slow)] == _named(slow, "a")
+        assert ms.version("b") == vb and ms.local_replans == int(local) and ms.replans == replans + 1
+        assert ms.plan_seconds > seconds
+        assert_within_budget(ms)
