@@ -4,7 +4,9 @@ One interface, two backends:
 
 * :class:`CpuDevice` — the device is the CPU. Its "device memory" is the executor's
   ledger; a swap-out really copies the storage into a separate host store (and the
-  device tensor is dropped), a swap-in copies it back into a fresh allocation.
+  device tensor is dropped), a swap-in copies it back into a fresh allocation. Host
+  buffers come from a pool allocated and touched ahead, as CUDA's pinned ones do: a
+  swap in the first iteration does not pay the page faults of fresh memory.
 * :class:`CudaDevice` — a GPU. Copies run on a side stream into pinned host buffers
   taken from a pool allocated ahead (never per swap); the copy waits on an event
   recorded on the compute stream after the trigger op; ``record_stream`` tells the
@@ -69,6 +71,38 @@ class Device:
     def reserve_host(self, sizes) -> None:
         """Allocate host buffers ahead for swaps of these sizes (bytes)."""
 
+
+class _HostPool:
+    """Host buffers by size, allocated ahead (``reserve_host``) and reused: a swap never
+    allocates host memory while an iteration runs, unless more are in use than were
+    reserved."""
+
+    pin = False
+
+    def _init_pool(self) -> None:
+        self._pool: dict[int, list[torch.Tensor]] = defaultdict(list)
+        self._pool_lock = threading.Lock()
+
+    def _new_host(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin)
+
+    def reserve_host(self, sizes) -> None:
+        for n in sizes:
+            buf = self._new_host(n)
+            buf.zero_()   # touch every page now, not in the first iteration's copy
+            self.free_host(buf)
+
+    def host_buffer(self, nbytes: int) -> torch.Tensor:
+        with self._pool_lock:
+            free = self._pool.get(nbytes)
+            if free:
+                return free.pop()
+        return self._new_host(nbytes)
+
+    def free_host(self, buf: torch.Tensor) -> None:
+        with self._pool_lock:
+            self._pool[buf.numel()].append(buf)
+
     def copy_out(self, src: torch.Tensor, marker) -> torch.Tensor:
         """On the copy thread: copy device bytes ``src`` to a new host buffer; return it
         once the copy has completed."""
@@ -94,14 +128,15 @@ class Device:
         pass
 
 
-class CpuDevice(Device):
+class CpuDevice(_HostPool, Device):
     type = "cpu"
 
     def __init__(self, device: torch.device | str = "cpu"):
         super().__init__(torch.device(device))
+        self._init_pool()
 
 
-class CudaDevice(Device):
+class CudaDevice(_HostPool, Device):
     """A CUDA GPU: side copy stream, pinned host pool, events, record_stream."""
 
     type = "cuda"
@@ -112,25 +147,8 @@ class CudaDevice(Device):
             raise ValueError(f"CudaDevice needs a cuda device, got {device}")
         super().__init__(device)
         self.pin = pin and torch.cuda.is_available()
-        self._pool: dict[int, list[torch.Tensor]] = defaultdict(list)
-        self._pool_lock = threading.Lock()
+        self._init_pool()
         self._copy_stream = torch.cuda.Stream(device) if torch.cuda.is_available() else None
-
-    # -- pinned pool ------------------------------------------------------------
-    def reserve_host(self, sizes) -> None:
-        for n in sizes:
-            self.free_host(torch.empty(n, dtype=torch.uint8, pin_memory=self.pin))
-
-    def host_buffer(self, nbytes: int) -> torch.Tensor:
-        with self._pool_lock:
-            free = self._pool.get(nbytes)
-            if free:
-                return free.pop()
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin)
-
-    def free_host(self, buf: torch.Tensor) -> None:
-        with self._pool_lock:
-            self._pool[buf.numel()].append(buf)
 
     # -- streams and events -----------------------------------------------------
     def compute_marker(self):
