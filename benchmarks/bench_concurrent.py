@@ -52,7 +52,7 @@ from bench_scheduler import eager_peak, make_batch, mlp, resnet  # noqa: E402
 from dbml.scheduler.estimate import RooflineModel  # noqa: E402
 from dbml.scheduler.memory import DeviceLedger  # noqa: E402
 from dbml.scheduler.optim import OptimizerSpec  # noqa: E402
-from dbml.scheduler.planner import InfeasibleBudget  # noqa: E402
+from dbml.scheduler.planner import InfeasibleBudget, PlanSettings  # noqa: E402
 from dbml.scheduler.predictor import load_predictor  # noqa: E402
 from dbml.scheduler.runner import ScheduledStep  # noqa: E402
 from dbml.scheduler.shared import MemoryScheduler  # noqa: E402
@@ -155,8 +155,8 @@ def unscheduled_global_peak(jobs: list[Job]) -> int:
     return ledger.peak_bytes
 
 
-def tensile_concurrent(jobs: list[Job], budget: int, lm) -> tuple[float, dict]:
-    ms = MemoryScheduler(budget)
+def tensile_concurrent(jobs: list[Job], budget: int, lm, margin: float = 0.0) -> tuple[float, dict]:
+    ms = MemoryScheduler(budget, PlanSettings(swap_in_margin=margin))
     stats: dict[str, dict] = {}
 
     def make(j):
@@ -189,7 +189,7 @@ def workloads(iters: int, seed: int, spread: float) -> dict[str, list[Job]]:
     return out
 
 
-def bench(jobs: list[Job], fraction: float, repeats: int, lm) -> dict:
+def bench(jobs: list[Job], fraction: float, repeats: int, lm, margin: float = 0.0) -> dict:
     vanilla = sum(j.vanilla for j in jobs)
     budget = int(fraction * vanilla)
     t0 = time.perf_counter()
@@ -201,10 +201,10 @@ def bench(jobs: list[Job], fraction: float, repeats: int, lm) -> dict:
         times["eager"].append(eager_concurrent(jobs))
         times["sequential"].append(eager_sequential(jobs))
         try:
-            seconds, st = tensile_concurrent(jobs, budget, lm)
+            seconds, st = tensile_concurrent(jobs, budget, lm, margin)
         except InfeasibleBudget as e:   # a job cannot fit even alone: the smallest budget it can
             budget, note = int(e.min_budget * 1.01), f"budget raised to 1.01 x the smallest feasible, {e}"
-            seconds, st = tensile_concurrent(jobs, budget, lm)
+            seconds, st = tensile_concurrent(jobs, budget, lm, margin)
         times["tensile"].append(seconds)
         runs.append(st)
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -233,6 +233,8 @@ def main(argv=None) -> int:
     ap.add_argument("--spread", type=float, default=2.0, help="mixed workload: launch times within this many s")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--only", default="", help="comma-separated workload names (e.g. 'mixed')")
+    ap.add_argument("--margin", type=float, default=0.0,
+                    help="PlanSettings.swap_in_margin, seconds (the paper's: 0)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     predictor = load_predictor("cpu")
@@ -242,11 +244,12 @@ def main(argv=None) -> int:
     for name, jobs in workloads(args.iters, args.seed, args.spread).items():
         if args.only and name not in args.only.split(","):
             continue
-        rows[name] = bench(jobs, args.budget, args.repeats, lm)
+        rows[name] = bench(jobs, args.budget, args.repeats, lm, args.margin)
         r = rows[name]
         print(f"{name}: done ({r['times']['tensile']:.1f} s tensile)", file=sys.stderr)
     print(f"CPU, Adam, {args.iters} iterations per job, {args.threads} thread(s), median of {args.repeats} "
           f"interleaved rounds; budget {args.budget:.0%} of the sum of vanilla peaks; latencies: {how}; "
+          f"swap-in margin {args.margin * 1e3:g} ms; "
           f"load average {load0:.2f} -> {os.getloadavg()[0]:.2f}")
     mix = ", ".join(f"{j.kind}@{j.start:.2f}s" for j in workloads(1, args.seed, args.spread)["mixed"])
     print(f"mixed: {mix}")
