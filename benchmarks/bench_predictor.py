@@ -12,7 +12,9 @@ of a held-out shape is held out). Both models are fitted on the training rows on
 * baseline  per op kind, least squares ``log t ~ a + b log FLOPs + c log bytes + d util``.
 
 Per op kind, on the held-out rows: R^2 of log-latency, median relative error
-|pred - t| / t. Then the same per load level, and the goals: R^2 >= 0.95 for mm, addmm,
+|pred - t| / t; for the two convolution kinds also on the held-out shapes from captured
+training steps alone (calibration adds conv layers probed on their own, which share the
+split). Then the same per load level, and the goals: R^2 >= 0.95 for mm, addmm,
 bmm, convolution and convolution_backward; median relative error <= 20% over all held-out
 rows; the MLP's R^2 above the baseline's on every compute-heavy kind (those with FLOPs);
 model <= 5 MB. Results also go to benchmarks/out/predictor.json.
@@ -57,12 +59,19 @@ def evaluate(predictor) -> dict:
     s = predictor.samples
     train, test = split_heldout(s)
     kinds, log_t, pred, base = predictions(predictor, s, test)
+    test_rows = [i for i in test if s.kinds[i] in predictor.vocab]   # the rows predictions() kept
     compute_heavy = {s.kinds[i] for i in range(len(s)) if s.features[i][LOG_FLOPS] > 0}
     per_kind = {}
     for kind in sorted(set(kinds)):
         pick = lambda i, k: k == kind  # noqa: E731
         per_kind[kind] = _metrics(*(_select(v, kinds, pick) for v in (log_t, pred, base)))
         per_kind[kind].update(samples=s.kinds.count(kind), compute_heavy=kind in compute_heavy)
+    # Convolutions are also probed on their own (calibrate.ConvProbes); the same figures
+    # on the held-out shapes that came from captured training steps only:
+    for kind in ("aten.convolution.default", "aten.convolution_backward.default"):
+        if kind in per_kind:
+            pick = lambda i, k: k == kind and not s.probe[test_rows[i]]  # noqa: E731
+            per_kind[kind]["captured"] = _metrics(*(_select(v, kinds, pick) for v in (log_t, pred, base)))
     levels = [s.level[i] for i in test if s.kinds[i] in predictor.vocab]
     per_level = {}
     for level in sorted(set(levels)):
@@ -95,6 +104,11 @@ def print_table(result: dict, predictor) -> None:
         print(f"{kind[5:]:41}{star} {m['samples']:5d} {m['n']:5d} {m['r2']:7.3f} {m['base_r2']:7.3f} "
               f"{m['med_rel']:7.1%} {m['base_med_rel']:7.1%}")
     print("(* compute-heavy: has FLOPs.  R2 of log-latency on held-out shapes.)")
+    for kind, m in result["per_kind"].items():
+        if "captured" in m:
+            c = m["captured"]
+            print(f"{kind[5:] + ', captured steps only':41}  {'':5} {c['n']:5d} {c['r2']:7.3f} {c['base_r2']:7.3f} "
+                  f"{c['med_rel']:7.1%} {c['base_med_rel']:7.1%}")
     print(f"\n{'load level':>10} {'util':>6} {'held':>6} {'R2':>7} {'baseR2':>7} {'medrel':>7} {'baseMR':>7}")
     for level, m in result["per_level"].items():
         print(f"{level:10.2f} {m['util']:6.2f} {m['n']:6d} {m['r2']:7.3f} {m['base_r2']:7.3f} "
@@ -103,7 +117,8 @@ def print_table(result: dict, predictor) -> None:
     print(f"{'all':>10} {'':6} {o['n']:6d} {o['r2']:7.3f} {o['base_r2']:7.3f} {o['med_rel']:7.1%} "
           f"{o['base_med_rel']:7.1%}")
     meta = predictor.meta
-    print(f"\nsamples {meta['samples']} from {meta['models']} models; train rows {result['train_rows']}, "
+    print(f"\nsamples {meta['samples']} from {meta['models']} models and {meta['probe_samples']} from conv probes; "
+          f"train rows {result['train_rows']}, "
           f"held-out rows {result['heldout_rows']} ({result['heldout_shapes']} shapes, disjoint: "
           f"{result['disjoint']}); calibration {meta['calibration_seconds']:.1f} s; "
           f"model {predictor.model_bytes / 1e3:.0f} kB")
@@ -139,8 +154,8 @@ def main() -> None:
     out.mkdir(exist_ok=True)
     (out / "predictor.json").write_text(json.dumps(
         {"quick": args.quick, "threads": args.threads, "goals": met, "model_bytes": predictor.model_bytes,
-         "meta": {k: v for k, v in predictor.meta.items() if k in ("fingerprint", "calibration_seconds",
-                                                                     "samples", "models", "copy_bandwidth")},
+         "meta": {k: v for k, v in predictor.meta.items() if k in ("fingerprint", "calibration_seconds", "samples",
+                                                                     "models", "probe_samples", "copy_bandwidth")},
          **{k: v for k, v in result.items() if k != "per_level"},
          "per_level": {str(k): v for k, v in result["per_level"].items()}}, indent=1))
 

@@ -7,22 +7,29 @@ spread of small models (MLPs, CNNs with BatchNorm and pooling, embedding + Layer
 attention), captures each training step with :func:`~.capture.capture` (forward,
 backward and the SGD/Adam/AdamW update: the same aten ops, arguments and strides a job's
 graph will hold), runs it once for real, and times every kernel node with the arguments
-it really received, under several levels of background load.
+it really received, under several levels of background load. Convolutions, whose
+latency has the most parameters, are also probed on their own (:class:`ConvProbes`):
+layers drawn as the CNNs draw them, called forward and backward as a step calls them.
 
 * Load: :class:`LoadGenerator`, threads doing matrix products (the background a dbml
   job sees: other jobs' threads); level 0.5 on a 2-core CPU is one busy thread, 1.0 two.
   The load actually present, other processes included, is read with
   :func:`~.utilisation.device_utilisation` in an idle window before each model is timed
-  at each level, and that reading is the sample's load feature.
+  at each level; the median of those readings over the passes is the sample's load
+  feature. Capture and the step's re-runs happen at level 0 (they are not timed).
 * Timing: the mean over a block of calls lasting at least :data:`MIN_BLOCK_S` (a whole
-  load period under a duty-cycled load, so the block sees its average); the min over
-  ``plan.passes`` passes spread over the whole run (bursts of load from other processes
-  last seconds: back-to-back repeats would all fall into the same one). On CUDA blocks
-  are timed with events: the block mean is the kernel's throughput latency.
+  load period under a duty-cycled load, so the block sees its average), the block sized
+  from a warm call; ``plan.blocks`` blocks per pass, in ``plan.passes`` passes spread over
+  the whole run (bursts of load from other processes last seconds: back-to-back repeats
+  would all fall into the same one), and the :data:`LATENCY_QUANTILE` of them all. On a
+  shared 2-core machine one block varies by 1.5x to 10x; a low quantile of many is
+  steadier than their min (split-half spread of log latency 0.18 against 0.31 over 8
+  passes). On CUDA blocks are timed with events: the block mean is the kernel's
+  throughput latency.
 * Copies: host->device and device->host bandwidth (pinned host memory on CUDA).
 * A time budget per plan: a busy machine gets fewer samples, not a longer calibration.
 
-``calibrate(quick=True)`` fits in about 30 s on a 2-core CPU, the full one in about 3 min.
+``calibrate(quick=True)`` takes about 20 s on a 2-core CPU, the full one about 2.5 min.
 """
 
 from __future__ import annotations
@@ -30,13 +37,16 @@ from __future__ import annotations
 import math
 import os
 import random
+import statistics
 import threading
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .capture import capture, init_state
 from .estimate import Machine
@@ -46,15 +56,21 @@ from .predictor import Predictor, Samples, fit_predictor, load_predictor
 from .utilisation import device_utilisation
 
 __all__ = ["calibrate", "load_or_calibrate", "collect_samples", "LoadGenerator", "Workload",
-           "workloads", "measure_copy_bandwidth", "time_call", "Plan", "PLANS", "machine_from"]
+           "workloads", "ConvProbes", "ConvLayer", "measure_copy_bandwidth", "time_call", "Plan", "PLANS",
+           "machine_from"]
 
 Progress = Callable[[int, int, str], None]   # (done, total, stage)
 
 LOAD_PERIOD_S = 0.002      # one on/off cycle of a duty-cycled load unit
-MIN_BLOCK_S = 2e-4         # a timed block lasts at least this: timer and loop overhead
+MIN_BLOCK_S = 1e-4         # a timed block lasts at least this: timer and loop overhead
 REPEATS = 3                # min over this many timed blocks (copy bandwidth)
+LATENCY_QUANTILE = 0.25    # an op's latency: this quantile of its timed blocks (see collect_samples)
 MAX_BLOCK_CALLS = 200
-SETTLE_S = 0.01            # after changing the load level, before reading utilisation
+SETTLE_S = 0.005           # after changing the load level (its threads see it within a period)
+# Utilisation is read once per workload, level and pass, and a sample gets the median over
+# its passes: a shorter window than a prediction's (utilisation.CPU_WINDOW_S) suffices,
+# and at 50 ms the readings took a third of the timing passes.
+UTIL_WINDOW_S = 0.01
 TRAIN_TICKS = 20           # progress steps given to training
 
 
@@ -70,15 +86,17 @@ class Plan:
     steps: int
     copy_sizes: tuple[int, ...]
     flops_cap: float       # FLOPs of one training step, on CPU; CUDA scales it
-    passes: int = 3        # timed passes over every op (min kept), spread over the run
+    passes: int = 3        # timed passes over every op, spread over the run
+    conv_probes: int = 0   # conv layers timed on their own (see ConvProbes)
+    blocks: int = 3        # timed blocks per op and pass, back to back
     seconds: float = math.inf
     timing_share: float = 0.75
 
 
 PLANS = {
-    "full": Plan(models=9, levels=(0.0, 0.5, 1.0), steps=3000, passes=8,
-                 copy_sizes=(1 << 18, 1 << 22, 1 << 25), flops_cap=1e9, seconds=170),
-    "quick": Plan(models=2, levels=(0.0, 1.0), steps=1200, passes=3,
+    "full": Plan(models=9, levels=(0.0, 0.5, 1.0), steps=3000, passes=8, blocks=2, conv_probes=300,
+                 copy_sizes=(1 << 18, 1 << 22, 1 << 25), flops_cap=1e9, seconds=170, timing_share=0.8),
+    "quick": Plan(models=2, levels=(0.0, 1.0), steps=1500, passes=4, blocks=2, conv_probes=50,
                   copy_sizes=(1 << 18, 1 << 22), flops_cap=3e8, seconds=27),
 }
 CUDA_SCALE = 8             # CUDA models: batches CUDA_SCALE times larger, FLOPs cap 100x
@@ -238,9 +256,67 @@ FAMILIES = (_mlp, _cnn, _attention, _cnn)
 OPTIMIZER_CYCLE = ("adam", "sgd", "adamw")
 
 
-def workloads(plan: Plan, device: str | torch.device = "cpu", seed: int = 0) -> list[Workload]:
+@dataclass(frozen=True)
+class ConvLayer:
+    """One convolution layer of a CNN training step: its forward and its backward (input
+    gradient only where the layer is not the first) are timed without capturing a model."""
+
+    batch: int
+    channels: int
+    size: int
+    out: int
+    kernel: int
+    stride: int
+    input_grad: bool
+
+    @property
+    def out_size(self) -> int:
+        return (self.size + 2 * (self.kernel // 2) - self.kernel) // self.stride + 1
+
+
+@dataclass(frozen=True)
+class ConvProbes:
+    """Conv layers timed on their own. The full plan's 18 CNNs give some 60 convolution
+    shapes, against six parameters (batch, channels in and out, image, kernel, stride) and
+    a backend switch (oneDNN or im2col + GEMM, by batch and kernel): their held-out R^2
+    swung from 0.4 to 0.9 with the split. Capturing a model costs about a second; a
+    probe's preparation, a few milliseconds."""
+
+    layers: tuple[ConvLayer, ...]
+    describe: str
+
+
+PROBES_PER_BATCH = 25     # probes share a load level's settling and utilisation reading
+# A probe's forward FLOPs are log-uniform from PROBE_MIN_FLOPS to the step FLOPs cap over
+# PROBE_FLOPS_SHARE: the range the captured CNNs' layers span (2 to 5 layers a step, each
+# forward, input and weight gradient). Probes only up to a 250th of the cap (the
+# expensive end) covered half that range in log FLOPs: held-out R^2 fell with the spread.
+PROBE_MIN_FLOPS = 1e3
+PROBE_FLOPS_SHARE = 16
+
+
+def _conv_layer(rng: random.Random, flops: float, scale: int) -> ConvLayer:
+    """A layer as :func:`_cnn` draws them, at a depth after 0 to 2 poolings (redrawn while
+    one example takes over ``flops`` forward FLOPs), its batch bringing it to ``flops``."""
+    while True:
+        first = rng.random() < 0.3
+        size = max(1, rng.choice([4, 8, 12, 16, 24, 32, 48]) // 2 ** (0 if first else rng.randint(0, 2)))
+        channels = rng.choice([1, 3, 8, 16]) if first else _log_int(rng, 4, 128)
+        out, kernel = _log_int(rng, 4, 128), rng.choice([1, 3, 3, 5])
+        stride = 2 if size >= 8 and rng.random() < 0.3 else 1
+        hw = (size + 2 * (kernel // 2) - kernel) // stride + 1
+        per_example = 2 * out * channels * kernel * kernel * hw * hw
+        if per_example <= flops:
+            break
+    most = max(1, int(ACTIVATION_CAP * scale / (4 * 3 * (channels * size * size + out * hw * hw))))
+    return ConvLayer(_batch_for(flops, per_example, min(512 * scale, most)), channels, size, out, kernel, stride,
+                     not first)
+
+
+def workloads(plan: Plan, device: str | torch.device = "cpu", seed: int = 0) -> list[Workload | ConvProbes]:
     """``plan.models`` random models per family, seeded, each sized to a step of FLOPs
-    drawn log-uniformly up to the plan's cap."""
+    drawn log-uniformly up to the plan's cap; ``plan.conv_probes`` conv layers in batches
+    spread among them (a deadline cuts both alike)."""
     cuda = torch.device(device).type == "cuda"
     scale, cap = (CUDA_SCALE, plan.flops_cap * 100) if cuda else (1, plan.flops_cap)
     rng, out = random.Random(seed), []
@@ -248,6 +324,13 @@ def workloads(plan: Plan, device: str | torch.device = "cpu", seed: int = 0) -> 
         target = math.exp(rng.uniform(math.log(MIN_STEP_FLOPS), math.log(cap)))
         w = FAMILIES[i % len(FAMILIES)](rng, target, scale)
         out.append(Workload(w.family, w.model, w.x, w.y, OPTIMIZER_CYCLE[i % 3], w.describe))
+    rng = random.Random(f"conv probes {seed}")   # the models above do not depend on the probes
+    batches = math.ceil(plan.conv_probes / PROBES_PER_BATCH)
+    for b in range(batches):
+        n = min(PROBES_PER_BATCH, plan.conv_probes - b * PROBES_PER_BATCH)
+        flops = [math.exp(rng.uniform(math.log(PROBE_MIN_FLOPS), math.log(cap / PROBE_FLOPS_SHARE))) for _ in range(n)]
+        probes = ConvProbes(tuple(_conv_layer(rng, f, scale) for f in flops), f"conv probes {b + 1}/{batches}")
+        out.insert(round((b + 1) * len(out) / (batches + 1)), probes)
     return out
 
 
@@ -265,14 +348,17 @@ def time_call(fn, args, kwargs, device: torch.device, repeats: int = REPEATS,
 
 
 def _block_calls(fn, args, kwargs, device: torch.device, block_s: float) -> int:
-    """Calls per timed block, from one warm-up call: a block lasts at least ``block_s``."""
+    """Calls per timed block, from the second of two calls (the first, cold one pays for
+    caches, the allocator and kernel selection: sized by it, a 20 us convolution got
+    one-call blocks): a block lasts at least ``block_s``."""
     sync = _synchronizer(device)
+    fn(*args, **kwargs)
     sync()
     t0 = time.perf_counter()
     fn(*args, **kwargs)
     sync()
-    first = time.perf_counter() - t0
-    return max(1, min(MAX_BLOCK_CALLS, math.ceil(block_s / max(first, 1e-7))))
+    warm = time.perf_counter() - t0
+    return max(1, min(MAX_BLOCK_CALLS, math.ceil(block_s / max(warm, 1e-7))))
 
 
 def _block(fn, args, kwargs, calls: int, device: torch.device) -> float:
@@ -306,16 +392,18 @@ class _Recorder(fx.Interpreter):
 
 @dataclass
 class _Prepared:
-    """A workload captured once, with its inputs and the kernel nodes it adds."""
+    """Calls to time, each pass afresh: a captured workload's kernel nodes, or probes."""
 
-    workload: Workload
-    gm: fx.GraphModule
-    inputs: list[torch.Tensor]
-    nodes: list[tuple[fx.Node, str, list[float]]]   # (node, kind, features), new shapes only
-    blocks: dict[tuple[int, float], int]            # (node index, level) -> calls per block
+    describe: str
+    nodes: list[tuple[str, list[float]]]        # (kind, features), new shapes only
+    calls: Callable[[], list[tuple]]            # -> (target, args, kwargs) per node
+    blocks: dict[tuple[int, float], int]        # (node index, level) -> calls per block
+    probe: bool = False
 
 
-def _prepare(w: Workload, device: torch.device, seen: set) -> _Prepared:
+def _prepare(w: Workload | ConvProbes, device: torch.device, seen: set) -> _Prepared:
+    if isinstance(w, ConvProbes):
+        return _prepare_probes(w, device, seen)
     torch.manual_seed(0)
     model = w.model().to(device)
     x, y = w.x().to(device), w.y().to(device)
@@ -324,21 +412,72 @@ def _prepare(w: Workload, device: torch.device, seen: set) -> _Prepared:
     params = [p.detach().clone() for p in model.parameters()]
     inputs = params + [b.detach().clone() for b in model.buffers()]
     inputs += [t for p in params for t in init_state(spec, p).values()] + [x, y]
-    nodes = []
-    for node in step.gm.graph.nodes:
-        kind = op_kind(node)
-        if kind is not None and (kind, tuple(f := op_features(node))) not in seen:
-            seen.add((kind, tuple(f)))
-            nodes.append((node, kind, f))
-    return _Prepared(w, step.gm, inputs, nodes, {})
+    new = [(node, key) for node in step.gm.graph.nodes if (key := _new_shape(node, seen)) is not None]
+    return _Prepared(w.describe, [key for _, key in new], lambda: _calls(step.gm, inputs, [n for n, _ in new]), {})
 
 
-def _calls(prep: _Prepared) -> list[tuple]:
-    """(target, args, kwargs) of the prepared nodes, from a fresh real run of the step."""
-    recorder = _Recorder(prep.gm, {n for n, _, _ in prep.nodes})
+def _new_shape(node: fx.Node, seen: set) -> tuple[str, list[float]] | None:
+    """(kind, features) of ``node`` if it is a kernel of a shape calibration has not timed
+    yet (adding it to ``seen``), else None."""
+    kind = op_kind(node)
+    if kind is None or (kind, tuple(f := op_features(node))) in seen:
+        return None
+    seen.add((kind, tuple(f)))
+    return kind, f
+
+
+def _calls(gm: fx.GraphModule, inputs: list[torch.Tensor], nodes: list[fx.Node]) -> list[tuple]:
+    """(target, args, kwargs) of ``nodes``, from a fresh real run of the step."""
+    recorder = _Recorder(gm, set(nodes))
     with torch.no_grad():
-        recorder.run(*prep.inputs)
-    return [(n.target, *recorder.calls[n]) for n, _, _ in prep.nodes]
+        recorder.run(*inputs)
+    return [(n.target, *recorder.calls[n]) for n in nodes]
+
+
+CONV = torch.ops.aten.convolution.default
+CONV_BACKWARD = torch.ops.aten.convolution_backward.default
+
+
+def _conv_calls(layer: ConvLayer, tensor: Callable[[tuple[int, ...]], torch.Tensor]) -> list[tuple]:
+    """(target, args) of ``layer``'s forward and backward, as a captured step calls them
+    (bias, padding ``kernel // 2``); ``tensor(shape)`` makes the tensors."""
+    n, c, s, o, k, st = layer.batch, layer.channels, layer.size, layer.out, layer.kernel, layer.stride
+    geometry = ([st, st], [k // 2, k // 2], [1, 1], False, [0, 0], 1)
+    x, w = tensor((n, c, s, s)), tensor((o, c, k, k))
+    grad = tensor((n, o, layer.out_size, layer.out_size))
+    return [(CONV, (x, w, tensor((o,)), *geometry)),
+            (CONV_BACKWARD, (grad, x, w, [o], *geometry, [layer.input_grad, True, True]))]
+
+
+def _prepare_probes(probes: ConvProbes, device: torch.device, seen: set) -> _Prepared:
+    """Featurise each probe call from an fx node over fake tensors, as capture makes them
+    (so a probe and a captured node of one shape have one feature vector)."""
+    mode = FakeTensorMode()
+    with mode:
+        fake = [call for layer in probes.layers
+                for call in _conv_calls(layer, lambda shape: torch.empty(shape, device=device))]
+    keep = []
+    for index, (target, args) in enumerate(fake):
+        graph = fx.Graph()
+        node = graph.call_function(target, fx.node.map_aggregate(
+            args, lambda v: _placeholder(graph, v) if isinstance(v, torch.Tensor) else v))
+        with mode:
+            node.meta["val"] = target(*args)
+        if (key := _new_shape(node, seen)) is not None:
+            keep.append((index, key))
+
+    def calls() -> list[tuple]:
+        made = [call for layer in probes.layers
+                for call in _conv_calls(layer, lambda shape: torch.randn(shape, device=device))]
+        return [(*made[index], {}) for index, _ in keep]
+
+    return _Prepared(probes.describe, [key for _, key in keep], calls, {}, probe=True)
+
+
+def _placeholder(graph: fx.Graph, value: torch.Tensor) -> fx.Node:
+    node = graph.placeholder(f"arg{len(graph.nodes)}")
+    node.meta["val"] = value
+    return node
 
 
 # -- copies --------------------------------------------------------------------------------------
@@ -377,10 +516,11 @@ def _line(sizes: tuple[int, ...], times: list[float]) -> tuple[float, float]:
 # -- calibration ----------------------------------------------------------------------------------
 
 def collect_samples(device: str | torch.device = "cpu", plan: Plan = PLANS["quick"],
-                    work: list[Workload] | None = None, progress: Progress | None = None,
+                    work: list[Workload | ConvProbes] | None = None, progress: Progress | None = None,
                     deadline: float = math.inf) -> Samples:
     """Time every distinct kernel call of every workload's training step at every load
-    level, in ``plan.passes`` passes over all workloads; keep each op's fastest pass.
+    level, in ``plan.passes`` passes over all workloads of ``plan.blocks`` blocks per op
+    each; an op's latency is the :data:`LATENCY_QUANTILE` of all its blocks.
 
     The passes over an op are spread over the whole calibration instead of back to back:
     on a shared machine, load from other processes comes in bursts of seconds, which
@@ -389,7 +529,8 @@ def collect_samples(device: str | torch.device = "cpu", plan: Plan = PLANS["quic
     device = torch.device(device)
     work = work if work is not None else workloads(plan, device)
     preps: list[_Prepared] = []
-    best: dict[tuple[int, int, float], tuple[float, float]] = {}   # (prep, node, level) -> (t, util)
+    times: dict[tuple[int, int, float], list[float]] = defaultdict(list)   # (prep, node, level) -> blocks
+    utils: dict[tuple[int, float], list[float]] = defaultdict(list)        # (prep, level) -> readings
     seen: set = set()
     total = len(work) * plan.passes
     with LoadGenerator(device) as load:
@@ -397,40 +538,49 @@ def collect_samples(device: str | torch.device = "cpu", plan: Plan = PLANS["quic
             for i, w in enumerate(work):
                 if time.perf_counter() > deadline and (p > 0 or i > 0):
                     break
+                load.level = 0.0   # capture and the step's re-run are not timed: no need to slow them
                 if p == 0:
                     preps.append(_prepare(w, device, seen))
                 if i < len(preps):
-                    _time_pass(preps[i], i, load, plan.levels, best, first=p % len(plan.levels))
+                    _time_pass(preps[i], i, load, plan, times, utils, first=p % len(plan.levels))
                 if progress is not None:
                     progress(p * len(work) + i + 1, total, f"pass {p + 1}/{plan.passes}: {w.describe}")
-    samples = Samples(workloads=len(preps))
-    for (i, j, level), (t, util) in sorted(best.items()):
-        _, kind, f = preps[i].nodes[j]
-        samples.add(kind, f, util, t, level)
+    samples = Samples(workloads=sum(not p.probe for p in preps))
+    for (i, j, level), blocks in sorted(times.items()):
+        kind, f = preps[i].nodes[j]
+        samples.add(kind, f, statistics.median(utils[i, level]), _quantile(blocks, LATENCY_QUANTILE), level,
+                    probe=preps[i].probe)
     return samples
 
 
-def _time_pass(prep: _Prepared, i: int, load: LoadGenerator, levels: tuple[float, ...],
-               best: dict, first: int) -> None:
-    """One timed block of every node of ``prep`` at every load level, starting at level
-    index ``first`` (rotated per pass: the level timed right after the step's re-run,
-    with cold caches, changes); update ``best``."""
-    calls = _calls(prep)
-    for level in levels[first:] + levels[:first]:
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[round(q * (len(ordered) - 1))]
+
+
+def _time_pass(prep: _Prepared, i: int, load: LoadGenerator, plan: Plan, times: dict, utils: dict,
+               first: int) -> None:
+    """``plan.blocks`` timed blocks of every node of ``prep`` at every load level,
+    starting at level index ``first`` (rotated per pass: the level timed right after the
+    step's re-run, with cold caches, changes). A short node's blocks, and the first
+    node's after the settling sleep, follow one untimed call: without it a 20 us
+    convolution timed 300 us. A node of one call per block needs none (measured: its
+    cold call is as fast), and the untimed call would cost as much as a block."""
+    calls = prep.calls()
+    levels = plan.levels[first:] + plan.levels[:first]
+    for level in levels:
         load.level = level
         time.sleep(SETTLE_S)
-        util = device_utilisation(load.device)
+        utils[i, level].append(device_utilisation(load.device, window=UTIL_WINDOW_S))
         # Under a duty-cycled load a block spans whole periods: it sees the average.
         block_s = MIN_BLOCK_S if load.steady else LOAD_PERIOD_S
         for j, (fn, args, kwargs) in enumerate(calls):
-            if (j, level) not in prep.blocks:
+            if (j, level) not in prep.blocks:   # sizing the block makes the untimed call
                 prep.blocks[j, level] = _block_calls(fn, args, kwargs, load.device, block_s)
-            n = prep.blocks[j, level]
-            if n > 1:  # a short op: one untimed call first (caches, allocator, kernel selection)
+            elif j == 0 or prep.blocks[j, level] > 1:
                 fn(*args, **kwargs)
-            t = _block(fn, args, kwargs, n, load.device)
-            if t < best.get((i, j, level), (math.inf, 0.0))[0]:
-                best[i, j, level] = (t, util)
+            n = prep.blocks[j, level]
+            times[i, j, level].extend(_block(fn, args, kwargs, n, load.device) for _ in range(plan.blocks))
 
 
 def machine_from(samples: Samples, copies: dict[str, float]) -> Machine:
@@ -443,8 +593,8 @@ def machine_from(samples: Samples, copies: dict[str, float]) -> Machine:
 
 
 def calibrate(device: str | torch.device = "cpu", quick: bool = False, progress: Progress | None = None,
-              *, save: bool = True, plan: Plan | None = None, work: list[Workload] | None = None,
-              seed: int = 0) -> Predictor:
+              *, save: bool = True, plan: Plan | None = None,
+              work: list[Workload | ConvProbes] | None = None, seed: int = 0) -> Predictor:
     """Measure this device and train its predictor; saved under the cache dir unless
     ``save=False``. ``progress(done, total, stage)`` is called as the work advances
     (``done == total`` once, at the end)."""
@@ -468,7 +618,8 @@ def calibrate(device: str | torch.device = "cpu", quick: bool = False, progress:
                                                            "training"))
     predictor.meta.update(calibration_seconds=time.perf_counter() - t0, samples=len(samples),
                           plan=name if plan is PLANS[name] else "custom",
-                          models=samples.workloads, workloads_planned=len(work))
+                          models=samples.workloads, probe_samples=sum(samples.probe),
+                          workloads_planned=sum(isinstance(w, Workload) for w in work))
     if save:
         predictor.save()
     report(total, "done")

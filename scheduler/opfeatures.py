@@ -11,7 +11,14 @@
 * ``log2(1 + numel)`` of the output(s), ``log2`` of the element size;
 * the op's non-tensor arguments (stride, padding, kernel size, dims, flags, scalars)
   flattened in schema order into :data:`MAX_PARAMS` slots as ``sign(x) log2(1 + |x|)``;
-* ``log2(1 + FLOPs)`` and ``log2(1 + bytes)`` from :mod:`.estimate`'s formulas.
+* ``log2(1 + FLOPs)`` and ``log2(1 + bytes)`` from :mod:`.estimate`'s formulas;
+* for a convolution or its backward, its geometry spelled out (:func:`conv_features`):
+  batch, channels in and out per group, output and input pixels, kernel pixels, stride,
+  groups, which gradients a backward computes (its ``output_mask``), the GEMM depth
+  ``channels x kernel``, and whether a vendor library (oneDNN, cuDNN) runs it. The generic
+  slots above hold all but the last only implicitly (dimensions of three tensors,
+  parameters in schema order), and a few hundred training shapes cannot teach the MLP
+  to decode them; zeros for every other op.
 
 Device utilisation is not part of this vector: it is a property of the moment of
 prediction, appended by the predictor. Every feature comes from ``node.meta["val"]`` of
@@ -28,17 +35,22 @@ import torch.fx as fx
 
 from .estimate import node_bytes, node_flops
 
-__all__ = ["op_kind", "op_features", "FEATURE_NAMES", "N_FEATURES", "LOG_FLOPS", "LOG_BYTES"]
+__all__ = ["op_kind", "op_features", "conv_features", "FEATURE_NAMES", "N_FEATURES", "LOG_FLOPS",
+           "LOG_BYTES"]
 
 MAX_TENSORS = 3
 MAX_DIMS = 4
 MAX_PARAMS = 14  # convolution_backward has 14 (bias sizes .. groups, output_mask)
 
+CONV_FEATURES = ["conv_batch", "conv_in_channels", "conv_out_channels", "conv_out_pixels", "conv_in_pixels",
+                 "conv_kernel", "conv_stride", "conv_groups", "conv_grad_input", "conv_grad_weight",
+                 "conv_grad_bias", "conv_gemm_depth", "conv_library"]
 FEATURE_NAMES = ([f"t{t}_d{d}" for t in range(MAX_TENSORS) for d in range(MAX_DIMS)]
                  + [f"t{t}_contiguous" for t in range(MAX_TENSORS)]
                  + ["out_numel", "elem_size"]
                  + [f"param{p}" for p in range(MAX_PARAMS)]
-                 + ["log_flops", "log_bytes"])
+                 + ["log_flops", "log_bytes"]
+                 + CONV_FEATURES)
 N_FEATURES = len(FEATURE_NAMES)
 LOG_FLOPS = FEATURE_NAMES.index("log_flops")
 LOG_BYTES = FEATURE_NAMES.index("log_bytes")
@@ -103,4 +115,40 @@ def op_features(node: fx.Node) -> list[float]:
     params = [p for p in (_param(a) for a in args if not isinstance(a, torch.Tensor)) if p is not None]
     params = (params + [0.0] * MAX_PARAMS)[:MAX_PARAMS]
     return (dims + contiguous + [math.log2(1 + out_numel), math.log2(elem)] + params
-            + [math.log2(1 + node_flops(node)), math.log2(1 + node_bytes(node))])
+            + [math.log2(1 + node_flops(node)), math.log2(1 + node_bytes(node))] + conv_features(node))
+
+
+CONVOLUTIONS = (torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default)
+# Kernels of vendor libraries among torch's convolution backends (the rest are its own
+# im2col + GEMM and depthwise kernels).
+LIBRARY_BACKENDS = ("Mkldnn", "Cudnn", "Miopen")
+
+
+def conv_features(node: fx.Node) -> list[float]:
+    """The :data:`CONV_FEATURES` of ``node`` (zeros unless it is a convolution or its
+    backward): log2(1 + x) of sizes, flags as 0/1."""
+    backward = node.target is CONVOLUTIONS[1]
+    if node.target not in CONVOLUTIONS or len(node.args) < (11 if backward else 9):   # all positional in aten graphs
+        return [0.0] * len(CONV_FEATURES)
+    args = [_val(a) for a in node.args]
+    x, w = args[1:3] if backward else args[0:2]
+    stride, padding, dilation, transposed, output_padding, groups = args[4:10] if backward else args[3:9]
+    out = args[0] if backward else _val(node)
+    mask = args[10] if backward else (False, False, False)
+    batch, pixels_in, pixels_out = x.shape[0], math.prod(x.shape[2:]), math.prod(out.shape[2:])
+    kernel = math.prod(w.shape[2:])
+    sizes = [batch, w.shape[1], w.shape[0] // groups, pixels_out, pixels_in, kernel, math.prod(stride), groups]
+    return ([math.log2(1 + v) for v in sizes] + [float(m) for m in mask]
+            + [math.log2(1 + w.shape[1] * kernel), _library(x, w, stride, padding, dilation, transposed,
+                                                             output_padding, groups)])
+
+
+def _library(x, w, *params) -> float:
+    """1.0 where torch would run this convolution with a vendor library (oneDNN on CPU:
+    not for a 1x1 kernel at batch < 16, nor a small batch-1 input, on one thread)."""
+    select = getattr(torch._C, "_select_conv_backend", None)
+    try:
+        backend = str(select(x, w, None, *[list(p) if isinstance(p, (list, tuple)) else p for p in params]))
+    except Exception:  # noqa: BLE001 - a private torch function: absent or changed, no feature
+        return 0.0
+    return float(any(name in backend for name in LIBRARY_BACKENDS))

@@ -18,7 +18,8 @@ Persistence: ``<cache>/predictor-<device>-<key>.pt`` (plain tensors, loaded with
 else ``$XDG_CACHE_HOME/dbml``, else ``~/.cache/dbml``, and ``<key>`` hashes the device
 fingerprint (device name, torch version, threads on CPU, feature format). A machine or
 torch upgrade therefore finds no predictor: :func:`load_predictor` returns None and the
-caller calibrates (:func:`~.calibrate.load_or_calibrate`).
+caller calibrates (:func:`~.calibrate.load_or_calibrate`). So does a file whose metadata
+names another format or another feature layout (``FEATURE_NAMES``) than this code's.
 """
 
 from __future__ import annotations
@@ -39,14 +40,14 @@ import torch
 import torch.fx as fx
 
 from .estimate import Machine, RooflineModel
-from .opfeatures import LOG_BYTES, LOG_FLOPS, N_FEATURES, op_features, op_kind
+from .opfeatures import FEATURE_NAMES, LOG_BYTES, LOG_FLOPS, N_FEATURES, op_features, op_kind
 from .utilisation import device_utilisation
 
 __all__ = ["Predictor", "Samples", "OpReport", "PredictorReport", "fit_predictor", "load_predictor",
            "fingerprint", "cache_dir", "predictor_path", "split_heldout", "fit_baseline", "r2_score",
            "median_relative_error", "predictions", "heldout_report"]
 
-FORMAT = 1                     # bump when features or architecture change: old caches go stale
+FORMAT = 2                     # bump when features or architecture change: old caches go stale
 HIDDEN = (128, 128, 64)        # four weight layers, as the paper's "four layers MLP"
 HELDOUT_FRACTION = 0.25        # share of each op kind's distinct shapes kept out of training
 TRAIN_STEPS = int(os.environ.get("DBML_PREDICTOR_STEPS", "3000"))
@@ -88,14 +89,17 @@ class Samples:
     util: list[float] = field(default_factory=list)
     latency: list[float] = field(default_factory=list)   # seconds
     level: list[float] = field(default_factory=list)     # load generator level
+    probe: list[bool] = field(default_factory=list)      # timed on its own, not in a captured step
     workloads: int = 0                                   # models whose steps were timed
 
-    def add(self, kind: str, features: list[float], util: float, latency: float, level: float) -> None:
+    def add(self, kind: str, features: list[float], util: float, latency: float, level: float,
+            probe: bool = False) -> None:
         self.kinds.append(kind)
         self.features.append(list(features))
         self.util.append(float(util))
         self.latency.append(float(latency))
         self.level.append(float(level))
+        self.probe.append(bool(probe))
 
     def __len__(self) -> int:
         return len(self.kinds)
@@ -392,6 +396,14 @@ def predictor_path(device: str | torch.device = "cpu", threads: int | None = Non
     return cache_dir() / f"predictor-{fp['device']}-{key}.pt"
 
 
+def _current(meta: dict, device: str | torch.device, threads: int | None) -> bool:
+    """Whether saved ``meta`` fits this code and machine: its format, its feature layout
+    (a layout changed without a format bump still goes stale: the network's input width
+    would not match, or worse, match with other meanings) and the device fingerprint."""
+    return (meta.get("format") == FORMAT and meta.get("features") == FEATURE_NAMES
+            and meta.get("fingerprint") == fingerprint(device, threads))
+
+
 def load_predictor(device: str | torch.device = "cpu", path: str | Path | None = None,
                    threads: int | None = None) -> Predictor | None:
     """The cached predictor for this device's fingerprint (with ``threads`` PyTorch threads,
@@ -401,7 +413,7 @@ def load_predictor(device: str | torch.device = "cpu", path: str | Path | None =
     if not path.exists() or not meta_path.exists():
         return None
     meta = json.loads(meta_path.read_text())
-    if meta.get("format") != FORMAT or meta.get("fingerprint") != fingerprint(device, threads):
+    if not _current(meta, device, threads):
         return None
     tensors = torch.load(path, weights_only=True, map_location="cpu")
     return Predictor(tensors, meta)
@@ -442,7 +454,8 @@ def fit_predictor(samples: Samples, device: str | torch.device, machine: Machine
     net = _train_net(x, (target - y_mean) / y_std, weights, hidden, steps, seconds, seed, progress)
     tensors = {f"net.{k}": v.detach().clone() for k, v in net.state_dict().items()}
     tensors.update(x_mean=x_mean, x_std=x_std, y_mean=y_mean, y_std=y_std, baseline=baseline)
-    meta = {"format": FORMAT, "device": str(torch.device(device)), "fingerprint": fingerprint(device),
+    meta = {"format": FORMAT, "features": FEATURE_NAMES, "device": str(torch.device(device)),
+            "fingerprint": fingerprint(device),
             "vocab": vocab, "hidden": list(hidden), "residual": residual, "machine": machine.__dict__,
             "copy_bandwidth": copy_bandwidth, "kind_max": _kind_max(samples, train),
             "train_rows": len(train), "heldout_rows": len(test), "report": []}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 import warnings
 
 import pytest
@@ -12,17 +13,18 @@ import torch
 
 from dbml.scheduler import calibrate as calibration
 from dbml.scheduler import predictor as predictor_mod
-from dbml.scheduler.calibrate import LoadGenerator, Plan, calibrate, load_or_calibrate
+from dbml.scheduler.calibrate import ConvLayer, ConvProbes, LoadGenerator, Plan, calibrate, load_or_calibrate
 from dbml.scheduler.capture import capture
 from dbml.scheduler.estimate import RooflineModel
-from dbml.scheduler.opfeatures import op_kind
+from dbml.scheduler.opfeatures import CONV_FEATURES, FEATURE_NAMES, conv_features, op_features, op_kind
 from dbml.scheduler.optim import OptimizerSpec
-from dbml.scheduler.predictor import (fingerprint, heldout_report, load_predictor, predictor_path,
+from dbml.scheduler.predictor import (FORMAT, fingerprint, heldout_report, load_predictor, predictor_path,
                                       split_heldout)
 from dbml.scheduler.utilisation import device_utilisation, utilisation_source
 
-# One tiny model per family, small steps, two load levels, a short training.
-TINY = Plan(models=1, levels=(0.0, 1.0), steps=150, copy_sizes=(1 << 14, 1 << 18), flops_cap=2e6, seconds=20)
+# One tiny model per family, a few conv probes, small steps, two load levels, a short training.
+TINY = Plan(models=1, levels=(0.0, 1.0), steps=150, copy_sizes=(1 << 14, 1 << 18), flops_cap=2e6, seconds=20,
+            conv_probes=4)
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +68,10 @@ def test_calibration_covers_training_ops_and_reports_progress(calibrated):
     assert events[-1][0] == events[-1][1] and all(d <= n for d, n, _ in events)
     assert p.copy_bandwidth["h2d"] > 0 and p.copy_bandwidth["d2h"] > 0
     assert p.machine.copy_bandwidth == min(p.copy_bandwidth["h2d"], p.copy_bandwidth["d2h"])
+    s = p.samples
+    probed = {s.kinds[i] for i in range(len(s)) if s.probe[i]}
+    assert probed == {"aten.convolution.default", "aten.convolution_backward.default"}
+    assert p.meta["models"] == 4 and p.meta["probe_samples"] == sum(s.probe) > 0
 
 
 def test_predictor_file_round_trips(calibrated, cache):
@@ -99,6 +105,75 @@ def test_unknown_fingerprint_yields_none_and_calibrates(calibrated, cache, monke
     monkeypatch.setattr(calibration, "calibrate", lambda device="cpu", quick=False, progress=None:
                         calls.append(quick) or p)
     assert load_or_calibrate("cpu", quick=True) is p and calls == [True]
+
+
+@pytest.mark.parametrize("old", [{"format": FORMAT - 1, "fingerprint": {"format": FORMAT - 1}, "features": None},
+                                 {"features": FEATURE_NAMES[:-1]}],
+                         ids=["older format", "feature layout changed without a format bump"])
+def test_predictor_of_another_feature_layout_is_stale_and_recalibrated(calibrated, cache, monkeypatch, old):
+    """A predictor saved by an older dbml (features laid out otherwise) must not be loaded:
+    its network would read today's feature vector with yesterday's meanings."""
+    p, _ = calibrated
+    path = p.save()
+    assert load_predictor("cpu") is not None
+    meta_path = path.with_suffix(".json")
+    meta = json.loads(meta_path.read_text())
+    meta.update({k: v for k, v in old.items() if k != "fingerprint"})
+    meta["fingerprint"].update(old.get("fingerprint", {}))
+    meta_path.write_text(json.dumps(meta))   # an old file found at today's path
+    assert load_predictor("cpu") is None
+    calls = []
+    monkeypatch.setattr(calibration, "calibrate", lambda device="cpu", quick=False, progress=None:
+                        calls.append(quick) or p)
+    assert load_or_calibrate("cpu") is p and calls == [False]
+
+
+def test_probe_features_match_the_captured_layer():
+    """A probed conv layer is featurised exactly as the same layer in a captured step."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(6, 5, 1, stride=2), torch.nn.Flatten(), torch.nn.Linear(5 * 16, 4))
+    step = capture(model, torch.nn.functional.cross_entropy, OptimizerSpec("sgd"),
+                   (torch.randn(2, 3, 8, 8), torch.randint(0, 4, (2,))))
+    captured = {(op_kind(n), tuple(op_features(n))) for n in step.gm.graph.nodes
+                if op_kind(n) in ("aten.convolution.default", "aten.convolution_backward.default")}
+    layers = (ConvLayer(2, 3, 8, 6, 3, 1, input_grad=False), ConvLayer(2, 6, 8, 5, 1, 2, input_grad=True))
+    prep = calibration._prepare(ConvProbes(layers, "probes"), torch.device("cpu"), set())
+    assert {(kind, tuple(f)) for kind, f in prep.nodes} == captured and len(captured) == 4
+    calls = prep.calls()
+    assert [len(c[1]) for c in calls] == [9, 11, 9, 11]
+    for fn, args, kwargs in calls:   # real tensors of the probed shapes: the calls run
+        fn(*args, **kwargs)
+
+
+def test_conv_features_spell_out_geometry_and_gradients():
+    nodes = cnn_nodes()
+    conv = {n.target: conv_features(n) for n in nodes if op_kind(n) and "convolution" in op_kind(n)}
+    forward = dict(zip(CONV_FEATURES, conv[torch.ops.aten.convolution.default]))
+    backward = dict(zip(CONV_FEATURES, conv[torch.ops.aten.convolution_backward.default]))
+    # Conv2d(3, 4, 3, padding=1) on a batch of 4 8x8 images: the first layer, no input gradient
+    assert forward["conv_batch"] == math.log2(5) and forward["conv_in_channels"] == 2.0
+    assert forward["conv_kernel"] == math.log2(10) and forward["conv_out_pixels"] == math.log2(65)
+    assert [backward[f] for f in ("conv_grad_input", "conv_grad_weight", "conv_grad_bias")] == [0.0, 1.0, 1.0]
+    assert [forward[f] for f in ("conv_grad_input", "conv_grad_weight", "conv_grad_bias")] == [0.0, 0.0, 0.0]
+    assert all(v == 0.0 for n in nodes if op_kind(n) == "aten.addmm.default" for v in conv_features(n))
+    if torch.backends.mkldnn.is_available():   # batch 4 goes to oneDNN, a small batch-1 image does not
+        assert forward["conv_library"] == 1.0
+        one = _captured_nodes(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.Flatten(),
+                                                  torch.nn.Linear(4 * 8 * 8, 4)), torch.randn(1, 3, 8, 8))
+        assert [conv_features(n)[-1] for n in one if op_kind(n) == "aten.convolution.default"] == [0.0]
+
+
+def test_block_size_comes_from_a_warm_call():
+    """A cold first call (caches, kernel selection) must not size the timed blocks: sized
+    by one, a 20 us convolution was timed one cold call at a time."""
+    calls = []
+
+    def op():
+        calls.append(time.perf_counter())
+        if len(calls) == 1:
+            time.sleep(0.01)
+    n = calibration._block_calls(op, (), {}, torch.device("cpu"), block_s=1e-3)
+    assert n > 1 and len(calls) == 2
 
 
 def test_cache_dir_follows_environment(monkeypatch, tmp_path):
