@@ -66,6 +66,15 @@ def vanilla_peak(model_fn, spec, x, y) -> int:
     return runner.stats()["vanilla_peak_bytes"]
 
 
+def trained_eagerly(model_fn, spec, data):
+    """A seeded model trained eagerly on ``data``, an untouched copy to schedule, and the
+    eager losses."""
+    torch.manual_seed(0)
+    model = model_fn()
+    eager, sched = copy.deepcopy(model), copy.deepcopy(model)
+    return eager, sched, train(EagerStep(eager, loss_fn, spec), data)
+
+
 def assert_same(a, b):
     assert len(a) == len(b)
     for u, v in zip(a, b):
@@ -232,10 +241,7 @@ def test_frozen_parameters_stay_frozen_like_eager():
 def test_prepare_plans_before_the_first_batch_from_shapes_alone():
     spec = OptimizerSpec("adam", lr=0.01)
     data = data_for(cnn, 3)
-    torch.manual_seed(0)
-    model = cnn()
-    eager, sched = copy.deepcopy(model), copy.deepcopy(model)
-    want = train(EagerStep(eager, loss_fn, spec), data)
+    eager, sched, want = trained_eagerly(cnn, spec, data)
     runner = ScheduledStep(sched, loss_fn, spec, budget_bytes=vanilla_peak(cnn, spec, *data[0]) * 3 // 4,
                            update=UpdateSettings(enabled=False))
     x, y = data[0]
@@ -257,10 +263,7 @@ def test_a_further_graph_no_plan_fits_runs_passively_within_the_jobs_limit():
     from dbml.scheduler.planner import plan
     spec = OptimizerSpec("adam", lr=0.01)
     data = data_for(mlp, 3, last=8)
-    torch.manual_seed(0)
-    model = mlp()
-    eager, sched = copy.deepcopy(model), copy.deepcopy(model)
-    want = train(EagerStep(eager, loss_fn, spec), data)
+    eager, sched, want = trained_eagerly(mlp, spec, data)
     budget = vanilla_peak(mlp, spec, *data[0]) * 3 // 4
 
     def planner(seq, calls=[]):   # noqa: B006 - counts the graphs planned
