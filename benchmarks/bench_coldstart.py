@@ -38,13 +38,13 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_scheduler import WORKLOADS, eager_peak, make_batch  # noqa: E402
 
-from dbml.scheduler.estimate import RooflineModel  # noqa: E402
-from dbml.scheduler.optim import OptimizerSpec  # noqa: E402
-from dbml.scheduler.planner import InfeasibleBudget  # noqa: E402
-from dbml.scheduler.predictor import load_predictor  # noqa: E402
-from dbml.scheduler.runner import ScheduledStep  # noqa: E402
-from dbml.scheduler.step import EagerStep  # noqa: E402
-from dbml.scheduler.updating import UpdateSettings  # noqa: E402
+from dbml.scheduler.latency.estimate import RooflineModel  # noqa: E402
+from dbml.scheduler.graph.optim import OptimizerSpec  # noqa: E402
+from dbml.scheduler.plan.planner import InfeasibleBudget  # noqa: E402
+from dbml.scheduler.latency.predictor import load_predictor  # noqa: E402
+from dbml.scheduler.execute.runner import ScheduledStep  # noqa: E402
+from dbml.scheduler.execute.step import EagerStep  # noqa: E402
+from dbml.scheduler.execute.updating import UpdateSettings  # noqa: E402
 
 loss_fn = torch.nn.functional.cross_entropy
 

@@ -20,7 +20,7 @@ noisy; times are medians):
 Memory: the vanilla peak of each job is eager PyTorch's, measured exactly
 (PeakMeter); their sum is the paper's vanilla global peak. TENSILE's global peak is
 *measured*: the device ledger every job's executors report each allocation and free to
-(scheduler/memory.py DeviceLedger), the most all jobs held at one moment. Also measured,
+(scheduler/execute/measure.py DeviceLedger), the most all jobs held at one moment. Also measured,
 for context: the unscheduled jobs' global peak on the same ledger (policy ``none``
 ScheduledSteps run concurrently), which is below the sum where peaks do not coincide.
 
@@ -49,15 +49,15 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_scheduler import eager_peak, make_batch, mlp, resnet  # noqa: E402
 
-from dbml.scheduler.estimate import RooflineModel  # noqa: E402
-from dbml.scheduler.memory import DeviceLedger  # noqa: E402
-from dbml.scheduler.optim import OptimizerSpec  # noqa: E402
-from dbml.scheduler.planner import InfeasibleBudget, PlanSettings  # noqa: E402
-from dbml.scheduler.predictor import load_predictor  # noqa: E402
-from dbml.scheduler.runner import ScheduledStep  # noqa: E402
-from dbml.scheduler.shared import MemoryScheduler  # noqa: E402
-from dbml.scheduler.step import EagerStep  # noqa: E402
-from dbml.scheduler.updating import UpdateSettings  # noqa: E402
+from dbml.scheduler.latency.estimate import RooflineModel  # noqa: E402
+from dbml.scheduler.multijob.ledger import DeviceLedger  # noqa: E402
+from dbml.scheduler.graph.optim import OptimizerSpec  # noqa: E402
+from dbml.scheduler.plan.planner import InfeasibleBudget, PlanSettings  # noqa: E402
+from dbml.scheduler.latency.predictor import load_predictor  # noqa: E402
+from dbml.scheduler.execute.runner import ScheduledStep  # noqa: E402
+from dbml.scheduler.multijob.scheduler import MemoryScheduler  # noqa: E402
+from dbml.scheduler.execute.step import EagerStep  # noqa: E402
+from dbml.scheduler.execute.updating import UpdateSettings  # noqa: E402
 from dbml.training import MAX_PLAN_SHARE  # noqa: E402
 
 loss_fn = torch.nn.functional.cross_entropy

@@ -15,8 +15,8 @@ import argparse
 import random
 import time
 
-from dbml.scheduler.planner import InfeasibleBudget, PlanSettings, plan
-from dbml.scheduler.sequence import AccessSequence, EventKind, Op, Phase, TensorInfo, TensorKind
+from dbml.scheduler.plan.planner import InfeasibleBudget, PlanSettings, plan
+from dbml.scheduler.graph.sequence import AccessSequence, EventKind, Op, Phase, TensorInfo, TensorKind
 
 
 class _Builder:

@@ -36,9 +36,9 @@ from pathlib import Path
 
 import torch
 
-from dbml.scheduler.calibrate import calibrate
-from dbml.scheduler.opfeatures import LOG_FLOPS
-from dbml.scheduler.predictor import median_relative_error, predictions, r2_score, split_heldout
+from dbml.scheduler.latency.calibrate import calibrate
+from dbml.scheduler.latency.opfeatures import LOG_FLOPS
+from dbml.scheduler.latency.predictor import median_relative_error, predictions, r2_score, split_heldout
 
 GOAL_R2_KINDS = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.convolution.default",
                  "aten.convolution_backward.default")

@@ -1,10 +1,10 @@
 """Single-job scheduler benchmark on CPU: TENSILE's MSR / EOR / CBR against eager PyTorch.
 
 Vanilla (V) is eager PyTorch, ``loss.backward(); optimizer.step()`` (scheduler.step.EagerStep):
-its memory peak VMP is measured exactly with :class:`~dbml.scheduler.memory.PeakMeter`
+its memory peak VMP is measured exactly with :class:`~dbml.scheduler.execute.measure.PeakMeter`
 (every live storage: parameters, gradients, optimizer state, batch, activations), its
 time VTC by the wall clock. The scheduled runs (E) report the executor's ledger (the
-CPU "device memory", see scheduler/devices.py) as EMP and the wall clock as ETC.
+CPU "device memory", see scheduler/execute/devices.py) as EMP and the wall clock as ETC.
 
     MSR = (VMP - EMP) / VMP      EOR = ETC / VTC      CBR = MSR / EOR
 
@@ -29,14 +29,14 @@ import time
 
 import torch
 
-from dbml.scheduler.access import build_sequence
-from dbml.scheduler.capture import capture
-from dbml.scheduler.estimate import RooflineModel
-from dbml.scheduler.memory import PeakMeter, live_tensors
-from dbml.scheduler.optim import OptimizerSpec
-from dbml.scheduler.planner import InfeasibleBudget, tensor_granularity_floor
-from dbml.scheduler.runner import ScheduledStep
-from dbml.scheduler.step import EagerStep
+from dbml.scheduler.graph.access import build_sequence
+from dbml.scheduler.graph.capture import capture
+from dbml.scheduler.latency.estimate import RooflineModel
+from dbml.scheduler.execute.measure import PeakMeter, live_tensors
+from dbml.scheduler.graph.optim import OptimizerSpec
+from dbml.scheduler.plan.planner import InfeasibleBudget, tensor_granularity_floor
+from dbml.scheduler.execute.runner import ScheduledStep
+from dbml.scheduler.execute.step import EagerStep
 
 loss_fn = torch.nn.functional.cross_entropy
 

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         return shell.run(con, lines, interactive=interactive)
     if args.command == "install":
         from .latency import calibrate
-        from .scheduler.predictor import predictor_path
+        from .scheduler.latency.predictor import predictor_path
         from .settings import resolve_device
         device = resolve_device(args.device)
         predictor = calibrate(device, args.quick, args.threads, progress=progress_bar())

@@ -1,7 +1,7 @@
 """Which latency model a training job plans with: the installed predictor, or the roofline.
 
 ``python -m dbml install`` (or ``SELECT calibrate()``) calibrates this machine and saves
-a predictor (``dbml.scheduler.predictor``). A job that finds none runs the quick
+a predictor (``dbml.scheduler.latency.predictor``). A job that finds none runs the quick
 calibration once per process and says so in its summary (``latency_model``).
 """
 
@@ -21,7 +21,7 @@ _LOADED: dict[str, object] = {}
 def calibrate(device: str, quick: bool, threads: int, progress=None):
     """Calibrate ``device`` with ``threads`` PyTorch threads (the count jobs train with:
     the predictor's fingerprint includes it) and save the predictor."""
-    from .scheduler.calibrate import calibrate as run
+    from .scheduler.latency.calibrate import calibrate as run
 
     torch.set_num_threads(threads)
     with _LOCK:
@@ -37,8 +37,8 @@ def latency_model(kind: str, device: str, threads: int) -> tuple[object | None, 
                               f"one of {', '.join(map(repr, LATENCY_MODELS))}")
     if kind == "roofline":
         return None, "roofline"
-    from .scheduler.calibrate import calibrate as run
-    from .scheduler.predictor import load_predictor
+    from .scheduler.latency.calibrate import calibrate as run
+    from .scheduler.latency.predictor import load_predictor
 
     key = (device, threads)
     with _LOCK:
@@ -56,7 +56,7 @@ def latency_model(kind: str, device: str, threads: int) -> tuple[object | None, 
 
 def report_rows(device: str, threads: int) -> list[dict]:
     """``dbml_predictor``: one row per op kind of the installed predictor (none if there is none)."""
-    from .scheduler.predictor import load_predictor
+    from .scheduler.latency.predictor import load_predictor
 
     predictor = _LOADED.get((device, threads)) or load_predictor(device, threads=threads)
     if predictor is None:

@@ -3,7 +3,7 @@
 The job has DuckDB encode its source once into a scratch table of (features, label,
 is_val) rows stored in a random order, then streams the training rows every epoch from
 a random starting row through a shuffle buffer. Every iteration goes through a
-``StepRunner`` (``dbml.scheduler.step``), the boundary at which the memory scheduler
+``StepRunner`` (``dbml.scheduler.execute.step``), the boundary at which the memory scheduler
 takes training over: ``ScheduledStep`` for policies tensile and none, ``EagerStep``
 (plain PyTorch) for eager.
 """
@@ -27,11 +27,11 @@ from .features import Preprocessing, fit
 from .jobs import Job, JobCancelled
 from .latency import latency_model
 from .scheduler import OPTIMIZERS, OptimizerSpec
-from .scheduler.planner import InfeasibleBudget
-from .scheduler.runner import ScheduledStep
-from .scheduler.shared import NotAdmitted, device_ledger, shared_scheduler
-from .scheduler.updating import UpdateSettings
-from .scheduler.step import EagerStep, StepRunner
+from .scheduler.plan.planner import InfeasibleBudget
+from .scheduler.execute.runner import ScheduledStep
+from .scheduler.multijob.scheduler import NotAdmitted, device_ledger, shared_scheduler
+from .scheduler.execute.updating import UpdateSettings
+from .scheduler.execute.step import EagerStep, StepRunner
 from .settings import default_budget, resolve_device
 from .source import as_select, describe, quote
 

@@ -3,17 +3,17 @@
 A library for any PyTorch training step: it never imports the dbml runtime.
 """
 
-from .access import build_sequence
-from .capture import CaptureError, CapturedStep, GraphCache, capture
-from .devices import CpuDevice, CudaDevice, make_device
-from .estimate import LatencyModel, Machine, RooflineModel, measure_machine
-from .executor import ExecState, ExecutionError, Executor, Program, check_event_log
-from .memory import PeakMeter, live_tensors, measure_peak
-from .liveness import analyse_liveness, release_events
-from .optim import OPTIMIZERS, OptimizerSpec, make_optimizer
-from .peak import Peak, analyse_peak
-from .planner import InfeasibleBudget, PlanSettings, plan, plan_jobs, summary, tensor_granularity_floor
-from .runner import ScheduledStep
+from .graph.access import build_sequence
+from .graph.capture import CaptureError, CapturedStep, GraphCache, capture
+from .execute.devices import CpuDevice, CudaDevice, make_device
+from .latency.estimate import LatencyModel, Machine, RooflineModel, measure_machine
+from .execute.executor import ExecState, ExecutionError, Executor, Program, check_event_log
+from .execute.measure import PeakMeter, live_tensors, measure_peak
+from .plan.liveness import analyse_liveness, release_events
+from .graph.optim import OPTIMIZERS, OptimizerSpec, make_optimizer
+from .plan.peak import Peak, analyse_peak
+from .plan.planner import InfeasibleBudget, PlanSettings, plan, plan_jobs, summary, tensor_granularity_floor
+from .execute.runner import ScheduledStep
 
 __all__ = ["OPTIMIZERS", "OptimizerSpec", "make_optimizer", "PeakMeter", "live_tensors", "measure_peak",
            "analyse_liveness", "release_events", "Peak", "analyse_peak",
@@ -25,19 +25,19 @@ __all__ = ["OPTIMIZERS", "OptimizerSpec", "make_optimizer", "PeakMeter", "live_t
 
 # latency predictor (TENSILE IV-A cold start); calibrate() stays in .calibrate: a package
 # attribute of that name would shadow the module.
-from .calibrate import load_or_calibrate  # noqa: E402
-from .predictor import OpReport, Predictor, PredictorReport, load_predictor  # noqa: E402
-from .utilisation import device_utilisation  # noqa: E402
+from .latency.calibrate import load_or_calibrate  # noqa: E402
+from .latency.predictor import OpReport, Predictor, PredictorReport, load_predictor  # noqa: E402
+from .latency.utilisation import device_utilisation  # noqa: E402
 
 __all__ += ["load_or_calibrate", "Predictor", "PredictorReport", "OpReport", "load_predictor",
             "device_utilisation"]
 
 # one joint planner and admission control for all jobs on a device (TENSILE III-D)
-from .shared import JobPlanner, JobPlans, MemoryScheduler, NotAdmitted, graph_key, shared_scheduler  # noqa: E402
+from .multijob.scheduler import JobPlanner, JobPlans, MemoryScheduler, NotAdmitted, graph_key, shared_scheduler  # noqa: E402
 
 __all__ += ["MemoryScheduler", "JobPlanner", "JobPlans", "NotAdmitted", "graph_key", "shared_scheduler"]
 
 # plan updating (TENSILE IV-E) and the passive-mode (Capuchin) peer: see .runner
-from .updating import LatencyTracker, UpdateSettings, retime  # noqa: E402
+from .execute.updating import LatencyTracker, UpdateSettings, retime  # noqa: E402
 
 __all__ += ["LatencyTracker", "UpdateSettings", "retime"]

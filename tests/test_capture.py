@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from dbml.scheduler import PeakMeter, live_tensors, measure_peak
-from dbml.scheduler.access import build_sequence, op_nodes
-from dbml.scheduler.capture import GraphCache, capture, init_state
-from dbml.scheduler.estimate import Machine, RooflineModel, node_flops
-from dbml.scheduler.optim import OptimizerSpec
-from dbml.scheduler.sequence import Phase, TensorKind
-from dbml.scheduler.step import EagerStep
+from dbml.scheduler.graph.access import build_sequence, op_nodes
+from dbml.scheduler.graph.capture import GraphCache, capture, init_state
+from dbml.scheduler.latency.estimate import Machine, RooflineModel, node_flops
+from dbml.scheduler.graph.optim import OptimizerSpec
+from dbml.scheduler.graph.sequence import Phase, TensorKind
+from dbml.scheduler.execute.step import EagerStep
 
 MACHINE = Machine(peak_flops=5e9, memory_bandwidth=5e9, copy_bandwidth=2e9, op_overhead=5e-6)
 loss_fn = torch.nn.functional.cross_entropy
@@ -207,7 +207,7 @@ def test_measure_peak_of_an_eager_step():
 
 def test_capture_and_estimates_leave_the_global_generator_alone():
     """Dropout masks match eager only if nothing else draws from the generator."""
-    from dbml.scheduler import estimate
+    from dbml.scheduler.latency import estimate
     model, data = mlp(), batch()
     saved = dict(estimate._MACHINES)
     estimate._MACHINES.clear()

@@ -12,12 +12,12 @@ import torch
 
 import nets
 
-from dbml.scheduler.executor import Executor, check_event_log
-from dbml.scheduler.optim import OptimizerSpec
-from dbml.scheduler.planner import plan
-from dbml.scheduler.runner import ScheduledStep
-from dbml.scheduler.sequence import EventKind
-from dbml.scheduler.step import EagerStep
+from dbml.scheduler.execute.executor import Executor, check_event_log
+from dbml.scheduler.graph.optim import OptimizerSpec
+from dbml.scheduler.plan.planner import plan
+from dbml.scheduler.execute.runner import ScheduledStep
+from dbml.scheduler.graph.sequence import EventKind
+from dbml.scheduler.execute.step import EagerStep
 
 loss_fn = torch.nn.functional.cross_entropy
 

@@ -10,13 +10,13 @@ import time
 import pytest
 import torch
 
-from dbml.scheduler.memory import DeviceLedger
-from dbml.scheduler.optim import OptimizerSpec
-from dbml.scheduler.planner import InfeasibleBudget
-from dbml.scheduler.runner import ScheduledStep
-from dbml.scheduler.shared import MemoryScheduler
-from dbml.scheduler.step import EagerStep
-from dbml.scheduler.updating import UpdateSettings
+from dbml.scheduler.multijob.ledger import DeviceLedger
+from dbml.scheduler.graph.optim import OptimizerSpec
+from dbml.scheduler.plan.planner import InfeasibleBudget
+from dbml.scheduler.execute.runner import ScheduledStep
+from dbml.scheduler.multijob.scheduler import MemoryScheduler
+from dbml.scheduler.execute.step import EagerStep
+from dbml.scheduler.execute.updating import UpdateSettings
 
 loss_fn = torch.nn.functional.cross_entropy
 SPEC = OptimizerSpec("adam", lr=0.01)

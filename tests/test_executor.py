@@ -11,16 +11,16 @@ import copy
 import pytest
 import torch
 
-from dbml.scheduler.access import build_sequence
-from dbml.scheduler.capture import capture, init_state
-from dbml.scheduler.devices import CopyChannel, CpuDevice, CudaDevice, make_device
-from dbml.scheduler.estimate import Machine, RooflineModel
-from dbml.scheduler.executor import ExecState, ExecutionError, Executor, Program, check_event_log
-from dbml.scheduler.liveness import analyse_liveness, release_events
-from dbml.scheduler.optim import OptimizerSpec
-from dbml.scheduler.peak import analyse_peak, host_at_start
-from dbml.scheduler.sequence import Event, EventKind, Plan, TensorKind
-from dbml.scheduler.step import EagerStep
+from dbml.scheduler.graph.access import build_sequence
+from dbml.scheduler.graph.capture import capture, init_state
+from dbml.scheduler.execute.devices import CopyChannel, CpuDevice, CudaDevice, make_device
+from dbml.scheduler.latency.estimate import Machine, RooflineModel
+from dbml.scheduler.execute.executor import ExecState, ExecutionError, Executor, Program, check_event_log
+from dbml.scheduler.plan.liveness import analyse_liveness, release_events
+from dbml.scheduler.graph.optim import OptimizerSpec
+from dbml.scheduler.plan.peak import analyse_peak, host_at_start
+from dbml.scheduler.graph.sequence import Event, EventKind, Plan, TensorKind
+from dbml.scheduler.execute.step import EagerStep
 
 SO, SI, R, RC = EventKind.SWAP_OUT, EventKind.SWAP_IN, EventKind.RELEASE, EventKind.RECOMPUTE
 MACHINE = Machine(peak_flops=5e9, memory_bandwidth=5e9, copy_bandwidth=2e9, op_overhead=5e-6)
@@ -310,7 +310,7 @@ def test_copy_channel_reraises_job_errors():
 
 
 def test_cpu_device_round_trip_is_bitwise():
-    from dbml.scheduler.devices import as_view, storage_bytes
+    from dbml.scheduler.execute.devices import as_view, storage_bytes
     dev = CpuDevice()
     t = torch.randn(5, 7).t()           # a non-contiguous view
     host = dev.copy_out(storage_bytes(t), dev.compute_marker())
@@ -344,7 +344,7 @@ def _cpu_cuda(dev):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_scheduled_training_matches_cpu_eager_shapes():
-    from dbml.scheduler.runner import ScheduledStep
+    from dbml.scheduler.execute.runner import ScheduledStep
     torch.manual_seed(0)
     m = mlp().cuda()
     step = ScheduledStep(m, loss_fn, OptimizerSpec("adam"), device="cuda", policy="none")
@@ -358,7 +358,7 @@ def test_cuda_scheduled_training_matches_cpu_eager_shapes():
 def test_delayed_swap_in_is_issued_when_its_op_starts():
     """A swap-in planned to start inside op j is issued at op j's start (plus the rest
     of its delay), never earlier relative to the ops: slow ops cannot make it early."""
-    from dbml.scheduler.executor import _swap_in_slot
+    from dbml.scheduler.execute.executor import _swap_in_slot
     starts, ends = [0.0, 1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0, 5.0]
     slot, delay = _swap_in_slot(Event(0, 1.5, SI, 7, before=4), starts, ends)
     assert (slot, delay) == (2, 0.5)          # performed after op 1, i.e. when op 2 starts

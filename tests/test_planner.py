@@ -14,12 +14,12 @@ import pathlib
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from dbml.scheduler import planner
-from dbml.scheduler.liveness import analyse_liveness, release_events
-from dbml.scheduler.peak import analyse_peak, build_timeline
-from dbml.scheduler.planner import (InfeasibleBudget, PlanSettings, plan, plan_jobs,
+from dbml.scheduler.plan import planner
+from dbml.scheduler.plan.liveness import analyse_liveness, release_events
+from dbml.scheduler.plan.peak import analyse_peak, build_timeline
+from dbml.scheduler.plan.planner import (InfeasibleBudget, PlanSettings, plan, plan_jobs,
                                     tensor_granularity_floor)
-from dbml.scheduler.sequence import (AccessSequence, Event, EventKind, Op, Phase, Plan,
+from dbml.scheduler.graph.sequence import (AccessSequence, Event, EventKind, Op, Phase, Plan,
                                      TensorInfo, TensorKind)
 
 R, SO, SI, RC = EventKind.RELEASE, EventKind.SWAP_OUT, EventKind.SWAP_IN, EventKind.RECOMPUTE
@@ -410,7 +410,7 @@ def test_plan_jobs_sum_of_peaks_fits_and_shared_channel_never_overlaps():
 
 
 def _event_time(seq, p, e):
-    from dbml.scheduler.peak import build_timeline
+    from dbml.scheduler.plan.peak import build_timeline
     tl = build_timeline(seq, p.events, analyse_liveness(seq))
     return (tl.op_end[e.trigger] if e.trigger >= 0 else 0.0) + e.delay
 
@@ -489,7 +489,7 @@ def test_random_multi_job_plans_are_valid(seqs, frac, shared):
 
 def test_module_doctests():
     import doctest
-    from dbml.scheduler import liveness
+    from dbml.scheduler.plan import liveness
     for module in (liveness, planner):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0

@@ -11,16 +11,16 @@ import warnings
 import pytest
 import torch
 
-from dbml.scheduler import calibrate as calibration
-from dbml.scheduler import predictor as predictor_mod
-from dbml.scheduler.calibrate import ConvLayer, ConvProbes, LoadGenerator, Plan, calibrate, load_or_calibrate
-from dbml.scheduler.capture import capture
-from dbml.scheduler.estimate import RooflineModel
-from dbml.scheduler.opfeatures import CONV_FEATURES, FEATURE_NAMES, conv_features, op_features, op_kind
-from dbml.scheduler.optim import OptimizerSpec
-from dbml.scheduler.predictor import (FORMAT, fingerprint, heldout_report, load_predictor, predictor_path,
+from dbml.scheduler.latency import calibrate as calibration
+from dbml.scheduler.latency import predictor as predictor_mod
+from dbml.scheduler.latency.calibrate import ConvLayer, ConvProbes, LoadGenerator, Plan, calibrate, load_or_calibrate
+from dbml.scheduler.graph.capture import capture
+from dbml.scheduler.latency.estimate import RooflineModel
+from dbml.scheduler.latency.opfeatures import CONV_FEATURES, FEATURE_NAMES, conv_features, op_features, op_kind
+from dbml.scheduler.graph.optim import OptimizerSpec
+from dbml.scheduler.latency.predictor import (FORMAT, fingerprint, heldout_report, load_predictor, predictor_path,
                                       split_heldout)
-from dbml.scheduler.utilisation import device_utilisation, utilisation_source
+from dbml.scheduler.latency.utilisation import device_utilisation, utilisation_source
 
 # One tiny model per family, a few conv probes, small steps, two load levels, a short training.
 TINY = Plan(models=1, levels=(0.0, 1.0), steps=150, copy_sizes=(1 << 14, 1 << 18), flops_cap=2e6, seconds=20,

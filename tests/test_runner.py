@@ -11,13 +11,13 @@ import torch
 
 import nets
 
-from dbml.scheduler.executor import check_event_log
-from dbml.scheduler.optim import OptimizerSpec
-from dbml.scheduler.planner import InfeasibleBudget
-from dbml.scheduler.runner import ScheduledStep
-from dbml.scheduler.sequence import EventKind, Phase
-from dbml.scheduler.step import EagerStep
-from dbml.scheduler.updating import UpdateSettings
+from dbml.scheduler.execute.executor import check_event_log
+from dbml.scheduler.graph.optim import OptimizerSpec
+from dbml.scheduler.plan.planner import InfeasibleBudget
+from dbml.scheduler.execute.runner import ScheduledStep
+from dbml.scheduler.graph.sequence import EventKind, Phase
+from dbml.scheduler.execute.step import EagerStep
+from dbml.scheduler.execute.updating import UpdateSettings
 
 loss_fn = torch.nn.functional.cross_entropy
 TOLERANCE = 0.05   # predicted vs measured peak
@@ -260,7 +260,7 @@ def test_a_further_graph_no_plan_fits_runs_passively_within_the_jobs_limit():
     """The last, smaller batch's graph may find no plan beside other jobs (its faster ops
     hide fewer copies): it runs in passive mode, evicting on demand within the largest
     limit the job's planned graphs have, and the job goes on, bit-identical."""
-    from dbml.scheduler.planner import plan
+    from dbml.scheduler.plan.planner import plan
     spec = OptimizerSpec("adam", lr=0.01)
     data = data_for(mlp, 3, last=8)
     eager, sched, want = trained_eagerly(mlp, spec, data)

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from dbml.scheduler import shared
-from dbml.scheduler.planner import InfeasibleBudget, PlanSettings, plan, plan_jobs
-from dbml.scheduler.sequence import EventKind
-from dbml.scheduler.shared import MemoryScheduler, NotAdmitted, _named, graph_key, shared_scheduler
+from dbml.scheduler.multijob import scheduler as shared
+from dbml.scheduler.plan.planner import InfeasibleBudget, PlanSettings, plan, plan_jobs
+from dbml.scheduler.graph.sequence import EventKind
+from dbml.scheduler.multijob.scheduler import MemoryScheduler, NotAdmitted, _named, graph_key, shared_scheduler
 
 from test_planner import bench_planning, chain, check_plan, make_seq
 

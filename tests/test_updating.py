@@ -13,13 +13,13 @@ import torch
 
 import nets
 
-from dbml.scheduler import planner as planner_mod
-from dbml.scheduler.executor import Executor, check_event_log
-from dbml.scheduler.optim import OptimizerSpec
-from dbml.scheduler.runner import ScheduledStep
-from dbml.scheduler.sequence import EventKind
-from dbml.scheduler.step import EagerStep
-from dbml.scheduler.updating import LatencyTracker, UpdateSettings, drift, ewma, retime
+from dbml.scheduler.plan import planner as planner_mod
+from dbml.scheduler.execute.executor import Executor, check_event_log
+from dbml.scheduler.graph.optim import OptimizerSpec
+from dbml.scheduler.execute.runner import ScheduledStep
+from dbml.scheduler.graph.sequence import EventKind
+from dbml.scheduler.execute.step import EagerStep
+from dbml.scheduler.execute.updating import LatencyTracker, UpdateSettings, drift, ewma, retime
 
 loss_fn = torch.nn.functional.cross_entropy
 L = 1e-4          # every op's estimated latency (ConstModel)
@@ -267,7 +267,7 @@ def test_tracker_and_retime_units():
     assert drift(2.0, 3.0) == 0.5 and drift(2.0, 1.0) == 0.5
     with pytest.raises(ValueError, match="beta"):
         UpdateSettings(beta=0.0)
-    from dbml.scheduler.sequence import AccessSequence, Op, Phase
+    from dbml.scheduler.graph.sequence import AccessSequence, Op, Phase
     seq = AccessSequence("j", (), tuple(Op(i, f"o{i}", (), (), i * 1.0, i + 1.0, Phase.FORWARD) for i in range(3)),
                          frozenset())
     t = LatencyTracker(seq, UpdateSettings(beta=1.0, threshold=0.5))
@@ -280,7 +280,7 @@ def test_tracker_and_retime_units():
 
 
 def test_copy_bandwidth_correction_is_a_setting():
-    from dbml.scheduler.sequence import AccessSequence, Op, Phase
+    from dbml.scheduler.graph.sequence import AccessSequence, Op, Phase
     seq = AccessSequence("j", (), (Op(0, "a", (), (), 0.0, 1.0, Phase.FORWARD),), frozenset(), copy_bandwidth=1e9)
     paper = LatencyTracker(seq, UpdateSettings(beta=1.0, threshold=0.3))
     assert not paper.observe([1.0], bandwidth=0.5e9)          # the paper: latencies only

@@ -90,8 +90,8 @@ def register(instance) -> None:
     connection and take their cursors from it.
     """
     from .. import inference, jobs, latency, training
-    from ..scheduler.predictor import predictor_path
-    from ..scheduler.shared import device_ledger, existing_scheduler
+    from ..scheduler.latency.predictor import predictor_path
+    from ..scheduler.multijob.scheduler import device_ledger, existing_scheduler
     from ..settings import resolve_device
     from ..catalog import drop
 

@@ -12,8 +12,8 @@ from typing import Callable, Protocol
 
 import torch
 
-from .memory import live_tensors, measure_peak
-from .optim import OptimizerSpec, make_optimizer
+from .measure import live_tensors, measure_peak
+from ..graph.optim import OptimizerSpec, make_optimizer
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

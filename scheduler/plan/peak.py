@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .liveness import Liveness, analyse_liveness
-from .sequence import AccessSequence, Event, EventKind
+from ..graph.sequence import AccessSequence, Event, EventKind
 
 FIRST = -1e18   # rank: before everything else at the same instant
 LAST = 1e18     # rank: after everything else at the same instant

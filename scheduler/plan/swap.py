@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .peak import FIRST, event_rank, event_time
-from .sequence import Event, EventKind
+from ..graph.sequence import Event, EventKind
 
 if TYPE_CHECKING:
     from .planner import JobSchedule

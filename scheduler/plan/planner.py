@@ -10,7 +10,7 @@ to swapping after each recompute. No step raises the peak, so when the budget ca
 be met the peak the loop ended at is the least budget it can meet
 (``InfeasibleBudget.min_budget``).
 
->>> from .sequence import AccessSequence, TensorInfo, TensorKind, Op, Phase
+>>> from dbml.scheduler.graph.sequence import AccessSequence, TensorInfo, TensorKind, Op, Phase
 >>> t = (TensorInfo(0, "x", 4, TensorKind.BATCH), TensorInfo(1, "y", 4, TensorKind.ACTIVATION))
 >>> seq = AccessSequence("j", t, (Op(0, "relu", (0,), (1,), 0.0, 1.0, Phase.FORWARD),), frozenset({0}))
 >>> plan(seq, 8, policy="none").peak_bytes
@@ -30,7 +30,7 @@ from .liveness import Liveness, analyse_liveness, release_events
 from .peak import (FIRST, Timeline, analyse_peak, build_timeline, event_arrays, event_rank, event_time,
                    host_at_start, static_ledger)
 from .recompute import recompute_candidates, schedule_recompute
-from .sequence import AccessSequence, Event, EventKind, Plan
+from ..graph.sequence import AccessSequence, Event, EventKind, Plan
 from .swap import CROSS, START_RANK, SWAPPED, Channel, Gaps, candidates, find_gaps, gap_keys, schedule_swap
 
 POLICIES = ("tensile", "none")

@@ -7,7 +7,7 @@ leave or update reruns :func:`~.planner.plan_jobs` over all registered jobs, and
 fetches its latest plan, picking it up at its next iteration boundary (IV-F: "the system
 will apply the new plan before computing the next batch of data").
 
->>> from .sequence import AccessSequence, TensorInfo, TensorKind, Op, Phase
+>>> from dbml.scheduler.graph.sequence import AccessSequence, TensorInfo, TensorKind, Op, Phase
 >>> t = (TensorInfo(0, "x", 4, TensorKind.BATCH), TensorInfo(1, "y", 4, TensorKind.ACTIVATION))
 >>> seq = AccessSequence("j", t, (Op(0, "relu", (0,), (1,), 0.0, 1.0, Phase.FORWARD),), frozenset({0}))
 >>> ms = MemoryScheduler(20)
@@ -75,11 +75,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Mapping
 
-from .liveness import release_events
-from .memory import DeviceLedger
-from .peak import analyse_peak
-from .planner import InfeasibleBudget, PlanSettings, plan, plan_jobs
-from .sequence import AccessSequence, EventKind, Plan
+from ..plan.liveness import release_events
+from .ledger import DeviceLedger
+from ..plan.peak import analyse_peak
+from ..plan.planner import InfeasibleBudget, PlanSettings, plan, plan_jobs
+from ..graph.sequence import AccessSequence, EventKind, Plan
 
 __all__ = ["MemoryScheduler", "JobPlanner", "JobPlans", "NotAdmitted", "device_ledger", "graph_key",
            "shared_scheduler"]

@@ -50,12 +50,12 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .access import op_nodes, output_nodes, replayable
-from .capture import CapturedStep
+from ..graph.access import op_nodes, output_nodes, replayable
+from ..graph.capture import CapturedStep
 from .devices import CopyChannel, Device, as_view, storage_bytes
-from .liveness import analyse_liveness
-from .memory import JobAccount
-from .sequence import AccessSequence, EventKind, Plan
+from ..plan.liveness import analyse_liveness
+from ..multijob.ledger import JobAccount
+from ..graph.sequence import AccessSequence, EventKind, Plan
 
 __all__ = ["Executor", "ExecState", "ExecutionError", "Program", "check_event_log"]
 

@@ -16,7 +16,7 @@ Rules (TENSILE Algorithm 3, line 2, "activity analysis"):
   access of ``o`` (its storage must be on the device then). Otherwise ``n`` gets fresh
   memory and ``o`` is released after its last read.
 
->>> from .sequence import AccessSequence, TensorInfo, TensorKind, Op, Phase
+>>> from dbml.scheduler.graph.sequence import AccessSequence, TensorInfo, TensorKind, Op, Phase
 >>> t = [TensorInfo(0, "x", 4, TensorKind.BATCH), TensorInfo(1, "y", 4, TensorKind.ACTIVATION)]
 >>> ops = (Op(0, "relu", (0,), (1,), 0.0, 1.0, Phase.FORWARD),)
 >>> release_events(AccessSequence("j", tuple(t), ops, frozenset({0})))
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .sequence import AccessSequence, Event, EventKind
+from ..graph.sequence import AccessSequence, Event, EventKind
 
 
 class SequenceError(ValueError):

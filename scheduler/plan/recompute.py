@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from .sequence import Event, EventKind
+from ..graph.sequence import Event, EventKind
 from .swap import CROSS, OPEN, PINNED, RECOMPUTED, candidates
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ import operator
 import torch.fx as fx
 
 from .capture import CapturedStep
-from .estimate import LatencyModel, measure_machine
+from ..latency.estimate import LatencyModel, measure_machine
 from .sequence import AccessSequence, Op, TensorInfo, TensorKind
 
 __all__ = ["build_sequence", "op_nodes", "node_inputs", "output_nodes"]

@@ -48,10 +48,10 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .capture import capture, init_state
+from ..graph.capture import capture, init_state
 from .estimate import Machine
 from .opfeatures import LOG_FLOPS, op_features, op_kind
-from .optim import OptimizerSpec
+from ..graph.optim import OptimizerSpec
 from .predictor import Predictor, Samples, fit_predictor, load_predictor
 from .utilisation import device_utilisation
 

@@ -15,7 +15,7 @@ the average is kept every iteration, so one noisy iteration moves it by ``beta``
 deviation and a lasting drift is followed at once. With ``beta=0.9`` the two agree for a
 step change.
 
->>> from dbml.scheduler.sequence import AccessSequence, Op, Phase
+>>> from dbml.scheduler.graph.sequence import AccessSequence, Op, Phase
 >>> seq = AccessSequence("j", (), (Op(0, "a", (), (), 0.0, 1.0, Phase.FORWARD),
 ...                               Op(1, "b", (), (), 1.0, 2.0, Phase.FORWARD)), frozenset())
 >>> tracker = LatencyTracker(seq, UpdateSettings(beta=0.5, threshold=0.6))
@@ -31,7 +31,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
-from .sequence import AccessSequence
+from ..graph.sequence import AccessSequence
 
 __all__ = ["UpdateSettings", "LatencyTracker", "drift", "ewma", "retime"]
 

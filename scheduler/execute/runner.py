@@ -48,14 +48,14 @@ from typing import Callable, Hashable
 
 import torch
 
-from .access import build_sequence
-from .capture import CapturedStep, GraphCache, initial_states, state_keys, trainable
+from ..graph.access import build_sequence
+from ..graph.capture import CapturedStep, GraphCache, initial_states, state_keys, trainable
 from .devices import Device, as_view, make_device
-from .estimate import LatencyModel, RooflineModel
+from ..latency.estimate import LatencyModel, RooflineModel
 from .executor import ExecState, Executor, Program
-from .memory import DeviceLedger, JobAccount
-from .optim import OptimizerSpec
-from .sequence import AccessSequence, EventKind, Plan
+from ..multijob.ledger import DeviceLedger, JobAccount
+from ..graph.optim import OptimizerSpec
+from ..graph.sequence import AccessSequence, EventKind, Plan
 from .step import LossFn
 from .updating import LatencyTracker, UpdateSettings, retime
 
@@ -181,7 +181,7 @@ class ScheduledStep:
         try:
             if self.planner is not None:
                 return self.planner(seq)
-            from .planner import plan  # the planning passes; imported late (optional at import time)
+            from ..plan.planner import plan  # the planning passes; imported late (optional at import time)
             if self.policy == "none" or self.budget_bytes is None:
                 return plan(seq, sys.maxsize, policy="none" if self.policy == "none" else "tensile",
                             settings=self.planner_settings)
@@ -209,7 +209,7 @@ class ScheduledStep:
         return key, self._graphs[key]
 
     def _build(self, captured: CapturedStep) -> _Graph:
-        from .planner import InfeasibleBudget, plan
+        from ..plan.planner import InfeasibleBudget, plan
         seq = build_sequence(captured, self.latency_model, self.job)
         passive = self.policy == "capuchin"
         limit = None
@@ -249,7 +249,7 @@ class ScheduledStep:
             return   # no budget: the plan only releases, whatever the latencies
         measured = g.executor.op_latencies()
         if g.passive:
-            from .planner import InfeasibleBudget
+            from ..plan.planner import InfeasibleBudget
             observed = retime(g.seq, measured)
             try:
                 self._offer(g, self._make_plan(observed), observed)
@@ -257,7 +257,7 @@ class ScheduledStep:
                 pass   # no plan fits: stay in passive mode, observe again next iteration
             return
         if g.tracker.observe(measured, g.executor.copy_bandwidth()):
-            from .planner import InfeasibleBudget
+            from ..plan.planner import InfeasibleBudget
             share = self.update.max_plan_share
             if share is not None and self.replan_seconds > share * (time.perf_counter() - self._started):
                 self.deferred_replans += 1   # the drift stays: replan once the share allows it
