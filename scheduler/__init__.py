@@ -3,6 +3,8 @@
 A library for any PyTorch training step: it never imports the dbml runtime.
 """
 
+from .errors import (CaptureError, ExecutionError, InfeasibleBudget, NotAdmitted, SchedulerError,
+                     SequenceError)
 from .graph.access import build_sequence
 from .graph.capture import CaptureError, CapturedStep, GraphCache, capture
 from .execute.devices import CpuDevice, CudaDevice, make_device
@@ -15,7 +17,7 @@ from .plan.peak import Peak, analyse_peak
 from .plan.planner import InfeasibleBudget, PlanSettings, plan, plan_jobs, summary, tensor_granularity_floor
 from .execute.runner import ScheduledStep
 
-__all__ = ["OPTIMIZERS", "OptimizerSpec", "make_optimizer", "PeakMeter", "live_tensors", "measure_peak",
+__all__ = ["SchedulerError", "SequenceError", "OPTIMIZERS", "OptimizerSpec", "make_optimizer", "PeakMeter", "live_tensors", "measure_peak",
            "analyse_liveness", "release_events", "Peak", "analyse_peak",
            "InfeasibleBudget", "PlanSettings", "plan", "plan_jobs", "summary", "tensor_granularity_floor",
            "capture", "CapturedStep", "CaptureError", "GraphCache", "build_sequence",

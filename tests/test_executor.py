@@ -72,7 +72,7 @@ class Harness:
     def plan(self, events):
         events = tuple(sorted(events, key=lambda e: (e.trigger, e.delay)))
         peak = analyse_peak(self.seq, events, self.live)
-        vanilla = analyse_peak(self.seq, release_events(self.seq, self.live), self.live)
+        vanilla = analyse_peak(self.seq, release_events(self.seq), self.live)
         return Plan(self.seq.job, events, peak.bytes, vanilla.bytes,
                     host_at_start=host_at_start(self.seq, events))
 
@@ -109,7 +109,7 @@ def assert_identical(got, want):
 def swap_gaps(h: Harness, min_gap: int = 4):
     """Swap out every activation across its longest gap between accesses, and back in
     one op before the access after the gap."""
-    events = list(release_events(h.seq, h.live))
+    events = list(release_events(h.seq))
     for t in h.seq.tensors:
         if t.kind is not TensorKind.ACTIVATION or t.id in h.seq.outputs:
             continue
@@ -126,7 +126,7 @@ def swap_gaps(h: Harness, min_gap: int = 4):
 def test_release_only_plan_matches_eager_and_peak_analysis():
     h = Harness()
     want, want_losses = h.eager()
-    plan = h.plan(release_events(h.seq, h.live))
+    plan = h.plan(release_events(h.seq))
     got, losses, ex, peaks = h.run(plan)
     assert_identical(got, want)
     assert all(torch.equal(a, b) for a, b in zip(losses, want_losses))
@@ -151,7 +151,7 @@ def test_swaps_are_performed_and_change_nothing():
 def test_recompute_reruns_the_generating_op():
     h = Harness()
     want, _ = h.eager()
-    events = list(release_events(h.seq, h.live))
+    events = list(release_events(h.seq))
     picked = _recompute_candidate(h)
     t, a, b = picked
     events += [Event(a, 0.0, R, t), Event(b - 1, 0.0, RC, t, before=b)]
@@ -187,7 +187,7 @@ def test_random_tensor_is_never_recomputed():
     h = Harness()
     mask = next(t for t in h.seq.tensors if t.random and t.kind is TensorKind.ACTIVATION)
     scaled = h.seq.ops[h.live.accesses[mask.id][0]].outputs[0]
-    events = list(release_events(h.seq, h.live))
+    events = list(release_events(h.seq))
     events.append(Event(h.live.accesses[scaled][0], 0.0, R, scaled))
     plan = Plan(h.seq.job, tuple(sorted(events)), 0, 0)
     with pytest.raises(ExecutionError, match="cannot be recomputed"):
@@ -210,7 +210,7 @@ def test_cross_iteration_swaps_updated_state_and_prefetches_it():
     next use in the next iteration: the device never holds params + state together."""
     h = Harness(deep_mlp, data=batches(4, b=4, shape=(64,)))  # parameters and state dominate
     want, _ = h.eager()
-    events = list(release_events(h.seq, h.live))
+    events = list(release_events(h.seq))
     moved = 0
     for n, o in h.seq.updates.items():
         if h.seq.tensors[o].kind is not TensorKind.OPT_STATE or h.seq.tensors[o].nbytes < 1024:
@@ -252,7 +252,7 @@ def test_released_buffers_are_reused_within_the_planned_peak():
                                    torch.nn.ReLU(), torch.nn.Linear(512, 10))
     h = Harness(wide, data=batches(3, b=64, shape=(64,)))
     want, _ = h.eager()
-    plan = h.plan(release_events(h.seq, h.live))
+    plan = h.plan(release_events(h.seq))
     got, _, ex, peaks = h.run(plan)
     assert_identical(got, want)
     assert ex.totals["reused_buffers"] > 0
@@ -272,7 +272,7 @@ def test_release_and_swap_in_again_of_a_running_stat_uses_its_new_value():
     rm = next(t.id for t in h.seq.tensors if t.kind is TensorKind.BUFFER and t.nbytes == 16)
     f, b = h.live.accesses[rm][0], h.live.accesses[rm][-1]
     assert b > f + 2, "the running mean is read again by the backward op"
-    events = list(release_events(h.seq, h.live)) + [
+    events = list(release_events(h.seq)) + [
         Event(-1, 0.0, SO, rm), Event(f - 1, 0.0, SI, rm, before=f),
         Event(f, 0.0, R, rm), Event(b - 1, 0.0, SI, rm, before=b)]
     got, _, ex, _ = h.run(Plan(h.seq.job, tuple(sorted(events)), 0, 0))

@@ -55,13 +55,10 @@ from ..graph.capture import CapturedStep
 from .devices import CopyChannel, Device, as_view, storage_bytes
 from ..plan.liveness import analyse_liveness
 from ..multijob.ledger import JobAccount
-from ..graph.sequence import AccessSequence, EventKind, Plan
+from ..graph.sequence import EVENT_RANK, AccessSequence, EventKind, Plan, event_order
+from ..errors import ExecutionError
 
 __all__ = ["Executor", "ExecState", "ExecutionError", "Program", "check_event_log"]
-
-
-class ExecutionError(RuntimeError):
-    """The executor could not perform its plan (a bug in a plan or in the executor)."""
 
 
 @dataclass
@@ -366,14 +363,14 @@ class Executor:
         after: list[list] = [[] for _ in range(self.n_ops + 1)]  # after[k + 1]: after op k
         starts = [op.start for op in timing.ops]
         ends = [op.end for op in timing.ops]
-        for e in sorted(plan.events, key=_event_order):
+        for e in sorted(plan.events, key=event_order):
             if not -1 <= e.trigger < self.n_ops:
                 raise ExecutionError(f"job {self.prog.job!r}: event {e} has no trigger op")
             slot, delay = e.trigger + 1, e.delay
             if e.kind is EventKind.SWAP_IN and delay > 0:
                 slot, delay = _swap_in_slot(e, starts, ends)
             after[slot].append((e.kind, e.tensor, delay, e.before))
-        self.after = [tuple(sorted(a, key=lambda ev: _KIND_RANK[ev[0]])) for a in after]
+        self.after = [tuple(sorted(a, key=lambda ev: EVENT_RANK[ev[0]])) for a in after]
         self.host_at_start = frozenset(plan.host_at_start)
 
     def close(self) -> None:
@@ -891,14 +888,6 @@ class Executor:
         self._rebuild(sid, storage_bytes(value), before)
         self._free(sum(prog.nbytes[s] for s in outs if s != sid))
         self.counts["passive_recomputes" if passive else "recomputes"] += 1
-
-
-_KIND_RANK = {EventKind.RELEASE: 0, EventKind.SWAP_OUT: 1, EventKind.SWAP_IN: 1, EventKind.RECOMPUTE: 2}
-
-
-def _event_order(e) -> tuple:
-    """Per trigger: delay-0 releases, then copies, then recomputes (peak.py's ranks)."""
-    return (e.trigger, e.delay, _KIND_RANK[e.kind])
 
 
 def _swap_in_slot(e, starts, ends) -> tuple[int, float]:

@@ -39,7 +39,6 @@ plan, e.g. ``peak 912 MB -> 431 MB, 37 swaps, 4 recomputes, plan 0.21 s``.
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
@@ -58,19 +57,12 @@ from ..graph.optim import OptimizerSpec
 from ..graph.sequence import AccessSequence, EventKind, Plan
 from .step import LossFn
 from .updating import LatencyTracker, UpdateSettings, retime
+from .. import config
 
-__all__ = ["ScheduledStep", "scheduler_disabled", "summary_line", "POLICIES"]
+__all__ = ["ScheduledStep", "summary_line", "POLICIES"]
 
 POLICIES = ("tensile", "capuchin", "none")
 Planner = Callable[[AccessSequence], Plan]
-
-
-def scheduler_disabled() -> bool:
-    return os.environ.get("DBML_NO_SCHEDULER", "").strip() not in ("", "0", "false", "no")
-
-
-def _debug() -> bool:
-    return os.environ.get("DBML_DEBUG", "").strip() not in ("", "0", "false", "no")
 
 
 def _mb(n: int) -> str:
@@ -121,7 +113,7 @@ class ScheduledStep:
             raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
         if policy == "capuchin" and budget_bytes is None and planner is None:
             raise ValueError("policy 'capuchin' needs budget_bytes: passive mode evicts against a budget")
-        self.policy = "none" if scheduler_disabled() else policy
+        self.policy = "none" if config.scheduler_disabled() else policy
         self.model, self.loss_fn, self.spec, self.job = model, loss_fn, spec, job
         self.budget_bytes, self.log, self.planner_settings = budget_bytes, log, planner_settings
         self.planner, self.update = planner, update or UpdateSettings()
@@ -337,7 +329,7 @@ class ScheduledStep:
         g.plan, g.seq, g.passive = plan, seq, False
         g.tracker.rebase(seq)
         self.plan_changes += 1
-        if _debug():
+        if config.debug():
             print(f"dbml.scheduler[{self.job}]: new plan: {self.stats()['summary']}", file=sys.stderr)
 
     # -- StepRunner ------------------------------------------------------------------
@@ -365,7 +357,7 @@ class ScheduledStep:
         self.iteration_plans.append(g.plan)
         loss = executor.run(self.state, x, y)
         self._after_iteration(g)
-        if _debug() and len(self._graphs) != fresh:
+        if config.debug() and len(self._graphs) != fresh:
             print(f"dbml.scheduler[{self.job}]: {self.stats()['summary']}", file=sys.stderr)
         return loss.detach()
 

@@ -59,15 +59,12 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from .optim import OptimizerSpec, make_optimizer
 from .sequence import Phase, TensorKind
+from ..errors import CaptureError
 
 __all__ = ["CapturedStep", "CaptureError", "GraphCache", "capture", "annotate", "state_keys",
            "init_state", "initial_states", "trainable", "batch_signature"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-class CaptureError(RuntimeError):
-    """The training step could not be captured as a static graph."""
 
 
 @dataclass

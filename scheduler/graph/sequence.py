@@ -112,6 +112,19 @@ class Event:
     before: int = -1
 
 
+# The one order of simultaneous events. Events issued at the same (trigger, delay) are
+# performed by the executor, and counted by peak analysis and the planner, in this order:
+# frees before copies, a copy's start before recomputation (peak.py states the ledger's
+# rules for changes at one instant).
+EVENT_ORDER = (EventKind.RELEASE, EventKind.SWAP_OUT, EventKind.SWAP_IN, EventKind.RECOMPUTE)
+EVENT_RANK = {kind: rank for rank, kind in enumerate(EVENT_ORDER)}
+
+
+def event_order(e: Event) -> tuple:
+    """Sort key of an event: (trigger, delay), then ``EVENT_ORDER``, tensor, served op."""
+    return (e.trigger, e.delay, EVENT_RANK[e.kind], e.tensor, e.before)
+
+
 @dataclass(frozen=True)
 class Plan:
     job: str

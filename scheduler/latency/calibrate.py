@@ -68,7 +68,7 @@ LATENCY_QUANTILE = 0.25    # an op's latency: this quantile of its timed blocks 
 MAX_BLOCK_CALLS = 200
 SETTLE_S = 0.005           # after changing the load level (its threads see it within a period)
 # Utilisation is read once per workload, level and pass, and a sample gets the median over
-# its passes: a shorter window than a prediction's (utilisation.CPU_WINDOW_S) suffices,
+# its passes: a shorter window than a prediction's (config.util_window()) suffices,
 # and at 50 ms the readings took a third of the timing passes.
 UTIL_WINDOW_S = 0.01
 TRAIN_TICKS = 20           # progress steps given to training

@@ -13,7 +13,6 @@ device (cached): peak FLOP/s, memory bandwidth, and host<->device copy bandwidth
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -21,6 +20,8 @@ from typing import Protocol
 import torch
 import torch.fx as fx
 from torch.utils.flop_counter import flop_registry
+
+from .. import config
 
 __all__ = ["LatencyModel", "RooflineModel", "Machine", "measure_machine", "node_bytes"]
 
@@ -77,7 +78,8 @@ def measure_machine(device: str | torch.device = "cpu") -> Machine:
     mem_bw = 2 * src.numel() / _timed(lambda: (dst.copy_(src), sync()))
     host = torch.empty(src.numel(), dtype=torch.uint8, pin_memory=device.type == "cuda")
     copy_bw = src.numel() / _timed(lambda: (host.copy_(src), sync()))
-    copy_bw = float(os.environ.get("DBML_COPY_BANDWIDTH", copy_bw))
+    override = config.copy_bandwidth_override()
+    copy_bw = copy_bw if override is None else override
     small = torch.ones(4, device=device)
     overhead = _timed(lambda: (torch.ops.aten.add.Tensor(small, small), sync()), repeats=20)
     _MACHINES[key] = Machine(flops, mem_bw, copy_bw, overhead)

@@ -42,6 +42,7 @@ import torch.fx as fx
 from .estimate import Machine, RooflineModel
 from .opfeatures import FEATURE_NAMES, LOG_BYTES, LOG_FLOPS, N_FEATURES, op_features, op_kind
 from .utilisation import device_utilisation
+from .. import config
 
 __all__ = ["Predictor", "Samples", "OpReport", "PredictorReport", "fit_predictor", "load_predictor",
            "fingerprint", "cache_dir", "predictor_path", "split_heldout", "fit_baseline", "r2_score",
@@ -50,7 +51,6 @@ __all__ = ["Predictor", "Samples", "OpReport", "PredictorReport", "fit_predictor
 FORMAT = 2                     # bump when features or architecture change: old caches go stale
 HIDDEN = (128, 128, 64)        # four weight layers, as the paper's "four layers MLP"
 HELDOUT_FRACTION = 0.25        # share of each op kind's distinct shapes kept out of training
-TRAIN_STEPS = int(os.environ.get("DBML_PREDICTOR_STEPS", "3000"))
 BATCH = 256
 LEARNING_RATE = 3e-3
 # Huber loss on standardised log-latency: a timing spiked by another process's burst
@@ -62,13 +62,13 @@ BALANCE_POWER = 0.5
 # An op whose log2 FLOPs or bytes exceed the largest calibrated for its kind by more than
 # this many doublings is predicted by the kind's least-squares power law: the MLP
 # interpolates well and extrapolates arbitrarily; a power law in FLOPs/bytes scales.
-EXTRAPOLATE_WITH_BASELINE = os.environ.get("DBML_PREDICTOR_EXTRAPOLATE", "baseline") == "baseline"
+# (switch: DBML_PREDICTOR_EXTRAPOLATE, read in config.py)
 EXTRAPOLATION_MARGIN = 1.0
 # The MLP learns the residual of its kind's least-squares power law (log t ~ a + b log
 # FLOPs + c log bytes + d util) rather than log t itself: the power law carries the
 # scale and extrapolates; the MLP adds what shape, strides, layout and load do beyond
 # it. With a few dozen shapes per kind a bare MLP overfits the scale.
-RESIDUAL_ON_BASELINE = os.environ.get("DBML_PREDICTOR_RESIDUAL", "1") == "1"
+# (switch: DBML_PREDICTOR_RESIDUAL, read in config.py)
 # Features are log2 sizes, flags and a [0, 1] load: a feature (nearly) constant in training
 # (every add was float32) must not blow up when a graph brings another value (an int64
 # counter), so standardisation divides by at least this.
@@ -313,7 +313,7 @@ class Predictor:
         idx = torch.tensor([self.vocab[kind]])
         f = torch.tensor([features], dtype=torch.float32)
         u = torch.tensor([util], dtype=torch.float32)
-        if EXTRAPOLATE_WITH_BASELINE and self._beyond_calibration(kind, features):
+        if config.predictor_extrapolates_with_baseline() and self._beyond_calibration(kind, features):
             self.extrapolated[kind] += 1
             return float(_baseline_log(self.tensors["baseline"], idx, f, u).clamp(*LOG_LATENCY_RANGE).exp())
         return float(self.predict_log(idx, f, u).exp())
@@ -384,10 +384,7 @@ def fingerprint(device: str | torch.device = "cpu", threads: int | None = None) 
 
 
 def cache_dir() -> Path:
-    if os.environ.get("DBML_CACHE_DIR"):
-        return Path(os.environ["DBML_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "dbml"
+    return config.cache_dir()
 
 
 def predictor_path(device: str | torch.device = "cpu", threads: int | None = None) -> Path:
@@ -431,11 +428,14 @@ def _kind_max(samples: Samples, rows: list[int]) -> dict[str, list[float]]:
 
 
 def fit_predictor(samples: Samples, device: str | torch.device, machine: Machine,
-                  copy_bandwidth: dict[str, float], *, steps: int = TRAIN_STEPS, seconds: float = math.inf,
-                  hidden: tuple[int, ...] = HIDDEN, seed: int = 0, residual: bool = RESIDUAL_ON_BASELINE,
+                  copy_bandwidth: dict[str, float], *, steps: int | None = None, seconds: float = math.inf,
+                  hidden: tuple[int, ...] = HIDDEN, seed: int = 0, residual: bool | None = None,
                   progress: Callable[[int, int], None] | None = None) -> Predictor:
     """Train on the training shapes of ``samples`` (at most ``steps`` steps or
-    ``seconds``); evaluate on the held-out shapes."""
+    ``seconds``); evaluate on the held-out shapes. ``steps`` and ``residual`` default
+    to the environment's (``config.predictor_steps``, ``config.predictor_residual``)."""
+    steps = config.predictor_steps() if steps is None else steps
+    residual = config.predictor_residual() if residual is None else residual
     train, test = split_heldout(samples, seed=seed)
     vocab = {k: i for i, k in enumerate(sorted({samples.kinds[i] for i in train}))}
     idx = torch.tensor([vocab.get(k, -1) for k in samples.kinds])

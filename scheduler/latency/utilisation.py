@@ -29,10 +29,10 @@ import warnings
 
 import torch
 
+from .. import config
+
 __all__ = ["device_utilisation", "utilisation_source", "runnable_threads"]
 
-# Seconds of the CPU sampling window.
-CPU_WINDOW_S = float(os.environ.get("DBML_UTIL_WINDOW", "0.05"))
 PROC_LOADAVG = "/proc/loadavg"
 CPU_READS = 10             # run-queue samples per window
 _warned: set[str] = set()
@@ -94,7 +94,7 @@ def device_utilisation(device: str | torch.device = "cpu", window: float | None 
     """Fraction of ``device`` busy now, in [0, 1]; 0.0 (warned once) where unmeasurable."""
     device = torch.device(device)
     if device.type == "cpu":
-        return _cpu_utilisation(CPU_WINDOW_S if window is None else window)
+        return _cpu_utilisation(config.util_window() if window is None else window)
     util = _cuda_utilisation(device) if device.type == "cuda" else None
     if util is None:
         if str(device) not in _warned:

@@ -67,7 +67,6 @@ published under ``_cond``'s lock, which readers (``plan_for``, ``version``,
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import threading
 import time
@@ -80,15 +79,13 @@ from .ledger import DeviceLedger
 from ..plan.peak import analyse_peak
 from ..plan.planner import InfeasibleBudget, PlanSettings, plan, plan_jobs
 from ..graph.sequence import AccessSequence, EventKind, Plan
+from ..errors import NotAdmitted
+from .. import config
 
 __all__ = ["MemoryScheduler", "JobPlanner", "JobPlans", "NotAdmitted", "device_ledger", "graph_key",
            "shared_scheduler"]
 
 POLL_SECONDS = 0.05   # how often a waiting job looks at its ``cancelled`` callable
-
-
-class NotAdmitted(RuntimeError):
-    """A job waiting for admission was cancelled or timed out; it holds no memory."""
 
 
 def graph_key(seq: AccessSequence) -> Hashable:
@@ -547,7 +544,7 @@ class MemoryScheduler:
             self._jobs, self._published = dict(jobs), published
             self.replans += 1
             self._cond.notify_all()
-        if _debug():
+        if config.debug():
             print(f"dbml.scheduler: {self._summary()}", file=sys.stderr)
 
     def _summary(self) -> str:
@@ -556,10 +553,6 @@ class MemoryScheduler:
         return (f"{len(snap['jobs'])} jobs, planned {snap['planned_peak_bytes'] / 2**20:.0f} MB of "
                 f"{self.budget_bytes / 2**20:.0f} MB, {len(snap['waiting'])} waiting, "
                 f"replan {snap['replans']} ({snap['plan_seconds']:.2f} s planning)")
-
-
-def _debug() -> bool:
-    return os.environ.get("DBML_DEBUG", "").strip() not in ("", "0", "false", "no")
 
 
 def _reserved(job_solution) -> int:

@@ -25,13 +25,12 @@ Rules (TENSILE Algorithm 3, line 2, "activity analysis"):
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass
 
 from ..graph.sequence import AccessSequence, Event, EventKind
-
-
-class SequenceError(ValueError):
-    """An access sequence that breaks the contract in sequence.py."""
+from ..errors import SequenceError
 
 
 @dataclass(frozen=True)
@@ -47,7 +46,27 @@ class Liveness:
         return acc[-1] if acc else self.gen[tensor]
 
 
+# One analysis per sequence: peak analysis, the planner, the multi-job scheduler and the
+# executor all ask for the same sequence's liveness, so it is computed once and kept for
+# as long as the sequence lives (keyed by identity: hashing a sequence costs as much as
+# analysing it).
+_CACHE: dict[int, tuple[weakref.ref, "Liveness"]] = {}
+_CACHE_LOCK = threading.Lock()
+
+
 def analyse_liveness(seq: AccessSequence) -> Liveness:
+    """The sequence's liveness: computed on the first call, the same object afterwards."""
+    hit = _CACHE.get(id(seq))
+    if hit is not None and hit[0]() is seq:
+        return hit[1]
+    live = _analyse(seq)
+    with _CACHE_LOCK:
+        key = id(seq)
+        _CACHE[key] = (weakref.ref(seq, lambda _, key=key: _CACHE.pop(key, None)), live)
+    return live
+
+
+def _analyse(seq: AccessSequence) -> Liveness:
     gen = _generating_ops(seq)
     reads: list[list[int]] = [[] for _ in seq.tensors]
     for op in seq.ops:
@@ -66,14 +85,12 @@ def analyse_liveness(seq: AccessSequence) -> Liveness:
         if not reads[o] or reads[o][-1] != gen[n]:
             reads[o].append(gen[n])
     accesses = tuple(tuple(r) for r in reads)
-    live = Liveness(tuple(gen), accesses, in_place, {})
-    live.released.update(_released(seq, live))
-    return live
+    return Liveness(tuple(gen), accesses, in_place, _released(seq, gen, accesses, in_place))
 
 
-def release_events(seq: AccessSequence, live: Liveness | None = None) -> tuple[Event, ...]:
+def release_events(seq: AccessSequence) -> tuple[Event, ...]:
     """RELEASE events of activity analysis, sorted by trigger."""
-    live = live or analyse_liveness(seq)
+    live = analyse_liveness(seq)
     return tuple(sorted(Event(op, 0.0, EventKind.RELEASE, t) for t, op in live.released.items()))
 
 
@@ -90,16 +107,17 @@ def _generating_ops(seq: AccessSequence) -> list[int]:
     return gen
 
 
-def _released(seq: AccessSequence, live: Liveness) -> dict[int, int]:
+def _released(seq: AccessSequence, gen: list[int], accesses: tuple[tuple[int, ...], ...],
+              in_place: dict[int, int]) -> dict[int, int]:
     """Tensor -> the op after which it is dead, for every tensor activity analysis frees."""
-    replaced_not_in_place = set(seq.updates.values()) - set(live.in_place.values())
+    replaced_not_in_place = set(seq.updates.values()) - set(in_place.values())
     out = {}
     for t in range(len(seq.tensors)):
         if t in seq.outputs:
             continue
         if t in seq.initial and t not in replaced_not_in_place:
             continue
-        if t not in seq.initial and live.gen[t] == -1:
+        if t not in seq.initial and gen[t] == -1:
             continue  # never generated nor read: holds no memory
-        out[t] = live.last_access(t)
+        out[t] = accesses[t][-1] if accesses[t] else gen[t]   # Liveness.last_access
     return out

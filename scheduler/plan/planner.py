@@ -30,20 +30,11 @@ from .liveness import Liveness, analyse_liveness, release_events
 from .peak import (FIRST, Timeline, analyse_peak, build_timeline, event_arrays, event_rank, event_time,
                    host_at_start, static_ledger)
 from .recompute import recompute_candidates, schedule_recompute
-from ..graph.sequence import AccessSequence, Event, EventKind, Plan
+from ..graph.sequence import AccessSequence, Event, EventKind, Plan, event_order
 from .swap import CROSS, START_RANK, SWAPPED, Channel, Gaps, candidates, find_gaps, gap_keys, schedule_swap
+from ..errors import InfeasibleBudget
 
 POLICIES = ("tensile", "none")
-
-
-class InfeasibleBudget(ValueError):
-    """No plan fits the budget; ``min_budget`` is the smallest one the planner can meet."""
-
-    def __init__(self, jobs: str, budget: int, min_budget: int):
-        self.budget, self.min_budget = budget, min_budget
-        super().__init__(f"jobs {jobs} cannot fit a budget of {budget} bytes "
-                         f"({budget / 2**20:.1f} MB); the smallest feasible budget is "
-                         f"{min_budget} bytes ({min_budget / 2**20:.1f} MB)")
 
 
 @dataclass(frozen=True)
@@ -81,7 +72,7 @@ class JobSchedule:
         self.seq, self.channel, self.shared = seq, channel, shared
         self.live: Liveness = analyse_liveness(seq)
         self.gaps: Gaps = find_gaps(seq, self.live)
-        self.events: list[Event] = list(release_events(seq, self.live))
+        self.events: list[Event] = list(release_events(seq))
         self._first_swap = len(self.events)            # events before it are releases
         self.recomputes: list[Event] = []
         self._arrays_cache: tuple = (0, None)
@@ -201,20 +192,12 @@ class JobSchedule:
         return arrays
 
     def plan(self, policy: str) -> Plan:
-        events = tuple(sorted(self.events, key=_event_order))
+        events = tuple(sorted(self.events, key=event_order))
         peak = analyse_peak(self.seq, events, self.live)
         extra = sum(self.seq.ops[self.live.gen[e.tensor]].latency
                     for e in events if e.kind is EventKind.RECOMPUTE)
         return Plan(self.seq.job, events, peak.bytes, self.vanilla_peak, extra, policy,
                     host_at_start(self.seq, events))
-
-
-_KIND_ORDER = {EventKind.RELEASE: 0, EventKind.SWAP_OUT: 1, EventKind.SWAP_IN: 2, EventKind.RECOMPUTE: 3}
-
-
-def _event_order(e: Event):
-    """(trigger, delay), then the order the executor performs simultaneous events in."""
-    return (e.trigger, e.delay, _KIND_ORDER[e.kind], e.tensor, e.before)
 
 
 def plan(seq: AccessSequence, budget_bytes: int, policy: str = "tensile",

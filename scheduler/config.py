@@ -1,0 +1,90 @@
+"""The scheduler's switches from the environment: the only module that reads ``os.environ``.
+
+Every function reads the variable when it is called, never at import time, so a test's
+``monkeypatch.setenv`` or a user's ``os.environ[...] = ...`` before a job starts takes
+effect. The dbml runtime reads the environment through this module too; dbml's own
+settings (DuckDB variables) live in ``dbml/settings.py``.
+
+===============================  ==========  =============================================
+variable                         default     effect
+===============================  ==========  =============================================
+``DBML_NO_SCHEDULER``            off         run every job unscheduled (policy ``none``)
+``DBML_DEBUG``                   off         print one summary line per plan to stderr
+``DBML_CACHE_DIR``               see below   where the latency predictor is cached
+``DBML_COPY_BANDWIDTH``          measured    host<->device copy bandwidth, bytes/s
+``DBML_UTIL_WINDOW``             0.05        seconds of the CPU-utilisation sample
+``DBML_PREDICTOR_STEPS``         3000        training steps of the latency predictor
+``DBML_PREDICTOR_EXTRAPOLATE``   baseline    ``baseline``: beyond calibration, use the
+                                             least-squares power law; else the MLP
+``DBML_PREDICTOR_RESIDUAL``      1           ``1``: the MLP learns the power law's residual
+===============================  ==========  =============================================
+
+The cache directory is ``$DBML_CACHE_DIR``, else ``$XDG_CACHE_HOME/dbml``, else
+``~/.cache/dbml``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["ENVIRONMENT", "scheduler_disabled", "debug", "cache_dir", "copy_bandwidth_override",
+           "util_window", "predictor_steps", "predictor_extrapolates_with_baseline",
+           "predictor_residual", "env_flag"]
+
+# name -> (default as text, one-line description): the README's table is checked against it
+ENVIRONMENT = {
+    "DBML_NO_SCHEDULER": ("", "run every job unscheduled (policy none)"),
+    "DBML_DEBUG": ("", "print one summary line per plan to stderr"),
+    "DBML_CACHE_DIR": ("", "where the latency predictor is cached"),
+    "DBML_COPY_BANDWIDTH": ("", "host-device copy bandwidth in bytes/s, instead of measuring it"),
+    "DBML_UTIL_WINDOW": ("0.05", "seconds of the CPU-utilisation sample"),
+    "DBML_PREDICTOR_STEPS": ("3000", "training steps of the latency predictor"),
+    "DBML_PREDICTOR_EXTRAPOLATE": ("baseline", "beyond calibration, predict with the power law"),
+    "DBML_PREDICTOR_RESIDUAL": ("1", "the predictor's MLP learns the power law's residual"),
+}
+
+
+def _get(name: str) -> str:
+    return os.environ.get(name, ENVIRONMENT[name][0]).strip()
+
+
+def env_flag(name: str) -> bool:
+    """A switch: set to anything but empty, ``0``, ``false`` or ``no`` means on."""
+    return _get(name).lower() not in ("", "0", "false", "no")
+
+
+def scheduler_disabled() -> bool:
+    return env_flag("DBML_NO_SCHEDULER")
+
+
+def debug() -> bool:
+    return env_flag("DBML_DEBUG")
+
+
+def cache_dir() -> Path:
+    if _get("DBML_CACHE_DIR"):
+        return Path(_get("DBML_CACHE_DIR"))
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "dbml"
+
+
+def copy_bandwidth_override() -> float | None:
+    value = _get("DBML_COPY_BANDWIDTH")
+    return float(value) if value else None
+
+
+def util_window() -> float:
+    return float(_get("DBML_UTIL_WINDOW"))
+
+
+def predictor_steps() -> int:
+    return int(_get("DBML_PREDICTOR_STEPS"))
+
+
+def predictor_extrapolates_with_baseline() -> bool:
+    return _get("DBML_PREDICTOR_EXTRAPOLATE") == "baseline"
+
+
+def predictor_residual() -> bool:
+    return _get("DBML_PREDICTOR_RESIDUAL") == "1"
