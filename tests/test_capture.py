@@ -121,7 +121,7 @@ def test_batchnorm_is_marked_never_recompute():
     bn = next(n for n in c.graph.nodes if n.target is torch.ops.aten.native_batch_norm.default)
     assert bn.meta["dbml_mutates"] and not bn.meta["dbml_random"]
     seq = build_sequence(c, RooflineModel(MACHINE))
-    assert all(seq.tensors[t].random for t in seq.ops[op_nodes(c).index(bn)].outputs)
+    assert all(seq.tensors[t].not_replayable for t in seq.ops[op_nodes(c).index(bn)].outputs)
 
 
 def test_graph_cache_new_batch_shape_new_graph():
@@ -151,7 +151,7 @@ def test_access_sequence(captured):
     assert set(seq.updates.values()) <= seq.initial and len(seq.updates) == 16
     loss = captured.output_node().args[0][0]
     assert loss.meta["dbml_storage"] in seq.outputs
-    assert [t.name for t in seq.tensors if t.random and t.kind is TensorKind.ACTIVATION] == ["bernoulli"]
+    assert [t.name for t in seq.tensors if t.not_replayable and t.kind is TensorKind.ACTIVATION] == ["bernoulli"]
     assert seq.copy_bandwidth == MACHINE.copy_bandwidth
 
 

@@ -169,7 +169,7 @@ def _recompute_candidate(h: Harness):
     inputs are all still alive at the later access."""
     seq, live = h.seq, h.live
     for t in seq.tensors:
-        if t.kind is not TensorKind.ACTIVATION or t.random or t.id in seq.outputs:
+        if t.kind is not TensorKind.ACTIVATION or t.not_replayable or t.id in seq.outputs:
             continue
         g = live.gen[t.id]
         acc = list(live.accesses[t.id])
@@ -185,7 +185,7 @@ def test_random_tensor_is_never_recomputed():
     """Dropout's scaled mask released too early (a plan bug): rebuilding it would need
     the random mask again, and the executor refuses to draw a new one."""
     h = Harness()
-    mask = next(t for t in h.seq.tensors if t.random and t.kind is TensorKind.ACTIVATION)
+    mask = next(t for t in h.seq.tensors if t.not_replayable and t.kind is TensorKind.ACTIVATION)
     scaled = h.seq.ops[h.live.accesses[mask.id][0]].outputs[0]
     events = list(release_events(h.seq))
     events.append(Event(h.live.accesses[scaled][0], 0.0, R, scaled))
@@ -239,7 +239,7 @@ def test_batchnorm_running_stats_and_last_smaller_batch_graph():
     want, _ = h.eager()
     got, _, ex, _ = h.run(h.plan(swap_gaps(h, 3)))
     assert_identical(got, want)   # includes running_mean, running_var, num_batches_tracked
-    bn = [t for t in h.seq.tensors if t.name.startswith("getitem") and t.random]
+    bn = [t for t in h.seq.tensors if t.name.startswith("getitem") and t.not_replayable]
     assert bn, "BatchNorm outputs are marked never-recompute (the op updates running stats)"
 
 

@@ -146,7 +146,7 @@ def replay(seq: AccessSequence, plan_: Plan, margin: float = 0.0) -> int:
                 used += size(n)
         elif what == "start":   # recompute stall
             op = seq.ops[gen[x.tensor]]
-            assert not op.random and not seq.tensors[x.tensor].random, f"random tensor recomputed: {x}"
+            assert not op.not_replayable and not seq.tensors[x.tensor].not_replayable, f"unreplayable tensor recomputed: {x}"
             assert x.tensor not in resident, f"recompute of a resident tensor: {x}"
             for t in op.inputs:
                 assert t in resident and resident[t] <= t0 + TOL, f"recompute input {t} absent: {x}"
@@ -466,7 +466,7 @@ def test_random_plans_are_valid(seq, frac, knobs):
     assert plan(seq, budget, settings=knobs) == p
     for e in p.events:
         if e.kind is RC:
-            assert not seq.tensors[e.tensor].random
+            assert not seq.tensors[e.tensor].not_replayable
     # the planner's incremental ledger curve agrees with the analysis from scratch
     (js,) = planner._schedule([seq], budget, knobs, "tensile")
     assert js.peak_bytes() == p.peak_bytes

@@ -123,8 +123,8 @@ def test_dropout_trains_and_is_never_recomputed():
     assert_same(state_of(sched), state_of(eager))
     assert_same(got, want)
     seq, plan = next(iter(runner.sequences.values())), next(iter(runner.plans.values()))
-    random = {t.id for t in seq.tensors if t.random}
-    dropout = [op for op in seq.ops if op.random and op.phase is Phase.FORWARD and op.name.startswith("bernoulli")]
+    random = {t.id for t in seq.tensors if t.not_replayable}
+    dropout = [op for op in seq.ops if op.not_replayable and op.phase is Phase.FORWARD and op.name.startswith("bernoulli")]
     assert dropout and all(set(op.outputs) <= random for op in dropout)
     assert not any(e.kind is EventKind.RECOMPUTE and e.tensor in random for e in plan.events)
     logged = [e for ex in runner.executors() for e in ex.event_log if e[0] == "recompute"]

@@ -66,14 +66,14 @@ def _tensor_infos(captured: CapturedStep) -> tuple[TensorInfo, ...]:
         node = nodes[owner]
         kind = node.meta.get("dbml_kind", TensorKind.ACTIVATION)
         infos.append(TensorInfo(sid, names.get(sid, owner), nbytes[sid], kind,
-                                random=not replayable(node)))
+                                not_replayable=not replayable(node)))
     return tuple(infos)
 
 
 def replayable(node: fx.Node) -> bool:
     """Whether rerunning ``node`` reproduces its outputs and nothing else. Not for random
     ops (a new mask) nor ops writing into an input (BatchNorm's running statistics):
-    their tensors carry ``random=True``, the contract's "never recompute"."""
+    their tensors carry ``not_replayable=True``, the contract's "never recompute"."""
     return not (node.meta.get("dbml_random") or node.meta.get("dbml_mutates"))
 
 

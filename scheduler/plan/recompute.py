@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 def recomputable(seq, live, t: int) -> bool:
     """Deterministic, generated in the iteration, not an output, no output-producing op."""
     g = live.gen[t]
-    if g < 0 or seq.tensors[t].random or seq.ops[g].random:
+    if g < 0 or seq.tensors[t].not_replayable or seq.ops[g].not_replayable:
         return False
     return not any(o in seq.outputs for o in seq.ops[g].outputs)
 
