@@ -6,7 +6,8 @@ A library for any PyTorch training step: it never imports the dbml runtime.
 from .errors import (CaptureError, ExecutionError, InfeasibleBudget, NotAdmitted, SchedulerError,
                      SequenceError)
 from .graph.access import build_sequence
-from .graph.capture import CaptureError, CapturedStep, GraphCache, capture
+from .graph.capture import CapturedStep, capture
+from .graph.graphs import GraphCache
 from .execute.devices import CpuDevice, CudaDevice, make_device
 from .latency.estimate import LatencyModel, Machine, RooflineModel, measure_machine
 from .execute.executor import ExecState, ExecutionError, Executor, Program, check_event_log

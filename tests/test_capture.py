@@ -9,7 +9,8 @@ import torch
 
 from dbml.scheduler import PeakMeter, live_tensors, measure_peak
 from dbml.scheduler.graph.access import build_sequence, op_nodes
-from dbml.scheduler.graph.capture import GraphCache, capture, init_state
+from dbml.scheduler.graph.capture import capture, init_state
+from dbml.scheduler.graph.graphs import GraphCache
 from dbml.scheduler.latency.estimate import Machine, RooflineModel, node_flops
 from dbml.scheduler.graph.optim import OptimizerSpec
 from dbml.scheduler.graph.sequence import Phase, TensorKind

@@ -13,7 +13,7 @@ import torch
 
 from dbml.scheduler.latency import calibrate as calibration
 from dbml.scheduler.latency import predictor as predictor_mod
-from dbml.scheduler.latency.calibrate import ConvLayer, ConvProbes, LoadGenerator, Plan, calibrate, load_or_calibrate
+from dbml.scheduler.latency.calibrate import ConvLayer, ConvProbes, LoadGenerator, CalibrationPlan, calibrate, load_or_calibrate
 from dbml.scheduler.graph.capture import capture
 from dbml.scheduler.latency.estimate import RooflineModel
 from dbml.scheduler.latency.opfeatures import CONV_FEATURES, FEATURE_NAMES, conv_features, op_features, op_kind
@@ -23,7 +23,7 @@ from dbml.scheduler.latency.predictor import (FORMAT, fingerprint, heldout_repor
 from dbml.scheduler.latency.utilisation import device_utilisation, utilisation_source
 
 # One tiny model per family, a few conv probes, small steps, two load levels, a short training.
-TINY = Plan(models=1, levels=(0.0, 1.0), steps=150, copy_sizes=(1 << 14, 1 << 18), flops_cap=2e6, seconds=20,
+TINY = CalibrationPlan(models=1, levels=(0.0, 1.0), steps=150, copy_sizes=(1 << 14, 1 << 18), flops_cap=2e6, seconds=20,
             conv_probes=4)
 
 

@@ -35,7 +35,6 @@ tensors alive, e.g. last step's gradients through ``zero_grad(set_to_none=True)`
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Callable, Iterable
 
 import torch

@@ -48,7 +48,8 @@ from typing import Callable, Hashable
 import torch
 
 from ..graph.access import build_sequence
-from ..graph.capture import CapturedStep, GraphCache, initial_states, state_keys, trainable
+from ..graph.capture import CapturedStep, initial_states, state_keys, trainable
+from ..graph.graphs import GraphCache
 from .devices import Device, as_view, make_device
 from ..latency.estimate import LatencyModel, RooflineModel
 from .executor import ExecState, Executor, Program

@@ -44,11 +44,9 @@ A new batch shape (e.g. the last, smaller batch) needs its own graph;
 
 from __future__ import annotations
 
-import dataclasses
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
@@ -61,7 +59,7 @@ from .optim import OptimizerSpec, make_optimizer
 from .sequence import Phase, TensorKind
 from ..errors import CaptureError
 
-__all__ = ["CapturedStep", "CaptureError", "GraphCache", "capture", "annotate", "state_keys",
+__all__ = ["CapturedStep", "CaptureError", "capture", "annotate", "state_keys",
            "init_state", "initial_states", "trainable", "batch_signature"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -113,8 +111,8 @@ def init_state(spec: OptimizerSpec, param: torch.Tensor) -> dict[str, torch.Tens
     state = {}
     for key in state_keys(spec):
         if key == "step":
-            state[key] = torch.zeros((), dtype=_scalar_dtype(), device=param.device
-                                     if _step_on_device() else "cpu")
+            # capturable=False: torch keeps Adam's step on the CPU
+            state[key] = torch.zeros((), dtype=_scalar_dtype(), device="cpu")
         else:
             state[key] = torch.zeros_like(param, memory_format=torch.preserve_format)
     return state
@@ -122,10 +120,6 @@ def init_state(spec: OptimizerSpec, param: torch.Tensor) -> dict[str, torch.Tens
 
 def _scalar_dtype() -> torch.dtype:
     return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
-
-
-def _step_on_device() -> bool:
-    return False  # capturable=False: torch keeps Adam's step on the CPU
 
 
 def _optimizer_update(spec: OptimizerSpec, group: dict, params, grads, states) -> None:
@@ -251,13 +245,6 @@ def _outputs_from_copies(gm: fx.GraphModule) -> dict[int, int]:
 # two threads at once corrupt each other: concurrent jobs capture one at a time.
 _TRACE_LOCK = threading.Lock()
 
-# Captures shared across jobs (GraphCache(share=...)), least recently used dropped first.
-SHARED_GRAPHS = 32
-_SHARED_GRAPHS: OrderedDict[Hashable, CapturedStep] = OrderedDict()
-_SHARED_KEY_LOCKS: dict[Hashable, threading.Lock] = {}
-_SHARED_LOCK = threading.Lock()
-
-
 def capture(model: torch.nn.Module, loss_fn: LossFn, optimizer_spec: OptimizerSpec,
             example_batch: tuple[torch.Tensor, torch.Tensor], *, job: str = "job") -> CapturedStep:
     """Trace one training iteration of ``model`` on fake tensors; annotate its nodes."""
@@ -364,54 +351,3 @@ def annotate(captured: CapturedStep, phase_of: dict[str, Phase]) -> None:
         if isinstance(sid, int):
             node.meta["dbml_owner"] = owners[sid]
     captured.meta["storage_owners"] = owners
-
-
-class GraphCache:
-    """One captured graph per batch signature (the last, smaller batch gets its own).
-
-    ``share``: a name for the model's architecture under which jobs share captures
-    process-wide: a job whose model has the same name, parameter and buffer shapes,
-    loss function (the same object), optimizer spec and batch signature reuses the graph
-    another job captured instead of tracing again (seconds per graph; the graph is
-    functional, so it does not hold the other job's tensors). Give it only where equal
-    names mean equal ``forward`` code, as a model zoo's configuration does.
-    """
-
-    def __init__(self, model, loss_fn, spec: OptimizerSpec, *, job: str = "job", share: Hashable | None = None):
-        self.model, self.loss_fn, self.spec, self.job, self.share = model, loss_fn, spec, job, share
-        self._graphs: dict[tuple, CapturedStep] = {}
-        self.shared_hits = 0
-
-    def get(self, x: torch.Tensor, y: torch.Tensor) -> CapturedStep:
-        sig = batch_signature(x, y)
-        if sig not in self._graphs:
-            self._graphs[sig] = self._capture(x, y) if self.share is None else self._shared(sig, x, y)
-        return self._graphs[sig]
-
-    def _capture(self, x, y) -> CapturedStep:
-        return capture(self.model, self.loss_fn, self.spec, (x, y), job=self.job)
-
-    def _shared(self, sig: tuple, x, y) -> CapturedStep:
-        key = (self.share, type(self.model).__qualname__, self.loss_fn, self.spec, sig, self.model.training,
-               tuple((n, tuple(p.shape), p.dtype, p.requires_grad) for n, p in self.model.named_parameters()),
-               tuple((n, tuple(b.shape), b.dtype) for n, b in self.model.named_buffers()))
-        with _SHARED_LOCK:
-            lock = _SHARED_KEY_LOCKS.setdefault(key, threading.Lock())
-        with lock:   # one capture per key; the others wait for it
-            with _SHARED_LOCK:
-                hit = _SHARED_GRAPHS.get(key)
-                if hit is not None:
-                    _SHARED_GRAPHS.move_to_end(key)
-            if hit is None:
-                hit = self._capture(x, y)
-                with _SHARED_LOCK:
-                    _SHARED_GRAPHS[key] = hit
-                    while len(_SHARED_GRAPHS) > SHARED_GRAPHS:
-                        _SHARED_KEY_LOCKS.pop(_SHARED_GRAPHS.popitem(last=False)[0], None)
-            else:
-                self.shared_hits += 1
-        return dataclasses.replace(hit, job=self.job)
-
-    def __len__(self) -> int:
-        return len(self._graphs)
-

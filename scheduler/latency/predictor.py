@@ -29,10 +29,9 @@ import json
 import math
 import os
 import platform
-import random
 import time
-from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -41,6 +40,7 @@ import torch.fx as fx
 
 from .estimate import Machine, RooflineModel
 from .opfeatures import FEATURE_NAMES, LOG_BYTES, LOG_FLOPS, N_FEATURES, op_features, op_kind
+from .samples import Samples, baseline_log, fit_baseline, median_relative_error, r2_score, split_heldout
 from .utilisation import device_utilisation
 from .. import config
 
@@ -50,7 +50,6 @@ __all__ = ["Predictor", "Samples", "OpReport", "PredictorReport", "fit_predictor
 
 FORMAT = 2                     # bump when features or architecture change: old caches go stale
 HIDDEN = (128, 128, 64)        # four weight layers, as the paper's "four layers MLP"
-HELDOUT_FRACTION = 0.25        # share of each op kind's distinct shapes kept out of training
 BATCH = 256
 LEARNING_RATE = 3e-3
 # Huber loss on standardised log-latency: a timing spiked by another process's burst
@@ -76,97 +75,6 @@ STD_FLOOR = 0.25
 # Predictions are clamped to [1 ns, 1000 s]: a guard, never reached by sane inputs.
 LOG_LATENCY_RANGE = (math.log(1e-9), math.log(1e3))
 UTIL_TTL_S = 1.0               # re-read device utilisation at most once a second
-
-
-# -- samples --------------------------------------------------------------------------
-
-@dataclass
-class Samples:
-    """Calibration measurements: one row per (op shape, load level)."""
-
-    kinds: list[str] = field(default_factory=list)
-    features: list[list[float]] = field(default_factory=list)
-    util: list[float] = field(default_factory=list)
-    latency: list[float] = field(default_factory=list)   # seconds
-    level: list[float] = field(default_factory=list)     # load generator level
-    probe: list[bool] = field(default_factory=list)      # timed on its own, not in a captured step
-    workloads: int = 0                                   # models whose steps were timed
-
-    def add(self, kind: str, features: list[float], util: float, latency: float, level: float,
-            probe: bool = False) -> None:
-        self.kinds.append(kind)
-        self.features.append(list(features))
-        self.util.append(float(util))
-        self.latency.append(float(latency))
-        self.level.append(float(level))
-        self.probe.append(bool(probe))
-
-    def __len__(self) -> int:
-        return len(self.kinds)
-
-    def shape_key(self, i: int) -> tuple:
-        return (self.kinds[i], tuple(round(f, 6) for f in self.features[i]))
-
-
-def split_heldout(samples: Samples, fraction: float = HELDOUT_FRACTION,
-                  seed: int = 0) -> tuple[list[int], list[int]]:
-    """(train, held-out) row indices; every row of a held-out *shape* is held out, at
-    every load level, so no held-out shape is ever trained on. Per kind, a share
-    ``fraction`` of its distinct shapes is held out (none where it has fewer than 2)."""
-    shapes: dict[str, list[tuple]] = defaultdict(list)
-    for i in range(len(samples)):
-        key = samples.shape_key(i)
-        if key not in shapes[key[0]]:
-            shapes[key[0]].append(key)
-    rng = random.Random(seed)
-    held: set[tuple] = set()
-    for kind in sorted(shapes):
-        keys = list(shapes[kind])
-        rng.shuffle(keys)
-        n = math.ceil(fraction * len(keys)) if len(keys) >= 2 else 0
-        held.update(keys[:n])
-    train = [i for i in range(len(samples)) if samples.shape_key(i) not in held]
-    test = [i for i in range(len(samples)) if samples.shape_key(i) in held]
-    return train, test
-
-
-# -- metrics and the least-squares baseline --------------------------------------------
-
-def r2_score(y: torch.Tensor, pred: torch.Tensor) -> float:
-    ss_res = float(((y - pred) ** 2).sum())
-    ss_tot = float(((y - y.mean()) ** 2).sum())
-    return 1.0 - ss_res / ss_tot if ss_tot > 0 else float("nan")
-
-
-def median_relative_error(latency: torch.Tensor, predicted: torch.Tensor) -> float:
-    return float(((predicted - latency).abs() / latency).median())
-
-
-def _baseline_design(features: torch.Tensor, util: torch.Tensor) -> torch.Tensor:
-    ones = torch.ones_like(util)
-    return torch.stack([ones, features[:, LOG_FLOPS], features[:, LOG_BYTES], util], dim=1)
-
-
-def fit_baseline(kinds: list[str], features: torch.Tensor, util: torch.Tensor,
-                 log_latency: torch.Tensor, vocab: dict[str, int]) -> torch.Tensor:
-    """Per kind, least squares ``log t ~ a + b log FLOPs + c log bytes + d util``:
-    a (len(vocab), 4) tensor of coefficients (tiny ridge: constant columns are common)."""
-    coef = torch.zeros(len(vocab), 4, dtype=torch.float64)
-    design = _baseline_design(features, util).double()
-    for kind, k in vocab.items():
-        rows = torch.tensor([i for i, s in enumerate(kinds) if s == kind], dtype=torch.long)
-        if len(rows) == 0:
-            continue
-        a, y = design[rows], log_latency[rows].double()
-        ridge = 1e-6 * torch.eye(4, dtype=torch.float64)
-        ridge[0, 0] = 0.0
-        coef[k] = torch.linalg.solve(a.T @ a + ridge * len(rows), a.T @ y)
-    return coef.float()
-
-
-def _baseline_log(coef: torch.Tensor, idx: torch.Tensor, features: torch.Tensor,
-                  util: torch.Tensor) -> torch.Tensor:
-    return (_baseline_design(features, util) * coef[idx]).sum(dim=1)
 
 
 # -- the network ------------------------------------------------------------------------
@@ -291,9 +199,6 @@ class Predictor:
             return self.fallback.predict(node)
         return self.predict_features(kind, op_features(node), self.current_utilisation())
 
-    def predict_nodes(self, nodes: list[fx.Node]) -> list[float]:
-        return [self.predict(n) for n in nodes]
-
     def current_utilisation(self) -> float:
         if self.utilisation is not None:
             return float(self.utilisation)
@@ -315,7 +220,7 @@ class Predictor:
         u = torch.tensor([util], dtype=torch.float32)
         if config.predictor_extrapolates_with_baseline() and self._beyond_calibration(kind, features):
             self.extrapolated[kind] += 1
-            return float(_baseline_log(self.tensors["baseline"], idx, f, u).clamp(*LOG_LATENCY_RANGE).exp())
+            return float(baseline_log(self.tensors["baseline"], idx, f, u).clamp(*LOG_LATENCY_RANGE).exp())
         return float(self.predict_log(idx, f, u).exp())
 
     def _beyond_calibration(self, kind: str, features: list[float]) -> bool:
@@ -330,7 +235,7 @@ class Predictor:
         x = _inputs(idx, features, util, len(self.vocab), t["x_mean"], t["x_std"])
         out = self.net(x).squeeze(1) * t["y_std"] + t["y_mean"]
         if self.meta["residual"]:
-            out = out + _baseline_log(t["baseline"], idx, features, util)
+            out = out + baseline_log(t["baseline"], idx, features, util)
         return out.clamp(*LOG_LATENCY_RANGE)
 
     @property
@@ -444,7 +349,7 @@ def fit_predictor(samples: Samples, device: str | torch.device, machine: Machine
     log_t = torch.tensor(samples.latency, dtype=torch.float64).log().float()
     tr = torch.tensor(train, dtype=torch.long)
     baseline = fit_baseline([samples.kinds[i] for i in train], feats[tr], util[tr], log_t[tr], vocab)
-    target = log_t[tr] - (_baseline_log(baseline, idx[tr], feats[tr], util[tr]) if residual else 0.0)
+    target = log_t[tr] - (baseline_log(baseline, idx[tr], feats[tr], util[tr]) if residual else 0.0)
     x_all = torch.cat([feats, util[:, None]], dim=1)
     x_mean, x_std = x_all[tr].mean(0), x_all[tr].std(0).clamp_min(STD_FLOOR)
     y_mean, y_std = target.mean(), target.std().clamp_min(1e-3)
@@ -475,7 +380,7 @@ def predictions(predictor: Predictor, samples: Samples, rows: list[int]):
     util = torch.tensor([samples.util[i] for i in rows], dtype=torch.float32)
     log_t = torch.tensor([samples.latency[i] for i in rows], dtype=torch.float64).log().float()
     pred = predictor.predict_log(idx, feats, util)
-    return kinds, log_t, pred, _baseline_log(predictor.tensors["baseline"], idx, feats, util)
+    return kinds, log_t, pred, baseline_log(predictor.tensors["baseline"], idx, feats, util)
 
 
 def heldout_report(predictor: Predictor, samples: Samples, rows: list[int]) -> list[OpReport]:
