@@ -48,7 +48,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..graph.capture import capture, init_state
-from .estimate import Machine
+from .estimate import Machine, synchronizer
 from .opfeatures import LOG_FLOPS, op_features, op_kind
 from ..graph.optim import OptimizerSpec
 from .predictor import Predictor, Samples, fit_predictor, load_predictor
@@ -129,10 +129,6 @@ class LoadGenerator:
 
 # -- timing ------------------------------------------------------------------------------------
 
-def _synchronizer(device: torch.device):
-    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-
-
 def time_call(fn, args, kwargs, device: torch.device, repeats: int = REPEATS,
               block_s: float = MIN_BLOCK_S) -> float:
     """Seconds per call of ``fn(*args, **kwargs)``: min over blocks of the block mean."""
@@ -144,7 +140,7 @@ def _block_calls(fn, args, kwargs, device: torch.device, block_s: float) -> int:
     """Calls per timed block, from the second of two calls (the first, cold one pays for
     caches, the allocator and kernel selection: sized by it, a 20 us convolution got
     one-call blocks): a block lasts at least ``block_s``."""
-    sync = _synchronizer(device)
+    sync = synchronizer(device)
     fn(*args, **kwargs)
     sync()
     t0 = time.perf_counter()

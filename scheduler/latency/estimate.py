@@ -23,7 +23,8 @@ from torch.utils.flop_counter import flop_registry
 
 from .. import config
 
-__all__ = ["LatencyModel", "RooflineModel", "Machine", "measure_machine", "node_bytes"]
+__all__ = ["LatencyModel", "RooflineModel", "Machine", "measure_machine", "node_bytes", "node_flops",
+           "node_value", "synchronizer"]
 
 # Python-level nodes (views, getitem, scalar arithmetic) cost about one interpreter step.
 VIEW_LATENCY = 1e-6
@@ -55,7 +56,8 @@ def _timed(fn, repeats: int = 5) -> float:
     return best
 
 
-def _sync(device: torch.device):
+def synchronizer(device: torch.device):
+    """A callable that waits for ``device``'s queued work (a no-op on CPU)."""
     return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
 
 
@@ -67,7 +69,7 @@ def measure_machine(device: str | torch.device = "cpu") -> Machine:
     key = str(device)
     if key in _MACHINES:
         return _MACHINES[key]
-    sync = _sync(device)
+    sync = synchronizer(device)
     n = 256
     # constant inputs: timing must not draw from the global generator (dropout masks
     # would then differ from eager training seeded the same way)
@@ -86,7 +88,8 @@ def measure_machine(device: str | torch.device = "cpu") -> Machine:
     return _MACHINES[key]
 
 
-def _val(x):
+def node_value(x):
+    """The fake value a captured node carries (``meta["val"]``); other arguments as they are."""
     return x.meta.get("val") if isinstance(x, fx.Node) else x
 
 
@@ -100,7 +103,7 @@ def _tensor_bytes(v) -> int:
 
 def node_bytes(node: fx.Node) -> int:
     """Bytes an op reads and writes: its tensor arguments plus its outputs."""
-    args = fx.node.map_arg((node.args, node.kwargs), _val)
+    args = fx.node.map_arg((node.args, node.kwargs), node_value)
     return _tensor_bytes(args) + _tensor_bytes(node.meta.get("val"))
 
 
@@ -109,7 +112,7 @@ def node_flops(node: fx.Node) -> int:
     packet = getattr(target, "overloadpacket", None)
     if packet not in flop_registry:
         return 0
-    args, kwargs = fx.node.map_arg((node.args, node.kwargs), _val)
+    args, kwargs = fx.node.map_arg((node.args, node.kwargs), node_value)
     try:
         return int(flop_registry[packet](*args, **kwargs, out_val=node.meta.get("val")))
     except Exception:  # noqa: BLE001 - a formula that does not fit these arguments: no FLOPs

@@ -33,7 +33,7 @@ import math
 import torch
 import torch.fx as fx
 
-from .estimate import node_bytes, node_flops
+from .estimate import node_bytes, node_flops, node_value
 
 __all__ = ["op_kind", "op_features", "conv_features", "FEATURE_NAMES", "N_FEATURES", "LOG_FLOPS",
            "LOG_BYTES"]
@@ -64,10 +64,6 @@ def op_kind(node: fx.Node) -> str | None:
     if target.is_view:
         return None
     return str(target)
-
-
-def _val(x):
-    return x.meta.get("val") if isinstance(x, fx.Node) else x
 
 
 def _flatten(values) -> list:
@@ -102,7 +98,7 @@ def _param(v) -> float | None:
 
 def op_features(node: fx.Node) -> list[float]:
     """The fixed-length feature vector of ``node`` (see the module docstring)."""
-    args = _flatten(fx.node.map_arg((list(node.args), list(node.kwargs.values())), _val))
+    args = _flatten(fx.node.map_arg((list(node.args), list(node.kwargs.values())), node_value))
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     dims, contiguous = [], []
     for i in range(MAX_TENSORS):
@@ -130,10 +126,10 @@ def conv_features(node: fx.Node) -> list[float]:
     backward = node.target is CONVOLUTIONS[1]
     if node.target not in CONVOLUTIONS or len(node.args) < (11 if backward else 9):   # all positional in aten graphs
         return [0.0] * len(CONV_FEATURES)
-    args = [_val(a) for a in node.args]
+    args = [node_value(a) for a in node.args]
     x, w = args[1:3] if backward else args[0:2]
     stride, padding, dilation, transposed, output_padding, groups = args[4:10] if backward else args[3:9]
-    out = args[0] if backward else _val(node)
+    out = args[0] if backward else node_value(node)
     mask = args[10] if backward else (False, False, False)
     batch, pixels_in, pixels_out = x.shape[0], math.prod(x.shape[2:]), math.prod(out.shape[2:])
     kernel = math.prod(w.shape[2:])
