@@ -24,7 +24,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Callable, Hashable, Mapping
+from typing import Callable, Mapping
 
 from .. import config
 from ..errors import NotAdmitted
@@ -35,8 +35,7 @@ from .handover import Handover, JobPlanner, JobPlans
 from .ledger import DeviceLedger
 from .solve import JobGraphs, Solution, for_job, graph_key, job_settings, solve, solve_within_share
 
-__all__ = ["MemoryScheduler", "JobPlanner", "JobPlans", "NotAdmitted", "device_ledger", "existing_scheduler",
-           "graph_key", "shared_scheduler"]
+__all__ = ["MemoryScheduler", "JobPlanner", "JobPlans", "NotAdmitted", "graph_key"]
 
 
 class MemoryScheduler:
@@ -58,9 +57,8 @@ class MemoryScheduler:
     ``version`` hand out the latest plans at once.
 
     Locks: planning runs under ``_plan_lock`` (one mutation at a time); results are
-    published under ``_cond``, which the components share and readers (``plan_for``,
-    ``version``, ``snapshot``) take only briefly: a runner never waits for someone
-    else's planning.
+    published under ``_cond`` (shared with the components), which readers take only
+    briefly: a runner never waits for someone else's planning.
     """
 
     def __init__(self, budget_bytes: int, settings: PlanSettings | None = None, *, strict_fifo: bool = False,
@@ -83,10 +81,6 @@ class MemoryScheduler:
         self.failed_replans = 0                # drift updates that found no joint plan
         self.local_replans = 0                 # drift updates planned within the job's share
         self.plan_seconds = 0.0
-
-    @property
-    def strict_fifo(self) -> bool:
-        return self.admission.strict_fifo
 
     # -- registration ------------------------------------------------------------------
     def register(self, job: str, seq: AccessSequence, swap_rate: float | None = None) -> int:
@@ -120,16 +114,13 @@ class MemoryScheduler:
         return self.admission.wait(waiter, deadline, cancelled)
 
     def update(self, job: str, seq: AccessSequence) -> int:
-        """Replace the graph's sequence (drifted latencies) or add a graph (a new batch
-        shape) and replan; returns the job's plan version. Whether latencies drifted enough
-        to replan is the caller's decision (the runner's :mod:`..execute.updating`).
-
-        A drifted graph is first planned alone within its job's reservation
-        (``local_drift``): where that fits, no other job's plan changes. Else all jobs
-        replan jointly; if no joint plan fits, it raises InfeasibleBudget and the plans in
-        effect stay (they still fit the budget: a plan's peak is a ledger bound the
-        executor enforces, only its timing is stale); a drifted graph's new latencies are
-        kept for the next replan (``failed_replans`` counts these), a new graph is not added."""
+        """Replace the graph's sequence (drifted latencies: whether enough to replan is the
+        caller's decision) or add a graph (a new batch shape) and replan; returns the job's
+        plan version. A drift is first planned within the job's reservation (``local_drift``:
+        no other job's plan changes), else jointly. If no joint plan fits: InfeasibleBudget,
+        and the plans stay (their peaks still fit; only their timing is stale); a drifted
+        graph's latencies are kept for the next replan (``failed_replans``), a new graph is
+        not added."""
         key = graph_key(seq)
         with self._plan_lock:
             current = self._registered(job)
@@ -278,7 +269,7 @@ class MemoryScheduler:
         """Plans for every graph of every job within the budget, or InfeasibleBudget."""
         return self._timed(solve, jobs, self.budget_bytes, job_settings(self.settings, jobs)) if jobs else {}
 
-    def _timed(self, fn, *args):
+    def _timed(self, fn: Callable, *args):
         """``fn(*args)``, its time added to ``plan_seconds``."""
         t0 = time.perf_counter()
         try:
@@ -293,14 +284,14 @@ class MemoryScheduler:
             self._jobs = dict(jobs)
             self.replans += 1
         if config.debug():
-            print(f"dbml.scheduler: {self._summary()}", file=sys.stderr)
+            print(f"dbml.scheduler: {_summary(self.snapshot())}", file=sys.stderr)
 
-    def _summary(self) -> str:
-        """One line: "3 jobs, planned 812 MB of 900 MB, 2 waiting, replan 7 (0.31 s planning)"."""
-        snap = self.snapshot()
-        return (f"{len(snap['jobs'])} jobs, planned {snap['planned_peak_bytes'] / 2**20:.0f} MB of "
-                f"{self.budget_bytes / 2**20:.0f} MB, {len(snap['waiting'])} waiting, "
-                f"replan {snap['replans']} ({snap['plan_seconds']:.2f} s planning)")
+
+def _summary(snap: dict) -> str:
+    """One line: "3 jobs, planned 812 MB of 900 MB, 2 waiting, replan 7 (0.31 s planning)"."""
+    return (f"{len(snap['jobs'])} jobs, planned {snap['planned_peak_bytes'] / 2**20:.0f} MB of "
+            f"{snap['budget_bytes'] / 2**20:.0f} MB, {len(snap['waiting'])} waiting, "
+            f"replan {snap['replans']} ({snap['plan_seconds']:.2f} s planning)")
 
 
 def _job_row(jp: JobPlans, swap_rate: float | None, in_effect_bytes: int | None, held_bytes: int | None,
