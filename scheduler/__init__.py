@@ -36,7 +36,8 @@ __all__ += ["load_or_calibrate", "Predictor", "PredictorReport", "OpReport", "lo
             "device_utilisation"]
 
 # one joint planner and admission control for all jobs on a device (TENSILE III-D)
-from .multijob.scheduler import JobPlanner, JobPlans, MemoryScheduler, NotAdmitted, graph_key, shared_scheduler  # noqa: E402
+from .multijob.scheduler import JobPlanner, JobPlans, MemoryScheduler, NotAdmitted, graph_key  # noqa: E402
+from .multijob.registry import shared_scheduler  # noqa: E402
 
 __all__ += ["MemoryScheduler", "JobPlanner", "JobPlans", "NotAdmitted", "graph_key", "shared_scheduler"]
 

@@ -34,6 +34,25 @@ class SlowOps:
 SLOW_OPS = SlowOps()
 
 
+def wait_until(cond, timeout=10.0):
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "condition not reached in time"
+        time.sleep(0.005)
+
+
+class Looks:
+    """A ``cancelled`` callable that is never true and counts how often a waiting job
+    looked at it (once per pass of its wait loop)."""
+
+    def __init__(self):
+        self.n = 0
+
+    def __call__(self) -> bool:
+        self.n += 1
+        return False
+
+
 def model(width: int, seed: int) -> torch.nn.Sequential:
     """No dropout: jobs running at once draw from one global generator."""
     torch.manual_seed(seed)
@@ -116,13 +135,15 @@ def test_a_shrinking_job_frees_its_room_before_the_scheduler_gives_it_away():
     assert big.stats()["swaps"] == 0
     held_alone = ms.ledger.accounts()["big"]
     version = ms.version("big")
-    second = threading.Thread(target=ms.planner_for("next", wait=True), args=(next(iter(big.sequences.values())),))
+    looks = Looks()                               # counts the passes of next's wait loops
+    second = threading.Thread(target=ms.planner_for("next", wait=True, cancelled=looks),
+                              args=(next(iter(big.sequences.values())),))
     second.start()                                # a second job: "big" must shrink to make room
-    while ms.version("big") == version:
-        second.join(0.01)
+    wait_until(lambda: ms.version("big") != version)   # next is admitted: big's plan shrank
     smaller = ms.plans("big").reserved_bytes
-    second.join(0.3)
-    assert second.is_alive()                      # it waits for "big" to take its smaller plan
+    n = looks.n
+    wait_until(lambda: looks.n >= n + 2)          # next's hand-over wait ran again since...
+    assert second.is_alive()                      # ...and it waits for "big" to take its smaller plan
     big.step(*data[1])                            # big's boundary: settle, then applied
     second.join(5)
     assert not second.is_alive()
