@@ -165,6 +165,26 @@ class GraphSchedule:
         self.pending: tuple[Plan, AccessSequence] | None = None
 
 
+def initial_state(model: torch.nn.Module, spec: OptimizerSpec) -> ExecState:
+    """The job's state as the executor holds it: parameters, buffers, optimizer state."""
+    params = [p.detach() for p in model.parameters()]
+    buffers = [b.detach() for b in model.buffers()]
+    return ExecState(params + buffers + initial_states(spec, model))
+
+
+def state_value(state: ExecState, device: Device, i: int, like: torch.Tensor) -> torch.Tensor:
+    """State ``i`` as a device tensor (brought back from the host store if there)."""
+    v = state.values[i]
+    if v is None:
+        host = state.host.pop(i)
+        flat = device.alloc(host.numel())
+        flat.copy_(host)
+        device.free_host(host)
+        v = as_view(flat, like.dtype, tuple(like.shape), tuple(like.stride()), 0)
+        state.values[i] = v
+    return v
+
+
 class ScheduledStep:
     """A :class:`~.step.StepRunner` executing the captured step under a memory plan.
 
@@ -220,26 +240,7 @@ class ScheduledStep:
         self._reserved: Counter = Counter()   # host buffer sizes reserved ahead so far
         self.iteration_plans: list[Plan] = []
         self.plan_changes = 0       # plans taken at an iteration boundary, from any source
-        self.state = self._initial_state()
-
-    # -- state -----------------------------------------------------------------------
-    def _initial_state(self) -> ExecState:
-        params = [p.detach() for p in self.model.parameters()]
-        buffers = [b.detach() for b in self.model.buffers()]
-        states = initial_states(self.spec, self.model)
-        return ExecState(params + buffers + states)
-
-    def _value(self, i: int, like: torch.Tensor) -> torch.Tensor:
-        """State ``i`` as a device tensor (brought back from the host store if there)."""
-        v = self.state.values[i]
-        if v is None:
-            host = self.state.host.pop(i)
-            flat = self.device.alloc(host.numel())
-            flat.copy_(host)
-            self.device.free_host(host)
-            v = as_view(flat, like.dtype, tuple(like.shape), tuple(like.stride()), 0)
-            self.state.values[i] = v
-        return v
+        self.state = initial_state(model, spec)
 
     # -- views kept for callers and tests ----------------------------------------------
     def schedules(self) -> dict[Hashable, GraphSchedule]:
@@ -380,7 +381,7 @@ class ScheduledStep:
         tensors = list(self.model.parameters()) + list(self.model.buffers())
         with torch.no_grad():
             for i, t in enumerate(tensors):
-                v = self._value(i, t)
+                v = state_value(self.state, self.device, i, t)
                 if v.data_ptr() != t.data_ptr() or v.shape != t.shape:
                     t.data = v
 
@@ -391,7 +392,8 @@ class ScheduledStep:
         base = len(list(self.model.parameters())) + len(list(self.model.buffers()))
         out = []
         for j, p in enumerate(params):
-            out.append({k: self._value(base + j * len(keys) + m, p if k != "step" else torch.zeros(()))
+            out.append({k: state_value(self.state, self.device, base + j * len(keys) + m,
+                                       p if k != "step" else torch.zeros(()))
                         for m, k in enumerate(keys)})
         return out
 
