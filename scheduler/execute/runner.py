@@ -65,10 +65,9 @@ from .policies import PlanCounts, Planning, make_policy
 from .step import LossFn
 from .updating import LatencyTracker, UpdateSettings
 
-__all__ = ["ScheduledStep", "RunnerStats", "GraphSchedule", "summary_line", "RUNNER_POLICIES", "POLICIES"]
+__all__ = ["ScheduledStep", "RunnerStats", "GraphSchedule", "summary_line", "RUNNER_POLICIES"]
 
 RUNNER_POLICIES = ("tensile", "capuchin", "none")
-POLICIES = RUNNER_POLICIES   # the old name
 
 
 def _mb(n: int) -> str:
