@@ -16,7 +16,9 @@ from .plan.liveness import analyse_liveness, release_events
 from .graph.optim import OPTIMIZERS, OptimizerSpec, make_optimizer
 from .plan.peak import Peak, analyse_peak
 from .plan.planner import InfeasibleBudget, PlanSettings, plan, plan_jobs, summary, tensor_granularity_floor
-from .execute.runner import ScheduledStep
+from .execute.runner import RUNNER_POLICIES, RunnerStats, ScheduledStep
+from .execute.step import EagerStep, StepRunner
+from .execute.planners import ExternalPlanner, LocalPlanner
 
 __all__ = ["SchedulerError", "SequenceError", "OPTIMIZERS", "OptimizerSpec", "make_optimizer", "PeakMeter", "live_tensors", "measure_peak",
            "analyse_liveness", "release_events", "Peak", "analyse_peak",
@@ -24,7 +26,8 @@ __all__ = ["SchedulerError", "SequenceError", "OPTIMIZERS", "OptimizerSpec", "ma
            "capture", "CapturedStep", "CaptureError", "GraphCache", "build_sequence",
            "LatencyModel", "Machine", "RooflineModel", "measure_machine",
            "Executor", "ExecState", "ExecutionError", "Program", "check_event_log",
-           "CpuDevice", "CudaDevice", "make_device", "ScheduledStep"]
+           "CpuDevice", "CudaDevice", "make_device", "ScheduledStep", "RunnerStats", "RUNNER_POLICIES",
+           "StepRunner", "EagerStep", "ExternalPlanner", "LocalPlanner"]
 
 # latency predictor (TENSILE IV-A cold start); calibrate() stays in .calibrate: a package
 # attribute of that name would shadow the module.

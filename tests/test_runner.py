@@ -98,7 +98,8 @@ def test_tensile_at_half_the_peak_is_bit_identical(model_fn, kind):
 
     assert_same(state_of(sched), state_of(eager))
     assert_same(state_of(none), state_of(eager))
-    assert_same(got, want) and assert_same(got_none, want) is None
+    assert_same(got, want)
+    assert_same(got_none, want)
     stats = runner.stats()
     assert stats["graphs"] == 2 and stats["iterations"] == 6
     assert stats["swaps"] + stats["recomputes"] > 0              # it did schedule
@@ -276,6 +277,40 @@ def test_a_further_graph_no_plan_fits_runs_passively_within_the_jobs_limit():
     got = train(runner, data)
     assert_same(state_of(sched), state_of(eager))
     assert_same(got, want)
-    small = [g for g in runner._graphs.values() if g.passive]
+    small = [g for g in runner.schedules().values() if g.passive]
     assert len(small) == 1 and small[0].executor.budget == runner.plans[next(iter(runner.plans))].peak_bytes
     assert runner.stats()["measured_peak_bytes"] <= budget
+
+
+STATS_KEYS = ["policy", "budget_bytes", "vanilla_peak_bytes", "planned_peak_bytes", "measured_peak_bytes",
+              "reserved_peak_bytes", "swaps", "swap_outs", "swap_ins", "recomputes", "passive_swaps",
+              "passive_swap_ins", "passive_swap_outs", "late_swap_ins", "passive_recomputes", "setup_swaps",
+              "budget_waits", "iterations", "graphs", "plan_seconds", "replans", "failed_replans",
+              "deferred_replans", "replan_seconds", "plan_changes", "planned_extra_seconds", "summary"]
+
+
+def test_both_runners_are_whole_step_runners():
+    """The runtime calls prepare/close and sets latency_source on any StepRunner, and
+    reads stats() (dbml's memory summary and the SQL views take these keys)."""
+    spec = OptimizerSpec("sgd", lr=0.01)
+    (x, y), = data_for(mlp, 1)
+    for runner in (EagerStep(mlp(), loss_fn, spec), ScheduledStep(mlp(), loss_fn, spec)):
+        assert runner.latency_source is None
+        runner.latency_source = "roofline"
+        runner.prepare(torch.empty_like(x), torch.empty_like(y))
+        runner.step(x, y)
+        runner.finish()
+        runner.close()
+        assert runner.latency_source == "roofline" and runner.stats()["measured_peak_bytes"] > 0
+    stats = runner.stats()
+    assert list(stats) == STATS_KEYS and stats["iterations"] == 1 and stats["graphs"] == 1
+    assert stats["summary"] == runner.runner_stats().summary
+
+
+def test_a_bare_callable_planner_never_changes_its_plans_by_itself():
+    from dbml.scheduler.execute.planners import ExternalPlanner, FixedPlanner, LocalPlanner
+    from dbml.scheduler.plan.planner import plan
+    runner = ScheduledStep(mlp(), loss_fn, OptimizerSpec("sgd"), planner=lambda seq: plan(seq, 1 << 40))
+    assert isinstance(runner.planner, FixedPlanner) and runner.planner.version() == 0
+    assert isinstance(ScheduledStep(mlp(), loss_fn, OptimizerSpec("sgd")).planner, LocalPlanner)
+    assert isinstance(runner.planner, ExternalPlanner)

@@ -223,8 +223,8 @@ def test_planner_hook_is_used_for_first_plan_and_replans(monkeypatch):
 
 
 def test_external_planner_version_is_checked_at_boundaries(monkeypatch):
-    """A planner with ``version()``/``latest(seq)`` (a shared scheduler): a new version is
-    picked up at the next iteration boundary."""
+    """An ExternalPlanner (a shared scheduler): a new ``version()`` is picked up, by
+    ``latest(seq)``, at the next iteration boundary."""
     spec = OptimizerSpec("sgd", lr=0.05)
     data = batches(4)
     torch.manual_seed(0)
@@ -232,7 +232,9 @@ def test_external_planner_version_is_checked_at_boundaries(monkeypatch):
     budget = budget_for(model, spec, *data[0])
     eager, _ = eager_state(model, spec, data)
 
-    class Shared:
+    class Shared:   # an ExternalPlanner
+        ledger = None
+
         def __init__(self):
             self.v, self.budget = 1, budget
 
@@ -244,6 +246,12 @@ def test_external_planner_version_is_checked_at_boundaries(monkeypatch):
 
         def latest(self, seq):
             return planner_mod.plan(seq, self.budget)
+
+        def made_from(self, seq):
+            return seq
+
+        def applied(self):
+            pass
 
     shared = Shared()
     fake_measurements(monkeypatch, None, 0.0)

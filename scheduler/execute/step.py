@@ -19,11 +19,20 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class StepRunner(Protocol):
+    latency_source: str | None   # where the latency model came from, for the caller's report (None: none used)
+
+    def prepare(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Get ready for a batch shaped like ``x``, ``y`` before its first iteration (its
+        values are not read), e.g. while the data is still being read."""
+
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Run one iteration (forward, backward, optimizer update); return the loss, detached."""
 
     def finish(self) -> None:
         """Leave the trained parameters and buffers in the model the runner was built for."""
+
+    def close(self) -> None:
+        """Give back what the runner holds besides the model (threads, accounts)."""
 
     def stats(self) -> dict:
         """Figures about the steps run so far (e.g. measured_peak_bytes)."""
@@ -41,6 +50,10 @@ class EagerStep:
         self.measured_steps = measured_steps
         self.steps = 0
         self.peak_bytes: int | None = None
+        self.latency_source: str | None = None   # eager PyTorch needs no latency model
+
+    def prepare(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Nothing to get ready: eager PyTorch plans nothing."""
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         self.steps += 1
@@ -63,6 +76,9 @@ class EagerStep:
 
     def finish(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
+
+    def close(self) -> None:
+        """Nothing held besides the model and its optimizer."""
 
     def stats(self) -> dict:
         return {"measured_peak_bytes": self.peak_bytes}
