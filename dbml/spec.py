@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from . import models
 from .errors import InvalidArgument
 from .scheduler import OPTIMIZERS, OptimizerSpec
-from .settings import SETTINGS, parse_bytes, resolve
+from .settings import DEFAULTS, SETTINGS, parse_bytes, resolve
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,8 @@ class TrainSpec:
                                   f"pass policy := one of {', '.join(map(repr, POLICIES))}")
         if not 0.0 < self.replan_beta <= 1.0 or not self.replan_threshold > 0:
             raise InvalidArgument(f"{fn}(): plan updating needs 0 < replan_beta <= 1 and replan_threshold > 0; "
-                                  f"SET VARIABLE dbml_replan_beta = 0.9, dbml_replan_threshold = 0.3")
+                                  f"SET VARIABLE dbml_replan_beta = {DEFAULTS['replan_beta']}, "
+                                  f"dbml_replan_threshold = {DEFAULTS['replan_threshold']}")
         if self.weight_decay is None or self.weight_decay < 0:
             raise InvalidArgument(f"{fn}(): weight_decay must be >= 0; pass e.g. weight_decay := 0.01")
 

@@ -74,3 +74,15 @@ def test_train_macro_is_train_params_then_every_setting(con):
     udf = con.execute("SELECT parameter_types FROM duckdb_functions() WHERE function_name = 'dbml_train'").fetchall()[0][0]
     assert udf == [p.sql_type for p in TRAIN_PARAMS] + [s.sql_type for s in SETTINGS]
 
+
+
+def test_train_help_and_readme_signature_follow_train_params():
+    """The help text names every parameter but wait (documented with wait_job); the README's
+    reference line gives each named parameter its TRAIN_PARAMS default."""
+    from dbml.spec import TRAIN_PARAMS, sql_literal
+    named = [p for p in TRAIN_PARAMS if p.name != "wait"]
+    help_params = SQL_FUNCTIONS["train"].split("(", 1)[1].split(")", 1)[0]
+    assert [a.split(":=")[0].strip() for a in help_params.split(",")] == [p.name for p in named]
+    line = README.split("- `train(", 1)[1].split(")`", 1)[0]
+    readme = dict(a.split(" := ") for a in re.split(r",\s+", line) if ":=" in a)
+    assert readme == {p.name: "..." if p.name == "label" else sql_literal(p.default) for p in named if not p.required}

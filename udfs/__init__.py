@@ -55,8 +55,9 @@ INTERNAL_FUNCTIONS = ("dbml_instance_id", "dbml_train", "dbml_predictions_sql", 
 @dataclass(frozen=True)
 class Function:
     """One UDF. ``arrow``: called once per vector with Arrow arrays, else once per row.
-    ``effects``: NULLs are passed in (``null_handling='special'``) and DuckDB never
-    caches or reorders a call (``side_effects``); without it a NULL argument gives NULL."""
+    ``effects``: the function sees NULL arguments (``null_handling='special'``) and DuckDB
+    treats every call as having side effects (``side_effects``); without it, DuckDB's
+    default NULL handling and a pure function."""
     name: str
     function: Callable
     params: tuple
