@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import dbml
-from dbml.training import TrainSpec
+from dbml.spec import TrainSpec
 
 from conftest import linear, load, moons
 
