@@ -23,8 +23,10 @@ __all__ = ["connect", "install", "DbmlError", "InvalidArgument", "SourceError", 
 
 
 def install(con: duckdb.DuckDBPyConnection, **settings) -> duckdb.DuckDBPyConnection:
-    """Install dbml into ``con``: settings, catalog tables, UDFs and macros. Returns ``con``."""
+    """Install dbml into ``con``: settings, catalog tables, UDFs and macros (``sql/``, and
+    ``train`` generated from ``dbml.spec``). Returns ``con``."""
     from .instance import attach
+    from .spec import train_macro_sql
     from .udfs import register
 
     _settings.apply(con, **settings)
@@ -34,6 +36,7 @@ def install(con: duckdb.DuckDBPyConnection, **settings) -> duckdb.DuckDBPyConnec
     for sql in sorted(resources.files("dbml.sql").iterdir(), key=lambda p: p.name):
         if sql.name.endswith(".sql"):
             con.execute(sql.read_text())
+    con.execute(train_macro_sql())
     return con
 
 

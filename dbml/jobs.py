@@ -19,6 +19,7 @@ from typing import Callable
 
 import duckdb
 
+from .columns import JOB_COLUMNS, MEMORY_COLUMNS
 from .errors import DbmlError, InvalidArgument
 
 STATUSES = ("queued", "running", "finished", "failed", "cancelled")
@@ -107,11 +108,6 @@ class Job:
         return row
 
 
-JOB_COLUMNS = ("id", "model", "status", "progress", "epoch", "epochs", "loss", "rows_per_s",
-               "planned_peak_bytes", "measured_peak_bytes", "swaps", "recomputes", "passive_swaps",
-               "replans", "started", "finished", "error")
-
-
 class JobManager:
     """The jobs of one database instance, their threads and their fates."""
 
@@ -193,11 +189,6 @@ def train_all(manager: JobManager, specs: list, wait: bool) -> list[dict]:
     for job in jobs:
         job._done.wait()
     return [summary(j) for j in jobs]
-
-
-MEMORY_COLUMNS = ("job_id", "model", "status", "planned_peak_bytes", "in_effect_bytes", "share",
-                  "held_bytes", "measured_peak_bytes", "budget_bytes", "global_planned_peak_bytes",
-                  "global_in_effect_bytes", "global_held_bytes", "global_measured_peak_bytes", "waiting_jobs")
 
 
 def memory_rows(manager: JobManager, scheduler, ledger=None) -> list[dict]:

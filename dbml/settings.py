@@ -1,4 +1,4 @@
-"""dbml's settings: one home for reading and writing them.
+"""dbml's settings: the one table of them, with their defaults, and reading and writing them.
 
 DuckDB's own settings stay DuckDB's. dbml's live in the connection as DuckDB variables
 named ``dbml_<setting>``, so SQL can read and change them too::
@@ -6,12 +6,17 @@ named ``dbml_<setting>``, so SQL can read and change them too::
     SET VARIABLE dbml_device = 'cpu';
     SELECT getvariable('dbml_device');
 
-The SQL macros pass them to the UDFs, which is how a setting reaches a training job.
+``SETTINGS`` is their single home: ``apply`` writes their defaults, the ``train`` macro
+(``dbml.spec.train_macro_sql``) passes every one of them to ``dbml_train`` with
+``getvariable``, the UDFs fill a NULL with the default (``resolve``), and a test checks
+the README's table against it. The environment variables are not settings: they are
+read in ``dbml.scheduler.config`` alone.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import duckdb
 
@@ -21,20 +26,48 @@ UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 CPU_DEFAULT_BUDGET = 2 * 2**30   # the CPU has no device memory to ask; 2 GiB, documented
 
-DEFAULTS: dict[str, object] = {
-    "device": "auto",          # 'auto' (cuda when available, else cpu), 'cpu' or 'cuda[:N]'
-    "memory_budget": None,     # bytes or '512MB' for a training job; NULL: default_budget(device)
-    "latency_model": "predictor",  # op latencies for planning: 'predictor' (installed) or 'roofline'
-    "replan_beta": 0.9,        # plan updating: weight of a new latency measurement in the EWMA
-    "replan_threshold": 0.3,   # plan updating: relative drift of the summed latency that replans
-    "torch_threads": 1,        # PyTorch intra-op threads while training (process-wide); see README
-    "prefetch_batches": 4,     # record batches fetched ahead of training
-    "shuffle_window": 65536,   # rows of the shuffle buffer each epoch draws batches from
-}
+
+@dataclass(frozen=True)
+class Setting:
+    name: str          # the DuckDB variable is dbml_<name>
+    sql_type: str      # the type dbml_train takes it as
+    default: object    # None: unset (see doc)
+    doc: str           # one line; the README's table has the same
+    size: bool = False  # bytes or a size such as '512MB': parsed by parse_bytes
+
+
+SETTINGS = (
+    Setting("device", "VARCHAR", "auto", "'auto' (CUDA when available, else CPU), 'cpu' or 'cuda[:N]'"),
+    Setting("memory_budget", "VARCHAR", None,
+            "device memory the training jobs share, bytes or a size such as '512MB'; "
+            "unset: the device's free memory on CUDA, 2 GiB on the CPU", size=True),
+    Setting("latency_model", "VARCHAR", "predictor",
+            "op latencies for planning: 'predictor' (the installed latency predictor) or 'roofline'"),
+    Setting("replan_beta", "DOUBLE", 0.9, "plan updating: weight of a new latency measurement in the EWMA"),
+    Setting("replan_threshold", "DOUBLE", 0.3,
+            "plan updating: relative drift of the summed latency that replans"),
+    Setting("torch_threads", "INTEGER", 1, "PyTorch intra-op threads while training (process-wide)"),
+    Setting("prefetch_batches", "INTEGER", 4, "record batches fetched ahead of training"),
+    Setting("shuffle_window", "INTEGER", 65536, "rows of the shuffle buffer each epoch draws batches from"),
+)
+SETTING = {s.name: s for s in SETTINGS}
+DEFAULTS: dict[str, object] = {s.name: s.default for s in SETTINGS}
 
 
 def variable(name: str) -> str:
     return f"dbml_{name}"
+
+
+def resolve(name: str, value):
+    """The value a job uses for a setting read from SQL: its default where ``value`` is NULL.
+
+    Where the default is a text or an integer, an empty text or a 0 means the default too
+    (an empty device is 'auto', 0 threads is 1). A DOUBLE's 0.0 stays, for validation to
+    refuse, and so does an empty memory_budget, for parse_bytes to refuse.
+    """
+    setting = SETTING[name]
+    falsy_is_unset = setting.sql_type != "DOUBLE" and setting.default is not None
+    return setting.default if value is None or (falsy_is_unset and not value) else value
 
 
 def apply(con: duckdb.DuckDBPyConnection, **settings) -> None:
@@ -43,8 +76,9 @@ def apply(con: duckdb.DuckDBPyConnection, **settings) -> None:
     if unknown:
         raise InvalidArgument(f"dbml.connect(): unknown setting {unknown[0]!r}; "
                               f"known settings: {', '.join(sorted(DEFAULTS))}")
-    if settings.get("memory_budget") is not None:
-        parse_bytes(settings["memory_budget"], name="dbml.connect(): memory_budget")
+    for setting in SETTINGS:
+        if setting.size and settings.get(setting.name) is not None:
+            parse_bytes(settings[setting.name], name=f"dbml.connect(): {setting.name}")
     for name, default in DEFAULTS.items():
         if name in settings:
             value = settings[name]
@@ -58,7 +92,7 @@ def apply(con: duckdb.DuckDBPyConnection, **settings) -> None:
 
 def resolve_device(device: str | None) -> str:
     import torch
-    device = device or "auto"
+    device = resolve("device", device)
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" or (device.startswith("cuda") and torch.cuda.is_available()):

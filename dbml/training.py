@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from . import catalog, models
+from .columns import MEMORY_FIELDS
 from .data import BatchStream, StreamStats
 from .errors import InvalidArgument, SourceError, TrainingError
 from .features import Preprocessing, fit
@@ -34,77 +35,9 @@ from .scheduler.execute.updating import UpdateSettings
 from .scheduler.execute.step import EagerStep, StepRunner
 from .settings import default_budget, resolve_device
 from .source import as_select, describe, quote
+from .spec import POLICIES, TrainSpec  # noqa: F401  (TrainSpec and its validation live in dbml/spec.py)
 
 VALIDATION_BUCKETS = 1_000_000
-# tensile: the TENSILE scheduler within the budget; none: the same captured graph, tensors
-# released after their last use, no budget; eager: plain PyTorch (the vanilla); capuchin:
-# passive mode, the cold-start peer (swap on demand in iteration 1, then plan from it).
-POLICIES = ("tensile", "none", "eager", "capuchin")
-
-
-@dataclass(frozen=True)
-class TrainSpec:
-    model: str
-    source: str
-    label: str | None = None
-    features: tuple[str, ...] | None = None
-    arch: str = "auto"
-    epochs: int = 20
-    batch_size: int = 64
-    lr: float = 0.01
-    optimizer: str = "adam"
-    seed: int = 0
-    validation: float = 0.1
-    hidden: tuple[int, ...] | None = None
-    dropout: float = 0.0
-    task: str | None = None
-    weight_decay: float = 0.0
-    momentum: float = 0.9
-    policy: str = "tensile"
-    memory_budget: int | None = None       # bytes: this job's own budget, planned alone
-    device_budget: int | None = None       # bytes shared by all jobs; None: settings.default_budget
-    device: str = "auto"
-    prefetch_batches: int = 4
-    shuffle_window: int = 65536
-    torch_threads: int = 1
-    latency_model: str = "predictor"
-    replan_beta: float = 0.9
-    replan_threshold: float = 0.3
-
-    def __post_init__(self):
-        fn = "train"
-        if not self.model or not self.model.strip():
-            raise InvalidArgument(f"{fn}(): model name is empty; pass a name such as train('churn', ...)")
-        _positive_int(self.epochs, "epochs", "epochs := 10")
-        _positive_int(self.batch_size, "batch_size", "batch_size := 64")
-        if self.lr is None or not self.lr > 0 or not math.isfinite(self.lr):
-            raise InvalidArgument(f"{fn}(): lr must be a positive number, got {self.lr!r}; pass e.g. lr := 0.01")
-        if self.optimizer not in OPTIMIZERS:
-            raise InvalidArgument(f"{fn}(): unknown optimizer {self.optimizer!r}; "
-                                  f"pass optimizer := one of {', '.join(map(repr, OPTIMIZERS))}")
-        if self.arch not in models.ARCHS:
-            raise InvalidArgument(f"{fn}(): unknown arch {self.arch!r}; "
-                                  f"pass arch := one of {', '.join(map(repr, models.ARCHS))}")
-        if self.validation is None or not 0.0 <= self.validation < 1.0:
-            raise InvalidArgument(f"{fn}(): validation must be a fraction in [0, 1), got {self.validation!r}; "
-                                  f"pass e.g. validation := 0.1")
-        if self.policy not in POLICIES:
-            raise InvalidArgument(f"{fn}(): unknown policy {self.policy!r}; "
-                                  f"pass policy := one of {', '.join(map(repr, POLICIES))}")
-        if not 0.0 < self.replan_beta <= 1.0 or not self.replan_threshold > 0:
-            raise InvalidArgument(f"{fn}(): plan updating needs 0 < replan_beta <= 1 and replan_threshold > 0; "
-                                  f"SET VARIABLE dbml_replan_beta = 0.9, dbml_replan_threshold = 0.3")
-        if self.weight_decay is None or self.weight_decay < 0:
-            raise InvalidArgument(f"{fn}(): weight_decay must be >= 0; pass e.g. weight_decay := 0.01")
-
-    def optimizer_spec(self) -> OptimizerSpec:
-        return OptimizerSpec(kind=self.optimizer, lr=self.lr, momentum=self.momentum,
-                             weight_decay=self.weight_decay)
-
-
-def _positive_int(value, name: str, example: str) -> None:
-    if value is None or int(value) != value or value <= 0:
-        raise InvalidArgument(f"train(): {name} must be a positive integer, got {value!r}; pass e.g. {example}")
 
 
 def _classification_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -194,10 +127,6 @@ def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, job: Job | None = Non
         "val_metric": result["metrics"]["val_metric"], "seconds": time.perf_counter() - started,
         **{k: result["memory"].get(k) for k in MEMORY_FIELDS},
     }
-
-
-MEMORY_FIELDS = ("measured_peak_bytes", "vanilla_peak_bytes", "planned_peak_bytes", "msr", "swaps",
-                 "recomputes", "passive_swaps", "replans", "plan_seconds", "latency_model")
 
 
 def _params(spec: TrainSpec) -> dict:

@@ -1,17 +1,7 @@
 -- The SQL surface's named parameters and defaults. TEMP: macros live beside the UDFs
 -- they call, which are registered per connection by dbml.install().
--- Defaults here are the ones dbml.training.TrainSpec declares (a test keeps them equal).
-CREATE OR REPLACE TEMP MACRO train(model, source, label := NULL, features := NULL, arch := 'auto',
-        epochs := 20, batch_size := 64, lr := 0.01, optimizer := 'adam', seed := 0,
-        validation := 0.1, hidden := NULL, dropout := 0.0, task := NULL, weight_decay := 0.0,
-        momentum := 0.9, policy := 'tensile', memory_budget := NULL, wait := true) AS
-    dbml_train(model, source, label, features, arch, epochs, batch_size, lr, optimizer, seed,
-               validation, hidden, dropout, task, weight_decay, momentum, policy,
-               memory_budget::VARCHAR, getvariable('dbml_memory_budget')::VARCHAR, wait,
-               getvariable('dbml_device'), getvariable('dbml_prefetch_batches'),
-               getvariable('dbml_shuffle_window'), getvariable('dbml_torch_threads'),
-               getvariable('dbml_latency_model'), getvariable('dbml_replan_beta'),
-               getvariable('dbml_replan_threshold'));
+-- The train() macro is not here: dbml.install() generates it from dbml.spec.TRAIN_PARAMS
+-- and dbml.settings.SETTINGS (dbml.spec.train_macro_sql), the one home of its signature.
 
 -- Calibrate this machine and train the latency predictor (as python -m dbml install).
 CREATE OR REPLACE TEMP MACRO calibrate(quick := false) AS

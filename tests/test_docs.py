@@ -1,5 +1,6 @@
 """The public surface is documented: every SQL function and CLI command has help and a README line."""
 
+import re
 from pathlib import Path
 
 from dbml.cli import COMMANDS, parser
@@ -30,3 +31,58 @@ def test_every_cli_command_has_help_and_a_readme_line():
     for name in COMMANDS:
         assert sub.choices[name].description, name
         assert f"python -m dbml {name}" in README, name
+
+
+def readme_table(heading: str) -> list[list[str]]:
+    """The rows of the first Markdown table under ``heading``, cells stripped of backticks."""
+    section = README.split(f"\n{heading}\n", 1)[1].split("\n#", 1)[0]
+    rows = [line.strip("|").split("|") for line in section.splitlines() if line.startswith("|")]
+    return [[cell.strip().strip("`") for cell in row] for row in rows[2:]]
+
+
+def test_readme_settings_table_is_the_settings_table():
+    from dbml.settings import SETTINGS
+    from dbml.spec import sql_literal
+    want = [[s.name, sql_literal(s.default), s.doc] for s in SETTINGS]
+    assert readme_table("### Settings") == want
+
+
+def test_readme_environment_table_is_config_environment():
+    from dbml.scheduler.config import ENVIRONMENT
+    want = [[name, default or "unset", effect] for name, (default, effect) in ENVIRONMENT.items()]
+    assert readme_table("### Environment variables") == want
+
+
+def test_registered_functions_are_the_functions_table(con):
+    """What DuckDB holds for every UDF: parameter types, return type, side effects, from FUNCTIONS."""
+    from dbml.udfs import FUNCTIONS
+    got = {r[0]: r[1:] for r in con.execute(
+        "SELECT function_name, parameter_types, return_type, has_side_effects FROM duckdb_functions() "
+        "WHERE function_type = 'scalar' AND function_name IN (SELECT unnest(?))", [[f.name for f in FUNCTIONS]]).fetchall()}
+    want = {f.name: ([str(p) for p in f.params], str(f.returns), f.effects) for f in FUNCTIONS}
+    assert got == want and len(got) == len(FUNCTIONS)
+
+
+def test_train_macro_is_train_params_then_every_setting(con):
+    """train()'s named parameters are TRAIN_PARAMS; it passes them, then each setting, to dbml_train."""
+    from dbml.settings import SETTINGS
+    from dbml.spec import TRAIN_PARAMS
+    params, body = con.execute("SELECT parameters, macro_definition FROM duckdb_functions() "
+                               "WHERE function_name = 'train'").fetchall()[0]
+    assert params == [p.name for p in TRAIN_PARAMS]
+    assert re.findall(r"getvariable\('dbml_(\w+)'\)", body) == [s.name for s in SETTINGS]
+    udf = con.execute("SELECT parameter_types FROM duckdb_functions() WHERE function_name = 'dbml_train'").fetchall()[0][0]
+    assert udf == [p.sql_type for p in TRAIN_PARAMS] + [s.sql_type for s in SETTINGS]
+
+
+
+def test_train_help_and_readme_signature_follow_train_params():
+    """The help text names every parameter but wait (documented with wait_job); the README's
+    reference line gives each named parameter its TRAIN_PARAMS default."""
+    from dbml.spec import TRAIN_PARAMS, sql_literal
+    named = [p for p in TRAIN_PARAMS if p.name != "wait"]
+    help_params = SQL_FUNCTIONS["train"].split("(", 1)[1].split(")", 1)[0]
+    assert [a.split(":=")[0].strip() for a in help_params.split(",")] == [p.name for p in named]
+    line = README.split("- `train(", 1)[1].split(")`", 1)[0]
+    readme = dict(a.split(" := ") for a in re.split(r",\s+", line) if ":=" in a)
+    assert readme == {p.name: "..." if p.name == "label" else sql_literal(p.default) for p in named if not p.required}

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import dbml
-from dbml.training import TrainSpec
+from dbml.spec import TrainSpec
 
 from conftest import linear, load, moons
 
@@ -125,12 +125,35 @@ def test_epochs_see_different_batches_and_the_same_ones_for_a_seed(con):
 
 
 def test_sql_defaults_equal_trainspec_defaults(moons_con):
+    """Every TrainSpec field a SQL call leaves out (argument or setting) is stored as TrainSpec's default."""
     train(moons_con, "'d', 'SELECT x1, x2, label FROM moons LIMIT 300', label := 'label', epochs := 1")
     params = json.loads(moons_con.sql("SELECT params FROM dbml_models WHERE name = 'd'").fetchall()[0][0])
-    for f in dataclasses.fields(TrainSpec):
-        if f.name in ("model", "source", "label", "epochs", "device", "prefetch_batches", "shuffle_window", "torch_threads", "memory_budget", "latency_model", "replan_beta", "replan_threshold"):
-            continue
-        assert params[f.name] == f.default, f.name
+    given = {"label": "label", "epochs": 1, "latency_model": "roofline"}   # the last one by the fixture
+    assert params == {f.name: given.get(f.name, f.default) for f in dataclasses.fields(TrainSpec)
+                      if f.name not in ("model", "source")}
+
+
+def test_trainspec_fields_are_train_params_then_settings():
+    """TrainSpec has one field per train() parameter (but wait), then one per setting, with their defaults."""
+    from dbml.settings import SETTINGS
+    from dbml.spec import TRAIN_PARAMS, spec_field
+    want = [(p.name, dataclasses.MISSING if p.required else p.default) for p in TRAIN_PARAMS if p.in_spec]
+    want += [(spec_field(s.name), s.default) for s in SETTINGS]
+    got = [(f.name, f.default) for f in dataclasses.fields(TrainSpec)]
+    assert sorted(got, key=str) == sorted(want, key=str) and got[:len(TRAIN_PARAMS) - 1] == want[:len(TRAIN_PARAMS) - 1]
+
+
+def test_null_settings_take_their_defaults(con):
+    """A setting set to NULL (or unset by RESET VARIABLE) reaches the job as its default."""
+    from dbml.settings import SETTINGS
+    from dbml.spec import spec_field
+    load(con, "t", moons(300))
+    for s in SETTINGS:
+        con.execute(f"RESET VARIABLE dbml_{s.name}")
+    train(con, "'n', 't', label := 'label', epochs := 1, policy := 'eager'")   # eager: no predictor to calibrate
+    params = json.loads(con.sql("SELECT params FROM dbml_models WHERE name = 'n'").fetchall()[0][0])
+    assert {s.name: params[spec_field(s.name)] for s in SETTINGS} \
+        == {s.name: s.default for s in SETTINGS}
 
 
 def test_optimizers_and_hidden_sizes(moons_con):

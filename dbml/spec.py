@@ -1,0 +1,184 @@
+"""The one train() signature: TRAIN_PARAMS, and TrainSpec, the validated job it describes.
+
+``TRAIN_PARAMS`` lists train()'s parameters in order with their SQL types and defaults.
+From it (and from ``settings.SETTINGS``) come:
+
+- the ``train`` macro, generated at install by ``train_macro_sql()``: the parameters with
+  their defaults, passed to the internal ``dbml_train`` followed by every setting, read
+  with ``getvariable``;
+- ``dbml_train``'s DuckDB parameter types (``dbml.udfs.types.TRAIN_ARGS``);
+- ``TrainSpec``'s fields: one per parameter but ``wait`` (how the statement waits, not the
+  job), then one per setting, named as the setting but ``memory_budget``, which is
+  ``device_budget`` (the job's own ``memory_budget`` is the parameter). A test checks the
+  fields and their defaults against both tables.
+
+``from_sql_row`` turns one row of ``dbml_train``'s arguments back into a TrainSpec.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from . import models
+from .errors import InvalidArgument
+from .scheduler import OPTIMIZERS, OptimizerSpec
+from .settings import DEFAULTS, SETTINGS, parse_bytes, resolve
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    sql_type: str
+    default: object = None
+    required: bool = False  # no default: positional in SQL, a TrainSpec field without a default
+    size: bool = False      # bytes or a size such as '512MB': cast to VARCHAR, parsed by parse_bytes
+    in_spec: bool = True    # a TrainSpec field (wait is not: it is about the statement)
+
+
+TRAIN_PARAMS = (
+    Param("model", "VARCHAR", required=True),
+    Param("source", "VARCHAR", required=True),
+    Param("label", "VARCHAR", None),
+    Param("features", "VARCHAR[]", None),
+    Param("arch", "VARCHAR", "auto"),
+    Param("epochs", "INTEGER", 20),
+    Param("batch_size", "INTEGER", 64),
+    Param("lr", "DOUBLE", 0.01),
+    Param("optimizer", "VARCHAR", "adam"),
+    Param("seed", "BIGINT", 0),
+    Param("validation", "DOUBLE", 0.1),
+    Param("hidden", "INTEGER[]", None),
+    Param("dropout", "DOUBLE", 0.0),
+    Param("task", "VARCHAR", None),
+    Param("weight_decay", "DOUBLE", 0.0),
+    Param("momentum", "DOUBLE", 0.9),
+    Param("policy", "VARCHAR", "tensile"),
+    Param("memory_budget", "VARCHAR", None, size=True),
+    Param("wait", "BOOLEAN", True, in_spec=False),
+)
+# the TrainSpec field of a setting, where it is not the setting's own name
+SETTING_FIELDS = {"memory_budget": "device_budget"}
+
+
+def spec_field(setting: str) -> str:
+    return SETTING_FIELDS.get(setting, setting)
+
+
+# tensile: the TENSILE scheduler within the budget; none: the same captured graph, tensors
+# released after their last use, no budget; eager: plain PyTorch (the vanilla); capuchin:
+# passive mode, the cold-start peer (swap on demand in iteration 1, then plan from it).
+POLICIES = ("tensile", "none", "eager", "capuchin")
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    model: str
+    source: str
+    label: str | None = None
+    features: tuple[str, ...] | None = None
+    arch: str = "auto"
+    epochs: int = 20
+    batch_size: int = 64
+    lr: float = 0.01
+    optimizer: str = "adam"
+    seed: int = 0
+    validation: float = 0.1
+    hidden: tuple[int, ...] | None = None
+    dropout: float = 0.0
+    task: str | None = None
+    weight_decay: float = 0.0
+    momentum: float = 0.9
+    policy: str = "tensile"
+    memory_budget: int | None = None       # bytes: this job's own budget, planned alone
+    # the environment the job runs in: the settings (settings.SETTINGS), not train() arguments
+    device_budget: int | None = None       # bytes shared by all jobs; None: settings.default_budget
+    device: str = "auto"
+    prefetch_batches: int = 4
+    shuffle_window: int = 65536
+    torch_threads: int = 1
+    latency_model: str = "predictor"
+    replan_beta: float = 0.9
+    replan_threshold: float = 0.3
+
+    def __post_init__(self):
+        fn = "train"
+        if not self.model or not self.model.strip():
+            raise InvalidArgument(f"{fn}(): model name is empty; pass a name such as train('churn', ...)")
+        _positive_int(self.epochs, "epochs", "epochs := 10")
+        _positive_int(self.batch_size, "batch_size", "batch_size := 64")
+        if self.lr is None or not self.lr > 0 or not math.isfinite(self.lr):
+            raise InvalidArgument(f"{fn}(): lr must be a positive number, got {self.lr!r}; pass e.g. lr := 0.01")
+        if self.optimizer not in OPTIMIZERS:
+            raise InvalidArgument(f"{fn}(): unknown optimizer {self.optimizer!r}; "
+                                  f"pass optimizer := one of {', '.join(map(repr, OPTIMIZERS))}")
+        if self.arch not in models.ARCHS:
+            raise InvalidArgument(f"{fn}(): unknown arch {self.arch!r}; "
+                                  f"pass arch := one of {', '.join(map(repr, models.ARCHS))}")
+        if self.validation is None or not 0.0 <= self.validation < 1.0:
+            raise InvalidArgument(f"{fn}(): validation must be a fraction in [0, 1), got {self.validation!r}; "
+                                  f"pass e.g. validation := 0.1")
+        if self.policy not in POLICIES:
+            raise InvalidArgument(f"{fn}(): unknown policy {self.policy!r}; "
+                                  f"pass policy := one of {', '.join(map(repr, POLICIES))}")
+        if not 0.0 < self.replan_beta <= 1.0 or not self.replan_threshold > 0:
+            raise InvalidArgument(f"{fn}(): plan updating needs 0 < replan_beta <= 1 and replan_threshold > 0; "
+                                  f"SET VARIABLE dbml_replan_beta = {DEFAULTS['replan_beta']}, "
+                                  f"dbml_replan_threshold = {DEFAULTS['replan_threshold']}")
+        if self.weight_decay is None or self.weight_decay < 0:
+            raise InvalidArgument(f"{fn}(): weight_decay must be >= 0; pass e.g. weight_decay := 0.01")
+
+    def optimizer_spec(self) -> OptimizerSpec:
+        return OptimizerSpec(kind=self.optimizer, lr=self.lr, momentum=self.momentum,
+                             weight_decay=self.weight_decay)
+
+
+def _positive_int(value, name: str, example: str) -> None:
+    if value is None or int(value) != value or value <= 0:
+        raise InvalidArgument(f"train(): {name} must be a positive integer, got {value!r}; pass e.g. {example}")
+
+
+def from_sql_row(row: tuple) -> tuple[TrainSpec, bool]:
+    """One row of ``dbml_train``'s arguments (TRAIN_PARAMS, then SETTINGS) -> (spec, wait).
+
+    NULL settings take their defaults (``settings.resolve``); sizes are parsed, lists
+    become tuples. Raises InvalidArgument, naming the argument, before anything starts.
+    """
+    args = dict(zip((p.name for p in TRAIN_PARAMS), row))
+    values = row[len(TRAIN_PARAMS):]
+    fields = {p.name: _from_sql(p.sql_type, p.size, args[p.name], f"train(): {p.name}")
+              for p in TRAIN_PARAMS if p.in_spec}
+    for setting, value in zip(SETTINGS, values, strict=True):
+        fields[spec_field(setting.name)] = _from_sql(setting.sql_type, setting.size, resolve(setting.name, value),
+                                                     f"setting {setting.name}")
+    return TrainSpec(**fields), args["wait"] is not False
+
+
+def _from_sql(sql_type: str, size: bool, value, name: str):
+    if value is None:
+        return None
+    if size:
+        return parse_bytes(value, name=name)
+    return tuple(value) if sql_type.endswith("[]") else value
+
+
+def sql_literal(value) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    return repr(value)
+
+
+def train_macro_sql() -> str:
+    """The ``train`` macro: TRAIN_PARAMS with their defaults, passed to ``dbml_train`` with every setting.
+
+    Sizes are cast to VARCHAR, as a budget may be given as a number of bytes or as text.
+    """
+    params = ", ".join(p.name if p.required else f"{p.name} := {sql_literal(p.default)}" for p in TRAIN_PARAMS)
+    args = [f"{p.name}::VARCHAR" if p.size else p.name for p in TRAIN_PARAMS]
+    args += [f"getvariable('dbml_{s.name}')" + ("::VARCHAR" if s.size else "") for s in SETTINGS]
+    return (f"CREATE OR REPLACE TEMP MACRO train({params}) AS\n"
+            f"    dbml_train({', '.join(args)});")

@@ -1,0 +1,114 @@
+"""One function per SQL function: convert the arguments, call dbml once, shape the result.
+
+Each takes the ``Context`` of the database instance it is registered in, then the SQL
+arguments (Arrow arrays for the vectorised ones). ``dbml.udfs.FUNCTIONS`` pairs them with
+their SQL names and types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from .. import inference, jobs, latency
+from ..catalog import drop
+from ..inference import ModelCache
+from ..instance import Instance
+from ..scheduler.latency.predictor import predictor_path
+from ..scheduler.multijob.scheduler import device_ledger, existing_scheduler
+from ..settings import resolve, resolve_device
+from ..spec import from_sql_row
+from .types import TRAIN_RESULT_ARROW
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the UDFs of one database instance share: the instance and its loaded models."""
+    instance: Instance
+    models: ModelCache
+
+
+def instance_id(ctx: Context) -> str:
+    return ctx.instance.id
+
+
+def train(ctx: Context, *columns: pa.Array) -> pa.Array:
+    """Vectorised: every row of the vector is a job; they all start at once."""
+    calls = [from_sql_row(row) for row in zip(*(c.to_pylist() for c in columns))]  # all validated first
+    waits = {wait for _, wait in calls}
+    results = jobs.train_all(ctx.instance.jobs, [spec for spec, _ in calls], wait=waits != {False})
+    return pa.array(results, type=TRAIN_RESULT_ARROW)
+
+
+def wait_job(ctx: Context, job_id: int) -> dict:
+    return ctx.instance.jobs.wait(job_id)
+
+
+def cancel_job(ctx: Context, job_id: int) -> str:
+    return ctx.instance.jobs.cancel(job_id)
+
+
+def job_rows(ctx: Context) -> list[dict]:
+    return ctx.instance.jobs.rows()
+
+
+def memory_rows(ctx: Context, device: str | None) -> list[dict]:
+    device = resolve_device(device)
+    return jobs.memory_rows(ctx.instance.jobs, existing_scheduler(device), device_ledger(device))
+
+
+def calibrate(ctx: Context, quick: bool | None, device: str | None, threads: int | None) -> dict:
+    threads = resolve("torch_threads", threads)
+    predictor = latency.calibrate(resolve_device(device), bool(quick), threads)
+    report = predictor.report()
+    return {"device": str(predictor.device), "op_kinds": len(report.rows),
+            "samples": sum(r.samples for r in report.rows), "model_bytes": report.model_bytes,
+            "seconds": report.calibration_seconds, "path": str(predictor_path(predictor.device, threads))}
+
+
+def predictor_rows(ctx: Context, device: str | None, threads: int | None) -> list[dict]:
+    return latency.report_rows(resolve_device(device), resolve("torch_threads", threads))
+
+
+def _predict(ctx: Context, models: pa.Array, features: pa.Array, kind: str, fn: str) -> pa.Array:
+    return inference.per_model(models, lambda name, rows: inference.predict_values(
+        ctx.models.get(name, fn=fn), features.take(rows), fn=fn, kind=kind))
+
+
+def predict(ctx: Context, models: pa.Array, features: pa.Array) -> pa.Array:
+    return _predict(ctx, models, features, "value", "predict")
+
+
+def predict_label(ctx: Context, models: pa.Array, features: pa.Array) -> pa.Array:
+    return _predict(ctx, models, features, "label", "predict_label")
+
+
+def predict_proba(ctx: Context, models: pa.Array, features: pa.Array) -> pa.Array:
+    return _predict(ctx, models, features, "proba", "predict_proba")
+
+
+def infer(ctx: Context, models: pa.Array, versions: pa.Array, x: pa.Array) -> pa.Array:
+    """The table form's forward pass (``predictions``): rows already encoded by SQL."""
+    return inference.per_model(models, lambda name, rows: inference.infer_encoded(
+        ctx.models.get(name, versions[rows[0]].as_py(), fn="predictions"), x.take(rows)))
+
+
+def _with_cursor(ctx: Context, work):
+    cur = ctx.instance.cursor()
+    try:
+        return work(cur)
+    finally:
+        cur.close()
+
+
+def evaluate(ctx: Context, model: str, source: str) -> dict:
+    return _with_cursor(ctx, lambda cur: inference.evaluate(cur, ctx.models, model, source))
+
+
+def predictions_sql(ctx: Context, model: str, source: str) -> str:
+    return _with_cursor(ctx, lambda cur: inference.predictions_sql(cur, ctx.models, model, source))
+
+
+def drop_model(ctx: Context, model: str) -> int:
+    return _with_cursor(ctx, lambda cur: drop(cur, model))

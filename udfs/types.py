@@ -1,0 +1,47 @@
+"""DuckDB (and Arrow) types of the UDFs, derived from dbml's tables.
+
+Result and row STRUCTs come from ``dbml.columns``; ``dbml_train``'s parameter types from
+``dbml.spec.TRAIN_PARAMS`` followed by ``dbml.settings.SETTINGS``. Nothing here lists a
+column or a parameter.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import pyarrow as pa
+
+from .. import columns
+from ..settings import SETTINGS
+from ..spec import TRAIN_PARAMS
+
+# the Arrow type of each SQL type an Arrow UDF returns
+ARROW = {"BIGINT": pa.int64(), "INTEGER": pa.int32(), "DOUBLE": pa.float64(), "VARCHAR": pa.string()}
+
+
+def sql(name: str) -> duckdb.sqltypes.DuckDBPyType:
+    """``'BIGINT'``, ``'VARCHAR[]'``... -> the DuckDB type."""
+    return duckdb.sqltype(name)
+
+
+def struct(table: dict[str, str]) -> duckdb.sqltypes.DuckDBPyType:
+    return duckdb.struct_type({name: sql(sql_type) for name, sql_type in table.items()})
+
+
+def arrow_struct(table: dict[str, str]) -> pa.StructType:
+    return pa.struct([(name, ARROW[sql_type]) for name, sql_type in table.items()])
+
+
+def rows(table: dict[str, str]) -> duckdb.sqltypes.DuckDBPyType:
+    """A view's rows: a LIST of its STRUCT, unnested by the view."""
+    return duckdb.list_type(struct(table))
+
+
+TRAIN_ARGS = tuple(sql(p.sql_type) for p in TRAIN_PARAMS) + tuple(sql(s.sql_type) for s in SETTINGS)
+TRAIN_RESULT = struct(columns.TRAIN_RESULT)
+TRAIN_RESULT_ARROW = arrow_struct(columns.TRAIN_RESULT)
+JOB_ROWS = rows(columns.JOB_ROW)
+MEMORY_ROWS = rows(columns.MEMORY_ROW)
+PREDICTOR_ROWS = rows(columns.PREDICTOR_ROW)
+CALIBRATE_RESULT = struct(columns.CALIBRATE_RESULT)
+EVALUATE_RESULT = struct(columns.EVALUATE_RESULT)
+DOUBLES = sql("DOUBLE[]")
