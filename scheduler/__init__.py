@@ -14,12 +14,12 @@ from .execute.measure import PeakMeter, live_tensors, measure_peak
 from .plan.liveness import analyse_liveness, release_events
 from .graph.optim import OPTIMIZERS, OptimizerSpec, make_optimizer
 from .plan.peak import Peak, analyse_peak
-from .plan.planner import InfeasibleBudget, PlanSettings, plan, plan_jobs, summary, tensor_granularity_floor
+from .plan.planner import InfeasibleBudget, PlanSettings, plan, plan_jobs, tensor_granularity_floor
 from .execute.runner import ScheduledStep
 
 __all__ = ["SchedulerError", "SequenceError", "OPTIMIZERS", "OptimizerSpec", "make_optimizer", "PeakMeter", "live_tensors", "measure_peak",
            "analyse_liveness", "release_events", "Peak", "analyse_peak",
-           "InfeasibleBudget", "PlanSettings", "plan", "plan_jobs", "summary", "tensor_granularity_floor",
+           "InfeasibleBudget", "PlanSettings", "plan", "plan_jobs", "tensor_granularity_floor",
            "capture", "CapturedStep", "CaptureError", "GraphCache", "build_sequence",
            "LatencyModel", "Machine", "RooflineModel", "measure_machine",
            "Executor", "ExecState", "ExecutionError", "Program", "check_event_log",

@@ -99,11 +99,11 @@ def test_case4_swap_out_waits_for_a_later_read():
     seq = make_seq([1, 40, 1, 0, 0, 0, 50, 1, 1, 1], [0], ops, outputs={9}, bandwidth=100.0)
     events = (Event(0, 0.0, SO, 6), Event(0, 0.5, SO, 1), Event(0, 1.0, SI, 6, 2),
               Event(2, 0.5, SI, 1, 4)) + release_events(seq)
-    tl = build_timeline(seq, events, analyse_liveness(seq))
+    tl = build_timeline(seq, events)
     frees = tl.times[(tl.tensors == 1) & (tl.deltas < 0)]
     assert list(frees) == [3.0, 6.0]   # not at the copy's end, 1.9; then released after op4
     later = (Event(1, 0.0, SO, 1),) + events[2:]
-    tl = build_timeline(seq, later, analyse_liveness(seq))
+    tl = build_timeline(seq, later)
     assert list(tl.times[(tl.tensors == 1) & (tl.deltas < 0)]) == [3.4, 6.0]
 
 
@@ -250,7 +250,7 @@ def test_plan_jobs_sum_of_peaks_fits_and_shared_channel_never_overlaps():
 
 def _event_time(seq, p, e):
     from dbml.scheduler.plan.peak import build_timeline
-    tl = build_timeline(seq, p.events, analyse_liveness(seq))
+    tl = build_timeline(seq, p.events)
     return (tl.op_end[e.trigger] if e.trigger >= 0 else 0.0) + e.delay
 
 
@@ -307,8 +307,8 @@ def test_random_plans_are_valid(seq, frac, knobs):
         if e.kind is RC:
             assert not seq.tensors[e.tensor].not_replayable
     # the planner's incremental ledger curve agrees with the analysis from scratch
-    (js,) = planner._schedule([seq], budget, knobs, "tensile")
-    assert js.peak_bytes() == p.peak_bytes
+    (state,) = planner.schedule([seq], budget, knobs)
+    assert state.peak_bytes() == p.peak_bytes
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -328,10 +328,34 @@ def test_random_multi_job_plans_are_valid(seqs, frac, shared):
 
 def test_module_doctests():
     import doctest
-    from dbml.scheduler.plan import liveness
-    for module in (liveness, planner):
+    from dbml.scheduler.plan import channel, liveness, peak, swap
+    for module in (liveness, peak, channel, swap, planner, synthetic):
         result = doctest.testmod(module)
-        assert result.attempted > 0 and result.failed == 0
+        assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+def test_passes_propose_and_only_the_planner_commits():
+    """propose_swap / propose_recompute read a PlanState and never change it."""
+    from dbml.scheduler.plan.channel import Channel
+    from dbml.scheduler.plan.gaps import candidates
+    from dbml.scheduler.plan.recompute import propose_recompute, recompute_candidates
+    from dbml.scheduler.plan.state import PlanState
+    from dbml.scheduler.plan.swap import propose_swap
+    state = PlanState(synthetic.training_sequence("j", 120, seed=2, bandwidth=2e9), Channel())
+    before = (list(state.events), state.gaps.status.copy(), list(state.channel.starts), state.curve.usage.copy())
+    peak = state.peak_key()
+    swaps = [propose_swap(state, int(g), peak, 0.0) for g in candidates(state.gaps, state.gap_keys(), peak)]
+    recomputes = [propose_recompute(state, gap) for _, gap in recompute_candidates(state)]
+    assert any(swaps) and any(recomputes)
+    after = (state.events, state.gaps.status, state.channel.starts, state.curve.usage)
+    assert before[0] == after[0] and before[2] == after[2]
+    assert (before[1] == after[1]).all() and (before[3] == after[3]).all()
+    # a committed recompute can be taken back exactly
+    p = next(r for r in recomputes if r is not None)
+    assert state.commit(p) and state.peak_bytes() <= before[3].max()
+    state.undo(p)
+    assert state.events == before[0] and (state.gaps.status == before[1]).all()
+    assert (state.curve.usage == before[3]).all()
 
 
 # --- golden plans ---------------------------------------------------------------------
