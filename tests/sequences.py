@@ -112,13 +112,25 @@ def seeded_sequence(seed: int, job: str = "j") -> AccessSequence:
 def replay(seq: AccessSequence, plan_: Plan, margin: float = 0.0) -> int:
     """Simulate the plan; assert every rule an executor relies on; return the ledger peak."""
     gen = {t: op.index for op in seq.ops for t in op.outputs}
-    reads = {}
-    for op in seq.ops:
-        for t in op.inputs:
-            reads.setdefault(t, []).append(op.index)
-    in_place = {n: o for n, o in seq.updates.items() if all(r <= gen[n] for r in reads.get(o, []))}
-    size = lambda t: seq.tensors[t].nbytes
-    copy = lambda t: size(t) / seq.copy_bandwidth
+    steps, step_of, end = _steps(seq, plan_, gen)
+    actions = _actions(seq, plan_, gen, steps, step_of, end)
+    on_host = set(plan_.host_at_start)
+    assert on_host <= set(seq.updates.values())
+    ledger = _Ledger(seq, gen, on_host, margin)
+    peak = ledger.used
+    for time_, _, _, _, (what, kind, x, t0) in sorted(actions, key=lambda a: a[:4]):
+        ledger.apply(time_, what, kind, x, t0)
+        peak = max(peak, ledger.used)
+    resident = ledger.resident
+    for n, o in seq.updates.items():   # steady state: what starts on the host ends there
+        assert (o in on_host) == (n not in resident), f"update {n}->{o}: host_at_start inconsistent"
+    leaked = set(resident) - seq.outputs - seq.initial
+    assert not leaked, f"tensors never freed: {leaked}"
+    return peak
+
+
+def _steps(seq, plan_, gen):
+    """The compute channel: (kind, op or event, start, end) per op and recompute stall."""
     rec = {}
     for e in plan_.events:
         if e.kind is RC:
@@ -132,7 +144,15 @@ def replay(seq: AccessSequence, plan_: Plan, margin: float = 0.0) -> int:
         step_of[op.index] = len(steps)
         steps.append(("op", op, t, t + op.latency)); t += op.latency
         end[op.index] = t
-    actions = []   # (time, rank, frees-first, order, fn)
+    return steps, step_of, end
+
+
+def _actions(seq, plan_, gen, steps, step_of, end):
+    """(time, rank, frees-first, order, action) for every step and event; checks that
+    copies never overlap on the channel. Ranks are written out here, independently of
+    peak.py: a delay-0 RELEASE before a delay-0 SWAP_IN after the same step."""
+    copy = lambda t: seq.tensors[t].nbytes / seq.copy_bandwidth
+    actions = []
     for s, (kind, x, t0, t1) in enumerate(steps):
         actions.append((t0, 2 * s + 1, 1, len(actions), ("start", kind, x, t0)))
         actions.append((t1, 2 * s + 2, 0, len(actions), ("end", kind, x, t1)))
@@ -155,55 +175,72 @@ def replay(seq: AccessSequence, plan_: Plan, margin: float = 0.0) -> int:
     copies.sort()
     for (a0, a1), (b0, b1) in zip(copies, copies[1:]):
         assert b0 >= a1 - TOL, f"copies overlap on the channel: [{a0}, {a1}) and [{b0}, {b1})"
-    on_host = set(plan_.host_at_start)
-    assert on_host <= set(seq.updates.values())
-    resident = {t: -1.0 for t in seq.initial - on_host}    # tensor -> swap-in arrival time
-    host = {t: 0.0 for t in on_host}                        # tensor -> host copy ready
-    used = seq.workspace + sum(size(t) for t in resident)
-    peak = used
-    for time_, _, _, _, (what, kind, x, t0) in sorted(actions, key=lambda a: a[:4]):
-        if what == "start" and kind == "op":
-            for t in x.inputs:
-                assert t in resident, f"op {x.index} reads non-resident tensor {t}"
-                assert resident[t] <= t0 - margin + TOL, f"op {x.index} waits for tensor {t}'s swap-in"
-            for n in x.outputs:
-                if n in in_place:
-                    assert in_place[n] in resident, f"in-place target {in_place[n]} not resident"
-                    used -= size(in_place[n])
-                    del resident[in_place[n]]
-                resident[n] = -1.0
-                used += size(n)
-        elif what == "start":   # recompute stall
-            op = seq.ops[gen[x.tensor]]
-            assert not op.not_replayable and not seq.tensors[x.tensor].not_replayable, f"unreplayable tensor recomputed: {x}"
-            assert x.tensor not in resident, f"recompute of a resident tensor: {x}"
+    return actions
+
+
+class _Ledger:
+    """Residency and bytes on the device while replaying, asserting each rule."""
+
+    def __init__(self, seq, gen, on_host, margin):
+        self.seq, self.gen, self.margin = seq, gen, margin
+        reads = {}
+        for op in seq.ops:
             for t in op.inputs:
-                assert t in resident and resident[t] <= t0 + TOL, f"recompute input {t} absent: {x}"
-            used += sum(size(o) for o in op.outputs)
-            resident[x.tensor] = -1.0
+                reads.setdefault(t, []).append(op.index)
+        self.in_place = {n: o for n, o in seq.updates.items() if all(r <= gen[n] for r in reads.get(o, []))}
+        self.resident = {t: -1.0 for t in seq.initial - on_host}   # tensor -> swap-in arrival time
+        self.host = {t: 0.0 for t in on_host}                       # tensor -> host copy ready
+        self.used = seq.workspace + sum(self.size(t) for t in self.resident)
+
+    def size(self, t):
+        return self.seq.tensors[t].nbytes
+
+    def apply(self, time_, what, kind, x, t0):
+        seq, resident, size = self.seq, self.resident, self.size
+        if what == "start" and kind == "op":
+            self.op_start(x, t0)
+        elif what == "start":   # recompute stall
+            self.stall_start(x, t0)
         elif what == "end" and kind == "rec":
-            used -= sum(size(o) for o in seq.ops[gen[x.tensor]].outputs if o != x.tensor)
+            self.used -= sum(size(o) for o in seq.ops[self.gen[x.tensor]].outputs if o != x.tensor)
         elif what == "out_done":
             assert x.tensor in resident, f"swap-out of a non-resident tensor: {x}"
             del resident[x.tensor]
-            used -= size(x.tensor)
-            host[x.tensor] = time_
+            self.used -= size(x.tensor)
+            self.host[x.tensor] = time_
         elif what == "in":
             assert x.tensor not in resident, f"swap-in of a resident tensor: {x}"
-            assert host.get(x.tensor, float("inf")) <= t0 + TOL, f"swap-in without a host copy: {x}"
-            resident[x.tensor] = t0 + copy(x.tensor)
-            used += size(x.tensor)
+            assert self.host.get(x.tensor, float("inf")) <= t0 + TOL, f"swap-in without a host copy: {x}"
+            resident[x.tensor] = t0 + size(x.tensor) / seq.copy_bandwidth
+            self.used += size(x.tensor)
         elif what == "release":
             assert x.tensor in resident, f"release of a non-resident tensor: {x}"
             assert x.tensor not in seq.outputs, f"graph output released: {x}"
             del resident[x.tensor]
-            used -= size(x.tensor)
-        peak = max(peak, used)
-    for n, o in seq.updates.items():   # steady state: what starts on the host ends there
-        assert (o in on_host) == (n not in resident), f"update {n}->{o}: host_at_start inconsistent"
-    leaked = set(resident) - seq.outputs - seq.initial
-    assert not leaked, f"tensors never freed: {leaked}"
-    return peak
+            self.used -= size(x.tensor)
+
+    def op_start(self, op, t0):
+        resident = self.resident
+        for t in op.inputs:
+            assert t in resident, f"op {op.index} reads non-resident tensor {t}"
+            assert resident[t] <= t0 - self.margin + TOL, f"op {op.index} waits for tensor {t}'s swap-in"
+        for n in op.outputs:
+            if n in self.in_place:
+                assert self.in_place[n] in resident, f"in-place target {self.in_place[n]} not resident"
+                self.used -= self.size(self.in_place[n])
+                del resident[self.in_place[n]]
+            resident[n] = -1.0
+            self.used += self.size(n)
+
+    def stall_start(self, e, t0):
+        op = self.seq.ops[self.gen[e.tensor]]
+        assert not op.not_replayable and not self.seq.tensors[e.tensor].not_replayable, \
+            f"unreplayable tensor recomputed: {e}"
+        assert e.tensor not in self.resident, f"recompute of a resident tensor: {e}"
+        for t in op.inputs:
+            assert t in self.resident and self.resident[t] <= t0 + TOL, f"recompute input {t} absent: {e}"
+        self.used += sum(self.size(o) for o in op.outputs)
+        self.resident[e.tensor] = -1.0
 
 
 def check_plan(seq, p: Plan, budget=None, margin=0.0):

@@ -31,7 +31,7 @@ from .recompute import propose_recompute, recompute_candidates
 from .state import PlanState, Proposal
 from .swap import propose_later_swap, propose_swap
 from ..errors import InfeasibleBudget, PlanningError, SchedulerError
-from ..graph.sequence import AccessSequence, EventKind, Plan
+from ..graph.sequence import AccessSequence, Plan
 
 POLICIES = ("tensile", "none")
 
