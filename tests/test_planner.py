@@ -21,6 +21,7 @@ from dbml.scheduler.plan.liveness import analyse_liveness, release_events
 from dbml.scheduler.plan.peak import analyse_peak, build_timeline
 from dbml.scheduler.plan.planner import (InfeasibleBudget, PlanSettings, plan, plan_jobs,
                                          tensor_granularity_floor)
+from dbml.scheduler.errors import PlanningError
 from dbml.scheduler.graph.sequence import AccessSequence, Event, Plan
 
 from sequences import (RC, R, SI, SO, TOL, chain, check_plan, make_seq, random_sequences, replay,
@@ -332,6 +333,15 @@ def test_module_doctests():
     for module in (liveness, peak, channel, swap, planner, synthetic):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+def test_planner_bugs_name_the_job_and_the_pass(monkeypatch):
+    from dbml.scheduler.plan.channel import Channel
+    monkeypatch.setattr(Channel, "fits", lambda self, start, end: False)   # every copy collides
+    with pytest.raises(PlanningError, match=r"^job 'j': the swap pass of gap 0 \(tensor 1 't1', ops 0-7\) "
+                                            r"failed after 0 tensors swapped and 0 recomputed: swap "
+                                            r"planning put a copy at \[1.0, 2.0\) over another"):
+        plan(chain(), 110)
 
 
 def test_passes_propose_and_only_the_planner_commits():

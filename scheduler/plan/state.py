@@ -4,7 +4,9 @@ The passes (swap.py, recompute.py) read a PlanState and return a Proposal, or No
 the Algorithm 3 loop (planner.py) changes a PlanState, by :meth:`PlanState.commit` (and,
 for a recompute that raised the global peak, :meth:`PlanState.undo`). A PlanState holds
 the events so far, the ledger curve they give (peak.py's Timeline, kept up to date
-incrementally), the copy channel's intervals, and the gaps' status.
+incrementally), the copy channel's intervals, and the gaps' status. Its errors
+(PlanningError: a broken invariant, so a bug) say what broke; the planner adds the job
+and the pass.
 """
 
 from __future__ import annotations
@@ -116,14 +118,14 @@ class PlanState:
         if p.status == RECOMPUTED:
             return self._commit_recompute(p)
         if p.status != SWAPPED:
-            raise PlanningError(f"job {self.seq.job!r}: a proposal for gap {p.gap} has status {p.status}")
+            raise PlanningError(f"a proposal for gap {p.gap} has status {p.status}")
         self._commit_swap(p)
         return True
 
     def undo(self, p: Proposal) -> None:
         """Take back the recompute ``p``, the last proposal committed."""
         if p.status != RECOMPUTED or self._undo_status is None or self.recomputes[-1:] != [_recompute(p)]:
-            raise PlanningError(f"job {self.seq.job!r}: undo of gap {p.gap}, not the last recompute committed")
+            raise PlanningError(f"undo of gap {p.gap}, not the last recompute committed")
         self.gaps.status[[p.gap, *p.pins]] = self._undo_status
         self._undo_status = None
         self._pop_events(len(p.events))
@@ -171,8 +173,8 @@ class PlanState:
 
     def _copy(self, start: float, end: float) -> None:
         if not self.channel.fits(start, end):
-            raise PlanningError(f"job {self.seq.job!r}: swap planning put a copy at [{start}, {end}) "
-                                f"over another on the channel (after {len(self.copies)} copies)")
+            raise PlanningError(f"swap planning put a copy at [{start}, {end}) over another on "
+                                f"the channel (after {len(self.copies)} copies)")
         self.channel.add(start, end)
         self.copies.append((start, end))
 
