@@ -10,6 +10,10 @@ to swapping after each recompute. No step raises the peak, so when the budget ca
 be met the peak the loop ended at is the least budget it can meet
 (``InfeasibleBudget.min_budget``).
 
+The passes read one job's PlanState (state.py) and return a Proposal: swap.py's
+``propose_swap`` / ``propose_later_swap``, recompute.py's ``propose_recompute``. The loop
+here, :func:`schedule`, is the only code that commits one (or undoes a recompute).
+
 >>> from dbml.scheduler.graph.sequence import AccessSequence, TensorInfo, TensorKind, Op, Phase
 >>> t = (TensorInfo(0, "x", 4, TensorKind.BATCH), TensorInfo(1, "y", 4, TensorKind.ACTIVATION))
 >>> seq = AccessSequence("j", t, (Op(0, "relu", (0,), (1,), 0.0, 1.0, Phase.FORWARD),), frozenset({0}))
