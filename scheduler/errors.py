@@ -11,6 +11,7 @@ Our exception hierarchy::
     ├── SequenceError      an access sequence breaks the contract in graph/sequence.py
     ├── InfeasibleBudget   no plan fits the budget; carries the smallest feasible budget
     ├── NotAdmitted        a job waiting for admission was cancelled or timed out
+    ├── PlanningError      the planner broke one of its own invariants (a bug, with the job and pass)
     └── ExecutionError     the executor could not perform its plan (a bug, with the node)
 
 Each keeps the builtin base it had before the tree existed (``RuntimeError`` or
@@ -20,7 +21,7 @@ Each keeps the builtin base it had before the tree existed (``RuntimeError`` or
 from __future__ import annotations
 
 __all__ = ["SchedulerError", "CaptureError", "SequenceError", "InfeasibleBudget", "NotAdmitted",
-           "ExecutionError"]
+           "PlanningError", "ExecutionError"]
 
 
 class SchedulerError(Exception):
@@ -47,6 +48,10 @@ class InfeasibleBudget(SchedulerError, ValueError):
 
 class NotAdmitted(SchedulerError, RuntimeError):
     """A job waiting for admission was cancelled or timed out; it holds no memory."""
+
+
+class PlanningError(SchedulerError, RuntimeError):
+    """The planner broke one of its own invariants (a bug); the message names the job and pass."""
 
 
 class ExecutionError(SchedulerError, RuntimeError):

@@ -71,8 +71,8 @@ class Harness:
 
     def plan(self, events):
         events = tuple(sorted(events, key=lambda e: (e.trigger, e.delay)))
-        peak = analyse_peak(self.seq, events, self.live)
-        vanilla = analyse_peak(self.seq, release_events(self.seq), self.live)
+        peak = analyse_peak(self.seq, events)
+        vanilla = analyse_peak(self.seq, release_events(self.seq))
         return Plan(self.seq.job, events, peak.bytes, vanilla.bytes,
                     host_at_start=host_at_start(self.seq, events))
 

@@ -1,189 +1,35 @@
 """Planning passes: liveness, peak analysis (Algorithm 1), swaps, recomputation, Algorithm 3.
 
-``replay`` is an independent checker: it rebuilds residency from a plan's events step
-by step and asserts that no op reads a tensor that is not resident (or still in
-flight), that copies never overlap on the channel, that swap-outs follow their TGA,
-and returns the ledger's peak to compare with ``analyse_peak``.
+Plans are checked by ``replay`` (tests/sequences.py), an independent simulator of their
+events, and against a golden snapshot (``golden_plans.json``) of the plans for a fixed
+set of sequences: restructuring the planner must not change a single event.
+Regenerate it only for an intended change of plans: ``python tests/test_planner.py``.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import hashlib
+import json
 import pathlib
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from dbml.scheduler import synthetic
 from dbml.scheduler.plan import planner
 from dbml.scheduler.plan.liveness import analyse_liveness, release_events
 from dbml.scheduler.plan.peak import analyse_peak, build_timeline
 from dbml.scheduler.plan.planner import (InfeasibleBudget, PlanSettings, plan, plan_jobs,
-                                    tensor_granularity_floor)
-from dbml.scheduler.graph.sequence import (AccessSequence, Event, EventKind, Op, Phase, Plan,
-                                     TensorInfo, TensorKind)
+                                         tensor_granularity_floor)
+from dbml.scheduler.errors import PlanningError
+from dbml.scheduler.graph.sequence import AccessSequence, Event, Plan
 
-R, SO, SI, RC = EventKind.RELEASE, EventKind.SWAP_OUT, EventKind.SWAP_IN, EventKind.RECOMPUTE
-TOL = 1e-9
+from sequences import (RC, R, SI, SO, TOL, chain, check_plan, make_seq, random_sequences, replay,
+                       seeded_sequence)
 
-_spec = importlib.util.spec_from_file_location(
-    "bench_planning", pathlib.Path(__file__).parents[1] / "benchmarks" / "bench_planning.py")
-bench_planning = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_planning)
-
-
-# --- building sequences -------------------------------------------------------------
-
-def make_seq(sizes, initial, ops, updates=None, outputs=(), workspace=0, bandwidth=1.0,
-             random_tensors=(), job="j"):
-    """ops: (inputs, outputs, latency[, random]) in order; times are laid end to end."""
-    kinds = {t: TensorKind.PARAM for t in initial}
-    tensors = tuple(TensorInfo(i, f"t{i}", n, kinds.get(i, TensorKind.ACTIVATION), i in random_tensors)
-                    for i, n in enumerate(sizes))
-    built, t = [], 0.0
-    for i, (ins, outs, lat, *rnd) in enumerate(ops):
-        built.append(Op(i, f"op{i}", tuple(ins), tuple(outs), t, t + lat, Phase.FORWARD, bool(rnd and rnd[0])))
-        t += lat
-    return AccessSequence(job, tensors, tuple(built), frozenset(initial), dict(updates or {}),
-                          workspace, bandwidth, frozenset(outputs))
-
-
-@st.composite
-def random_sequences(draw, job="j"):
-    """Random DAGs: initial params (some updated at the end), ops reading earlier tensors."""
-    n_init = draw(st.integers(1, 4))
-    sizes = [draw(st.integers(1, 60)) for _ in range(n_init)]
-    available, ops, rand = list(range(n_init)), [], set()
-    for _ in range(draw(st.integers(1, 18))):
-        ins = draw(st.lists(st.sampled_from(available), min_size=1, max_size=3, unique=True))
-        outs = []   # none: a pure view, which allocates nothing
-        for _ in range(draw(st.integers(0, 2))):
-            outs.append(len(sizes))
-            sizes.append(draw(st.integers(0, 100)))
-        is_random = draw(st.integers(0, 9)) == 0
-        if is_random:
-            rand.update(outs)
-        lat = draw(st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.0]))
-        ops.append((ins, outs, lat, is_random))
-        available += outs
-    loss = {available[-1]} if len(available) > n_init else set()
-    updates = {}
-    for p in range(n_init):
-        if draw(st.booleans()):
-            n = len(sizes)
-            sizes.append(sizes[p])
-            src = draw(st.sampled_from(available))
-            ops.append(([p, src] if src != p else [p], [n], draw(st.sampled_from([0.0, 1.0])), False))
-            updates[n] = p
-    return make_seq(sizes, range(n_init), ops, updates, loss, workspace=draw(st.integers(0, 5)),
-                    bandwidth=draw(st.sampled_from([10.0, 40.0, 200.0])), random_tensors=rand, job=job)
-
-
-# --- the independent replay checker ---------------------------------------------------
-
-def replay(seq: AccessSequence, plan_: Plan, margin: float = 0.0) -> int:
-    """Simulate the plan; assert every rule an executor relies on; return the ledger peak."""
-    gen = {t: op.index for op in seq.ops for t in op.outputs}
-    reads = {}
-    for op in seq.ops:
-        for t in op.inputs:
-            reads.setdefault(t, []).append(op.index)
-    in_place = {n: o for n, o in seq.updates.items() if all(r <= gen[n] for r in reads.get(o, []))}
-    size = lambda t: seq.tensors[t].nbytes
-    copy = lambda t: size(t) / seq.copy_bandwidth
-    rec = {}
-    for e in plan_.events:
-        if e.kind is RC:
-            assert e.trigger == e.before - 1 and e.delay == 0, e
-            rec.setdefault(e.before, []).append(e)
-    steps, t, step_of, end = [], 0.0, {}, {-1: 0.0}
-    for op in seq.ops:
-        for e in rec.get(op.index, []):
-            lat = seq.ops[gen[e.tensor]].latency
-            steps.append(("rec", e, t, t + lat)); t += lat
-        step_of[op.index] = len(steps)
-        steps.append(("op", op, t, t + op.latency)); t += op.latency
-        end[op.index] = t
-    actions = []   # (time, rank, frees-first, order, fn)
-    for s, (kind, x, t0, t1) in enumerate(steps):
-        actions.append((t0, 2 * s + 1, 1, len(actions), ("start", kind, x, t0)))
-        actions.append((t1, 2 * s + 2, 0, len(actions), ("end", kind, x, t1)))
-    copies = []
-    for e in plan_.events:
-        if e.kind is RC:
-            continue
-        t0 = end[e.trigger] + e.delay
-        base = 2 * (step_of[e.trigger] if e.trigger >= 0 else -1) + 2
-        rank = (base + (0.1 if e.kind is R else 0.5)) if e.delay == 0 else (-1e18 if e.kind is R else 1e18)
-        if e.kind is SO:
-            assert e.trigger >= gen.get(e.tensor, -1), f"swap-out before its TGA: {e}"
-            actions.append((t0 + copy(e.tensor), -1e18, 0, len(actions), ("out_done", None, e, t0)))
-            copies.append((t0, t0 + copy(e.tensor)))
-        elif e.kind is SI:
-            actions.append((t0, rank, 1, len(actions), ("in", None, e, t0)))
-            copies.append((t0, t0 + copy(e.tensor)))
-        else:
-            actions.append((t0, rank, 0, len(actions), ("release", None, e, t0)))
-    copies.sort()
-    for (a0, a1), (b0, b1) in zip(copies, copies[1:]):
-        assert b0 >= a1 - TOL, f"copies overlap on the channel: [{a0}, {a1}) and [{b0}, {b1})"
-    on_host = set(plan_.host_at_start)
-    assert on_host <= set(seq.updates.values())
-    resident = {t: -1.0 for t in seq.initial - on_host}    # tensor -> swap-in arrival time
-    host = {t: 0.0 for t in on_host}                        # tensor -> host copy ready
-    used = seq.workspace + sum(size(t) for t in resident)
-    peak = used
-    for time_, _, _, _, (what, kind, x, t0) in sorted(actions, key=lambda a: a[:4]):
-        if what == "start" and kind == "op":
-            for t in x.inputs:
-                assert t in resident, f"op {x.index} reads non-resident tensor {t}"
-                assert resident[t] <= t0 - margin + TOL, f"op {x.index} waits for tensor {t}'s swap-in"
-            for n in x.outputs:
-                if n in in_place:
-                    assert in_place[n] in resident, f"in-place target {in_place[n]} not resident"
-                    used -= size(in_place[n])
-                    del resident[in_place[n]]
-                resident[n] = -1.0
-                used += size(n)
-        elif what == "start":   # recompute stall
-            op = seq.ops[gen[x.tensor]]
-            assert not op.not_replayable and not seq.tensors[x.tensor].not_replayable, f"unreplayable tensor recomputed: {x}"
-            assert x.tensor not in resident, f"recompute of a resident tensor: {x}"
-            for t in op.inputs:
-                assert t in resident and resident[t] <= t0 + TOL, f"recompute input {t} absent: {x}"
-            used += sum(size(o) for o in op.outputs)
-            resident[x.tensor] = -1.0
-        elif what == "end" and kind == "rec":
-            used -= sum(size(o) for o in seq.ops[gen[x.tensor]].outputs if o != x.tensor)
-        elif what == "out_done":
-            assert x.tensor in resident, f"swap-out of a non-resident tensor: {x}"
-            del resident[x.tensor]
-            used -= size(x.tensor)
-            host[x.tensor] = time_
-        elif what == "in":
-            assert x.tensor not in resident, f"swap-in of a resident tensor: {x}"
-            assert host.get(x.tensor, float("inf")) <= t0 + TOL, f"swap-in without a host copy: {x}"
-            resident[x.tensor] = t0 + copy(x.tensor)
-            used += size(x.tensor)
-        elif what == "release":
-            assert x.tensor in resident, f"release of a non-resident tensor: {x}"
-            assert x.tensor not in seq.outputs, f"graph output released: {x}"
-            del resident[x.tensor]
-            used -= size(x.tensor)
-        peak = max(peak, used)
-    for n, o in seq.updates.items():   # steady state: what starts on the host ends there
-        assert (o in on_host) == (n not in resident), f"update {n}->{o}: host_at_start inconsistent"
-    leaked = set(resident) - seq.outputs - seq.initial
-    assert not leaked, f"tensors never freed: {leaked}"
-    return peak
-
-
-def check_plan(seq, p: Plan, budget=None, margin=0.0):
-    assert all((a.trigger, a.delay) <= (b.trigger, b.delay) for a, b in zip(p.events, p.events[1:]))
-    measured = replay(seq, p, margin)
-    assert analyse_peak(seq, p.events).bytes == measured == p.peak_bytes
-    if budget is not None:
-        assert p.peak_bytes <= budget
-    return measured
+# test_shared.py imports these from here (until it imports tests/sequences.py itself)
+bench_planning = synthetic
+__all__ = ["bench_planning", "chain", "check_plan", "make_seq"]
 
 
 # --- liveness -------------------------------------------------------------------------
@@ -254,11 +100,11 @@ def test_case4_swap_out_waits_for_a_later_read():
     seq = make_seq([1, 40, 1, 0, 0, 0, 50, 1, 1, 1], [0], ops, outputs={9}, bandwidth=100.0)
     events = (Event(0, 0.0, SO, 6), Event(0, 0.5, SO, 1), Event(0, 1.0, SI, 6, 2),
               Event(2, 0.5, SI, 1, 4)) + release_events(seq)
-    tl = build_timeline(seq, events, analyse_liveness(seq))
+    tl = build_timeline(seq, events)
     frees = tl.times[(tl.tensors == 1) & (tl.deltas < 0)]
     assert list(frees) == [3.0, 6.0]   # not at the copy's end, 1.9; then released after op4
     later = (Event(1, 0.0, SO, 1),) + events[2:]
-    tl = build_timeline(seq, later, analyse_liveness(seq))
+    tl = build_timeline(seq, later)
     assert list(tl.times[(tl.tensors == 1) & (tl.deltas < 0)]) == [3.4, 6.0]
 
 
@@ -288,12 +134,6 @@ def test_recompute_stall_allocates_all_outputs_and_shifts_later_ops():
 
 
 # --- planning -------------------------------------------------------------------------
-
-def chain(bandwidth=100.0, big=100):
-    """t1 (big) is generated first and read again only at the end: a swap candidate."""
-    ops = [([0], [1], 1), ([0], [2], 1)] + [([k], [k + 1], 1) for k in range(2, 7)] + [([1, 7], [8], 1)]
-    return make_seq([1, big, 1, 10, 10, 10, 1, 1, 1], [0], ops, outputs={8}, bandwidth=bandwidth)
-
 
 def test_plan_swaps_largest_tensor_to_fit():
     seq = chain()
@@ -330,7 +170,7 @@ def test_random_tensor_is_never_recomputed():
 
 
 def test_stop_when_fits_does_less_than_swapping_to_exhaustion():
-    seq = bench_planning.training_sequence("j", 300, seed=3)
+    seq = synthetic.training_sequence("j", 300, seed=3)
     budget = int(0.8 * plan(seq, 1 << 62, policy="none").peak_bytes)
     lazy = plan(seq, budget)
     eager = plan(seq, budget, settings=PlanSettings(stop_when_fits=False))
@@ -386,7 +226,7 @@ def test_resume_swapping_after_a_recompute():
 
 
 def test_max_swap_rate_caps_swapping():
-    seq = bench_planning.training_sequence("j", 300, seed=4)
+    seq = synthetic.training_sequence("j", 300, seed=4)
     vanilla = plan(seq, 1 << 62, policy="none").peak_bytes
     with pytest.raises(InfeasibleBudget):
         plan(seq, int(0.8 * vanilla), settings=PlanSettings(max_swap_rate=0.0, recompute=False))
@@ -395,7 +235,7 @@ def test_max_swap_rate_caps_swapping():
 
 
 def test_plan_jobs_sum_of_peaks_fits_and_shared_channel_never_overlaps():
-    seqs = [bench_planning.training_sequence(f"job{i}", 200, seed=i) for i in range(2)]
+    seqs = [synthetic.training_sequence(f"job{i}", 200, seed=i) for i in range(2)]
     vanilla = sum(plan(s, 1 << 62, policy="none").peak_bytes for s in seqs)
     budget = int(0.85 * vanilla)
     for shared in (False, True):
@@ -411,7 +251,7 @@ def test_plan_jobs_sum_of_peaks_fits_and_shared_channel_never_overlaps():
 
 def _event_time(seq, p, e):
     from dbml.scheduler.plan.peak import build_timeline
-    tl = build_timeline(seq, p.events, analyse_liveness(seq))
+    tl = build_timeline(seq, p.events)
     return (tl.op_end[e.trigger] if e.trigger >= 0 else 0.0) + e.delay
 
 
@@ -432,7 +272,7 @@ def test_policy_none_only_releases_and_raises_when_over():
 
 
 def test_training_shaped_sequence_at_half_budget():
-    seq = bench_planning.training_sequence("j", 600, seed=2, dropout_every=3)
+    seq = synthetic.training_sequence("j", 600, seed=2, dropout_every=3)
     vanilla = plan(seq, 1 << 62, policy="none").peak_bytes
     p = plan(seq, vanilla // 2)
     check_plan(seq, p, vanilla // 2)
@@ -468,8 +308,8 @@ def test_random_plans_are_valid(seq, frac, knobs):
         if e.kind is RC:
             assert not seq.tensors[e.tensor].not_replayable
     # the planner's incremental ledger curve agrees with the analysis from scratch
-    (js,) = planner._schedule([seq], budget, knobs, "tensile")
-    assert js.peak_bytes() == p.peak_bytes
+    (state,) = planner.schedule([seq], budget, knobs)
+    assert state.peak_bytes() == p.peak_bytes
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -489,7 +329,98 @@ def test_random_multi_job_plans_are_valid(seqs, frac, shared):
 
 def test_module_doctests():
     import doctest
-    from dbml.scheduler.plan import liveness
-    for module in (liveness, planner):
+    from dbml.scheduler.plan import channel, liveness, peak, swap
+    for module in (liveness, peak, channel, swap, planner, synthetic):
         result = doctest.testmod(module)
-        assert result.attempted > 0 and result.failed == 0
+        assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+def test_planner_bugs_name_the_job_and_the_pass(monkeypatch):
+    from dbml.scheduler.plan.channel import Channel
+    monkeypatch.setattr(Channel, "fits", lambda self, start, end: False)   # every copy collides
+    with pytest.raises(PlanningError, match=r"^job 'j': the swap pass of gap 0 \(tensor 1 't1', ops 0-7\) "
+                                            r"failed after 0 tensors swapped and 0 recomputed: swap "
+                                            r"planning put a copy at \[1.0, 2.0\) over another"):
+        plan(chain(), 110)
+
+
+def test_passes_propose_and_only_the_planner_commits():
+    """propose_swap / propose_recompute read a PlanState and never change it."""
+    from dbml.scheduler.plan.channel import Channel
+    from dbml.scheduler.plan.gaps import candidates
+    from dbml.scheduler.plan.recompute import propose_recompute, recompute_candidates
+    from dbml.scheduler.plan.state import PlanState
+    from dbml.scheduler.plan.swap import propose_swap
+    state = PlanState(synthetic.training_sequence("j", 120, seed=2, bandwidth=2e9), Channel())
+    before = (list(state.events), state.gaps.status.copy(), list(state.channel.starts), state.curve.usage.copy())
+    peak = state.peak_key()
+    swaps = [propose_swap(state, int(g), peak, 0.0) for g in candidates(state.gaps, state.gap_keys(), peak)]
+    recomputes = [propose_recompute(state, gap) for _, gap in recompute_candidates(state)]
+    assert any(swaps) and any(recomputes)
+    after = (state.events, state.gaps.status, state.channel.starts, state.curve.usage)
+    assert before[0] == after[0] and before[2] == after[2]
+    assert (before[1] == after[1]).all() and (before[3] == after[3]).all()
+    # a committed recompute can be taken back exactly
+    p = next(r for r in recomputes if r is not None)
+    assert state.commit(p) and state.peak_bytes() <= before[3].max()
+    state.undo(p)
+    assert state.events == before[0] and (state.gaps.status == before[1]).all()
+    assert (state.curve.usage == before[3]).all()
+
+
+# --- golden plans ---------------------------------------------------------------------
+
+GOLDEN = pathlib.Path(__file__).with_name("golden_plans.json")
+_KNOBS = (PlanSettings(), PlanSettings(stop_when_fits=False), PlanSettings(resume_swapping=True),
+          PlanSettings(swap_in_margin=0.25, swap_later_accesses=False),
+          PlanSettings(cross_iteration=False, recompute=False), PlanSettings(max_swap_rate=0.2))
+
+
+def _fingerprint(p: Plan) -> dict:
+    events = [[e.trigger, repr(e.delay), e.kind.value, e.tensor, e.before] for e in p.events]
+    digest = hashlib.sha256(json.dumps(events).encode()).hexdigest()[:16]
+    return {"peak": p.peak_bytes, "vanilla": p.vanilla_peak_bytes, "extra": repr(p.extra_time),
+            "host_at_start": sorted(p.host_at_start), "events": len(events), "digest": digest}
+
+
+def _golden_case(seqs, frac: float, knobs: PlanSettings) -> dict:
+    """Plans for ``frac`` of the summed vanilla peaks, or at the least feasible budget."""
+    budget = int(frac * sum(plan(s, 1 << 62, policy="none").peak_bytes for s in seqs))
+    try:
+        plans = plan_jobs(seqs, budget, knobs)
+    except InfeasibleBudget as err:
+        budget = err.min_budget
+        plans = plan_jobs(seqs, budget, knobs)
+    return {"budget": budget, "plans": {job: _fingerprint(p) for job, p in sorted(plans.items())}}
+
+
+def golden_plans() -> dict:
+    """Plans for a fixed set of sequences, budgets and settings."""
+    ts = synthetic.training_sequence
+    cases = {"chain": ([chain()], 0.9, _KNOBS[0]), "chain_slow": ([chain(1.0)], 0.9, _KNOBS[0]),
+             "resnet_like_half": ([ts("j", 600, seed=2, dropout_every=3)], 0.5, _KNOBS[0]),
+             "slow_copies": ([ts("j", 300, seed=5, bandwidth=2e9)], 0.75, _KNOBS[0]),
+             "slow_copies_resume": ([ts("j", 300, seed=5, bandwidth=2e9)], 0.6, _KNOBS[2]),
+             "two_jobs": ([ts(f"job{i}", 200, seed=i) for i in range(2)], 0.85, _KNOBS[0]),
+             "two_jobs_shared": ([ts(f"job{i}", 200, seed=i) for i in range(2)], 0.7,
+                                 PlanSettings(shared_channel=True))}
+    for k, knobs in enumerate(_KNOBS):
+        cases[f"training_{k}"] = ([ts("j", 300, seed=3)], 0.8, knobs)
+    for seed in range(60):
+        cases[f"random_{seed}"] = ([seeded_sequence(seed)], (0.3, 0.6, 0.9)[seed % 3], _KNOBS[seed % len(_KNOBS)])
+    for seed in range(10):
+        seqs = [seeded_sequence(100 + 3 * seed + i, job=f"job{i}") for i in range(2 + seed % 2)]
+        cases[f"random_jobs_{seed}"] = (seqs, 0.5, PlanSettings(shared_channel=bool(seed % 2)))
+    return {name: _golden_case(*case) for name, case in cases.items()}
+
+
+def test_plans_match_the_golden_snapshot():
+    want = json.loads(GOLDEN.read_text())
+    got = golden_plans()
+    assert got.keys() == want.keys()
+    for name in want:
+        assert got[name] == want[name], name
+
+
+if __name__ == "__main__":
+    GOLDEN.write_text(json.dumps(golden_plans(), indent=1, sort_keys=True) + "\n")

@@ -30,7 +30,7 @@ Ledger rules (bytes of ``seq.tensors[t].nbytes``):
 Order of changes at one instant: copy completions (SWAP_OUT frees) first; then, step
 by step along the compute channel, a step's start (+) before its end (-); events
 issued with ``delay == 0`` after op ``k`` go after op ``k``'s end and before the next
-step, RELEASEs before SWAP_INs; an event with ``delay > 0`` that lands exactly on a
+step, in ``EVENT_ORDER`` (RELEASEs before SWAP_INs); an event with ``delay > 0`` that lands exactly on a
 step boundary frees first or allocates last; changes with the same key free first.
 The peak is the largest running total, so a zero-latency op still holds its inputs
 and outputs together.
@@ -53,12 +53,39 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .liveness import Liveness, analyse_liveness
-from ..graph.sequence import AccessSequence, Event, EventKind
+from .liveness import analyse_liveness
+from ..graph.sequence import EVENT_ORDER, EVENT_RANK, AccessSequence, Event, EventKind
 
-FIRST = -1e18   # rank: before everything else at the same instant
-LAST = 1e18     # rank: after everything else at the same instant
-_DELAY0_RANK = {EventKind.RELEASE: 0.1, EventKind.SWAP_IN: 0.5, EventKind.SWAP_OUT: 0.5}
+PeakKey = tuple[float, float]   # (time, rank) of a change point: where the peak is
+
+# Ranks order the ledger's changes at one instant (the rules above). Compute step ``s``
+# (an op or a recompute stall) starts at rank 2s + 1 and ends at 2s + 2; an event issued
+# with delay 0 after it changes the ledger at 2s + 2 + ISSUED[kind], before step s + 1
+# starts, in EVENT_ORDER (graph/sequence.py: the one order of simultaneous events).
+FIRST = -1e18            # before everything else at the same instant
+LAST = 1e18              # after everything else at the same instant
+START_RANK = 2 * FIRST   # the iteration-start totals, before even FIRST
+ISSUED = {kind: (EVENT_RANK[kind] + 1) / (len(EVENT_ORDER) + 1) for kind in EVENT_ORDER}
+_ISSUED = np.array([ISSUED[kind] for kind in EVENT_ORDER])   # indexed by EVENT_RANK
+# event_arrays() codes a RELEASE/SWAP event's kind as its EVENT_RANK
+_RELEASE, _SWAP_OUT, _SWAP_IN = (EVENT_RANK[k] for k in (EventKind.RELEASE, EventKind.SWAP_OUT,
+                                                         EventKind.SWAP_IN))
+
+
+def start_rank(step):
+    """Rank of compute step ``step``'s start (an int or an array of them)."""
+    return 2.0 * step + 1
+
+
+def end_rank(step):
+    """Rank of compute step ``step``'s end."""
+    return 2.0 * step + 2
+
+
+def issued_rank(step, kind: EventKind):
+    """Rank of the change a delay-0 event of ``kind`` causes after step ``step`` (-1: the
+    iteration start)."""
+    return 2.0 * step + 2 + ISSUED[kind]
 
 
 @dataclass(frozen=True)
@@ -130,10 +157,18 @@ def host_at_start(seq: AccessSequence, events) -> frozenset[int]:
     return frozenset(t for t, k in first.items() if k is EventKind.SWAP_IN)
 
 
-def analyse_peak(seq: AccessSequence, events, live: Liveness | None = None) -> Peak:
-    """Algorithm 1: the peak of the ledger described in the module docstring."""
-    live = live or analyse_liveness(seq)
-    tl = build_timeline(seq, tuple(events), live)
+def analyse_peak(seq: AccessSequence, events) -> Peak:
+    """Algorithm 1: the peak of the ledger described in the module docstring.
+
+    >>> from dbml.scheduler.graph.sequence import TensorInfo, TensorKind, Op, Phase
+    >>> t = [TensorInfo(i, f"t{i}", 4, TensorKind.ACTIVATION) for i in range(3)]
+    >>> ops = (Op(0, "a", (0,), (1,), 0.0, 1.0, Phase.FORWARD), Op(1, "b", (1,), (2,), 1.0, 2.0, Phase.FORWARD))
+    >>> seq = AccessSequence("j", tuple(t), ops, frozenset({0}), outputs=frozenset({2}))
+    >>> p = analyse_peak(seq, [Event(1, 0.0, EventKind.RELEASE, 1)])
+    >>> p.bytes, p.op, sorted(p.resident)   # op b holds its input, its output and t0
+    (12, 1, [0, 1, 2])
+    """
+    tl = build_timeline(seq, tuple(events))
     if len(tl.usage) == 0:
         return Peak(seq.workspace, 0.0, -1, frozenset(), 0.0)
     p = tl.peak_index()
@@ -145,8 +180,7 @@ def analyse_peak(seq: AccessSequence, events, live: Liveness | None = None) -> P
 def op_at(tl: Timeline, p: int) -> int:
     """Index of the last op whose start is at or before change point ``p``."""
     t, r = tl.key(p)
-    starts_rank = 2.0 * tl.op_step + 1
-    started = (tl.op_start < t) | ((tl.op_start == t) & (starts_rank <= r))
+    started = (tl.op_start < t) | ((tl.op_start == t) & (start_rank(tl.op_step) <= r))
     return int(np.count_nonzero(started)) - 1
 
 
@@ -175,7 +209,8 @@ class Static:
     initial: np.ndarray        # initial tensor ids, ascending
 
 
-def static_ledger(seq: AccessSequence, live: Liveness) -> Static:
+def static_ledger(seq: AccessSequence) -> Static:
+    live = analyse_liveness(seq)
     nbytes = np.array([t.nbytes for t in seq.tensors], dtype=np.int64)
     rows = []
     for op in seq.ops:
@@ -189,19 +224,20 @@ def static_ledger(seq: AccessSequence, live: Liveness) -> Static:
                   np.array(sorted(seq.initial), dtype=np.int64))
 
 
-def event_arrays(events, live: Liveness) -> tuple[np.ndarray, ...]:
-    """(trigger, delay, tensor, kind code, hold) of the RELEASE/SWAP events, for the ledger."""
+def event_arrays(seq: AccessSequence, events) -> tuple[np.ndarray, ...]:
+    """(trigger, delay, tensor, kind as EVENT_RANK, hold) of the RELEASE/SWAP events, for the ledger."""
     ev = [e for e in events if e.kind is not EventKind.RECOMPUTE]
     n = len(ev)
     return (np.fromiter((e.trigger for e in ev), np.int64, n), np.fromiter((e.delay for e in ev), float, n),
             np.fromiter((e.tensor for e in ev), np.int64, n),
-            np.fromiter((_KIND_CODE[e.kind] for e in ev), np.int64, n), _swap_out_holds(ev, events, live))
+            np.fromiter((EVENT_RANK[e.kind] for e in ev), np.int64, n), _swap_out_holds(seq, ev, events))
 
 
-def _swap_out_holds(ev, events, live: Liveness) -> np.ndarray:
+def _swap_out_holds(seq: AccessSequence, ev, events) -> np.ndarray:
     """Per event: for a SWAP_OUT, the last op that reads its tensor after the trigger and
     before the tensor comes back (its next SWAP_IN or RECOMPUTE); -1 if none or not a
     swap-out. The device copy is freed no earlier than that op's end (rule 5)."""
+    live = analyse_liveness(seq)
     back: dict[int, list[int]] = {}
     for e in events:
         if e.kind in (EventKind.SWAP_IN, EventKind.RECOMPUTE):
@@ -218,19 +254,19 @@ def _swap_out_holds(ev, events, live: Liveness) -> np.ndarray:
     return holds
 
 
-def build_timeline(seq: AccessSequence, events: tuple[Event, ...], live: Liveness,
-                   static: Static | None = None, on_host: frozenset[int] | None = None,
+def build_timeline(seq: AccessSequence, events: tuple[Event, ...], static: Static | None = None,
+                   on_host: frozenset[int] | None = None,
                    arrays: tuple[np.ndarray, ...] | None = None) -> Timeline:
     """The ledger's change points for these events. ``static``, ``on_host`` and the
     RELEASE/SWAP events' ``arrays`` may be passed in when known; ``events`` then need
     hold only the RECOMPUTEs."""
-    static = static or static_ledger(seq, live)
+    static = static or static_ledger(seq)
     on_host = host_at_start(seq, events) if on_host is None else on_host
     recomputes = sorted(e for e in events if e.kind is EventKind.RECOMPUTE)
-    op_start, op_end, op_step, stall_changes = _compute_steps(seq, live, recomputes, static)
-    op_changes = (op_start[static.change_op], 2.0 * op_step[static.change_op] + 1,
+    op_start, op_end, op_step, stall_changes = _compute_steps(seq, recomputes, static)
+    op_changes = (op_start[static.change_op], start_rank(op_step[static.change_op]),
                   static.change_delta, static.change_tensor)
-    arrays = event_arrays(events, live) if arrays is None else arrays
+    arrays = event_arrays(seq, events) if arrays is None else arrays
     changes = [stall_changes, _initial_change(seq, on_host, static), op_changes,
                _event_changes(seq, arrays, op_end, op_step, static.nbytes)]
     times, ranks, deltas, tensors = (np.concatenate(c) for c in zip(*changes))
@@ -251,11 +287,12 @@ def _initial_change(seq, on_host, static):
     on_device = static.initial[~np.isin(static.initial, list(on_host))] if on_host else static.initial
     tensors = np.concatenate(([-1], on_device))
     deltas = np.concatenate(([seq.workspace], static.nbytes[on_device])).astype(np.int64)
-    return np.zeros(len(tensors)), np.full(len(tensors), 2 * FIRST), deltas, tensors
+    return np.zeros(len(tensors)), np.full(len(tensors), START_RANK), deltas, tensors
 
 
-def _compute_steps(seq, live, recomputes, static):
+def _compute_steps(seq, recomputes, static):
     """Effective op times with recompute stalls, and the stalls' ledger changes."""
+    live = analyse_liveness(seq)
     n = len(seq.ops)
     by_before: dict[int, list[Event]] = {}
     for e in recomputes:
@@ -277,9 +314,9 @@ def _compute_steps(seq, live, recomputes, static):
         for m, e in enumerate(es):
             g = seq.ops[live.gen[e.tensor]]
             s = op_step[b] - len(es) + m
-            rows += [(t0, 2.0 * s + 1, seq.tensors[o].nbytes, o) for o in g.outputs]
+            rows += [(t0, start_rank(s), seq.tensors[o].nbytes, o) for o in g.outputs]
             t0 += g.latency
-            rows += [(t0, 2.0 * s + 2, -seq.tensors[o].nbytes, o) for o in g.outputs if o != e.tensor]
+            rows += [(t0, end_rank(s), -seq.tensors[o].nbytes, o) for o in g.outputs if o != e.tensor]
     return op_start, op_end, op_step, _arrays(rows)
 
 
@@ -292,22 +329,21 @@ def event_rank(e: Event, op_step: np.ndarray, adds: bool) -> float:
     if e.delay != 0.0:
         return LAST if adds else FIRST
     step = int(op_step[e.trigger]) if e.trigger >= 0 else -1
-    return 2.0 * step + 2 + _DELAY0_RANK[e.kind]
+    return issued_rank(step, e.kind)
 
 
 def _event_changes(seq, arrays, op_end, op_step, nbytes):
-    trig, delay, tensor, kind, hold = arrays   # kind: 0 release, 1 swap-in, 2 swap-out
+    trig, delay, tensor, kind, hold = arrays   # kind: EVENT_RANK of RELEASE, SWAP_OUT, SWAP_IN
     issued = np.where(trig >= 0, op_end[np.maximum(trig, 0)], 0.0) + delay
     step = np.where(trig >= 0, op_step[np.maximum(trig, 0)], -1)
-    rank = np.where(delay != 0.0, np.where(kind == 1, LAST, FIRST),
-                    2.0 * step + 2 + np.where(kind == 0, 0.1, 0.5))
+    swap_in, swap_out = kind == _SWAP_IN, kind == _SWAP_OUT
+    rank = np.where(delay != 0.0, np.where(swap_in, LAST, FIRST), 2.0 * step + 2 + _ISSUED[kind])
     b = nbytes[tensor]
     copied = issued + b / seq.copy_bandwidth
     held = op_end[np.maximum(hold, 0)]
-    waits = (kind == 2) & (hold >= 0) & (held > copied)   # still read after the copy ends
-    times = np.where(kind == 2, np.where(waits, held, copied), issued)
-    ranks = np.where(kind == 2, np.where(waits, 2.0 * op_step[np.maximum(hold, 0)] + 2.1, FIRST), rank)
-    return times, ranks, np.where(kind == 1, b, -b), tensor
-
-
-_KIND_CODE = {EventKind.RELEASE: 0, EventKind.SWAP_IN: 1, EventKind.SWAP_OUT: 2}
+    waits = swap_out & (hold >= 0) & (held > copied)   # still read after the copy ends
+    times = np.where(swap_out, np.where(waits, held, copied), issued)
+    # a swap-out that waits for a read frees as a RELEASE issued after that read would
+    held_rank = issued_rank(op_step[np.maximum(hold, 0)], EventKind.RELEASE)
+    ranks = np.where(swap_out, np.where(waits, held_rank, FIRST), rank)
+    return times, ranks, np.where(swap_in, b, -b), tensor

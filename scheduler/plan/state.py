@@ -1,0 +1,227 @@
+"""PlanState: one job's plan under construction, and Proposal: a pass's proposed change.
+
+The passes (swap.py, recompute.py) read a PlanState and return a Proposal, or None; only
+the Algorithm 3 loop (planner.py) changes a PlanState, by :meth:`PlanState.commit` (and,
+for a recompute that raised the global peak, :meth:`PlanState.undo`). A PlanState holds
+the events so far, the ledger curve they give (peak.py's Timeline, kept up to date
+incrementally), the copy channel's intervals, and the gaps' status. Its errors
+(PlanningError: a broken invariant, so a bug) say what broke; the planner adds the job
+and the pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from .channel import Channel
+from .gaps import CROSS, PINNED, RECOMPUTED, SWAPPED, GapKeys, Gaps, find_gaps, gap_keys
+from .liveness import Liveness, analyse_liveness, release_events
+from .peak import (FIRST, START_RANK, PeakKey, Timeline, analyse_peak, build_timeline, event_arrays,
+                   event_rank, event_time, host_at_start, static_ledger)
+from ..errors import PlanningError
+from ..graph.sequence import AccessSequence, Event, EventKind, Plan, event_order
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """Take gap ``gap``'s tensor off the device with ``events``; the gap becomes ``status``
+    (SWAPPED or RECOMPUTED) and the gaps in ``pins`` PINNED (a recompute's inputs, which
+    must stay resident)."""
+
+    gap: int
+    events: tuple[Event, ...]
+    status: int
+    pins: tuple[int, ...] = ()
+
+
+def recomputable(seq: AccessSequence, live: Liveness, t: int) -> bool:
+    """Deterministic, generated in the iteration, not an output, no output-producing op."""
+    g = live.gen[t]
+    if g < 0 or seq.tensors[t].not_replayable or seq.ops[g].not_replayable:
+        return False
+    return not any(o in seq.outputs for o in seq.ops[g].outputs)
+
+
+class PlanState:
+    """One job's plan under construction: events, the ledger curve, the copy channel."""
+
+    def __init__(self, seq: AccessSequence, channel: Channel, shared: bool = False):
+        self.seq, self.channel, self.shared = seq, channel, shared
+        self.live: Liveness = analyse_liveness(seq)
+        self.gaps: Gaps = find_gaps(seq)
+        self.events: list[Event] = list(release_events(seq))
+        self.first_swap = len(self.events)             # events before it are releases
+        self.recomputes: list[Event] = []              # the RECOMPUTEs among the events
+        self.host_ready: dict[int, float] = {}         # tensor -> time its host copy is complete
+        self.swapped: set[int] = set()                 # tensors swapped out (the max swap rate)
+        self.on_host: set[int] = set()                 # initial tensors that start on the host
+        self.copies: list[tuple[float, float]] = []    # this job's intervals on the channel
+        self.static = static_ledger(seq)
+        self.curve: Timeline = build_timeline(seq, tuple(self.events), self.static, frozenset())
+        self.vanilla_peak = self.peak_bytes()
+        # The planner's memory of what failed: the peak key at which a gap's swap last
+        # failed (the channel only fills up, so it fails there again), and the gaps a
+        # recompute is not tried for again (their inputs only ever get scarcer).
+        self.failed_t = np.full(len(self.gaps.tensor), np.nan)
+        self.failed_r = np.full(len(self.gaps.tensor), np.nan)
+        self.rejected = np.zeros(len(self.gaps.tensor), dtype=bool)
+        # caches: gap keys until a stall moves the ops; RELEASE/SWAP event arrays converted
+        # so far (count, arrays); the gaps' statuses before the last recompute commit
+        self._gap_keys: GapKeys | None = None
+        self._arrays_cache: tuple = (0, None)
+        self._undo_status: np.ndarray | None = None
+
+    # --- reading ----------------------------------------------------------------------
+
+    def peak_bytes(self) -> int:
+        return int(self.curve.usage.max()) if len(self.curve.usage) else self.seq.workspace
+
+    def peak_key(self) -> PeakKey:
+        return self.curve.key(self.curve.peak_index())
+
+    def op_end(self, op: int) -> float:
+        return float(self.curve.op_end[op]) if op >= 0 else 0.0
+
+    def gap_keys(self) -> GapKeys:
+        if self._gap_keys is None:
+            self._gap_keys = gap_keys(self.gaps, self.curve)
+        return self._gap_keys
+
+    @cached_property
+    def recomputable(self) -> np.ndarray:
+        """Per tensor: :func:`recomputable` (computed when recomputation is first tried)."""
+        return np.array([recomputable(self.seq, self.live, t) for t in range(len(self.seq.tensors))],
+                        dtype=bool)
+
+    @cached_property
+    def regen_latency(self) -> np.ndarray:
+        """Per tensor: the latency of its generating op (the stall a recompute costs)."""
+        gen = np.maximum(np.array(self.live.gen), 0)
+        return np.array([op.latency for op in self.seq.ops] or [0.0])[gen]
+
+    def plan(self, policy: str) -> Plan:
+        events = tuple(sorted(self.events, key=event_order))
+        peak = analyse_peak(self.seq, events)
+        extra = sum(self.seq.ops[self.live.gen[e.tensor]].latency
+                    for e in events if e.kind is EventKind.RECOMPUTE)
+        return Plan(self.seq.job, events, peak.bytes, self.vanilla_peak, extra, policy,
+                    host_at_start(self.seq, events))
+
+    # --- committing -------------------------------------------------------------------
+
+    def commit(self, p: Proposal) -> bool:
+        """Apply a proposal. A swap always applies; a recompute only if the curve can be
+        rebuilt with its stall (False, changing nothing, if it cannot)."""
+        if p.status == RECOMPUTED:
+            return self._commit_recompute(p)
+        if p.status != SWAPPED:
+            raise PlanningError(f"a proposal for gap {p.gap} has status {p.status}")
+        self._commit_swap(p)
+        return True
+
+    def undo(self, p: Proposal) -> None:
+        """Take back the recompute ``p``, the last proposal committed."""
+        if p.status != RECOMPUTED or self._undo_status is None or self.recomputes[-1:] != [_recompute(p)]:
+            raise PlanningError(f"undo of gap {p.gap}, not the last recompute committed")
+        self.gaps.status[[p.gap, *p.pins]] = self._undo_status
+        self._undo_status = None
+        self._pop_events(len(p.events))
+        self.recomputes.pop()
+        self.rebuild()
+
+    def _commit_recompute(self, p: Proposal) -> bool:
+        self.events += p.events
+        self.recomputes.append(_recompute(p))
+        self._undo_status = self.gaps.status[[p.gap, *p.pins]].copy()
+        self.gaps.status[p.gap] = RECOMPUTED
+        self.gaps.status[list(p.pins)] = PINNED
+        if self.rebuild():
+            return True
+        self.undo(p)
+        return False
+
+    def _commit_swap(self, p: Proposal) -> None:
+        """Add a gap's events; take the tensor off the curve and put its copies on the channel."""
+        self.events += p.events
+        self.gaps.status[p.gap] = SWAPPED
+        removal, addition = None, None
+        for e in p.events:
+            t0 = event_time(e, self.curve.op_end)
+            d = self.seq.copy_time(e.tensor)
+            if e.kind is EventKind.RELEASE:
+                removal = (t0, event_rank(e, self.curve.op_step, False))
+            elif e.kind is EventKind.SWAP_OUT:
+                self._copy(t0, t0 + d)
+                removal = (t0 + d, FIRST)
+                self.host_ready[e.tensor] = t0 + d
+                self.swapped.add(e.tensor)
+            elif e.kind is EventKind.SWAP_IN:
+                self._copy(t0, t0 + d)
+                addition = (t0, event_rank(e, self.curve.op_step, True))
+        t, nbytes = int(self.gaps.tensor[p.gap]), int(self.gaps.nbytes[p.gap])
+        if self.gaps.kind[p.gap] == CROSS:
+            o = int(self.gaps.other[p.gap])
+            self.curve.free((0.0, START_RANK), addition, self.seq.tensors[o].nbytes, o)
+            self.curve.free(removal, None, nbytes, t)
+            self.host_ready[o] = 0.0
+            self.on_host.add(o)
+        else:
+            self.curve.free(removal, addition, nbytes, t)
+
+    def _copy(self, start: float, end: float) -> None:
+        if not self.channel.fits(start, end):
+            raise PlanningError(f"swap planning put a copy at [{start}, {end}) over another on "
+                                f"the channel (after {len(self.copies)} copies)")
+        self.channel.add(start, end)
+        self.copies.append((start, end))
+
+    def rebuild(self) -> bool:
+        """Recompute the curve and this job's copies from the events (after a recompute
+        stall moved them); False, changing nothing, if the copies now collide with
+        another job's on a shared channel."""
+        curve = build_timeline(self.seq, tuple(self.recomputes), self.static,
+                               frozenset(self.on_host), self._event_arrays())
+        swaps = [e for e in self.events[self.first_swap:] if e.kind in (EventKind.SWAP_IN, EventKind.SWAP_OUT)]
+        copies = [(t0, t0 + self.seq.copy_time(e.tensor)) for e in swaps for t0 in [event_time(e, curve.op_end)]]
+        if not self.shared:   # own channel: a stall keeps the copies apart (all shift alike)
+            copies.sort()
+            self.channel.replace(copies)
+            self.curve, self.copies, self._gap_keys = curve, copies, None
+            return True
+        for c in self.copies:
+            self.channel.remove(*c)
+        if not all(self.channel.fits(*c) for c in copies):
+            for c in self.copies:
+                self.channel.add(*c)
+            return False
+        self.curve, self.copies, self._gap_keys = curve, [], None
+        for c in copies:
+            self._copy(*c)
+        return True
+
+    def _pop_events(self, k: int) -> None:
+        """Drop the last ``k`` events (an undone recompute), keeping the array cache."""
+        done, arrays = self._arrays_cache
+        dropped = self.events[len(self.events) - k:]
+        del self.events[len(self.events) - k:]
+        if done > len(self.events) and arrays is not None:
+            rows = sum(e.kind is not EventKind.RECOMPUTE for e in dropped[:done - len(self.events)])
+            self._arrays_cache = (len(self.events), tuple(a[:len(a) - rows] for a in arrays))
+
+    def _event_arrays(self):
+        """Arrays of the RELEASE/SWAP events, converting only those added since last time."""
+        done, arrays = self._arrays_cache
+        if done > len(self.events):
+            done, arrays = 0, None
+        new = event_arrays(self.seq, self.events[done:])
+        arrays = new if arrays is None else tuple(np.concatenate(p) for p in zip(arrays, new))
+        self._arrays_cache = (len(self.events), arrays)
+        return arrays
+
+
+def _recompute(p: Proposal) -> Event:
+    """The RECOMPUTE event of a recompute proposal."""
+    return next(e for e in p.events if e.kind is EventKind.RECOMPUTE)
