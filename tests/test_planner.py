@@ -27,10 +27,6 @@ from dbml.scheduler.graph.sequence import AccessSequence, Event, Plan
 from sequences import (RC, R, SI, SO, TOL, chain, check_plan, make_seq, random_sequences, replay,
                        seeded_sequence)
 
-# test_shared.py imports these from here (until it imports tests/sequences.py itself)
-bench_planning = synthetic
-__all__ = ["bench_planning", "chain", "check_plan", "make_seq"]
-
 
 # --- liveness -------------------------------------------------------------------------
 

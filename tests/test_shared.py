@@ -18,7 +18,9 @@ from dbml.scheduler.multijob.registry import shared_scheduler
 from dbml.scheduler.multijob.scheduler import MemoryScheduler, NotAdmitted, graph_key
 from dbml.scheduler.multijob.solve import for_job
 
-from test_planner import bench_planning, chain, check_plan, make_seq
+from sequences import chain, check_plan, make_seq
+
+from dbml.scheduler.synthetic import training_sequence
 
 SO = EventKind.SWAP_OUT
 
@@ -29,7 +31,7 @@ def fixed(nbytes: int, job: str = "j"):
 
 
 def training(job: str, seed: int, n_ops: int = 40):
-    return bench_planning.training_sequence(job, n_ops, seed=seed)
+    return training_sequence(job, n_ops, seed=seed)
 
 
 def vanilla(seq) -> int:
