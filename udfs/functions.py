@@ -16,7 +16,7 @@ from ..catalog import drop
 from ..inference import ModelCache
 from ..instance import Instance
 from ..scheduler.latency.predictor import predictor_path
-from ..scheduler.multijob.scheduler import device_ledger, existing_scheduler
+from ..scheduler.multijob.registry import device_ledger, existing_scheduler
 from ..settings import resolve, resolve_device
 from ..spec import from_sql_row
 from .types import TRAIN_RESULT_ARROW
