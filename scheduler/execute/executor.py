@@ -37,41 +37,29 @@ from __future__ import annotations
 
 import bisect
 import time
-from dataclasses import dataclass, field
 
 import torch
 
 from ..errors import ExecutionError
-from ..graph.access import replayable
 from ..graph.sequence import EVENT_RANK, AccessSequence, EventKind, Plan, event_order
-from .devices import CopyChannel, Device, storage_bytes
+from .devices import CopyChannel, Device
 from .evictor import PassiveEvictor
-from .iteration import COUNTS, Account, EventRecord, IterationLedger, IterationState, OpRecord
+from .iteration import COUNTS, Account, EventRecord, ExecState, IterationLedger, IterationState, OpRecord
 from .pool import BufferPool
-from .program import MULTI, PLAIN, SKIP, Program, Reuse
+from .replay import Replay
+from .program import PLAIN, SKIP, Program, Reuse
 from .transfers import Transfers
 
 __all__ = ["Executor", "ExecState", "ExecutionError", "Program", "check_event_log"]
-
-
-@dataclass
-class ExecState:
-    """Parameters, buffers and optimizer state between iterations, by placeholder
-    position: a device tensor in ``values``, or ``None`` there and host bytes in ``host``."""
-
-    values: list
-    host: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 _UNCHANGED = object()
 
 
 class Executor:
-    """Performs ``plan`` on ``program`` each :meth:`run`; one per job and graph.
-
-    A coordinator: the ledger (``mem``), the iteration's values (``it``), the host
-    transfers (``transfers``), the reuse pool (``pool``) and, in passive mode, the
-    evictor (``evictor``, else None) each own their fields."""
+    """Performs ``plan`` on ``program`` each :meth:`run`; one per job and graph. A
+    coordinator: the ledger ``mem``, the values ``it``, ``transfers``, ``pool``,
+    ``replay`` and, in passive mode only, ``evictor`` each own their fields."""
 
     def __init__(self, program: Program, plan: Plan, device: Device, *, log: bool = False,
                  budget_bytes: int | None = None, evict: bool = False, account: Account | None = None):
@@ -89,8 +77,8 @@ class Executor:
         self.mem = IterationLedger(account)
         self.it = IterationState(program)
         self.pool = BufferPool(program.reuse_demand, self.mem.account)
-        self.transfers = Transfers(program, device, self.channel, self.mem, self.it, self._passive_room)
-        self._deferred: list = []    # delayed releases: (due time, tensor)
+        self.transfers = Transfers(program, device, self.channel, self.mem, self.it)
+        self.replay = Replay(program, self.it, self.mem)
         # Passive mode (Capuchin's first iteration): over the budget, swap resident
         # tensors out on demand, least recently used first (see evictor.py).
         self.evictor = PassiveEvictor(program, self.it, self.mem, self.transfers, self.pool,
@@ -98,32 +86,17 @@ class Executor:
             if evict and budget_bytes is not None else None
         self.set_plan(plan)
 
-    # -- plan ------------------------------------------------------------------------
     def set_plan(self, plan: Plan, seq: AccessSequence | None = None, *,
                  budget_bytes: int | None | object = _UNCHANGED) -> None:
         """Take a new plan; it applies from the next iteration (call it between runs).
         ``seq``: the sequence the plan was made from, where its op times differ from the
         program's (plan updating retimes it); ``budget_bytes``: a new limit."""
-        timing = seq if seq is not None else self.prog.seq
-        if len(timing.ops) != self.n_ops or len(timing.tensors) != len(self.prog.nbytes):
-            raise ExecutionError(f"job {self.prog.job!r}: the plan's sequence has {len(timing.ops)} ops, "
-                                 f"the program {self.n_ops}")
+        after = event_table(plan, seq if seq is not None else self.prog.seq, self.prog)
         if budget_bytes is not _UNCHANGED:
             self.budget = budget_bytes
             if budget_bytes is None:
                 self.evictor = None
-        self.plan = plan
-        after: list[list] = [[] for _ in range(self.n_ops + 1)]  # after[k + 1]: after op k
-        starts = [op.start for op in timing.ops]
-        ends = [op.end for op in timing.ops]
-        for e in sorted(plan.events, key=event_order):
-            if not -1 <= e.trigger < self.n_ops:
-                raise ExecutionError(f"job {self.prog.job!r}: event {e} has no trigger op")
-            slot, delay = e.trigger + 1, e.delay
-            if e.kind is EventKind.SWAP_IN and delay > 0:
-                slot, delay = _swap_in_slot(e, starts, ends)
-            after[slot].append((e.kind, e.tensor, delay, e.before))
-        self.after = [tuple(sorted(a, key=lambda ev: EVENT_RANK[ev[0]])) for a in after]
+        self.plan, self.after = plan, after
         self.host_at_start = frozenset(plan.host_at_start)
 
     def close(self) -> None:
@@ -146,26 +119,14 @@ class Executor:
     def copy_bandwidth(self) -> float | None:
         """Bytes per second the copy channel achieved in the last iteration (planned
         swaps, each direction; None if it copied nothing), for plan updating."""
-        nbytes, seconds = self.transfers.copied
-        return nbytes / seconds if nbytes and seconds > 0 else None
+        return self.transfers.copy_bandwidth()
 
     @property
-    def counts(self) -> dict[str, int]:
-        """What the last (or current) iteration counted."""
+    def counts(self) -> dict[str, int]:   # what the last (or current) iteration counted
         return self.it.counts
 
     @property
-    def copied(self) -> list:
-        """Bytes and seconds the copy channel copied in the last iteration."""
-        return self.transfers.copied
-
-    @property
-    def ledger(self) -> int:
-        return self.mem.total
-
-    @property
-    def reserved_peak(self) -> int:
-        """Largest ledger + reuse pool (like CUDA's reserved bytes)."""
+    def reserved_peak(self) -> int:   # largest ledger + reuse pool (like CUDA's reserved bytes)
         return self.pool.reserved_peak
 
     # -- one iteration ---------------------------------------------------------------
@@ -192,7 +153,7 @@ class Executor:
         budget = self.budget if self.budget is not None else 1 << 62
         pool_limit, account_add, perf = self._pool_limit(), mem.account.add, time.perf_counter
         op_pos, outs, reuse, free, done, deferred = \
-            prog.op_pos, prog.outputs, prog.reuse, pool.free, self.transfers.done, self._deferred
+            prog.op_pos, prog.outputs, prog.reuse, pool.free, self.transfers.done, self.it.deferred
         k = -1
         try:
             for k in range(self.n_ops):
@@ -239,20 +200,9 @@ class Executor:
                                  f"{type(e).__name__}: {e}") from e
 
     def _store(self, k: int, kk: int, value) -> None:
-        prog, it = self.prog, self.it
-        env, res = it.env, it.res
-        if kk != MULTI:
-            env[prog.op_pos[k]] = value
-        else:
-            for idx, p in prog.distribute[k]:
-                env[p] = value[idx]
-        for s in prog.outputs[k]:
-            res[s] = True
-        if k in prog.mutated:   # BatchNorm's running statistics: host copies are stale now
-            self.transfers.written(prog.mutated[k])
-        if k in prog.in_place:
-            _, old = prog.in_place[k]
-            it.drop(old)
+        self.it.store(k, kk, value)
+        if k in self.prog.mutated:   # BatchNorm's running statistics: host copies are stale now
+            self.transfers.written(self.prog.mutated[k])
 
     def _from_pool(self, r: Reuse) -> torch.Tensor:
         self.it.counts["reused_buffers"] += 1
@@ -278,62 +228,22 @@ class Executor:
 
     # -- iteration boundaries ----------------------------------------------------------
     def _begin(self, state: ExecState, x, y) -> None:
-        prog, it, transfers = self.prog, self.it, self.transfers
-        it.reset()
-        transfers.reset()
-        self._deferred = []
-        values = list(state.values) + [x, y]
-        for i, (p, sid) in enumerate(zip(prog.placeholders, prog.ph_sid)):
-            if values[i] is not None:
-                it.env[p], it.res[sid] = values[i], True
-                if i < len(state.values):
-                    state.values[i] = None  # the executor holds it now
-            else:
-                transfers.host_store[sid] = state.host.pop(i)
-        self.mem.hold(sum(prog.nbytes[s] for s in prog.ph_sid if it.res[s]) + prog.seq.workspace)
-        self._setup_residency()
+        self.it.reset()
+        self.transfers.reset()
+        self.mem.hold(self.transfers.load_state(state, x, y) + self.prog.seq.workspace)
+        self.transfers.place_initial(self.host_at_start, self._passive_room)
+        self._passive_room(0, 0)   # passive mode: start the iteration within the budget
         self.mem.peak = self.mem.on_compute
 
-    def _setup_residency(self) -> None:
-        """Bring initial tensors where the plan expects them when the iteration starts."""
-        prog, it, transfers = self.prog, self.it, self.transfers
-        for sid in prog.ph_sid:
-            if sid in self.host_at_start and it.res[sid]:
-                transfers.copy_out_now(sid)
-                it.drop(sid)
-                self.mem.free(prog.nbytes[sid])
-                it.counts["setup_swaps"] += 1
-            elif sid not in self.host_at_start and not it.res[sid]:
-                transfers.swap_in_now(sid, 0)
-                it.counts["setup_swaps"] += 1
-        if self.evictor is not None and self.mem.total > self.budget:
-            self.evictor.make_room(0, 0, self.budget)   # passive mode: start within the budget
-
     def _end(self, state: ExecState) -> None:
-        prog, it, transfers = self.prog, self.it, self.transfers
-        source = {ph: o for o, ph in prog.updates.items()}
-        held = 0
-        for i in range(len(state.values)):
-            o = source.get(i)
-            p = prog.out_pos[o] if o is not None else prog.placeholders[i]
-            sid = prog.nodes[p].meta["dbml_storage"]
-            if it.res[sid] and it.env[p] is not None:
-                state.values[i] = it.env[p]
-                transfers.forget_host(sid)
-                held += prog.nbytes[sid]
-            elif sid in transfers.host_store:
-                state.values[i] = None
-                state.host[i] = transfers.host_store.pop(sid)
-            else:
-                raise ExecutionError(f"job {prog.job!r}: {prog.nodes[p].format_node()} is "
-                                     f"neither resident nor on the host at the end of the iteration")
+        held = self.transfers.store_state(state)
         self.iteration_peak = self.mem.peak
         self.peak_bytes = max(self.peak_bytes, self.iteration_peak)
-        for key, v in it.counts.items():
+        for key, v in self.it.counts.items():
             self.totals[key] += v
         self.totals["iterations"] += 1
-        it.env = []
-        transfers.forget_all()
+        self.it.env = []
+        self.transfers.forget_all()
         self.mem.hold(held)   # between iterations the job holds its resident state (and the pool) only
 
     def settle(self, state: ExecState) -> int:
@@ -341,26 +251,18 @@ class Executor:
         on the host at its start there now, and give back pooled buffers past its limit.
         A job whose plan shrank calls this before it tells the scheduler it runs the new
         plan (which lets another job take the room). Returns the bytes it now holds."""
-        prog, device = self.prog, self.device
-        for i, sid in enumerate(prog.ph_sid[:len(state.values)]):
-            v = state.values[i]
-            if sid in self.host_at_start and v is not None:
-                state.host[i] = device.copy_out(storage_bytes(v), device.compute_marker())
-                state.values[i] = None
-                self.totals["setup_swaps"] += 1
-        held = sum(prog.nbytes[sid] for i, sid in enumerate(prog.ph_sid[:len(state.values)])
-                   if state.values[i] is not None)
+        moved, held = self.transfers.settle_state(state, self.host_at_start)
+        self.totals["setup_swaps"] += moved
         self.mem.hold(held)
         self.pool.hold_within(held, self._pool_limit())
         return held
 
-    # -- events ----------------------------------------------------------------------
     def _perform(self, events, k: int) -> None:
         now = time.perf_counter()
         for kind, sid, delay, before in events:
             if kind is EventKind.RELEASE:
                 if delay > 0:
-                    self._deferred.append((now + delay, sid))
+                    self.it.deferred.append((now + delay, sid))
                 else:
                     self._release(sid, k)
             elif kind is EventKind.SWAP_OUT:
@@ -375,12 +277,9 @@ class Executor:
     def _service(self, k: int) -> None:
         """Install finished swap-ins; perform deferred releases that are due."""
         self.transfers.install_done(k)
-        if self._deferred:
-            now = time.perf_counter()
-            due = [d for d in self._deferred if d[0] <= now]
-            for d in due:
-                self._deferred.remove(d)
-                self._release(d[1], k - 1)
+        if self.it.deferred:
+            for sid in self.it.due():
+                self._release(sid, k - 1)
 
     def _release(self, sid: int, k: int) -> None:
         it, prog, transfers = self.it, self.prog, self.transfers
@@ -401,33 +300,33 @@ class Executor:
 
     def _fetch(self, sid: int, k: int) -> None:
         """Op ``k`` needs ``sid`` and it is not resident: wait, swap in, or recompute."""
-        if not self.transfers.fetch(sid, k, self._service):
+        if not self.transfers.fetch(sid, k, self._service, self._passive_room):
             self._recompute(sid, k, passive=True)
 
     def _recompute(self, sid: int, before: int, passive: bool = False) -> None:
-        prog, it = self.prog, self.it
-        g = prog.gen[sid]
-        if it.res[sid]:
-            return
-        if g < 0 or not replayable(prog.op_nodes[g]):
-            node = prog.op_nodes[g].format_node() if g >= 0 else prog.seq.tensors[sid].name
-            raise ExecutionError(f"job {prog.job!r}: op {before} ({prog.op_nodes[min(before, self.n_ops - 1)].name}) "
-                                 f"needs tensor {sid}, which is gone and cannot be recomputed: {node}")
-        for s in prog.inputs[g]:
-            if not it.res[s]:
-                self._fetch(s, before)
-        outs = prog.outputs[g]
-        need = sum(prog.nbytes[s] for s in outs)
-        self._passive_room(need, before, prog.inputs[g])
-        self.mem.alloc(need)
-        with torch.no_grad():
-            value = prog.replay_calls[g](it.env)
-        if prog.kind[g] == MULTI:
-            sids = prog.op_nodes[g].meta["dbml_storage"]
-            value = value[sids.index(sid)]
-        it.rebuild(sid, storage_bytes(value), before)
-        self.mem.free(sum(prog.nbytes[s] for s in outs if s != sid))
-        it.counts["passive_recomputes" if passive else "recomputes"] += 1
+        self.replay.recompute(sid, before, self._fetch, self._passive_room, passive)
+
+
+def event_table(plan: Plan, timing: AccessSequence, prog: Program) -> list[tuple]:
+    """The plan's events by the op they follow: ``table[k + 1]`` holds what to perform
+    after op ``k`` (``table[0]``: at the iteration's start), each entry
+    ``(kind, tensor, delay, before)``, in the one order of simultaneous events.
+    ``timing``: the sequence the plan was made from (its op times)."""
+    n_ops, job = len(prog.op_nodes), prog.job
+    if len(timing.ops) != n_ops or len(timing.tensors) != len(prog.nbytes):
+        raise ExecutionError(f"job {job!r}: the plan's sequence has {len(timing.ops)} ops, "
+                             f"the program {n_ops}")
+    after: list[list] = [[] for _ in range(n_ops + 1)]
+    starts = [op.start for op in timing.ops]
+    ends = [op.end for op in timing.ops]
+    for e in sorted(plan.events, key=event_order):
+        if not -1 <= e.trigger < n_ops:
+            raise ExecutionError(f"job {job!r}: event {e} has no trigger op")
+        slot, delay = e.trigger + 1, e.delay
+        if e.kind is EventKind.SWAP_IN and delay > 0:
+            slot, delay = _swap_in_slot(e, starts, ends)
+        after[slot].append((e.kind, e.tensor, delay, e.before))
+    return [tuple(sorted(a, key=lambda ev: EVENT_RANK[ev[0]])) for a in after]
 
 
 def _swap_in_slot(e, starts, ends) -> tuple[int, float]:

@@ -10,15 +10,17 @@ one iteration, and rebuilds or drops the values that view a storage.
 from __future__ import annotations
 
 import threading
+import time
+from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 import torch
 
 from ..errors import ExecutionError
 from .devices import as_view, storage_bytes
-from .program import Program
+from .program import MULTI, Program
 
-__all__ = ["Account", "NullAccount", "IterationLedger", "IterationState", "COUNTS", "OpRecord",
+__all__ = ["ExecState", "Account", "NullAccount", "IterationLedger", "IterationState", "COUNTS", "OpRecord",
            "EventRecord"]
 
 # what an iteration counts (Executor.counts, and summed over iterations, Executor.totals,
@@ -26,6 +28,15 @@ __all__ = ["Account", "NullAccount", "IterationLedger", "IterationState", "COUNT
 COUNTS = ("swap_outs", "swap_ins", "releases", "recomputes", "passive_swaps", "late_swap_ins",
           "passive_recomputes", "setup_swaps", "budget_waits", "passive_swap_outs",
           "reused_buffers", "refresh_swaps", "iterations")
+
+
+@dataclass
+class ExecState:
+    """Parameters, buffers and optimizer state between iterations, by placeholder
+    position: a device tensor in ``values``, or ``None`` there and host bytes in ``host``."""
+
+    values: list
+    host: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 class OpRecord(NamedTuple):
@@ -114,18 +125,29 @@ class IterationLedger:
 
 class IterationState:
     """The values of one iteration: ``env`` (by node position), ``res`` (resident
-    flags by storage) and ``counts``; :meth:`reset` starts the next iteration."""
+    flags by storage), ``counts`` and ``deferred`` (releases planned with a delay:
+    ``(due time, tensor)``); :meth:`reset` starts the next iteration."""
 
     def __init__(self, prog: Program):
         self.prog = prog
         self.env: list = []
         self.res: list[bool] = []
         self.counts: dict[str, int] = dict.fromkeys(COUNTS, 0)
+        self.deferred: list[tuple[float, int]] = []
 
     def reset(self) -> None:
         self.env = [None] * len(self.prog.nodes)
         self.res = [False] * len(self.prog.nbytes)
         self.counts = dict.fromkeys(COUNTS, 0)
+        self.deferred = []
+
+    def due(self) -> list[int]:
+        """The delayed releases whose time has come, taken off ``deferred``."""
+        now = time.perf_counter()
+        due = [d for d in self.deferred if d[0] <= now]
+        for d in due:
+            self.deferred.remove(d)
+        return [sid for _, sid in due]
 
     def drop(self, sid: int) -> None:
         env = self.env
@@ -146,6 +168,21 @@ class IterationState:
             raise ExecutionError(f"job {self.prog.job!r}: no value holds tensor {sid} "
                                  f"({self.prog.seq.tensors[sid].name})")
         return storage_bytes(v)
+
+    def store(self, k: int, kk: int, value) -> None:
+        """The value of op ``k`` (of kind ``kk``, not PLAIN): a multi-output op's parts go
+        to its getitem nodes; an in-place update takes the old tensor's storage."""
+        prog, env, res = self.prog, self.env, self.res
+        if kk != MULTI:
+            env[prog.op_pos[k]] = value
+        else:
+            for idx, p in prog.distribute[k]:
+                env[p] = value[idx]
+        for s in prog.outputs[k]:
+            res[s] = True
+        if k in prog.in_place:
+            _, old = prog.in_place[k]
+            self.drop(old)
 
     def rebuild(self, sid: int, flat: torch.Tensor, k: int) -> None:
         """Values of the nodes viewing ``sid`` that ran before op ``k`` and are read later."""

@@ -22,23 +22,28 @@ from typing import Callable
 
 import torch
 
-from .devices import CopyChannel, Device
-from .iteration import IterationLedger, IterationState
+from .devices import CopyChannel, Device, storage_bytes
+from ..errors import ExecutionError
+from .iteration import ExecState, IterationLedger, IterationState
 from .program import Program
 
 __all__ = ["Transfers"]
 
 
+Room = Callable[[int, int, tuple], None]   # (nbytes, before op, keep): make room for nbytes
+
+
 class Transfers:
     """Host store, in-flight sets and swaps of one executor (reset per iteration).
 
-    ``room(nbytes, k, keep)`` is called before a swap-in on the compute thread takes
-    memory (the executor's passive-mode eviction, or nothing)."""
+    A swap-in on the compute thread first calls ``room(nbytes, k, keep)`` (the
+    executor's passive-mode eviction, or nothing). It is passed per call, not kept:
+    the components hold no reference back to the executor."""
 
     def __init__(self, prog: Program, device: Device, channel: CopyChannel, ledger: IterationLedger,
-                 it: IterationState, room: Callable[[int, int, tuple], None]):
+                 it: IterationState):
         self.prog, self.device, self.channel = prog, device, channel
-        self.ledger, self.it, self.room = ledger, it, room
+        self.ledger, self.it = ledger, it
         self.copied = [0, 0.0]   # bytes and seconds the copy channel copied in the last iteration
         self.reset()
 
@@ -85,6 +90,70 @@ class Transfers:
     def is_stale(self, sid: int) -> bool:
         return sid in self._stale
 
+    # -- the state between iterations: on the device, or in the host store ------------
+    def load_state(self, state: ExecState, x, y) -> int:
+        """Take the state (and the batch) into the iteration; returns the bytes resident."""
+        prog, env, res = self.prog, self.it.env, self.it.res
+        values = list(state.values) + [x, y]
+        for i, (p, sid) in enumerate(zip(prog.placeholders, prog.ph_sid)):
+            if values[i] is not None:
+                env[p], res[sid] = values[i], True
+                if i < len(state.values):
+                    state.values[i] = None  # the executor holds it now
+            else:
+                self.host_store[sid] = state.host.pop(i)
+        return sum(prog.nbytes[s] for s in prog.ph_sid if res[s])
+
+    def place_initial(self, host_at_start: frozenset, room: Room) -> None:
+        """Bring initial tensors where the plan expects them when the iteration starts."""
+        prog, it = self.prog, self.it
+        for sid in prog.ph_sid:
+            if sid in host_at_start and it.res[sid]:
+                self.copy_out_now(sid)
+                it.drop(sid)
+                self.ledger.free(prog.nbytes[sid])
+                it.counts["setup_swaps"] += 1
+            elif sid not in host_at_start and not it.res[sid]:
+                self.swap_in_now(sid, 0, room)
+                it.counts["setup_swaps"] += 1
+
+    def store_state(self, state: ExecState) -> int:
+        """Hand the updated state back at the iteration's end; returns the bytes that
+        stay resident."""
+        prog, it = self.prog, self.it
+        source = {ph: o for o, ph in prog.updates.items()}
+        held = 0
+        for i in range(len(state.values)):
+            o = source.get(i)
+            p = prog.out_pos[o] if o is not None else prog.placeholders[i]
+            sid = prog.nodes[p].meta["dbml_storage"]
+            if it.res[sid] and it.env[p] is not None:
+                state.values[i] = it.env[p]
+                self.forget_host(sid)
+                held += prog.nbytes[sid]
+            elif sid in self.host_store:
+                state.values[i] = None
+                state.host[i] = self.host_store.pop(sid)
+            else:
+                raise ExecutionError(f"job {prog.job!r}: {prog.nodes[p].format_node()} is "
+                                     f"neither resident nor on the host at the end of the iteration")
+        return held
+
+    def settle_state(self, state: ExecState, host_at_start: frozenset) -> tuple[int, int]:
+        """Between iterations: move the state a new plan keeps on the host at its start
+        there now. Returns (tensors moved, bytes still on the device)."""
+        prog, device = self.prog, self.device
+        moved = 0
+        for i, sid in enumerate(prog.ph_sid[:len(state.values)]):
+            v = state.values[i]
+            if sid in host_at_start and v is not None:
+                state.host[i] = device.copy_out(storage_bytes(v), device.compute_marker())
+                state.values[i] = None
+                moved += 1
+        held = sum(prog.nbytes[sid] for i, sid in enumerate(prog.ph_sid[:len(state.values)])
+                   if state.values[i] is not None)
+        return moved, held
+
     # -- swaps -----------------------------------------------------------------------
     def swap_out(self, sid: int, at: float) -> None:
         it, ledger = self.it, self.ledger
@@ -109,6 +178,11 @@ class Transfers:
 
         it.counts["swap_outs"] += 1
         self.channel.submit(at, job)
+
+    def copy_bandwidth(self) -> float | None:
+        """Bytes per second copied in the last iteration (None: nothing copied)."""
+        nbytes, seconds = self.copied
+        return nbytes / seconds if nbytes and seconds > 0 else None
 
     def _copied(self, nbytes: int, t0: float) -> None:
         """On the copy thread (the only writer while an iteration runs)."""
@@ -155,17 +229,17 @@ class Transfers:
         while self.done:
             self.install(*self.done.popleft(), k)
 
-    def swap_in_now(self, sid: int, k: int) -> None:
+    def swap_in_now(self, sid: int, k: int, room: Room) -> None:
         """A swap-in on the compute thread (passive, or setting up the iteration)."""
         host = self.host_store[sid]
         nbytes = self.prog.nbytes[sid]
-        self.room(nbytes, k, (sid,))
+        room(nbytes, k, (sid,))
         self.ledger.alloc(nbytes)
         dst = self.device.alloc(nbytes)
         marker = self.device.copy_in(host, dst)
         self.install(sid, dst, marker, k)
 
-    def fetch(self, sid: int, k: int, service: Callable[[int], None]) -> bool:
+    def fetch(self, sid: int, k: int, service: Callable[[int], None], room: Room) -> bool:
         """Op ``k`` needs ``sid`` and it is not resident: wait for its copies in flight
         (``service`` installs what arrived), or swap it in now. False: it is neither
         resident nor on the host; the caller recomputes it."""
@@ -184,7 +258,7 @@ class Transfers:
             if sid in self.inflight_in:
                 continue
             if sid in self.host_store:
-                self.swap_in_now(sid, k)
+                self.swap_in_now(sid, k, room)
                 self.it.counts["passive_swaps"] += 1
                 return True
             return False
