@@ -152,8 +152,8 @@ class Executor:
         add_bytes, latency, after, log = prog.add_bytes, self.latency, self.after, self.log_enabled
         budget = self.budget if self.budget is not None else 1 << 62
         pool_limit, account_add, perf = self._pool_limit(), mem.account.add, time.perf_counter
-        op_pos, outs, reuse, free, done, deferred = \
-            prog.op_pos, prog.outputs, prog.reuse, pool.free, self.transfers.done, self.it.deferred
+        op_pos, outs, reuse, free, done, deferred, store, mutated = prog.op_pos, prog.outputs, \
+            prog.reuse, pool.free, self.transfers.done, self.it.deferred, self.it.store, prog.mutated
         k = -1
         try:
             for k in range(self.n_ops):
@@ -189,7 +189,9 @@ class Executor:
                         for s in outs[k]:
                             res[s] = True
                     else:
-                        self._store(k, kk, value)
+                        store(k, kk, value)
+                        if k in mutated:   # BatchNorm's running statistics: host copies are stale now
+                            self.transfers.written(mutated[k])
                 if after[k + 1]:
                     self._perform(after[k + 1], k)
         except (ExecutionError, KeyboardInterrupt):
@@ -198,11 +200,6 @@ class Executor:
             node = prog.op_nodes[k].format_node() if k >= 0 else "(iteration start)"
             raise ExecutionError(f"job {prog.job!r}: op {k} failed: {node}: "
                                  f"{type(e).__name__}: {e}") from e
-
-    def _store(self, k: int, kk: int, value) -> None:
-        self.it.store(k, kk, value)
-        if k in self.prog.mutated:   # BatchNorm's running statistics: host copies are stale now
-            self.transfers.written(self.prog.mutated[k])
 
     def _from_pool(self, r: Reuse) -> torch.Tensor:
         self.it.counts["reused_buffers"] += 1
@@ -285,12 +282,14 @@ class Executor:
         it, prog, transfers = self.it, self.prog, self.transfers
         if it.res[sid]:
             nbytes = prog.nbytes[sid]
-            if transfers.is_stale(sid) and prog.live.last_access(sid) > k:
+            if sid in transfers.stale and prog.live.last_access(sid) > k:
                 # "release, swap in again later" needs a host copy; the op that made the
                 # last one stale wrote into the tensor (BatchNorm's running statistics)
                 transfers.copy_out_now(sid)
                 it.counts["refresh_swaps"] += 1
-            value = it.value_of(sid) if self.pool.wants(nbytes) else None
+            # pool.wants(nbytes), inlined: a release follows nearly every op
+            value = it.value_of(sid) if len(self.pool.free.get(nbytes, ())) < \
+                self.pool.demand.get(nbytes, 0) else None
             it.drop(sid)
             self.mem.free(nbytes)
             it.counts["releases"] += 1

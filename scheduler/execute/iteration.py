@@ -180,9 +180,11 @@ class IterationState:
                 env[p] = value[idx]
         for s in prog.outputs[k]:
             res[s] = True
-        if k in prog.in_place:
+        if k in prog.in_place:   # self.drop(old), inlined: every update does this
             _, old = prog.in_place[k]
-            self.drop(old)
+            res[old] = False
+            for a in prog.alias[old]:
+                env[a.pos] = None
 
     def rebuild(self, sid: int, flat: torch.Tensor, k: int) -> None:
         """Values of the nodes viewing ``sid`` that ran before op ``k`` and are read later."""

@@ -52,14 +52,16 @@ class Transfers:
         self.inflight_in: set[int] = set()
         self.inflight_out: set[int] = set()
         self.done: deque = deque()      # finished swap-ins: (sid, device bytes, marker)
-        self._stale: set[int] = set()   # written in place since their host copy was made
+        # written in place since their host copy was made (the executor reads it on
+        # every release: a set lookup, not a method call)
+        self.stale: set[int] = set()
         self.copied = [0, 0.0]
 
     # -- the host store ------------------------------------------------------------------
     def keep_host(self, sid: int, host: torch.Tensor) -> None:
         """The host store keeps a tensor's copy until the iteration ends: tensors of a
         functional graph never change, so a released tensor may be swapped in again."""
-        self._stale.discard(sid)
+        self.stale.discard(sid)
         old = self.host_store.get(sid)
         self.host_store[sid] = host
         if old is not None:
@@ -85,10 +87,7 @@ class Transfers:
         for s in sids:
             if s in self.host_store:
                 self.forget_host(s)
-                self._stale.add(s)
-
-    def is_stale(self, sid: int) -> bool:
-        return sid in self._stale
+                self.stale.add(s)
 
     # -- the state between iterations: on the device, or in the host store ------------
     def load_state(self, state: ExecState, x, y) -> int:
