@@ -146,7 +146,9 @@ class Executor:
         """The hot loop. It inlines the ledger's ``alloc`` and binds everything it reads
         to locals: a method call and attribute lookups per op cost more than many small
         ops take. Reuse entries are indexed (``r[0]`` is ``r.nbytes``, ``r[4]`` is
-        ``r.call``): on a NamedTuple that is about twice as fast as the attribute."""
+        ``r.call``): on a NamedTuple that is about twice as fast as the attribute. The
+        account is always called (a NullAccount's ``add`` does nothing): one no-op call
+        per allocating op, instead of a None check on every path of every component."""
         prog, mem, pool = self.prog, self.mem, self.pool
         env, res, calls, kind, req = self.it.env, self.it.res, prog.calls, prog.kind, prog.req
         add_bytes, latency, after, log = prog.add_bytes, self.latency, self.after, self.log_enabled
@@ -287,7 +289,7 @@ class Executor:
                 # last one stale wrote into the tensor (BatchNorm's running statistics)
                 transfers.copy_out_now(sid)
                 it.counts["refresh_swaps"] += 1
-            # pool.wants(nbytes), inlined: a release follows nearly every op
+            # whether the pool wants a buffer of this size (inline: nearly every op releases one)
             value = it.value_of(sid) if len(self.pool.free.get(nbytes, ())) < \
                 self.pool.demand.get(nbytes, 0) else None
             it.drop(sid)

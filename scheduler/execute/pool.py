@@ -22,7 +22,7 @@ __all__ = ["BufferPool"]
 
 class BufferPool:
     """Released buffers by size, at most ``demand[size]`` of each (as many as ops
-    that take one)."""
+    that take one): the executor checks that before it offers one to :meth:`recycle`."""
 
     def __init__(self, demand: dict[int, int], account: Account):
         self.demand = demand
@@ -31,10 +31,6 @@ class BufferPool:
         self.free: dict[int, list[torch.Tensor]] = {}
         self.bytes = 0
         self.reserved_peak = 0     # largest ledger + pool
-
-    def wants(self, nbytes: int) -> bool:
-        """Whether a released buffer of this size is worth keeping."""
-        return len(self.free.get(nbytes, ())) < self.demand.get(nbytes, 0)
 
     def hold_within(self, total: int, limit: int) -> None:
         """Ledger + pool may not exceed the limit: give pooled buffers back when an
