@@ -12,6 +12,7 @@ import torch
 
 import nets
 
+from dbml.scheduler.execute.evictor import PassiveEvictor
 from dbml.scheduler.execute.executor import Executor, check_event_log
 from dbml.scheduler.graph.optim import OptimizerSpec
 from dbml.scheduler.plan.planner import plan
@@ -129,34 +130,37 @@ def test_capuchin_needs_a_budget():
         ScheduledStep(mlp(), loss_fn, OptimizerSpec("sgd"), policy="capuchin")
 
 
-def test_passive_eviction_takes_the_least_recently_used_first():
-    """Each passive swap-out picks, among the tensors it could evict, one whose last
-    access is the oldest (ties: the largest)."""
+def test_passive_eviction_takes_the_least_recently_used_first(monkeypatch):
+    """Each passive swap-out evicts the evictor's victims in its order, and that order
+    is the least recently accessed first (ties: the largest), never a tensor the op
+    needs or the loss."""
     spec = OptimizerSpec("sgd", lr=0.01)
     data = batches(mlp, 1)
     torch.manual_seed(0)
     model = mlp()
     budget = vanilla_peak(model, spec, *data[0]) // 2
     runner = ScheduledStep(model, loss_fn, spec, policy="capuchin", budget_bytes=budget, log=True)
-    picks = []
-    original = Executor._evict
+    seen = []
+    original = PassiveEvictor.make_room
 
-    def spy(self, nbytes, k, keep=()):
-        prog = self.prog
-        protected = set(prog.req[k] if k < self.n_ops else ()) | set(keep) | {prog.loss_sid}
-        cands = [s for s in range(len(prog.nbytes)) if self.res[s] and s not in protected
-                 and s not in self.inflight_in and prog.nbytes[s] > 0]
-        before = set(cands)
-        original(self, nbytes, k, keep)
-        gone = [s for s in cands if not self.res[s]]
-        oldest = min(prog.last_access_before(s, k) for s in before)
-        if gone:
-            picks.append((min(prog.last_access_before(s, k) for s in gone), oldest))
+    def spy(self, nbytes, k, budget, keep=()):
+        victims = self.victims(k, keep)
+        logged = len(self.log)
+        original(self, nbytes, k, budget, keep)
+        evicted = [e.tensor for e in self.log[logged:] if e.kind == "passive_swap_out"]
+        seen.append((k, keep, victims, evicted))
 
-    Executor._evict = spy
-    try:
-        torch.manual_seed(1)
-        runner.step(*data[0])
-    finally:
-        Executor._evict = original
-    assert picks and all(first == oldest for first, oldest in picks)
+    monkeypatch.setattr(PassiveEvictor, "make_room", spy)
+    torch.manual_seed(1)
+    runner.step(*data[0])
+    ex = runner.executors()[0]
+    prog = ex.prog
+    evictions = [s for s in seen if s[3]]
+    assert evictions
+    for k, keep, victims, evicted in evictions:
+        assert evicted == victims[:len(evicted)]
+        order = [(prog.last_access_before(s, k), -prog.nbytes[s]) for s in victims]
+        assert order == sorted(order)
+        needed = set(prog.req[k]) if k < ex.n_ops else set()
+        assert not set(victims) & (needed | set(keep) | {prog.loss_sid})
+    assert sum(len(s[3]) for s in seen) == ex.counts["passive_swap_outs"]

@@ -27,12 +27,7 @@ MACHINE = Machine(peak_flops=5e9, memory_bandwidth=5e9, copy_bandwidth=2e9, op_o
 loss_fn = torch.nn.functional.cross_entropy
 
 
-@pytest.fixture(autouse=True)
-def _threads():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def mlp():

@@ -120,13 +120,6 @@ class _HostPool:
     def use_on_compute(self, dst: torch.Tensor, marker) -> None:
         """On the compute thread, before ``dst`` (a swapped-in storage) is first read."""
 
-    def memory_allocated(self) -> int | None:
-        """Bytes the device's allocator holds, where it can tell (None on CPU)."""
-        return None
-
-    def synchronize(self) -> None:
-        pass
-
 
 class CpuDevice(_HostPool, Device):
     type = "cpu"
@@ -189,12 +182,6 @@ class CudaDevice(_HostPool, Device):
             stream.wait_event(marker)
         dst.record_stream(stream)  # allocated on the copy stream, used on the compute stream
 
-    def memory_allocated(self) -> int | None:
-        return torch.cuda.memory_allocated(self.torch_device)
-
-    def synchronize(self) -> None:
-        torch.cuda.synchronize(self.torch_device)
-
 
 def make_device(device: str | torch.device) -> Device:
     device = torch.device(device)
@@ -236,14 +223,6 @@ class CopyChannel:
             while self._pending and self._error is None:
                 self._cv.wait()
             self._raise()
-
-    def idle(self) -> bool:
-        with self._cv:
-            return self._pending == 0
-
-    @property
-    def closing(self) -> bool:
-        return self._closed
 
     def close(self, wait: bool = True) -> None:
         with self._cv:

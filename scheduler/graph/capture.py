@@ -46,7 +46,8 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.fx as fx
@@ -295,8 +296,11 @@ def is_random(node: fx.Node) -> bool:
 
 
 # Ops that write into an input although their schema does not say so (BatchNorm's running
-# statistics are updated inside the kernel). Functionalization cannot see this.
-HIDDEN_MUTATIONS = frozenset({"native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm"})
+# statistics are updated inside the kernel). Functionalization cannot see this. By op
+# name: the positions of the arguments written (running_mean, running_var); the
+# executor reads them to know which host copies the op makes stale.
+HIDDEN_MUTATIONS: Mapping[str, tuple[int, ...]] = MappingProxyType(
+    {"native_batch_norm": (3, 4), "cudnn_batch_norm": (3, 4), "miopen_batch_norm": (3, 4)})
 
 
 def mutates_inputs(node: fx.Node) -> bool:
