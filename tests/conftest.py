@@ -1,21 +1,65 @@
-"""Shared fixtures: fresh dbml connections and generated data with known structure.
+"""Shared fixtures: fresh dbml connections, tables with known structure, and the guard
+against unplanned calibrations.
 
-Tests keep predictors out of the user's cache (``DBML_CACHE_DIR`` points at a temporary
-folder) and plan with the roofline estimator unless they test the predictor: plans then
-do not depend on a calibration's timings.
+Tests keep predictors out of the user's cache (``DBML_CACHE_DIR`` points at an empty
+temporary folder) and plan with the roofline estimator unless they test the predictor:
+plans then do not depend on a calibration's timings. A test that calibrates (in this
+process) says so with ``@pytest.mark.calibrates``; any other calibration fails the test
+(``no_unplanned_calibration``), instead of silently costing ~20 s in whichever test
+happens to run first. Markers (pyproject.toml): ``slow`` (calibration, subprocesses,
+the demo; ``pytest -m "not slow"`` is the inner loop) and ``calibrates``.
+
+Plain helpers (tables, models, ``wait_until``) are in ``helpers.py``.
 """
 
 import os
+import subprocess
+import sys
 import tempfile
 
-import numpy as np
-import pyarrow as pa
 import pytest
 
 import dbml
+from dbml.scheduler.latency import calibrate as calibration
 
+# Re-exported for the test files that still import them from here; new code: helpers.
+from helpers import linear, load, moons  # noqa: F401
 
 os.environ["DBML_CACHE_DIR"] = tempfile.mkdtemp(prefix="dbml-test-cache-")
+
+
+@pytest.fixture(autouse=True)
+def no_unplanned_calibration(request, monkeypatch):
+    """Calibrating the latency predictor in-process fails the test unless it is marked
+    ``calibrates``. Both entries are replaced: ``calibrate`` (what dbml.latency, the
+    CLI and ``load_or_calibrate`` call) and ``collect_samples`` (the timing every
+    calibration runs). The calls are also checked at teardown, so a test whose SQL
+    swallows the error still fails."""
+    if request.node.get_closest_marker("calibrates"):
+        yield
+        return
+    calls = []
+
+    def refuse(*args, **kwargs):
+        calls.append(args)
+        raise AssertionError(f"{request.node.nodeid} calibrated the latency predictor (~20 s): pass "
+                             f"latency_model='roofline' to dbml.connect (or SET VARIABLE dbml_latency_model = "
+                             f"'roofline'), or mark the test @pytest.mark.calibrates")
+    monkeypatch.setattr(calibration, "calibrate", refuse)
+    monkeypatch.setattr(calibration, "collect_samples", refuse)
+    yield
+    assert not calls, f"{request.node.nodeid} tried to calibrate the latency predictor {len(calls)} time(s)"
+
+
+@pytest.fixture(scope="session")
+def installed_predictor(tmp_path_factory):
+    """``python -m dbml install --quick`` run once, in a subprocess, into a cache folder of
+    its own: (the finished process, the folder). The CLI test checks it; the demo test
+    plans with it instead of calibrating again."""
+    cache = tmp_path_factory.mktemp("installed-cache")
+    r = subprocess.run([sys.executable, "-m", "dbml", "install", "--quick"], capture_output=True, text=True,
+                       env={**os.environ, "DBML_CACHE_DIR": str(cache)}, timeout=300)
+    return r, cache
 
 
 @pytest.fixture
@@ -35,32 +79,6 @@ def con():
     c = dbml.connect(latency_model="roofline")
     yield c
     c.close()
-
-
-def moons(n: int, seed: int = 0, noise: float = 0.1) -> pa.Table:
-    """Two interleaving half circles (scikit-learn's make_moons), with a train/test split column."""
-    rng = np.random.default_rng(seed)
-    label = rng.integers(0, 2, n)
-    t = rng.uniform(0, np.pi, n)
-    x1 = np.where(label == 0, np.cos(t), 1 - np.cos(t)) + rng.normal(0, noise, n)
-    x2 = np.where(label == 0, np.sin(t), 0.5 - np.sin(t)) + rng.normal(0, noise, n)
-    split = np.where(rng.uniform(size=n) < 0.8, "train", "test")
-    return pa.table({"x1": x1, "x2": x2, "label": label.astype(np.int32), "split": split})
-
-
-def linear(n: int, seed: int = 0, noise: float = 0.05) -> pa.Table:
-    """y = 3 a - 2 b + 0.5 c + 1 + noise: a linear model's R^2 must approach 1."""
-    rng = np.random.default_rng(seed)
-    a, b, c = rng.normal(size=(3, n))
-    y = 3 * a - 2 * b + 0.5 * c + 1 + rng.normal(0, noise, n)
-    split = np.where(rng.uniform(size=n) < 0.8, "train", "test")
-    return pa.table({"a": a, "b": b, "c": c, "y": y, "split": split})
-
-
-def load(con, name: str, table: pa.Table) -> None:
-    con.register("_dbml_test_src", table)
-    con.execute(f'CREATE TABLE "{name}" AS SELECT * FROM _dbml_test_src')
-    con.unregister("_dbml_test_src")
 
 
 @pytest.fixture
