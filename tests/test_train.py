@@ -12,7 +12,7 @@ import torch
 import dbml
 from dbml.training import TrainSpec
 
-from conftest import linear, load, moons
+from helpers import linear, load, moons
 
 TRAIN_MOONS = "SELECT x1, x2, label FROM moons WHERE split = ''train''"
 TEST_MOONS = "SELECT * FROM moons WHERE split = ''test''"
@@ -149,16 +149,16 @@ def test_one_statement_trains_several_models(moons_con):
     assert moons_con.sql("SELECT count(*) FROM dbml_models").fetchall() == [(3,)]
 
 
-def test_second_connection_to_the_same_file_predicts(tmp_path, moons_con):
+def test_second_connection_to_the_same_file_predicts(tmp_path):
     path = str(tmp_path / "shared.duckdb")
-    first = dbml.connect(path)
+    first = dbml.connect(path, latency_model="roofline")
     load(first, "moons", moons(2500))
     train(first, f"'shared', '{TRAIN_MOONS}', label := 'label', epochs := 5")
     expected = first.sql("SELECT predict('shared', [x1, x2]) FROM moons ORDER BY ALL").fetchall()
-    second = dbml.connect(path)
+    second = dbml.connect(path, latency_model="roofline")
     assert second.sql("SELECT predict('shared', [x1, x2]) FROM moons ORDER BY ALL").fetchall() == expected
     first.close(), second.close()
-    reopened = dbml.connect(path)
+    reopened = dbml.connect(path, latency_model="roofline")
     assert reopened.sql("SELECT name, version FROM dbml_models").fetchall() == [("shared", 1)]
     assert reopened.sql("SELECT predict('shared', [x1, x2]) FROM moons ORDER BY ALL").fetchall() == expected
     reopened.close()
@@ -194,7 +194,7 @@ def test_weights_load_without_pickle(moons_con):
 
 def test_closing_the_installing_connection_leaves_others_working(tmp_path):
     path = str(tmp_path / "two.duckdb")
-    first, second = dbml.connect(path), dbml.connect(path)
+    first, second = dbml.connect(path, latency_model="roofline"), dbml.connect(path, latency_model="roofline")
     load(first, "moons", moons(600))
     first.close()
     r = second.sql("SELECT train('after_close', 'SELECT x1, x2, label FROM moons', label := 'label', epochs := 1)").fetchall()[0][0]
