@@ -75,7 +75,7 @@ def gate(monkeypatch):
 
 @pytest.fixture
 def db(con):
-    load(con, "moons", moons(3000))
+    load(con, "moons", moons(1000))
     load(con, "lin", linear(500))
     return con
 
@@ -97,7 +97,7 @@ def test_async_job_returns_at_once_and_wait_job_gives_its_summary(db, gate):
     # "at once": train(wait := false) returns while its job is held at its first
     # iteration boundary, i.e. before the job could finish (no wall-clock bound).
     gate.hold("async")
-    started = db.sql(f"SELECT train('async', '{SRC}', label := 'label', epochs := 6, wait := false)").fetchall()[0][0]
+    started = db.sql(f"SELECT train('async', '{SRC}', label := 'label', epochs := 3, wait := false)").fetchall()[0][0]
     assert started["status"] in ("queued", "running") and started["version"] is None
     gate.arrived("async")
     assert status(db, started["job_id"]) == "running"
@@ -107,21 +107,22 @@ def test_async_job_returns_at_once_and_wait_job_gives_its_summary(db, gate):
     row = job_rows(db)[started["job_id"]]
     assert row[2] == "finished" and row[6] == 1.0 and row[4] >= row[3]
     # the same job run synchronously gives the same weights
-    db.sql(f"SELECT train('sync', '{SRC}', label := 'label', epochs := 6)").fetchall()
+    db.sql(f"SELECT train('sync', '{SRC}', label := 'label', epochs := 3)").fetchall()
     assert weights(db, "async") == weights(db, "sync")
     epochs = db.sql("SELECT epoch, loss FROM dbml_epochs WHERE model = 'async' ORDER BY epoch").fetchall()
-    assert [e for e, _ in epochs] == [1, 2, 3, 4, 5, 6] and epochs[-1][1] < epochs[0][1]
+    assert [e for e, _ in epochs] == [1, 2, 3] and epochs[-1][1] < epochs[0][1]
 
 
+@pytest.mark.slow   # six jobs: three at once, then each alone
 def test_rows_of_one_statement_run_concurrently_and_match_running_alone(db, gate):
     # Concurrently: the three jobs meet at their first iteration boundary, which jobs
     # run one after another could not do (the first would fail at the barrier).
     gate.meet("c1", "c2", "c3")
-    rows = db.sql(f"SELECT train(name, '{SRC}', label := 'label', epochs := 4, seed := seed) "
+    rows = db.sql(f"SELECT train(name, '{SRC}', label := 'label', epochs := 2, seed := seed) "
                   f"FROM (VALUES ('c1', 1), ('c2', 2), ('c3', 3)) v(name, seed)").fetchall()
     assert sorted(r[0]["model"] for r in rows) == ["c1", "c2", "c3"]
     for name, seed in (("c1", 1), ("c2", 2), ("c3", 3)):
-        db.sql(f"SELECT train('alone_{name}', '{SRC}', label := 'label', epochs := 4, seed := {seed})").fetchall()
+        db.sql(f"SELECT train('alone_{name}', '{SRC}', label := 'label', epochs := 2, seed := {seed})").fetchall()
         assert weights(db, name) == weights(db, f"alone_{name}")
 
 
@@ -129,9 +130,9 @@ def test_jobs_from_two_connections_overlap(tmp_path, gate):
     # Overlap: both jobs meet at their first iteration boundary (see above).
     path = str(tmp_path / "two.duckdb")
     a, b = dbml.connect(path, latency_model="roofline"), dbml.connect(path, latency_model="roofline")
-    load(a, "moons", moons(3000))
+    load(a, "moons", moons(1000))
     gate.meet("from_a", "from_b")
-    ids = [c.sql(f"SELECT train('{n}', '{SRC}', label := 'label', epochs := 4, wait := false).job_id").fetchall()[0][0]
+    ids = [c.sql(f"SELECT train('{n}', '{SRC}', label := 'label', epochs := 2, wait := false).job_id").fetchall()[0][0]
            for c, n in ((a, "from_a"), (b, "from_b"))]
     results = [a.sql(f"SELECT wait_job({i}).status").fetchall()[0][0] for i in ids]
     assert results == ["finished", "finished"]
@@ -216,6 +217,7 @@ def test_jobs_that_do_not_fit_together_queue_and_run_later(wide, gate, slow_copi
     assert peak <= budget                     # never both at once on the device
 
 
+@pytest.mark.slow   # three jobs of 256-wide MLPs
 def test_three_jobs_below_the_sum_of_their_unscheduled_peaks_stay_within_the_budget(wide):
     # each needs ~2.0 MB unscheduled and ~1.3 MB scheduled: 4.5 MB holds all three only scheduled
     budget = 4_500_000

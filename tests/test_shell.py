@@ -90,6 +90,7 @@ def test_demo_runs_end_to_end(tmp_path, installed_predictor):
     con.close()
 
 
+@pytest.mark.slow   # trains the quickstart's model: 20 epochs
 def test_quickstart_script_runs_in_the_shell(con):
     script = (Path(__file__).parents[1] / "demo" / "quickstart.sql").read_text()
     status, out, err = shell(con, script)

@@ -22,6 +22,7 @@ def train(con, sql_args: str) -> dict:
     return con.sql(f"SELECT train({sql_args})").fetchall()[0][0]
 
 
+@pytest.mark.slow   # trains to a quality bar: many epochs
 def test_mlp_learns_two_moons(moons_con):
     r = train(moons_con, f"'moons_mlp', '{TRAIN_MOONS}', label := 'label', epochs := 15")
     assert r["status"] == "finished" and r["version"] == 1 and r["model"] == "moons_mlp"
@@ -49,6 +50,7 @@ def test_linear_regression_reaches_r2(con):
     assert np.abs(got["p"] - got["y"]).max() < 0.5
 
 
+@pytest.mark.slow   # trains to a quality bar: many epochs
 def test_categorical_features_and_nulls(con):
     rng = np.random.default_rng(1)
     n = 3000
@@ -73,6 +75,7 @@ def test_categorical_features_and_nulls(con):
                    "'SELECT NULL::DOUBLE AS x, NULL AS color, NULL::BOOLEAN AS flag')").fetchall() == [(1,)]
 
 
+@pytest.mark.slow   # trains to a quality bar: many epochs
 def test_text_labels_predict_label_and_proba(con):
     tbl = moons(2000)
     names = np.where(tbl["label"].to_numpy() == 1, "upper", "lower")
@@ -88,9 +91,11 @@ def test_text_labels_predict_label_and_proba(con):
 
 
 def test_training_is_deterministic_for_a_seed_and_versions_increment(moons_con):
-    a = train(moons_con, f"'m', '{TRAIN_MOONS}', label := 'label', epochs := 2, seed := 7")
-    b = train(moons_con, f"'m', '{TRAIN_MOONS}', label := 'label', epochs := 2, seed := 7")
-    c = train(moons_con, f"'m', '{TRAIN_MOONS}', label := 'label', epochs := 2, seed := 8")
+    src = "SELECT x1, x2, label FROM moons LIMIT 640"   # 10 full batches: one graph to capture
+    args = "label := 'label', epochs := 2, validation := 0"
+    a = train(moons_con, f"'m', '{src}', {args}, seed := 7")
+    b = train(moons_con, f"'m', '{src}', {args}, seed := 7")
+    c = train(moons_con, f"'m', '{src}', {args}, seed := 8")
     assert (a["version"], b["version"], c["version"]) == (1, 2, 3)
     w = dict(moons_con.sql("SELECT version, weights FROM dbml_weights WHERE name = 'm'").fetchall())
     assert w[1] == w[2] and w[1] != w[3]
@@ -133,6 +138,7 @@ def test_sql_defaults_equal_trainspec_defaults(moons_con):
         assert params[f.name] == f.default, f.name
 
 
+@pytest.mark.slow   # trains to a quality bar: many epochs
 def test_optimizers_and_hidden_sizes(moons_con):
     for opt in ("sgd", "adam", "adamw"):
         r = train(moons_con, f"'o_{opt}', '{TRAIN_MOONS}', label := 'label', optimizer := '{opt}', "
@@ -143,7 +149,8 @@ def test_optimizers_and_hidden_sizes(moons_con):
 
 
 def test_one_statement_trains_several_models(moons_con):
-    rows = moons_con.sql(f"SELECT train(name, '{TRAIN_MOONS}', label := 'label', lr := lr, epochs := 2) "
+    rows = moons_con.sql(f"SELECT train(name, 'SELECT x1, x2, label FROM moons LIMIT 640', label := 'label', "
+                         f"lr := lr, epochs := 2, validation := 0) "
                          f"FROM (VALUES ('slow', 0.01), ('mid', 0.05), ('fast', 0.1)) v(name, lr)").fetchall()
     assert sorted(r[0]["model"] for r in rows) == ["fast", "mid", "slow"]
     assert moons_con.sql("SELECT count(*) FROM dbml_models").fetchall() == [(3,)]
