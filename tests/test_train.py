@@ -159,8 +159,8 @@ def test_one_statement_trains_several_models(moons_con):
 def test_second_connection_to_the_same_file_predicts(tmp_path):
     path = str(tmp_path / "shared.duckdb")
     first = dbml.connect(path, latency_model="roofline")
-    load(first, "moons", moons(2500))
-    train(first, f"'shared', '{TRAIN_MOONS}', label := 'label', epochs := 5")
+    load(first, "moons", moons(640))
+    train(first, "'shared', 'SELECT x1, x2, label FROM moons', label := 'label', epochs := 1, validation := 0")
     expected = first.sql("SELECT predict('shared', [x1, x2]) FROM moons ORDER BY ALL").fetchall()
     second = dbml.connect(path, latency_model="roofline")
     assert second.sql("SELECT predict('shared', [x1, x2]) FROM moons ORDER BY ALL").fetchall() == expected
