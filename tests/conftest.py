@@ -39,6 +39,7 @@ SLOW_ELSEWHERE = {
     "tests/test_runner.py::test_tensile_at_half_the_peak_is_bit_identical[adam-cnn_bn]",
     "tests/test_runner.py::test_tensile_at_half_the_peak_is_bit_identical[adam-mlp]",
     "tests/test_runner.py::test_tensile_at_half_the_peak_is_bit_identical[sgd-cnn_bn]",
+    "tests/test_runner.py::test_tensile_at_half_the_peak_is_bit_identical[sgd-mlp]",
     "tests/test_runner.py::test_a_further_graph_no_plan_fits_runs_passively_within_the_jobs_limit",
     "tests/test_runner.py::test_no_scheduler_switch_and_debug_summary",
     "tests/test_runner.py::test_dropout_trains_and_is_never_recomputed",

@@ -148,6 +148,7 @@ def test_optimizers_and_hidden_sizes(moons_con):
     assert cfg["hidden"] == [16, 8] and cfg["arch"] == "mlp"
 
 
+@pytest.mark.slow   # three jobs; test_jobs covers concurrent jobs in the fast loop
 def test_one_statement_trains_several_models(moons_con):
     rows = moons_con.sql(f"SELECT train(name, 'SELECT x1, x2, label FROM moons LIMIT 640', label := 'label', "
                          f"lr := lr, epochs := 2, validation := 0) "
