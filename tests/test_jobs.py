@@ -75,7 +75,7 @@ def gate(monkeypatch):
 
 @pytest.fixture
 def db(con):
-    load(con, "moons", moons(1000))
+    load(con, "moons", moons(960))   # 15 full batches of 64: one graph to capture
     load(con, "lin", linear(500))
     return con
 
@@ -97,7 +97,7 @@ def test_async_job_returns_at_once_and_wait_job_gives_its_summary(db, gate):
     # "at once": train(wait := false) returns while its job is held at its first
     # iteration boundary, i.e. before the job could finish (no wall-clock bound).
     gate.hold("async")
-    started = db.sql(f"SELECT train('async', '{SRC}', label := 'label', epochs := 3, wait := false)").fetchall()[0][0]
+    started = db.sql(f"SELECT train('async', '{SRC}', label := 'label', validation := 0, epochs := 3, wait := false)").fetchall()[0][0]
     assert started["status"] in ("queued", "running") and started["version"] is None
     gate.arrived("async")
     assert status(db, started["job_id"]) == "running"
@@ -107,7 +107,7 @@ def test_async_job_returns_at_once_and_wait_job_gives_its_summary(db, gate):
     row = job_rows(db)[started["job_id"]]
     assert row[2] == "finished" and row[6] == 1.0 and row[4] >= row[3]
     # the same job run synchronously gives the same weights
-    db.sql(f"SELECT train('sync', '{SRC}', label := 'label', epochs := 3)").fetchall()
+    db.sql(f"SELECT train('sync', '{SRC}', label := 'label', validation := 0, epochs := 3)").fetchall()
     assert weights(db, "async") == weights(db, "sync")
     epochs = db.sql("SELECT epoch, loss FROM dbml_epochs WHERE model = 'async' ORDER BY epoch").fetchall()
     assert [e for e, _ in epochs] == [1, 2, 3] and epochs[-1][1] < epochs[0][1]
@@ -118,11 +118,11 @@ def test_rows_of_one_statement_run_concurrently_and_match_running_alone(db, gate
     # Concurrently: the three jobs meet at their first iteration boundary, which jobs
     # run one after another could not do (the first would fail at the barrier).
     gate.meet("c1", "c2", "c3")
-    rows = db.sql(f"SELECT train(name, '{SRC}', label := 'label', epochs := 2, seed := seed) "
+    rows = db.sql(f"SELECT train(name, '{SRC}', label := 'label', validation := 0, epochs := 2, seed := seed) "
                   f"FROM (VALUES ('c1', 1), ('c2', 2), ('c3', 3)) v(name, seed)").fetchall()
     assert sorted(r[0]["model"] for r in rows) == ["c1", "c2", "c3"]
     for name, seed in (("c1", 1), ("c2", 2), ("c3", 3)):
-        db.sql(f"SELECT train('alone_{name}', '{SRC}', label := 'label', epochs := 2, seed := {seed})").fetchall()
+        db.sql(f"SELECT train('alone_{name}', '{SRC}', label := 'label', validation := 0, epochs := 2, seed := {seed})").fetchall()
         assert weights(db, name) == weights(db, f"alone_{name}")
 
 
@@ -130,9 +130,9 @@ def test_jobs_from_two_connections_overlap(tmp_path, gate):
     # Overlap: both jobs meet at their first iteration boundary (see above).
     path = str(tmp_path / "two.duckdb")
     a, b = dbml.connect(path, latency_model="roofline"), dbml.connect(path, latency_model="roofline")
-    load(a, "moons", moons(1000))
+    load(a, "moons", moons(960))
     gate.meet("from_a", "from_b")
-    ids = [c.sql(f"SELECT train('{n}', '{SRC}', label := 'label', epochs := 2, wait := false).job_id").fetchall()[0][0]
+    ids = [c.sql(f"SELECT train('{n}', '{SRC}', label := 'label', validation := 0, epochs := 2, wait := false).job_id").fetchall()[0][0]
            for c, n in ((a, "from_a"), (b, "from_b"))]
     results = [a.sql(f"SELECT wait_job({i}).status").fetchall()[0][0] for i in ids]
     assert results == ["finished", "finished"]
@@ -145,9 +145,9 @@ def test_jobs_from_two_connections_overlap(tmp_path, gate):
 def test_cancel_mid_training_stores_nothing_and_spares_the_others(db, gate):
     # Mid-training: the job is held after its first iteration when it is cancelled.
     gate.hold("doomed")
-    doomed = db.sql(f"SELECT train('doomed', '{SRC}', label := 'label', epochs := 200, wait := false).job_id"
+    doomed = db.sql(f"SELECT train('doomed', '{SRC}', label := 'label', validation := 0, epochs := 200, wait := false).job_id"
                     ).fetchall()[0][0]
-    other = db.sql(f"SELECT train('survivor', '{SRC}', label := 'label', epochs := 3, wait := false).job_id"
+    other = db.sql(f"SELECT train('survivor', '{SRC}', label := 'label', validation := 0, epochs := 3, wait := false).job_id"
                    ).fetchall()[0][0]
     gate.arrived("doomed")
     assert job_rows(db)[doomed][6] > 0

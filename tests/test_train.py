@@ -16,6 +16,8 @@ from helpers import linear, load, moons
 
 TRAIN_MOONS = "SELECT x1, x2, label FROM moons WHERE split = ''train''"
 TEST_MOONS = "SELECT * FROM moons WHERE split = ''test''"
+# For tests of the catalog, not of learning: 10 full batches, one epoch (one graph to capture).
+TINY = "'SELECT x1, x2, label FROM moons LIMIT 640', label := 'label', epochs := 1, validation := 0"
 
 
 def train(con, sql_args: str) -> dict:
@@ -38,6 +40,7 @@ def test_mlp_learns_two_moons(moons_con):
     assert acc == pytest.approx(metrics["accuracy"])
 
 
+@pytest.mark.slow   # trains to a quality bar: many epochs
 def test_linear_regression_reaches_r2(con):
     load(con, "lin", linear(4000))
     r = train(con, "'lin', 'SELECT a, b, c, y FROM lin WHERE split = ''train''', label := 'y', "
@@ -173,9 +176,9 @@ def test_second_connection_to_the_same_file_predicts(tmp_path):
 
 
 def test_drop_model_removes_weights_and_catalog_rows(moons_con):
-    train(moons_con, "'gone', 'SELECT x1, x2, label FROM moons LIMIT 500', label := 'label', epochs := 1")
-    train(moons_con, "'gone', 'SELECT x1, x2, label FROM moons LIMIT 500', label := 'label', epochs := 1")
-    train(moons_con, "'kept', 'SELECT x1, x2, label FROM moons LIMIT 500', label := 'label', epochs := 1")
+    train(moons_con, f"'gone', {TINY}")
+    train(moons_con, f"'gone', {TINY}")
+    train(moons_con, f"'kept', {TINY}")
     assert moons_con.sql("SELECT drop_model('gone')").fetchall() == [(2,)]
     assert moons_con.sql("SELECT DISTINCT name FROM dbml_models").fetchall() == [("kept",)]
     assert moons_con.sql("SELECT DISTINCT name FROM dbml_weights").fetchall() == [("kept",)]
@@ -184,7 +187,7 @@ def test_drop_model_removes_weights_and_catalog_rows(moons_con):
 
 
 def test_install_is_idempotent_and_keeps_models(moons_con):
-    train(moons_con, "'keep', 'SELECT x1, x2, label FROM moons LIMIT 500', label := 'label', epochs := 1")
+    train(moons_con, f"'keep', {TINY}")
     dbml.install(moons_con)
     dbml.install(moons_con)
     assert moons_con.sql("SELECT count(*) FROM dbml_models").fetchall() == [(1,)]
@@ -194,7 +197,7 @@ def test_install_is_idempotent_and_keeps_models(moons_con):
 def test_weights_load_without_pickle(moons_con):
     """Stored weights are plain tensors: torch.load with weights_only=True reads them."""
     import io
-    train(moons_con, "'w', 'SELECT x1, x2, label FROM moons LIMIT 500', label := 'label', epochs := 1")
+    train(moons_con, f"'w', {TINY}")
     blob = moons_con.sql("SELECT weights FROM dbml_weights WHERE name = 'w'").fetchall()[0][0]
     state = torch.load(io.BytesIO(blob), weights_only=True)
     assert all(isinstance(v, torch.Tensor) for v in state.values())
