@@ -49,6 +49,8 @@ SLOW_ELSEWHERE = {
     "tests/test_updating.py::test_planner_hook_is_used_for_first_plan_and_replans",
     "tests/test_updating.py::test_offered_plan_waits_for_the_iteration_boundary",
     "tests/test_updating.py::test_drift_triggers_exactly_the_replans_the_threshold_implies[0.95-want1]",
+    "tests/test_updating.py::test_drift_triggers_exactly_the_replans_the_threshold_implies[2.0-want2]",
+    "tests/test_concurrent.py::test_jobs_with_the_same_architecture_share_one_capture",
     "tests/test_runner.py::test_prepare_plans_before_the_first_batch_from_shapes_alone",
     "tests/test_capuchin.py::test_capuchin_is_bit_identical_passive_first_then_planned[mlp_adam]",
     "tests/test_capuchin.py::test_capuchin_plans_from_the_observed_latencies",
