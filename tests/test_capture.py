@@ -15,12 +15,15 @@ from dbml.scheduler.latency.estimate import Machine, RooflineModel, node_flops
 from dbml.scheduler.graph.optim import OptimizerSpec
 from dbml.scheduler.graph.sequence import Phase, TensorKind
 from dbml.scheduler.execute.step import EagerStep
+from dbml.scheduler.latency import estimate
+
+from helpers import assert_same, batches, loss_fn, state_of
 
 MACHINE = Machine(peak_flops=5e9, memory_bandwidth=5e9, copy_bandwidth=2e9, op_overhead=5e-6)
-loss_fn = torch.nn.functional.cross_entropy
 
 
 def mlp():
+    """Smaller than helpers.mlp: the tests below name its layers and sizes."""
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.5),
                                torch.nn.Linear(32, 4))
 
@@ -31,7 +34,7 @@ def cnn():
 
 
 def batch(n=8, shape=(16,)):
-    return torch.randn(n, *shape), torch.randint(0, 4, (n,))
+    return batches(1, n, shape, classes=4)[0]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +63,7 @@ def test_captured_graph_reproduces_eager_bit_for_bit(model_fn, shape, kind):
     spec = OptimizerSpec(kind, lr=0.05, weight_decay=0.01)
     torch.manual_seed(0)
     model = model_fn()
-    data = [batch(8, shape) for _ in range(3)]
+    data = batches(3, 8, shape, classes=4)
     c = capture(copy.deepcopy(model), loss_fn, spec, data[0])
     eager = copy.deepcopy(model)
     step = EagerStep(eager, loss_fn, spec)
@@ -69,8 +72,8 @@ def test_captured_graph_reproduces_eager_bit_for_bit(model_fn, shape, kind):
         step.step(x, y)
     torch.manual_seed(1)
     flat = run_graph(c, model, spec, data)
-    want = list(eager.parameters()) + list(eager.buffers())
-    assert all(torch.equal(a, b) for a, b in zip(flat[:len(want)], want))
+    want = state_of(eager)
+    assert_same(flat[:len(want)], want)
 
 
 def test_capture_allocates_no_real_memory_and_leaves_model_alone():
@@ -81,7 +84,7 @@ def test_capture_allocates_no_real_memory_and_leaves_model_alone():
     with PeakMeter(discover=False) as meter:
         capture(model, loss_fn, OptimizerSpec("adam"), data)
     assert meter.peak_bytes < 64 * 1024   # real tensors would be megabytes (fake tensors only)
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert_same(before, list(model.parameters()))
 
 
 def test_inputs_outputs_and_updates(captured):
@@ -206,19 +209,13 @@ def test_measure_peak_of_an_eager_step():
     assert 5.9 * p < peak < 6.3 * p
 
 
-def test_capture_and_estimates_leave_the_global_generator_alone():
+def test_capture_and_estimates_leave_the_global_generator_alone(monkeypatch):
     """Dropout masks match eager only if nothing else draws from the generator."""
-    from dbml.scheduler.latency import estimate
     model, data = mlp(), batch()
-    saved = dict(estimate._MACHINES)
-    estimate._MACHINES.clear()
-    try:
-        torch.manual_seed(11)
-        estimate.measure_machine()
-        build_sequence(capture(model, loss_fn, OptimizerSpec("adam"), data), RooflineModel())
-        got = torch.rand(3)
-    finally:
-        estimate._MACHINES.clear()
-        estimate._MACHINES.update(saved)
+    monkeypatch.setattr(estimate, "_MACHINES", {})   # measure the machine now, not from the cache
+    torch.manual_seed(11)
+    estimate.measure_machine()
+    build_sequence(capture(model, loss_fn, OptimizerSpec("adam"), data), RooflineModel())
+    got = torch.rand(3)
     torch.manual_seed(11)
     assert torch.equal(got, torch.rand(3))

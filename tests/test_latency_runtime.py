@@ -1,16 +1,14 @@
 """The latency predictor from SQL and the CLI: install, the dbml_predictor view, cold start."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+import duckdb
 import pytest
 
 import dbml
 from dbml import latency
 
-from conftest import load, moons
+from helpers import load, moons
 
 
 @pytest.fixture
@@ -26,13 +24,18 @@ def train(con, name):
                    f"epochs := 1)").fetchall()[0][0]
 
 
-def test_cli_install_then_train_plans_with_the_predictor(fresh_cache):
-    r = subprocess.run([sys.executable, "-m", "dbml", "install", "--quick"], capture_output=True, text=True,
-                       env={**os.environ, "DBML_CACHE_DIR": str(fresh_cache)}, timeout=300)
+@pytest.mark.slow
+def test_cli_install_then_train_plans_with_the_predictor(installed_predictor, monkeypatch):
+    """Not marked ``calibrates``: the calibration ran in the CLI's process, and conftest's
+    guard fails this test if training here calibrated again."""
+    r, cache = installed_predictor
     assert r.returncode == 0, r.stderr
     assert "100%" in r.stderr                                   # the progress bar ran to the end
     saved = Path(r.stdout.strip().splitlines()[-1].removeprefix("saved "))
-    assert saved.exists() and saved.parent == fresh_cache
+    assert saved.exists() and saved.parent == cache
+    monkeypatch.setenv("DBML_CACHE_DIR", str(cache))
+    monkeypatch.setattr(latency, "_LOADED", {})
+    written = saved.stat().st_mtime_ns
     con = dbml.connect()
     rows = con.sql("SELECT op, samples, r2, baseline_r2, median_rel_error, fingerprint, model_bytes "
                    "FROM dbml_predictor").fetchall()
@@ -41,10 +44,12 @@ def test_cli_install_then_train_plans_with_the_predictor(fresh_cache):
     assert all(r[1] > 0 and 0 < r[6] <= 5_000_000 and "torch=" in r[5] for r in rows)
     load(con, "moons", moons(800))
     assert train(con, "planned")["latency_model"] == "predictor"
-    assert saved.stat().st_mtime == Path(saved).stat().st_mtime   # nothing recalibrated
+    assert saved.stat().st_mtime_ns == written                  # loaded, not recalibrated and saved again
     con.close()
 
 
+@pytest.mark.slow
+@pytest.mark.calibrates
 def test_train_without_a_predictor_calibrates_once_and_says_so(fresh_cache):
     con = dbml.connect()
     assert con.sql("SELECT count(*) FROM dbml_predictor").fetchall() == [(0,)]
@@ -63,7 +68,6 @@ def test_train_without_a_predictor_calibrates_once_and_says_so(fresh_cache):
 def test_unknown_latency_model(con):
     load(con, "moons", moons(300))
     con.execute("SET VARIABLE dbml_latency_model = 'crystal ball'")
-    import duckdb
     with pytest.raises(duckdb.Error, match=r"latency_model 'crystal ball' is unknown; SET VARIABLE "
                                            r"dbml_latency_model = one of 'predictor', 'roofline'"):
         train(con, "m")

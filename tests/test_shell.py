@@ -1,8 +1,10 @@
 """python -m dbml shell and demo."""
 
 import io
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -51,6 +53,7 @@ def test_quit_stops_reading(con):
     assert "one" in out and "two" not in out
 
 
+@pytest.mark.slow
 def test_piped_shell_trains_and_a_second_process_predicts(tmp_path):
     db = str(tmp_path / "piped.duckdb")
     script = ("SET VARIABLE dbml_latency_model = 'roofline';\n"
@@ -68,19 +71,27 @@ def test_piped_shell_trains_and_a_second_process_predicts(tmp_path):
     assert "leaked" not in first.stderr + second.stderr
 
 
-def test_demo_runs_end_to_end(tmp_path):
+@pytest.mark.slow
+def test_demo_runs_end_to_end(tmp_path, installed_predictor):
+    """The demo as a user runs it, planning with the predictor: the one ``python -m dbml
+    install --quick`` made for this session (else the demo would calibrate first)."""
+    installed, cache = installed_predictor
+    assert installed.returncode == 0, installed.stderr
+    cached = sorted((p.name, p.stat().st_mtime_ns) for p in cache.iterdir())
     db = str(tmp_path / "demo.duckdb")
-    r = subprocess.run([sys.executable, "-m", "dbml", "demo", db], capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, "-m", "dbml", "demo", db], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "DBML_CACHE_DIR": str(cache)})
     assert r.returncode == 0, r.stderr
     assert "Report: 6 models trained in SQL" in r.stdout and "identical weights" in r.stdout
-    con = dbml.connect(db)
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in cache.iterdir()) == cached   # it did not calibrate
+    con = dbml.connect(db, latency_model="roofline")
     acc = con.sql("SELECT evaluate('moons_mlp', 'SELECT * FROM moons WHERE split = ''test''').accuracy").fetchall()
     assert acc[0][0] > 0.95
     con.close()
 
 
+@pytest.mark.slow   # trains the quickstart's model: 20 epochs
 def test_quickstart_script_runs_in_the_shell(con):
-    from pathlib import Path
     script = (Path(__file__).parents[1] / "demo" / "quickstart.sql").read_text()
     status, out, err = shell(con, script)
     assert status == 0, err

@@ -12,16 +12,19 @@ import torch
 import dbml
 from dbml.spec import TrainSpec
 
-from conftest import linear, load, moons
+from helpers import linear, load, moons
 
 TRAIN_MOONS = "SELECT x1, x2, label FROM moons WHERE split = ''train''"
 TEST_MOONS = "SELECT * FROM moons WHERE split = ''test''"
+# For tests of the catalog, not of learning: 10 full batches, one epoch (one graph to capture).
+TINY = "'SELECT x1, x2, label FROM moons LIMIT 640', label := 'label', epochs := 1, validation := 0"
 
 
 def train(con, sql_args: str) -> dict:
     return con.sql(f"SELECT train({sql_args})").fetchall()[0][0]
 
 
+@pytest.mark.slow   # trains to a quality bar: many epochs
 def test_mlp_learns_two_moons(moons_con):
     r = train(moons_con, f"'moons_mlp', '{TRAIN_MOONS}', label := 'label', epochs := 15")
     assert r["status"] == "finished" and r["version"] == 1 and r["model"] == "moons_mlp"
@@ -37,6 +40,7 @@ def test_mlp_learns_two_moons(moons_con):
     assert acc == pytest.approx(metrics["accuracy"])
 
 
+@pytest.mark.slow   # trains to a quality bar: many epochs
 def test_linear_regression_reaches_r2(con):
     load(con, "lin", linear(4000))
     r = train(con, "'lin', 'SELECT a, b, c, y FROM lin WHERE split = ''train''', label := 'y', "
@@ -49,6 +53,7 @@ def test_linear_regression_reaches_r2(con):
     assert np.abs(got["p"] - got["y"]).max() < 0.5
 
 
+@pytest.mark.slow   # trains to a quality bar: many epochs
 def test_categorical_features_and_nulls(con):
     rng = np.random.default_rng(1)
     n = 3000
@@ -73,6 +78,7 @@ def test_categorical_features_and_nulls(con):
                    "'SELECT NULL::DOUBLE AS x, NULL AS color, NULL::BOOLEAN AS flag')").fetchall() == [(1,)]
 
 
+@pytest.mark.slow   # trains to a quality bar: many epochs
 def test_text_labels_predict_label_and_proba(con):
     tbl = moons(2000)
     names = np.where(tbl["label"].to_numpy() == 1, "upper", "lower")
@@ -88,9 +94,11 @@ def test_text_labels_predict_label_and_proba(con):
 
 
 def test_training_is_deterministic_for_a_seed_and_versions_increment(moons_con):
-    a = train(moons_con, f"'m', '{TRAIN_MOONS}', label := 'label', epochs := 2, seed := 7")
-    b = train(moons_con, f"'m', '{TRAIN_MOONS}', label := 'label', epochs := 2, seed := 7")
-    c = train(moons_con, f"'m', '{TRAIN_MOONS}', label := 'label', epochs := 2, seed := 8")
+    src = "SELECT x1, x2, label FROM moons LIMIT 640"   # 10 full batches: one graph to capture
+    args = "label := 'label', epochs := 2, validation := 0"
+    a = train(moons_con, f"'m', '{src}', {args}, seed := 7")
+    b = train(moons_con, f"'m', '{src}', {args}, seed := 7")
+    c = train(moons_con, f"'m', '{src}', {args}, seed := 8")
     assert (a["version"], b["version"], c["version"]) == (1, 2, 3)
     w = dict(moons_con.sql("SELECT version, weights FROM dbml_weights WHERE name = 'm'").fetchall())
     assert w[1] == w[2] and w[1] != w[3]
@@ -156,6 +164,7 @@ def test_null_settings_take_their_defaults(con):
         == {s.name: s.default for s in SETTINGS}
 
 
+@pytest.mark.slow   # trains to a quality bar: many epochs
 def test_optimizers_and_hidden_sizes(moons_con):
     for opt in ("sgd", "adam", "adamw"):
         r = train(moons_con, f"'o_{opt}', '{TRAIN_MOONS}', label := 'label', optimizer := '{opt}', "
@@ -165,32 +174,34 @@ def test_optimizers_and_hidden_sizes(moons_con):
     assert cfg["hidden"] == [16, 8] and cfg["arch"] == "mlp"
 
 
+@pytest.mark.slow   # three jobs; test_jobs covers concurrent jobs in the fast loop
 def test_one_statement_trains_several_models(moons_con):
-    rows = moons_con.sql(f"SELECT train(name, '{TRAIN_MOONS}', label := 'label', lr := lr, epochs := 2) "
+    rows = moons_con.sql(f"SELECT train(name, 'SELECT x1, x2, label FROM moons LIMIT 640', label := 'label', "
+                         f"lr := lr, epochs := 2, validation := 0) "
                          f"FROM (VALUES ('slow', 0.01), ('mid', 0.05), ('fast', 0.1)) v(name, lr)").fetchall()
     assert sorted(r[0]["model"] for r in rows) == ["fast", "mid", "slow"]
     assert moons_con.sql("SELECT count(*) FROM dbml_models").fetchall() == [(3,)]
 
 
-def test_second_connection_to_the_same_file_predicts(tmp_path, moons_con):
+def test_second_connection_to_the_same_file_predicts(tmp_path):
     path = str(tmp_path / "shared.duckdb")
-    first = dbml.connect(path)
-    load(first, "moons", moons(2500))
-    train(first, f"'shared', '{TRAIN_MOONS}', label := 'label', epochs := 5")
+    first = dbml.connect(path, latency_model="roofline")
+    load(first, "moons", moons(640))
+    train(first, "'shared', 'SELECT x1, x2, label FROM moons', label := 'label', epochs := 1, validation := 0")
     expected = first.sql("SELECT predict('shared', [x1, x2]) FROM moons ORDER BY ALL").fetchall()
-    second = dbml.connect(path)
+    second = dbml.connect(path, latency_model="roofline")
     assert second.sql("SELECT predict('shared', [x1, x2]) FROM moons ORDER BY ALL").fetchall() == expected
     first.close(), second.close()
-    reopened = dbml.connect(path)
+    reopened = dbml.connect(path, latency_model="roofline")
     assert reopened.sql("SELECT name, version FROM dbml_models").fetchall() == [("shared", 1)]
     assert reopened.sql("SELECT predict('shared', [x1, x2]) FROM moons ORDER BY ALL").fetchall() == expected
     reopened.close()
 
 
 def test_drop_model_removes_weights_and_catalog_rows(moons_con):
-    train(moons_con, "'gone', 'SELECT x1, x2, label FROM moons LIMIT 500', label := 'label', epochs := 1")
-    train(moons_con, "'gone', 'SELECT x1, x2, label FROM moons LIMIT 500', label := 'label', epochs := 1")
-    train(moons_con, "'kept', 'SELECT x1, x2, label FROM moons LIMIT 500', label := 'label', epochs := 1")
+    train(moons_con, f"'gone', {TINY}")
+    train(moons_con, f"'gone', {TINY}")
+    train(moons_con, f"'kept', {TINY}")
     assert moons_con.sql("SELECT drop_model('gone')").fetchall() == [(2,)]
     assert moons_con.sql("SELECT DISTINCT name FROM dbml_models").fetchall() == [("kept",)]
     assert moons_con.sql("SELECT DISTINCT name FROM dbml_weights").fetchall() == [("kept",)]
@@ -199,7 +210,7 @@ def test_drop_model_removes_weights_and_catalog_rows(moons_con):
 
 
 def test_install_is_idempotent_and_keeps_models(moons_con):
-    train(moons_con, "'keep', 'SELECT x1, x2, label FROM moons LIMIT 500', label := 'label', epochs := 1")
+    train(moons_con, f"'keep', {TINY}")
     dbml.install(moons_con)
     dbml.install(moons_con)
     assert moons_con.sql("SELECT count(*) FROM dbml_models").fetchall() == [(1,)]
@@ -209,7 +220,7 @@ def test_install_is_idempotent_and_keeps_models(moons_con):
 def test_weights_load_without_pickle(moons_con):
     """Stored weights are plain tensors: torch.load with weights_only=True reads them."""
     import io
-    train(moons_con, "'w', 'SELECT x1, x2, label FROM moons LIMIT 500', label := 'label', epochs := 1")
+    train(moons_con, f"'w', {TINY}")
     blob = moons_con.sql("SELECT weights FROM dbml_weights WHERE name = 'w'").fetchall()[0][0]
     state = torch.load(io.BytesIO(blob), weights_only=True)
     assert all(isinstance(v, torch.Tensor) for v in state.values())
@@ -217,7 +228,7 @@ def test_weights_load_without_pickle(moons_con):
 
 def test_closing_the_installing_connection_leaves_others_working(tmp_path):
     path = str(tmp_path / "two.duckdb")
-    first, second = dbml.connect(path), dbml.connect(path)
+    first, second = dbml.connect(path, latency_model="roofline"), dbml.connect(path, latency_model="roofline")
     load(first, "moons", moons(600))
     first.close()
     r = second.sql("SELECT train('after_close', 'SELECT x1, x2, label FROM moons', label := 'label', epochs := 1)").fetchall()[0][0]
