@@ -16,59 +16,16 @@ import os
 import subprocess
 import sys
 import tempfile
-import warnings
 
 import pytest
 
 import dbml
 from dbml.scheduler.latency import calibrate as calibration
 
-# Re-exported for the test files that still import them from here; new code: helpers.
-from helpers import linear, load, moons  # noqa: F401
+from helpers import load, moons
+
 
 os.environ["DBML_CACHE_DIR"] = tempfile.mkdtemp(prefix="dbml-test-cache-")
-
-
-# Tests over a second or two in files other sessions own, marked slow here so that
-# ``pytest -m "not slow"`` stays under a minute; move each mark into its file (and out of
-# this list) when that file is next edited. An entry that matches no collected test of
-# its file is reported, so a renamed test cannot silently leave the fast loop slow.
-SLOW_ELSEWHERE = {
-    "tests/test_concurrent.py::test_concurrent_jobs_stay_within_a_budget_below_their_unscheduled_peaks",
-    "tests/test_concurrent.py::test_a_shrinking_job_frees_its_room_before_the_scheduler_gives_it_away",
-    "tests/test_runner.py::test_tensile_at_half_the_peak_is_bit_identical[adam-cnn_bn]",
-    "tests/test_runner.py::test_tensile_at_half_the_peak_is_bit_identical[adam-mlp]",
-    "tests/test_runner.py::test_tensile_at_half_the_peak_is_bit_identical[sgd-cnn_bn]",
-    "tests/test_runner.py::test_tensile_at_half_the_peak_is_bit_identical[sgd-mlp]",
-    "tests/test_runner.py::test_a_further_graph_no_plan_fits_runs_passively_within_the_jobs_limit",
-    "tests/test_runner.py::test_no_scheduler_switch_and_debug_summary",
-    "tests/test_runner.py::test_dropout_trains_and_is_never_recomputed",
-    "tests/test_planner.py::test_random_plans_are_valid",
-    "tests/test_planner.py::test_random_multi_job_plans_are_valid",
-    "tests/test_updating.py::test_drift_triggers_exactly_the_replans_the_threshold_implies[0.3-want0]",
-    "tests/test_updating.py::test_planner_hook_is_used_for_first_plan_and_replans",
-    "tests/test_updating.py::test_offered_plan_waits_for_the_iteration_boundary",
-    "tests/test_updating.py::test_drift_triggers_exactly_the_replans_the_threshold_implies[0.95-want1]",
-    "tests/test_updating.py::test_drift_triggers_exactly_the_replans_the_threshold_implies[2.0-want2]",
-    "tests/test_concurrent.py::test_jobs_with_the_same_architecture_share_one_capture",
-    "tests/test_runner.py::test_prepare_plans_before_the_first_batch_from_shapes_alone",
-    "tests/test_capuchin.py::test_capuchin_is_bit_identical_passive_first_then_planned[mlp_adam]",
-    "tests/test_capuchin.py::test_capuchin_plans_from_the_observed_latencies",
-}
-
-
-def pytest_collection_modifyitems(config, items):
-    ids = {item.nodeid for item in items}
-    files = {nodeid.split("::")[0] for nodeid in ids}
-    for item in items:
-        if item.nodeid in SLOW_ELSEWHERE:
-            item.add_marker(pytest.mark.slow)
-    if any("::" in arg for arg in config.args):
-        return   # single tests asked for: the others of their files are not collected
-    stale = sorted(n for n in SLOW_ELSEWHERE if n.split("::")[0] in files and n not in ids)
-    if stale:
-        warnings.warn(pytest.PytestWarning(f"conftest.SLOW_ELSEWHERE names tests that were not collected: "
-                                           f"{', '.join(stale)}"))
 
 
 @pytest.fixture(autouse=True)

@@ -3,7 +3,7 @@
 import duckdb
 import pytest
 
-from conftest import linear, load, moons
+from helpers import linear, load, moons
 
 
 @pytest.fixture

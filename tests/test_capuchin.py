@@ -52,7 +52,8 @@ def vanilla_peak(model, spec, x, y) -> int:
     return r.stats()["vanilla_peak_bytes"]
 
 
-@pytest.mark.parametrize("model_fn, kind", [(mlp, "adam"), (cnn, "sgd")], ids=["mlp_adam", "cnn_bn_sgd"])
+@pytest.mark.parametrize("model_fn, kind", [pytest.param(mlp, "adam", marks=pytest.mark.slow), (cnn, "sgd")],
+                         ids=["mlp_adam", "cnn_bn_sgd"])
 def test_capuchin_is_bit_identical_passive_first_then_planned(model_fn, kind):
     spec = OptimizerSpec(kind, lr=0.01, **({"momentum": 0.9} if kind == "sgd" else {}))
     data = batches(model_fn, 5)
@@ -94,6 +95,7 @@ def test_capuchin_is_bit_identical_passive_first_then_planned(model_fn, kind):
     assert plans[1].peak_bytes <= budget
 
 
+@pytest.mark.slow
 def test_capuchin_plans_from_the_observed_latencies(monkeypatch):
     """The plan of iteration 2 is made from iteration 1's measurements, not estimates."""
     spec = OptimizerSpec("adam", lr=0.01)

@@ -118,6 +118,7 @@ def test_the_ledger_is_exact_for_interleaved_jobs():
     assert ledger.peak_bytes == 0     # a job on an idle device starts a new busy period
 
 
+@pytest.mark.slow
 def test_a_shrinking_job_frees_its_room_before_the_scheduler_gives_it_away():
     """Hand-over: a job whose plan shrinks moves the state its new plan keeps on the host
     there at its boundary, and only then tells the scheduler (``applied``), so a job
@@ -154,6 +155,7 @@ def test_a_shrinking_job_frees_its_room_before_the_scheduler_gives_it_away():
     assert all(torch.equal(p, q) for p, q in zip(big.model.parameters(), eager_params(m, data)))
 
 
+@pytest.mark.slow
 def test_concurrent_jobs_stay_within_a_budget_below_their_unscheduled_peaks():
     """Three jobs on threads under one scheduler, at a budget that not even the two largest
     fit unscheduled: all finish, each with the weights it gets alone, and the measured
@@ -209,6 +211,7 @@ def test_concurrent_jobs_stay_within_a_budget_below_their_unscheduled_peaks():
     assert ms.ledger.current_bytes == 0 and ms.jobs() == []
 
 
+@pytest.mark.slow
 def test_jobs_with_the_same_architecture_share_one_capture():
     m, data = model(64, 0), batches(3, 0)
     first = ScheduledStep(copy.deepcopy(m), loss_fn, SPEC, job="first", share_graphs="mlp-64")

@@ -283,6 +283,7 @@ plan_settings = st.builds(PlanSettings, stop_when_fits=st.booleans(), swap_later
                           resume_swapping=st.booleans())
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seq=random_sequences(), frac=st.floats(0.0, 1.0), knobs=plan_settings)
 def test_random_plans_are_valid(seq, frac, knobs):
@@ -311,6 +312,7 @@ def test_random_plans_are_valid(seq, frac, knobs):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seqs=st.lists(random_sequences(), min_size=2, max_size=3), frac=st.floats(0.3, 1.0),
        shared=st.booleans())
+@pytest.mark.slow
 def test_random_multi_job_plans_are_valid(seqs, frac, shared):
     seqs = [AccessSequence(f"job{i}", s.tensors, s.ops, s.initial, s.updates, s.workspace,
                            s.copy_bandwidth, s.outputs) for i, s in enumerate(seqs)]

@@ -81,6 +81,7 @@ def assert_same(a, b):
         assert torch.equal(u, v)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_fn", [mlp, cnn], ids=["mlp", "cnn_bn"])
 @pytest.mark.parametrize("kind", ["adam", "sgd"])
 def test_tensile_at_half_the_peak_is_bit_identical(model_fn, kind):
@@ -111,6 +112,7 @@ def test_tensile_at_half_the_peak_is_bit_identical(model_fn, kind):
         assert ex.peak_bytes <= budget
 
 
+@pytest.mark.slow
 def test_dropout_trains_and_is_never_recomputed():
     spec = OptimizerSpec("adam", lr=0.01)
     data = data_for(mlp, 3)
@@ -182,6 +184,7 @@ def test_infeasible_budget_names_the_smallest_feasible_one():
     assert ok.stats()["measured_peak_bytes"] <= smallest
 
 
+@pytest.mark.slow
 def test_no_scheduler_switch_and_debug_summary(monkeypatch, capsys):
     spec = OptimizerSpec("adam")
     data = data_for(mlp, 1)
@@ -239,6 +242,7 @@ def test_frozen_parameters_stay_frozen_like_eager():
     assert len(runner.optimizer_state()) == len(list(model.parameters())) - 1
 
 
+@pytest.mark.slow
 def test_prepare_plans_before_the_first_batch_from_shapes_alone():
     spec = OptimizerSpec("adam", lr=0.01)
     data = data_for(cnn, 3)
@@ -257,6 +261,7 @@ def test_prepare_plans_before_the_first_batch_from_shapes_alone():
     assert_same(got, want)
 
 
+@pytest.mark.slow
 def test_a_further_graph_no_plan_fits_runs_passively_within_the_jobs_limit():
     """The last, smaller batch's graph may find no plan beside other jobs (its faster ops
     hide fewer copies): it runs in passive mode, evicting on demand within the largest

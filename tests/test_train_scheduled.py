@@ -1,6 +1,5 @@
 """train() under the TENSILE scheduler: same results as eager PyTorch, within the budget."""
 
-import os
 
 import duckdb
 import pytest

@@ -130,6 +130,7 @@ def adam_workload():
     return spec, data, model, budget, eager, eager_losses, slow, n_ops
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("threshold, want", [(0.3, [SLOW_FROM + 1]), (0.95, [SLOW_FROM + 2]), (2.0, [])])
 def test_drift_triggers_exactly_the_replans_the_threshold_implies(monkeypatch, threshold, want):
     spec, data, model, budget, eager, eager_losses, slow, n_ops = adam_workload()
@@ -176,6 +177,7 @@ def test_no_drift_no_replans_and_the_switch(monkeypatch):
     assert_same(got_off, eager)
 
 
+@pytest.mark.slow
 def test_offered_plan_waits_for_the_iteration_boundary(monkeypatch):
     """A plan offered while an iteration runs is not used by it, only by the next."""
     spec, data, model, budget, eager, _ = scenario(4)
@@ -204,6 +206,7 @@ def test_offered_plan_waits_for_the_iteration_boundary(monkeypatch):
     assert_same(list(runner.model.parameters()) + list(runner.model.buffers()), eager)
 
 
+@pytest.mark.slow
 def test_planner_hook_is_used_for_first_plan_and_replans(monkeypatch):
     spec, data, model, budget, eager, _ = scenario(6)
     calls, made = [], []
