@@ -526,3 +526,27 @@ def test_a_drift_is_replanned_within_the_jobs_share_first():
         assert ms.version("b") == vb and ms.local_replans == int(local) and ms.replans == replans + 1
         assert ms.plan_seconds > seconds
         assert_within_budget(ms)
+
+
+def test_a_drift_replanned_within_the_share_rechecks_the_waiting_jobs():
+    """Regression: a drift replanned within the job's own share (no joint replan) must
+    re-check the queue too. Slower ops hide more copies, so after ``a`` drifts the joint
+    plan has room for ``b``, which waited; before the fix ``b`` waited until another job
+    left or the budget changed."""
+    a = training("a", seed=1)
+    slow = dataclasses.replace(a, ops=tuple(dataclasses.replace(o, start=o.start * 4, end=o.end * 4)
+                                            for o in a.ops))
+    budget, b = 400_000_000, fixed(150_000_000, "b")
+    ms = MemoryScheduler(budget, local_drift=True)
+    ms.register("a", a)
+    looks = Looks()
+    t, out = start(ms.wait_admission, "b", b, timeout=10, cancelled=looks)
+    wait_until(lambda: ms.waiting() == ["b"])
+    looks.more()
+    assert ms.waiting() == ["b"]            # a's fast ops leave no room for b
+    local = ms.local_replans
+    ms.update("a", slow)
+    assert ms.local_replans == local + 1    # replanned within a's share, not jointly
+    t.join(5)
+    assert out == {"value": True} and ms.jobs() == ["a", "b"]
+    assert_within_budget(ms)

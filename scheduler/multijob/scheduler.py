@@ -134,6 +134,7 @@ class MemoryScheduler:
                 if local is not None:
                     self._commit(jobs, local)
                     self.local_replans += 1
+                    self._admit_waiters()   # new timings may leave room for a waiting job
                     return self.handover.published(job).version
             try:
                 solution = self._solve(jobs)
