@@ -89,7 +89,7 @@ def register(instance) -> None:
     UDFs are instance-wide in DuckDB; they are registered through the instance's owner
     connection and take their cursors from it.
     """
-    from .. import inference, jobs, latency, training
+    from .. import inference, jobs, latency, training, views
     from ..scheduler.latency.predictor import predictor_path
     from ..scheduler.multijob.scheduler import device_ledger, existing_scheduler
     from ..settings import resolve_device
@@ -159,7 +159,7 @@ def register(instance) -> None:
         return instance.jobs.cancel(job_id)
 
     def dbml_job_rows():
-        return instance.jobs.rows()
+        return views.job_rows(instance.jobs)
 
     def dbml_calibrate(quick, device, threads):
         predictor = latency.calibrate(resolve_device(device), bool(quick), threads or 1)
@@ -170,10 +170,10 @@ def register(instance) -> None:
 
     def dbml_memory_rows(device):
         device = resolve_device(device)
-        return jobs.memory_rows(instance.jobs, existing_scheduler(device), device_ledger(device))
+        return views.memory_rows(instance.jobs, existing_scheduler(device), device_ledger(device))
 
     def dbml_predictor_rows(device, threads):
-        return latency.report_rows(resolve_device(device), threads or 1)
+        return views.predictor_rows(resolve_device(device), threads or 1)
 
     effects = dict(null_handling="special", side_effects=True)
     functions = [
