@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import duckdb
 import numpy as np
@@ -104,7 +104,6 @@ def _positive_int(value, name: str, example: str) -> None:
         raise InvalidArgument(f"train(): {name} must be a positive integer, got {value!r}; pass e.g. {example}")
 
 
-
 def _classification_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(out, y)
 
@@ -118,6 +117,7 @@ def loss_function(prep: Preprocessing):
     return _classification_loss if prep.task == "classification" else _regression_loss
 
 
+@runtime_checkable
 class Progress(JobHandle, Protocol):
     """What a training run reports to and is cancelled through (``dbml.jobs.Job`` is one).
 

@@ -84,3 +84,9 @@ def test_other_errors_pass_through():
     with pytest.raises(KeyError):
         with scheduler_errors(SPEC_OWN, job_id=7, device_budget=lambda: 0):
             raise KeyError("x")
+
+
+def test_a_job_is_what_training_reports_progress_to():
+    from dbml.training import Progress
+    assert isinstance(dbml.jobs.Job(id=1, model="m"), Progress)
+    assert not isinstance(object(), Progress)
