@@ -29,7 +29,6 @@ class StoredModel:
     version: int
     config: ModelConfig
     preprocessing: Preprocessing
-    metrics: dict
     module: torch.nn.Module
 
 
@@ -78,7 +77,7 @@ def latest_version(cur: duckdb.DuckDBPyConnection, name: str, *, fn: str) -> int
 
 
 def load(cur: duckdb.DuckDBPyConnection, name: str, version: int) -> StoredModel:
-    rows = cur.execute("""SELECT m.config, m.preprocessing, m.metrics, w.weights
+    rows = cur.execute("""SELECT m.config, m.preprocessing, w.weights
                          FROM dbml_models m JOIN dbml_weights w USING (name, version)
                          WHERE name = ? AND version = ?""", [name, version]).fetchall()
     if not rows:
@@ -86,9 +85,9 @@ def load(cur: duckdb.DuckDBPyConnection, name: str, version: int) -> StoredModel
     row = rows[0]
     config = ModelConfig.from_json(row[0])
     module = build(config)
-    module.load_state_dict(torch.load(io.BytesIO(row[3]), weights_only=True))
+    module.load_state_dict(torch.load(io.BytesIO(row[2]), weights_only=True))
     module.eval()
-    return StoredModel(name, version, config, Preprocessing.from_json(row[1]), json.loads(row[2]), module)
+    return StoredModel(name, version, config, Preprocessing.from_json(row[1]), module)
 
 
 def drop(cur: duckdb.DuckDBPyConnection, name: str, *, fn: str = "drop_model") -> int:

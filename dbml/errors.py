@@ -1,15 +1,26 @@
-"""The exceptions dbml raises.
+"""The exceptions dbml raises, and the one table that turns scheduler errors into them.
 
     DbmlError                  every error dbml raises on purpose
     ├── InvalidArgument        a SQL or Python argument is wrong; the message names it and the fix
     │   ├── SourceError        the source is not one SELECT / a table, or it is empty
     │   └── ModelNotFound      no model of that name in the catalog
     ├── TrainingError          training failed (e.g. the loss became NaN); nothing was stored
+    ├── JobCancelled           the job was cancelled (cancel_job, or while it waited for memory);
+    │                          nothing was stored
     └── CatalogError           the catalog tables are not what this dbml expects
 
 Inside DuckDB every one of them surfaces as the UDF's error, its message unchanged, so
 callers can match on the text whether they call Python or SQL.
+
+The memory scheduler (``dbml.scheduler``) has a tree of its own, rooted at
+``SchedulerError``; :func:`scheduler_errors` maps it onto this one.
 """
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 
 class DbmlError(Exception):
@@ -32,5 +43,65 @@ class TrainingError(DbmlError, RuntimeError):
     """Training failed; nothing was written to the catalog."""
 
 
+class JobCancelled(DbmlError):
+    """The job was cancelled; nothing was stored."""
+
+
 class CatalogError(DbmlError):
     """The catalog tables exist but are not what this version of dbml expects."""
+
+
+@contextmanager
+def scheduler_errors(spec, *, job_id: int, device_budget: Callable[[], int]) -> Iterator[None]:
+    """Map the scheduler's errors raised inside the block to user errors (httpx's
+    ``map_exceptions``), in one table:
+
+    ===================================  =========================================================
+    ``NotAdmitted``                      ``JobCancelled``: cancelled while it waited for memory
+    ``InfeasibleBudget``                 ``InvalidArgument``: the budget, the smallest that fits,
+                                         and the setting or argument that raises it
+    ``CaptureError``, ``SequenceError``,  unchanged: a bug in the capture, a plan or the executor;
+    ``ExecutionError``, ``PlanningError``, its message names the job and the node or pass, and
+    any other ``SchedulerError``          its traceback is kept (``dbml_jobs.error`` shows it
+                                         after its type name)
+    ===================================  =========================================================
+
+    ``spec`` is the job's TrainSpec; ``device_budget()`` the budget shared by the device's
+    jobs (the setting, or the device's default), named when the job has no ``memory_budget``;
+    it is asked for only then (on CUDA the default is the free memory at that moment).
+    """
+    # Imported here, not at the top: every dbml module imports this one, the predict path
+    # (dbml.inference) included, and that path must not load the scheduler (make_fx, fx).
+    from .scheduler.errors import InfeasibleBudget, NotAdmitted
+
+    try:
+        yield
+    except NotAdmitted:
+        raise JobCancelled(f"job {job_id} ({spec.model!r}) was cancelled while it waited for memory; "
+                           f"nothing was stored") from None
+    except InfeasibleBudget as e:
+        raise _budget_too_small(spec, device_budget, e.min_budget) from None
+    # Every other SchedulerError passes as it is (see the table): wrapping it would change
+    # the text a user sees (DuckDB puts the exception's type name before a UDF's message).
+
+
+def _budget_too_small(spec, device_budget: Callable[[], int], min_budget: int) -> InvalidArgument:
+    own = spec.memory_budget is not None
+    budget = spec.memory_budget if own else device_budget()
+    fix = (f"pass memory_budget := '{_round_up(min_budget)}'" if own else
+           f"SET VARIABLE dbml_memory_budget = '{_round_up(min_budget)}'")
+    return InvalidArgument(
+        f"train(): memory_budget {_size(budget)} is below the smallest budget this model and batch "
+        f"can be trained in, {_size(min_budget)}; {fix} or more, or a smaller batch_size")
+
+
+def _round_up(n: int) -> str:
+    """A size at least ``n`` bytes, in KB or MB with two significant digits: 109404 -> '110KB'."""
+    unit, scale = ("MB", 1e6) if n >= 1e6 else ("KB", 1e3)
+    value = n / scale
+    step = 10 ** (math.floor(math.log10(value)) - 1)
+    return f"{math.ceil(value / step) * step:g}{unit}"
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB ({n} bytes)"

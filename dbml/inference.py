@@ -7,7 +7,6 @@ latest version first.
 
 from __future__ import annotations
 
-import math
 import threading
 from typing import Callable
 
@@ -17,12 +16,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from . import catalog
+from . import catalog, metrics
 from .data import BatchStream
 from .errors import InvalidArgument
 from .features import Preprocessing
 from .source import as_select, describe, literal, quote, resolve_column
-from .training import r2_score
 
 
 class ModelCache:
@@ -181,31 +179,8 @@ def evaluate(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, sourc
                               f"pass a source that selects some labelled rows")
     out, y = torch.cat(outs), torch.cat(ys).numpy()
     if prep.task == "classification":
-        return {"rows": len(y), **classification_metrics(out, y, len(prep.classes))}
-    return {"rows": len(y), **regression_metrics(y, prep.unscale(out.squeeze(-1).numpy()))}
-
-
-def classification_metrics(out: torch.Tensor, y: np.ndarray, n_classes: int) -> dict:
-    """Accuracy, macro F1 over the model's classes, and log loss; label -1 is a class the model never saw."""
-    pred = out.argmax(1).numpy()
-    prob = torch.softmax(out.double(), 1).numpy()
-    p_true = np.where(y >= 0, prob[np.arange(len(y)), np.clip(y, 0, None)], 0.0)
-    f1s = []
-    for c in range(n_classes):
-        tp = np.sum((pred == c) & (y == c))
-        fp, fn = np.sum((pred == c) & (y != c)), np.sum((pred != c) & (y == c))
-        if tp + fp + fn:
-            f1s.append(2 * tp / (2 * tp + fp + fn))
-    return {"accuracy": float(np.mean(pred == y)), "macro_f1": float(np.mean(f1s)) if f1s else None,
-            "log_loss": float(-np.mean(np.log(np.clip(p_true, 1e-15, 1.0)))),
-            "rmse": None, "mae": None, "r2": None}
-
-
-def regression_metrics(y: np.ndarray, pred: np.ndarray) -> dict:
-    err = pred - y
-    return {"accuracy": None, "macro_f1": None, "log_loss": None,
-            "rmse": math.sqrt(float(np.mean(err ** 2))), "mae": float(np.mean(np.abs(err))),
-            "r2": r2_score(y, pred)}
+        return {"rows": len(y), **metrics.classification(out, y, len(prep.classes))}
+    return {"rows": len(y), **metrics.regression(y, prep.unscale(out.squeeze(-1).numpy()))}
 
 
 def per_model(models: pa.Array, run) -> pa.Array:

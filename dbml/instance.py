@@ -20,6 +20,7 @@ import weakref
 
 import duckdb
 
+from . import training
 from .jobs import JobManager
 
 _INSTANCES: dict[str, "Instance"] = {}
@@ -31,7 +32,7 @@ class Instance:
         self.id = uuid.uuid4().hex
         self.owner = owner
         self.functions: list[str] = []   # filled by dbml.udfs.register
-        self.jobs = JobManager(self.cursor)
+        self.jobs = JobManager(self.cursor, run=training.train)
         self._owns = owns
         self._users = 0
 

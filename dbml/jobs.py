@@ -1,9 +1,10 @@
 """The job manager (TENSILE's Global Controller): training jobs as worker threads.
 
 Every database instance dbml is installed in has one :class:`JobManager`; jobs started
-from any connection or thread to that database share it. A job runs
-``training.train`` on a thread of its own with a cursor of its own, reporting progress
-through :class:`Job` (the live row of ``dbml_jobs``) and stopping at its next iteration
+from any connection or thread to that database share it. A job runs the manager's
+``run`` function (``training.train``, given by ``dbml.instance``) on a thread of its own
+with a cursor of its own, reporting progress through :class:`Job` (the live row of
+``dbml_jobs``; it satisfies ``training.Progress``) and stopping at its next iteration
 boundary when cancelled. One job's failure or cancellation never touches another: each
 has its own cursor, model, runner and scratch table, and nothing is stored unless it
 finishes.
@@ -19,14 +20,10 @@ from typing import Callable
 
 import duckdb
 
-from .columns import JOB_COLUMNS, MEMORY_COLUMNS
-from .errors import DbmlError, InvalidArgument
+from . import catalog
+from .errors import DbmlError, InvalidArgument, JobCancelled
 
-STATUSES = ("queued", "running", "finished", "failed", "cancelled")
-
-
-class JobCancelled(DbmlError):
-    """The job was cancelled; nothing was stored."""
+__all__ = ["Job", "JobManager", "JobCancelled", "summary", "train_all"]   # JobCancelled: from .errors
 
 
 @dataclass
@@ -64,8 +61,16 @@ class Job:
         """The job's name in the memory scheduler."""
         return f"job_{self.id}"
 
+    def cancel(self) -> None:
+        """Ask the job to stop at its next iteration boundary (or while it waits for memory)."""
+        self._cancel.set()
+
     def cancelled(self) -> bool:
         return self._cancel.is_set()
+
+    def wait(self) -> None:
+        """Block until the job has ended, whatever its fate."""
+        self._done.wait()
 
     def attach_scheduler(self, scheduler) -> None:
         """The shared MemoryScheduler planning this job; it is left when the job ends."""
@@ -78,6 +83,11 @@ class Job:
 
     def waiting_for_memory(self) -> bool:
         return self._scheduler is not None and self.name in self._scheduler.waiting()
+
+    @property
+    def shown_status(self) -> str:
+        """The status dbml_jobs shows: a running job that waits for admission is 'queued'."""
+        return "queued" if self.status == "running" and self.waiting_for_memory() else self.status
 
     # -- reporting, called by the training loop on the job's thread ------------------------
     def begin(self, epochs: int, steps_per_epoch: int) -> None:
@@ -101,47 +111,56 @@ class Job:
             if memory.get(key) is not None:
                 setattr(self, key, memory[key])
 
-    def row(self) -> dict:
-        row = {k: getattr(self, k) for k in JOB_COLUMNS}
-        if self.status == "running" and self.waiting_for_memory():
-            row["status"] = "queued"
-        return row
+    # -- its fate, set by the JobManager ---------------------------------------------------
+    def run(self, work: Callable[[], dict]) -> None:
+        """Run ``work`` as this job: its result or error, status and times recorded."""
+        self.status, self.started = "running", datetime.now()
+        try:
+            self.result = work()
+            self.status = "finished"
+        except JobCancelled as e:
+            self.status, self.error, self.exception = "cancelled", str(e), e
+        except BaseException as e:  # the job fails alone; the message is its row's error
+            self.status, self.error, self.exception = "failed", _message(e), e
+        finally:
+            self.finished = datetime.now()
+
+    def ended(self) -> None:
+        """Wake every ``wait()``: the job has ended and its cursor is closed."""
+        self._done.set()
 
 
 class JobManager:
-    """The jobs of one database instance, their threads and their fates."""
+    """The jobs of one database instance, their threads and their fates.
 
-    def __init__(self, cursor: Callable[[], duckdb.DuckDBPyConnection]):
+    ``run(cursor, spec, job)`` is what a job does (``training.train``): it gets a cursor of
+    its own and the job to report its progress to, and returns the job's summary row.
+    """
+
+    def __init__(self, cursor: Callable[[], duckdb.DuckDBPyConnection],
+                 run: Callable[[duckdb.DuckDBPyConnection, object, Job], dict]):
         self._cursor = cursor
+        self._run_job = run
         self._jobs: dict[int, Job] = {}
         self._lock = threading.Lock()
 
     def submit(self, spec) -> Job:
         """Start a training job on a thread of its own; return it at once."""
-        from . import catalog, training
-
         cur = self._cursor()
         job = Job(id=catalog.next_job_id(cur), model=spec.model, epochs=spec.epochs)
         with self._lock:
             self._jobs[job.id] = job
-        thread = threading.Thread(target=self._run, args=(job, spec, cur, training.train),
+        thread = threading.Thread(target=self._run, args=(job, spec, cur),
                                   name=f"dbml-job-{job.id}", daemon=True)
         thread.start()
         return job
 
-    def _run(self, job: Job, spec, cur: duckdb.DuckDBPyConnection, train) -> None:
-        job.status, job.started = "running", datetime.now()
+    def _run(self, job: Job, spec, cur: duckdb.DuckDBPyConnection) -> None:
         try:
-            job.result = train(cur, spec, job=job)
-            job.status = "finished"
-        except JobCancelled as e:
-            job.status, job.error, job.exception = "cancelled", str(e), e
-        except BaseException as e:  # the job fails alone; the message is its row's error
-            job.status, job.error, job.exception = "failed", _message(e), e
+            job.run(lambda: self._run_job(cur, spec, job))
         finally:
-            job.finished = datetime.now()
             cur.close()
-            job._done.set()
+            job.ended()
 
     def get(self, job_id: int, *, fn: str) -> Job:
         with self._lock:
@@ -154,17 +173,18 @@ class JobManager:
     def wait(self, job_id: int, *, fn: str = "wait_job") -> dict:
         """Block until the job ends; its summary, or its error raised."""
         job = self.get(job_id, fn=fn)
-        job._done.wait()
+        job.wait()
         return summary(job)
 
     def cancel(self, job_id: int) -> str:
         job = self.get(job_id, fn="cancel_job")
-        job._cancel.set()
+        job.cancel()
         return job.status
 
-    def rows(self) -> list[dict]:
+    def jobs(self) -> list[Job]:
+        """Every job of this database, oldest first."""
         with self._lock:
-            return [j.row() for j in sorted(self._jobs.values(), key=lambda j: j.id)]
+            return sorted(self._jobs.values(), key=lambda j: j.id)
 
 
 def summary(job: Job) -> dict:
@@ -177,6 +197,8 @@ def summary(job: Job) -> dict:
 
 
 def _message(e: BaseException) -> str:
+    # dbml's own errors are shown as they are; anything else is prefixed with its type name
+    # ("OutOfMemoryError: ..."), scheduler errors keep theirs through errors.scheduler_errors.
     return str(e) if isinstance(e, DbmlError) else f"{type(e).__name__}: {e}"
 
 
@@ -187,38 +209,5 @@ def train_all(manager: JobManager, specs: list, wait: bool) -> list[dict]:
     if not wait:
         return [{"job_id": j.id, "model": j.model, "status": j.status} for j in jobs]
     for job in jobs:
-        job._done.wait()
+        job.wait()
     return [summary(j) for j in jobs]
-
-
-def memory_rows(manager: JobManager, scheduler, ledger=None) -> list[dict]:
-    """``dbml_memory``: the shared device budget and each of this database's jobs in it.
-
-    One row per job the scheduler holds (planned or waiting), with the global figures
-    repeated; one row with no job when it holds none. ``in_effect_bytes`` is what the
-    job's current plan may use (a new, larger plan takes effect only once the other jobs
-    have shrunk); ``held_bytes`` what its executors hold now and ``measured_peak_bytes``
-    its own peak so far. ``global_held_bytes`` and ``global_measured_peak_bytes`` come
-    from the device's ledger (``ledger``), where every scheduled job's executors report
-    their memory as it changes: what all jobs hold together now, and the most they held
-    at one moment since the process started.
-    """
-    snap = scheduler.snapshot() if scheduler is not None else {
-        "budget_bytes": None, "planned_peak_bytes": 0, "running_bytes": 0, "jobs": {}, "waiting": []}
-    overall = {"budget_bytes": snap["budget_bytes"], "global_planned_peak_bytes": snap["planned_peak_bytes"],
-               "global_in_effect_bytes": snap["running_bytes"], "waiting_jobs": len(snap["waiting"])}
-    held = ledger.snapshot() if ledger is not None else {"current_bytes": None, "peak_bytes": None, "jobs": {}}
-    overall.update(global_held_bytes=held["current_bytes"], global_measured_peak_bytes=held["peak_bytes"])
-    with manager._lock:
-        by_name = {job.name: job for job in manager._jobs.values()}
-    rows = []
-    for name in list(snap["jobs"]) + [w for w in snap["waiting"] if w not in snap["jobs"]]:
-        job, plan = by_name.get(name), snap["jobs"].get(name, {})
-        if job is None:
-            continue   # a job of another database on the same device
-        rows.append({"job_id": job.id, "model": job.model, "status": job.row()["status"],
-                     "planned_peak_bytes": plan.get("planned_peak_bytes"),
-                     "in_effect_bytes": plan.get("in_effect_bytes"), "share": plan.get("share"),
-                     "held_bytes": held["jobs"].get(name),
-                     "measured_peak_bytes": job.measured_peak_bytes, **overall})
-    return rows or [{**dict.fromkeys(MEMORY_COLUMNS), **overall}]

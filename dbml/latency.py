@@ -15,7 +15,7 @@ from .errors import InvalidArgument
 
 LATENCY_MODELS = ("predictor", "roofline")
 _LOCK = threading.Lock()
-_LOADED: dict[str, object] = {}
+_LOADED: dict[tuple[str, int], object] = {}   # (device, threads) -> Predictor
 
 
 def calibrate(device: str, quick: bool, threads: int, progress=None):
@@ -54,20 +54,9 @@ def latency_model(kind: str, device: str, threads: int) -> tuple[object | None, 
         return predictor, how
 
 
-def report_rows(device: str, threads: int) -> list[dict]:
-    """``dbml_predictor``: one row per op kind of the installed predictor (none if there is none)."""
+def loaded_predictor(device: str, threads: int):
+    """The predictor jobs on ``device`` with ``threads`` threads plan with: the one this
+    process loaded or calibrated, else the installed one; None if there is none."""
     from .scheduler.latency.predictor import load_predictor
 
-    predictor = _LOADED.get((device, threads)) or load_predictor(device, threads=threads)
-    if predictor is None:
-        return []
-    report = predictor.report()
-    fingerprint = ", ".join(f"{k}={v}" for k, v in sorted(report.fingerprint.items()))
-    return [{"op": r.op, "samples": r.samples, "r2": _finite(r.r2), "baseline_r2": _finite(r.baseline_r2),
-             "median_rel_error": _finite(r.median_rel_error), "fingerprint": fingerprint,
-             "model_bytes": report.model_bytes, "calibration_seconds": report.calibration_seconds}
-            for r in report.rows]
-
-
-def _finite(x):
-    return x if x is not None and x == x and abs(x) != float("inf") else None
+    return _LOADED.get((device, threads)) or load_predictor(device, threads=threads)

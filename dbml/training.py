@@ -5,37 +5,33 @@ is_val) rows stored in a random order, then streams the training rows every epoc
 a random starting row through a shuffle buffer. Every iteration goes through a
 ``StepRunner`` (``dbml.scheduler.execute.step``), the boundary at which the memory scheduler
 takes training over: ``ScheduledStep`` for policies tensile and none, ``EagerStep``
-(plain PyTorch) for eager.
+(plain PyTorch) for eager (``dbml.runners``). The job reports its progress, and learns it
+was cancelled, through a :class:`Progress` (``dbml.jobs.Job`` is one); this module never
+imports the job manager.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
+from typing import Protocol, runtime_checkable
 
 import duckdb
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import catalog, models
+from . import catalog, metrics, models, runners
 from .columns import MEMORY_FIELDS
 from .data import BatchStream, StreamStats
-from .errors import InvalidArgument, SourceError, TrainingError
+from .errors import SourceError, TrainingError, scheduler_errors
 from .features import Preprocessing, fit
-from .jobs import Job, JobCancelled
-from .latency import latency_model
-from .scheduler import OPTIMIZERS, OptimizerSpec
-from .scheduler.plan.planner import InfeasibleBudget
-from .scheduler.execute.runner import ScheduledStep
-from .scheduler.multijob.scheduler import NotAdmitted, device_ledger, shared_scheduler
-from .scheduler.execute.updating import UpdateSettings
-from .scheduler.execute.step import EagerStep, StepRunner
+from .runners import JobHandle
+from .scheduler.execute.step import StepRunner
 from .settings import default_budget, resolve_device
 from .source import as_select, describe, quote
-from .spec import POLICIES, TrainSpec  # noqa: F401  (TrainSpec and its validation live in dbml/spec.py)
+from .spec import TrainSpec
 
 VALIDATION_BUCKETS = 1_000_000
 
@@ -53,61 +49,38 @@ def loss_function(prep: Preprocessing):
     return _classification_loss if prep.task == "classification" else _regression_loss
 
 
-# Drift replans take at most this share of a job's time (UpdateSettings.max_plan_share).
-MAX_PLAN_SHARE = 0.05
+@runtime_checkable
+class Progress(JobHandle, Protocol):
+    """What a training run reports to and is cancelled through (``dbml.jobs.Job`` is one).
 
-
-def make_runner(model: torch.nn.Module, loss_fn, spec: TrainSpec, device: str, job: Job,
-                config: models.ModelConfig | None = None) -> StepRunner:
-    """The step-runner boundary: the TENSILE scheduler, or plain PyTorch for policy 'eager'.
-
-    A tensile job without a ``memory_budget`` of its own plans jointly with every other
-    such job on the device through the process's shared MemoryScheduler, within the
-    device budget (the ``memory_budget`` setting), waiting for admission when it does not
-    fit beside the running ones. A job given its own budget, and the none/capuchin
-    policies, plan alone. Jobs with the same model ``config`` share captured graphs.
+    From :class:`~dbml.runners.JobHandle`: ``name``, ``cancelled()``, ``attach_scheduler()``
+    and ``release_scheduler()``, what the shared memory scheduler needs of a job.
     """
-    if spec.policy == "eager":
-        return EagerStep(model, loss_fn, spec.optimizer_spec())
-    estimator, how = latency_model(spec.latency_model, device, spec.torch_threads)
-    shared = spec.policy == "tensile" and spec.memory_budget is None
-    budget = spec.memory_budget or spec.device_budget or default_budget(device)
-    planner = None
-    if shared:
-        scheduler = shared_scheduler(device, budget)
-        planner = scheduler.planner_for(job.name, wait=True, cancelled=job.cancelled)
-        job.attach_scheduler(scheduler)
-    runner = ScheduledStep(model, loss_fn, spec.optimizer_spec(), policy=spec.policy, budget_bytes=budget,
-                           device=device, job=job.name, latency_model=estimator, planner=planner,
-                           ledger=device_ledger(device), share_graphs=config,
-                           update=UpdateSettings(beta=spec.replan_beta, threshold=spec.replan_threshold,
-                                                 max_plan_share=MAX_PLAN_SHARE))
-    runner.latency_source = how
-    return runner
+
+    id: int   # the job's id: its scratch table and its summary row
+
+    def begin(self, epochs: int, steps_per_epoch: int) -> None:
+        """Before the first epoch."""
+
+    def step(self, rows: int) -> None:
+        """After an iteration of ``rows`` rows; raises JobCancelled at this boundary if cancelled."""
+
+    def end_epoch(self, record: dict, memory: dict) -> None:
+        """After an epoch: its history ``record`` and the runner's memory figures so far."""
 
 
-def eager_peak(model: torch.nn.Module, loss_fn, spec: TrainSpec, x: torch.Tensor, y: torch.Tensor) -> int:
-    """The vanilla of MSR: eager PyTorch's peak on a copy of the model, over two iterations
-    (the first creates the optimizer state, the second is a steady one)."""
-    runner = EagerStep(copy.deepcopy(model), loss_fn, spec.optimizer_spec())
-    runner.step(x, y)
-    runner.step(x, y)
-    return runner.stats()["measured_peak_bytes"]
-
-
-def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, job: Job | None = None) -> dict:
+def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> dict:
     """Run one training job to completion and store the model; return the summary row.
 
     ``cur`` is a cursor for this job alone. The job's encoded rows live in a table of the
     in-memory scratch database ``dbml_scratch`` (attached by install, gone with the
     process), which every cursor can read and which is dropped when the job ends.
-    ``job`` receives progress and may cancel at an iteration boundary (``dbml.jobs``).
+    ``progress`` receives progress and may cancel at an iteration boundary (``dbml.jobs``).
     """
     started = time.perf_counter()
     if torch.get_num_threads() != spec.torch_threads:
         torch.set_num_threads(spec.torch_threads)
-    job = job or Job(id=catalog.next_job_id(cur), model=spec.model)
-    job_id = job.id
+    job_id = progress.id
     select_sql = as_select(spec.source, fn="train")
     columns = describe(cur, select_sql, fn="train")
     prep = fit(cur, select_sql, columns, label=spec.label,
@@ -115,7 +88,7 @@ def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, job: Job | None = Non
     table = f"dbml_scratch.job_{job_id}"
     n_train, n_val = _materialise(cur, table, select_sql, prep, spec)
     try:
-        result = _fit_model(cur, table, prep, spec, n_train, n_val, job)
+        result = _fit_model(cur, table, prep, spec, n_train, n_val, progress)
     finally:
         cur.execute(f"DROP TABLE IF EXISTS {table}")
     version = catalog.write(cur, name=spec.model, config=result["config"], prep=prep,
@@ -163,89 +136,68 @@ def _label_column(prep: Preprocessing) -> str:
     return f"({prep.label_sql()})::BIGINT" if prep.task == "classification" else prep.label_sql()
 
 
+class TrainLoop:
+    """One job's iterations through its step runner: the first batch's plan made ahead,
+    every step reported to ``progress``, the vanilla (``runners.vanilla_peak``) measured
+    on the first batch."""
+
+    def __init__(self, runner: StepRunner, module: torch.nn.Module, loss_fn, spec: TrainSpec,
+                 prep: Preprocessing, progress: Progress, n_train: int, device: str):
+        self.runner, self.module, self.loss_fn = runner, module, loss_fn
+        self.spec, self.prep, self.progress = spec, prep, progress
+        self.n_train, self.device = n_train, device
+        self.vanilla: int | None = None
+        self._measured = False
+
+    def prepare(self) -> None:
+        """The first batch's graph and plan, while DuckDB reads the rows."""
+        rows = min(self.spec.batch_size, self.n_train)
+        label = torch.int64 if self.prep.task == "classification" else torch.float32
+        runners.prepare(self.runner, rows, self.prep.width, label, self.device)
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if not self._measured:
+            self.vanilla = runners.vanilla_peak(self.module, self.loss_fn, self.spec, x, y)
+            self._measured = True
+        loss = self.runner.step(x, y)
+        self.progress.step(len(y))
+        return loss
+
+    def end_epoch(self, record: dict) -> None:
+        self.progress.end_epoch(record, self.runner.stats())
+
+    def memory(self) -> dict:
+        """The summary's memory figures, once the loop has ended."""
+        stats = {**self.runner.stats(), "latency_model": self.runner.latency_source}
+        return runners.memory_summary(stats, self.vanilla)
+
+
 def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: int, n_val: int,
-               job: Job) -> dict:
+               progress: Progress) -> dict:
     device = resolve_device(spec.device)
     outputs = len(prep.classes) if prep.task == "classification" else 1
     arch = "mlp" if spec.arch == "auto" else spec.arch
     config = models.config(arch, prep.width, outputs, spec.hidden, spec.dropout)
     module = models.build_seeded(config, spec.seed).to(device)
     loss_fn = loss_function(prep)
-    runner = make_runner(module, loss_fn, spec, device, job, config)
-    vanilla: list[int] = []
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if not vanilla:
-            # CPU: measured on a copy. On CUDA an eager copy would take device memory the
-            # shared budget does not know of (and the allocator's peak is every job's):
-            # there the vanilla is the plan's release-only peak (_memory_summary).
-            vanilla.append(eager_peak(module, loss_fn, spec, x, y) if torch.device(device).type == "cpu" else None)
+    with scheduler_errors(spec, job_id=progress.id,
+                          device_budget=lambda: spec.device_budget or default_budget(device)):
+        runner = runners.make_runner(module, loss_fn, spec, device, progress, config)
+        loop = TrainLoop(runner, module, loss_fn, spec, prep, progress, n_train, device)
+        progress.begin(spec.epochs, math.ceil(n_train / spec.batch_size))
         try:
-            loss = runner.step(x, y)
-        except NotAdmitted:
-            raise JobCancelled(f"job {job.id} ({job.model!r}) was cancelled while it waited for memory; "
-                               f"nothing was stored") from None
-        except InfeasibleBudget as e:
-            own = spec.memory_budget is not None
-            budget = spec.memory_budget if own else spec.device_budget or default_budget(device)
-            fix = (f"pass memory_budget := '{_round_up(e.min_budget)}'" if own else
-                   f"SET VARIABLE dbml_memory_budget = '{_round_up(e.min_budget)}'")
-            raise InvalidArgument(
-                f"train(): memory_budget {_size(budget)} is below the smallest budget this model and batch "
-                f"can be trained in, {_size(e.min_budget)}; {fix} or more, or a smaller batch_size") from None
-        job.step(len(y))
-        return loss
-
-    def prepare() -> None:   # the first batch's graph and plan, while DuckDB reads the rows
-        if hasattr(runner, "prepare"):
-            rows = min(spec.batch_size, n_train)
-            label = torch.int64 if prep.task == "classification" else torch.float32
-            try:
-                runner.prepare(torch.empty(rows, prep.width, device=device), torch.empty(rows, dtype=label, device=device))
-            except (NotAdmitted, InfeasibleBudget):
-                pass   # the first step meets it again and reports it
-
-    job.begin(spec.epochs, math.ceil(n_train / spec.batch_size))
-    try:
-        history, stream_stats = _run_epochs(cur, table, spec, step, device, n_train + n_val, n_train,
-                                            lambda record: job.end_epoch(record, runner.stats()), prepare)
-        runner.finish()
-    finally:
-        if hasattr(runner, "close"):
+            history, stream_stats = _run_epochs(cur, table, spec, loop.step, device, n_train + n_val, n_train,
+                                                loop.end_epoch, loop.prepare)
+            runner.finish()
+        finally:
             runner.close()
-        job.release_scheduler()
+            progress.release_scheduler()
     module.eval()
-    memory = _memory_summary({**runner.stats(), "latency_model": getattr(runner, "latency_source", None)},
-                             vanilla[0] if vanilla else None)
-    metrics = {"final_loss": history[-1]["loss"], "history": history,
-               "fetch_wait_seconds": stream_stats.wait_seconds, "memory": memory}
-    metrics.update(_validation_metric(cur, table, prep, module, device, n_val))
-    return {"config": config, "module": module.cpu(), "metrics": metrics, "memory": memory}
-
-
-def _round_up(n: int) -> str:
-    """A size at least ``n`` bytes, in KB or MB with two significant digits: 109404 -> '110KB'."""
-    unit, scale = ("MB", 1e6) if n >= 1e6 else ("KB", 1e3)
-    value = n / scale
-    step = 10 ** (math.floor(math.log10(value)) - 1)
-    return f"{math.ceil(value / step) * step:g}{unit}"
-
-
-def _size(n: int) -> str:
-    return f"{n / 1e6:.1f} MB ({n} bytes)"
-
-
-def _memory_summary(stats: dict, vanilla: int | None) -> dict:
-    """The train summary's memory figures; MSR against eager PyTorch's measured peak."""
-    out = {k: stats.get(k) for k in MEMORY_FIELDS}
-    out["vanilla_peak_bytes"] = vanilla = vanilla or stats.get("vanilla_peak_bytes")
-    measured = out["measured_peak_bytes"]
-    out["msr"] = (vanilla - measured) / vanilla if vanilla and measured is not None else None
-    out["planned_vanilla_peak_bytes"] = stats.get("vanilla_peak_bytes")
-    out["policy"] = stats.get("policy", "eager")
-    out["latency_model"] = stats.get("latency_model")
-    out["budget_bytes"] = stats.get("budget_bytes")
-    return out
+    memory = loop.memory()
+    stored = {"final_loss": history[-1]["loss"], "history": history,
+              "fetch_wait_seconds": stream_stats.wait_seconds, "memory": memory}
+    stored.update(_validation_metric(cur, table, prep, module, device, n_val))
+    return {"config": config, "module": module.cpu(), "metrics": stored, "memory": memory}
 
 
 def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int, n_train: int, on_epoch,
@@ -299,14 +251,7 @@ def _validation_metric(cur, table: str, prep: Preprocessing, module, device, n_v
             ys.append(y)
     out, y = torch.cat(outs), torch.cat(ys)
     if prep.task == "classification":
-        value = (out.argmax(1) == y).double().mean().item()
+        value = metrics.accuracy(out.argmax(1).numpy(), y.numpy())
     else:
-        value = r2_score(y.double().numpy(), out.squeeze(-1).double().numpy())
+        value = metrics.r2(y.double().numpy(), out.squeeze(-1).double().numpy())
     return {"val_metric": value, "val_metric_name": name}
-
-
-def r2_score(y: np.ndarray, pred: np.ndarray) -> float | None:
-    ss_tot = float(((y - y.mean()) ** 2).sum())
-    if ss_tot == 0:
-        return None
-    return 1.0 - float(((y - pred) ** 2).sum()) / ss_tot

@@ -5,7 +5,7 @@ import duckdb
 import pytest
 
 import dbml
-from dbml.training import _round_up
+from dbml.errors import _round_up
 
 ARGS = "label := 'y', epochs := 2, hidden := [256, 256], batch_size := 256"
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from .. import inference, jobs, latency
+from .. import inference, jobs, latency, views
 from ..catalog import drop
 from ..inference import ModelCache
 from ..instance import Instance
@@ -50,12 +50,12 @@ def cancel_job(ctx: Context, job_id: int) -> str:
 
 
 def job_rows(ctx: Context) -> list[dict]:
-    return ctx.instance.jobs.rows()
+    return views.job_rows(ctx.instance.jobs)
 
 
 def memory_rows(ctx: Context, device: str | None) -> list[dict]:
     device = resolve_device(device)
-    return jobs.memory_rows(ctx.instance.jobs, existing_scheduler(device), device_ledger(device))
+    return views.memory_rows(ctx.instance.jobs, existing_scheduler(device), device_ledger(device))
 
 
 def calibrate(ctx: Context, quick: bool | None, device: str | None, threads: int | None) -> dict:
@@ -68,7 +68,7 @@ def calibrate(ctx: Context, quick: bool | None, device: str | None, threads: int
 
 
 def predictor_rows(ctx: Context, device: str | None, threads: int | None) -> list[dict]:
-    return latency.report_rows(resolve_device(device), resolve("torch_threads", threads))
+    return views.predictor_rows(resolve_device(device), resolve("torch_threads", threads))
 
 
 def _predict(ctx: Context, models: pa.Array, features: pa.Array, kind: str, fn: str) -> pa.Array:

@@ -312,16 +312,3 @@ def _job_row(jp: JobPlans, swap_rate: float | None, in_effect_bytes: int | None,
         "in_effect_bytes": in_effect_bytes,
         "held_bytes": held_bytes,
     }
-
-
-_REGISTRY_NAMES = frozenset({"shared_scheduler", "existing_scheduler", "device_ledger"})
-
-
-def __getattr__(name: str):
-    # Transitional: these live in .registry (which imports this module); dbml/training.py
-    # and udfs/ still import them from here. Resolved lazily so that importing this module
-    # does not import .registry. Remove once those imports name .registry.
-    if name in _REGISTRY_NAMES:
-        from . import registry
-        return getattr(registry, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
