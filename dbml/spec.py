@@ -68,7 +68,7 @@ def spec_field(setting: str) -> str:
 # tensile: the TENSILE scheduler within the budget; none: the same captured graph, tensors
 # released after their last use, no budget; eager: plain PyTorch (the vanilla); capuchin:
 # passive mode, the cold-start peer (swap on demand in iteration 1, then plan from it).
-POLICIES = ("tensile", "none", "eager", "capuchin")
+SQL_POLICIES = ("tensile", "none", "eager", "capuchin")
 
 
 @dataclass(frozen=True)
@@ -118,9 +118,9 @@ class TrainSpec:
         if self.validation is None or not 0.0 <= self.validation < 1.0:
             raise InvalidArgument(f"{fn}(): validation must be a fraction in [0, 1), got {self.validation!r}; "
                                   f"pass e.g. validation := 0.1")
-        if self.policy not in POLICIES:
+        if self.policy not in SQL_POLICIES:
             raise InvalidArgument(f"{fn}(): unknown policy {self.policy!r}; "
-                                  f"pass policy := one of {', '.join(map(repr, POLICIES))}")
+                                  f"pass policy := one of {', '.join(map(repr, SQL_POLICIES))}")
         if not 0.0 < self.replan_beta <= 1.0 or not self.replan_threshold > 0:
             raise InvalidArgument(f"{fn}(): plan updating needs 0 < replan_beta <= 1 and replan_threshold > 0; "
                                   f"SET VARIABLE dbml_replan_beta = {DEFAULTS['replan_beta']}, "

@@ -37,7 +37,7 @@ from .swap import propose_later_swap, propose_swap
 from ..errors import InfeasibleBudget, PlanningError, SchedulerError
 from ..graph.sequence import AccessSequence, Plan
 
-POLICIES = ("tensile", "none")
+PLAN_POLICIES = ("tensile", "none")
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,8 @@ def plan(seq: AccessSequence, budget_bytes: int, policy: str = "tensile",
 def plan_jobs(seqs: Sequence[AccessSequence], budget_bytes: int,
               settings: PlanSettings | None = None, policy: str = "tensile") -> dict[str, Plan]:
     """Plan all jobs jointly: the sum of their peaks must fit ``budget_bytes``."""
-    if policy not in POLICIES:
-        raise ValueError(f"plan(): unknown policy {policy!r}; use one of {POLICIES}")
+    if policy not in PLAN_POLICIES:
+        raise ValueError(f"plan(): unknown policy {policy!r}; use one of {PLAN_POLICIES}")
     if len({s.job for s in seqs}) != len(seqs):
         raise ValueError(f"plan_jobs(): job names must be unique, got {[s.job for s in seqs]}")
     settings = settings or PlanSettings()
