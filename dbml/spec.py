@@ -7,10 +7,10 @@ From it (and from ``settings.SETTINGS``) come:
   their defaults, passed to the internal ``dbml_train`` followed by every setting, read
   with ``getvariable``;
 - ``dbml_train``'s DuckDB parameter types (``dbml.udfs.types.TRAIN_ARGS``);
-- ``TrainSpec``'s fields: one per parameter but ``wait`` (how the statement waits, not the
-  job), then one per setting, named as the setting but ``memory_budget``, which is
-  ``device_budget`` (the job's own ``memory_budget`` is the parameter). A test checks the
-  fields and their defaults against both tables.
+- ``TrainSpec`` itself (``make_dataclass``): one field per parameter but ``wait`` (how the
+  statement waits, not the job), then one per setting, named as the setting but
+  ``memory_budget``, which is ``device_budget`` (the job's own ``memory_budget`` is the
+  parameter), each with the table's default.
 
 ``from_sql_row`` turns one row of ``dbml_train``'s arguments back into a TrainSpec.
 """
@@ -18,7 +18,7 @@ From it (and from ``settings.SETTINGS``) come:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, make_dataclass
 
 from . import models
 from .errors import InvalidArgument
@@ -71,35 +71,8 @@ def spec_field(setting: str) -> str:
 SQL_POLICIES = ("tensile", "none", "eager", "capuchin")
 
 
-@dataclass(frozen=True)
-class TrainSpec:
-    model: str
-    source: str
-    label: str | None = None
-    features: tuple[str, ...] | None = None
-    arch: str = "auto"
-    epochs: int = 20
-    batch_size: int = 64
-    lr: float = 0.01
-    optimizer: str = "adam"
-    seed: int = 0
-    validation: float = 0.1
-    hidden: tuple[int, ...] | None = None
-    dropout: float = 0.0
-    task: str | None = None
-    weight_decay: float = 0.0
-    momentum: float = 0.9
-    policy: str = "tensile"
-    memory_budget: int | None = None       # bytes: this job's own budget, planned alone
-    # the environment the job runs in: the settings (settings.SETTINGS), not train() arguments
-    device_budget: int | None = None       # bytes shared by all jobs; None: settings.default_budget
-    device: str = "auto"
-    prefetch_batches: int = 4
-    shuffle_window: int = 65536
-    torch_threads: int = 1
-    latency_model: str = "predictor"
-    replan_beta: float = 0.9
-    replan_threshold: float = 0.3
+class _TrainSpecChecks:
+    """TrainSpec's behaviour; its fields come from the tables (see ``TrainSpec`` below)."""
 
     def __post_init__(self):
         fn = "train"
@@ -131,6 +104,32 @@ class TrainSpec:
     def optimizer_spec(self) -> OptimizerSpec:
         return OptimizerSpec(kind=self.optimizer, lr=self.lr, momentum=self.momentum,
                              weight_decay=self.weight_decay)
+
+
+_PYTHON_TYPES = {"VARCHAR": "str", "BOOLEAN": "bool", "INTEGER": "int", "BIGINT": "int", "DOUBLE": "float",
+                 "VARCHAR[]": "tuple[str, ...]", "INTEGER[]": "tuple[int, ...]"}
+
+
+def _annotation(sql_type: str, size: bool, default) -> str:
+    python = "int" if size else _PYTHON_TYPES[sql_type]   # sizes are parsed to bytes
+    return python if default is not None else f"{python} | None"
+
+
+def _spec_fields() -> list[tuple]:
+    """TrainSpec's fields: train()'s parameters (but ``wait``), then one per setting."""
+    out = [(p.name, _annotation(p.sql_type, p.size, None if p.required else p.default))
+           + (() if p.required else (field(default=p.default),)) for p in TRAIN_PARAMS if p.in_spec]
+    out += [(spec_field(st.name), _annotation(st.sql_type, st.size, st.default), field(default=st.default))
+            for st in SETTINGS]
+    return out
+
+
+# The validated job train() describes: what the user asked for (TRAIN_PARAMS), then the
+# environment it runs in (the settings). Derived from the two tables, so that a parameter
+# or a setting added there is a field here, with the same default.
+TrainSpec = make_dataclass("TrainSpec", _spec_fields(), bases=(_TrainSpecChecks,), frozen=True)
+TrainSpec.__module__ = __name__
+TrainSpec.__doc__ = "A validated train() job: one field per TRAIN_PARAMS entry (but wait), then per setting."
 
 
 def _positive_int(value, name: str, example: str) -> None:

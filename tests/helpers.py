@@ -155,3 +155,33 @@ def start(fn, *args, **kwargs):
     t = threading.Thread(target=body, daemon=True)
     t.start()
     return t, out
+
+
+class Looks:
+    """A ``cancelled`` callable that is never true and counts how often a waiting job
+    looked at it: each look is one pass of its wait loop (it wakes at least every
+    POLL_SECONDS). Waiting for a few more looks is how a test knows, without sleeping,
+    that the job went on waiting after something happened."""
+
+    def __init__(self):
+        self.n = 0
+
+    def __call__(self) -> bool:
+        self.n += 1
+        return False
+
+    def more(self, k: int = 2) -> None:
+        """Return once the job has looked ``k`` more times: its wait loop ran again, with
+        the state as it is now (the k-th look is after all that happened before this call)."""
+        n = self.n
+        wait_until(lambda: self.n >= n + k)
+
+
+class Clock:
+    """A clock the test moves by hand, for MemoryScheduler(clock=...)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now

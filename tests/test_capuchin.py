@@ -19,6 +19,7 @@ from dbml.scheduler.plan.planner import plan
 from dbml.scheduler.execute.runner import ScheduledStep
 from dbml.scheduler.graph.sequence import EventKind
 from dbml.scheduler.execute.step import EagerStep
+from helpers import state_of, vanilla_peak
 
 loss_fn = torch.nn.functional.cross_entropy
 
@@ -40,16 +41,6 @@ def batches(model_fn, n):
     b, shape = SHAPES[model_fn]
     g = torch.Generator().manual_seed(3)
     return [(torch.randn(b, *shape, generator=g), torch.randint(0, 10, (b,), generator=g)) for _ in range(n)]
-
-
-def state_of(model):
-    return list(model.parameters()) + list(model.buffers())
-
-
-def vanilla_peak(model, spec, x, y) -> int:
-    r = ScheduledStep(copy.deepcopy(model), loss_fn, spec, policy="none")
-    r.step(x, y)
-    return r.stats()["vanilla_peak_bytes"]
 
 
 @pytest.mark.parametrize("model_fn, kind", [pytest.param(mlp, "adam", marks=pytest.mark.slow), (cnn, "sgd")],

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import threading
-import time
 
 import pytest
 import torch
@@ -17,6 +16,8 @@ from dbml.scheduler.execute.runner import ScheduledStep
 from dbml.scheduler.multijob.scheduler import MemoryScheduler
 from dbml.scheduler.execute.step import EagerStep
 from dbml.scheduler.execute.updating import UpdateSettings
+
+from helpers import Looks, wait_until
 
 loss_fn = torch.nn.functional.cross_entropy
 SPEC = OptimizerSpec("adam", lr=0.01)
@@ -32,25 +33,6 @@ class SlowOps:
 
 
 SLOW_OPS = SlowOps()
-
-
-def wait_until(cond, timeout=10.0):
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, "condition not reached in time"
-        time.sleep(0.005)
-
-
-class Looks:
-    """A ``cancelled`` callable that is never true and counts how often a waiting job
-    looked at it (once per pass of its wait loop)."""
-
-    def __init__(self):
-        self.n = 0
-
-    def __call__(self) -> bool:
-        self.n += 1
-        return False
 
 
 def model(width: int, seed: int) -> torch.nn.Sequential:
@@ -140,10 +122,10 @@ def test_a_shrinking_job_frees_its_room_before_the_scheduler_gives_it_away():
     second = threading.Thread(target=ms.planner_for("next", wait=True, cancelled=looks),
                               args=(next(iter(big.sequences.values())),))
     second.start()                                # a second job: "big" must shrink to make room
-    wait_until(lambda: ms.version("big") != version)   # next is admitted: big's plan shrank
+    wait_until(lambda: ms.version("big") != version, timeout=10.0)   # next is admitted: big's plan shrank
     smaller = ms.plans("big").reserved_bytes
     n = looks.n
-    wait_until(lambda: looks.n >= n + 2)          # next's hand-over wait ran again since...
+    wait_until(lambda: looks.n >= n + 2, timeout=10.0)          # next's hand-over wait ran again since...
     assert second.is_alive()                      # ...and it waits for "big" to take its smaller plan
     big.step(*data[1])                            # big's boundary: settle, then applied
     second.join(5)

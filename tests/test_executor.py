@@ -21,6 +21,7 @@ from dbml.scheduler.graph.optim import OptimizerSpec
 from dbml.scheduler.plan.peak import analyse_peak, host_at_start
 from dbml.scheduler.graph.sequence import Event, EventKind, Plan, TensorKind
 from dbml.scheduler.execute.step import EagerStep
+from helpers import assert_identical
 
 SO, SI, R, RC = EventKind.SWAP_OUT, EventKind.SWAP_IN, EventKind.RELEASE, EventKind.RECOMPUTE
 MACHINE = Machine(peak_flops=5e9, memory_bandwidth=5e9, copy_bandwidth=2e9, op_overhead=5e-6)
@@ -93,12 +94,6 @@ class Harness:
                 state.values[i] = torch.empty(0, dtype=like.dtype).set_(
                     flat.untyped_storage(), 0, like.shape, like.stride())
         return state.values[:n], losses, ex, peaks
-
-
-def assert_identical(got, want):
-    assert len(got) == len(want)
-    for a, b in zip(got, want):
-        assert torch.equal(a, b)
 
 
 def swap_gaps(h: Harness, min_gap: int = 4):

@@ -18,6 +18,7 @@ from dbml.scheduler.execute.runner import ScheduledStep
 from dbml.scheduler.graph.sequence import EventKind, Phase
 from dbml.scheduler.execute.step import EagerStep
 from dbml.scheduler.execute.updating import UpdateSettings
+from helpers import assert_same, state_of, vanilla_peak
 
 loss_fn = torch.nn.functional.cross_entropy
 TOLERANCE = 0.05   # predicted vs measured peak
@@ -55,17 +56,6 @@ def train(runner, data, seed=1):
     return losses
 
 
-def state_of(model):
-    return list(model.parameters()) + list(model.buffers())
-
-
-def vanilla_peak(model_fn, spec, x, y) -> int:
-    torch.manual_seed(0)
-    runner = ScheduledStep(model_fn(), loss_fn, spec, policy="none")
-    runner.step(x, y)
-    return runner.stats()["vanilla_peak_bytes"]
-
-
 def trained_eagerly(model_fn, spec, data):
     """A seeded model trained eagerly on ``data``, an untouched copy to schedule, and the
     eager losses."""
@@ -73,12 +63,6 @@ def trained_eagerly(model_fn, spec, data):
     model = model_fn()
     eager, sched = copy.deepcopy(model), copy.deepcopy(model)
     return eager, sched, train(EagerStep(eager, loss_fn, spec), data)
-
-
-def assert_same(a, b):
-    assert len(a) == len(b)
-    for u, v in zip(a, b):
-        assert torch.equal(u, v)
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ from dbml.scheduler.multijob.registry import shared_scheduler
 from dbml.scheduler.multijob.scheduler import MemoryScheduler, NotAdmitted, graph_key
 from dbml.scheduler.multijob.solve import for_job
 
+from helpers import Clock, Looks, start, wait_until
 from sequences import chain, check_plan, make_seq
 
 from dbml.scheduler.synthetic import training_sequence
@@ -36,56 +37,6 @@ def training(job: str, seed: int, n_ops: int = 40):
 
 def vanilla(seq) -> int:
     return plan(seq, 1 << 62, policy="none").peak_bytes
-
-
-def wait_until(cond, timeout=5.0):
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, "condition not reached in time"
-        time.sleep(0.005)
-
-
-class Looks:
-    """A ``cancelled`` callable that is never true and counts how often a waiting job
-    looked at it: each look is one pass of its wait loop (it wakes at least every
-    POLL_SECONDS). Waiting for a few more looks is how a test knows, without sleeping,
-    that the job went on waiting after something happened."""
-
-    def __init__(self):
-        self.n = 0
-
-    def __call__(self) -> bool:
-        self.n += 1
-        return False
-
-    def more(self, k: int = 2) -> None:
-        """Return once the job has looked ``k`` more times: its wait loop ran again, with
-        the state as it is now (the k-th look is after all that happened before this call)."""
-        n = self.n
-        wait_until(lambda: self.n >= n + k)
-
-
-class Clock:
-    """A clock the test moves by hand, for MemoryScheduler(clock=...)."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def start(fn, *args, **kwargs):
-    """Run fn on a thread; returns (thread, result dict with 'value' or 'error')."""
-    out = {}
-    def body():
-        try:
-            out["value"] = fn(*args, **kwargs)
-        except BaseException as err:   # handed to the test thread
-            out["error"] = err
-    t = threading.Thread(target=body, daemon=True)
-    t.start()
-    return t, out
 
 
 def assert_within_budget(ms: MemoryScheduler):

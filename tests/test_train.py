@@ -176,9 +176,9 @@ def test_optimizers_and_hidden_sizes(moons_con):
 
 @pytest.mark.slow   # three jobs; test_jobs covers concurrent jobs in the fast loop
 def test_one_statement_trains_several_models(moons_con):
-    rows = moons_con.sql(f"SELECT train(name, 'SELECT x1, x2, label FROM moons LIMIT 640', label := 'label', "
-                         f"lr := lr, epochs := 2, validation := 0) "
-                         f"FROM (VALUES ('slow', 0.01), ('mid', 0.05), ('fast', 0.1)) v(name, lr)").fetchall()
+    rows = moons_con.sql("SELECT train(name, 'SELECT x1, x2, label FROM moons LIMIT 640', label := 'label', "
+                         "lr := lr, epochs := 2, validation := 0) "
+                         "FROM (VALUES ('slow', 0.01), ('mid', 0.05), ('fast', 0.1)) v(name, lr)").fetchall()
     assert sorted(r[0]["model"] for r in rows) == ["fast", "mid", "slow"]
     assert moons_con.sql("SELECT count(*) FROM dbml_models").fetchall() == [(3,)]
 

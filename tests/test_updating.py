@@ -18,8 +18,8 @@ from dbml.scheduler.execute.executor import Executor, check_event_log
 from dbml.scheduler.graph.optim import OptimizerSpec
 from dbml.scheduler.execute.runner import ScheduledStep
 from dbml.scheduler.graph.sequence import EventKind
-from dbml.scheduler.execute.step import EagerStep
 from dbml.scheduler.execute.updating import LatencyTracker, UpdateSettings, drift, ewma, retime
+from helpers import assert_same, eager_state
 
 loss_fn = torch.nn.functional.cross_entropy
 L = 1e-4          # every op's estimated latency (ConstModel)
@@ -43,15 +43,6 @@ def mlp():
 def batches(n):
     g = torch.Generator().manual_seed(3)
     return [(torch.randn(64, 32, generator=g), torch.randint(0, 10, (64,), generator=g)) for _ in range(n)]
-
-
-def eager_state(model, spec, data):
-    m = copy.deepcopy(model)
-    runner = EagerStep(m, loss_fn, spec)
-    torch.manual_seed(1)
-    losses = [runner.step(x, y) for x, y in data]
-    runner.finish()
-    return list(m.parameters()) + list(m.buffers()), losses
 
 
 def budget_for(model, spec, x, y, fraction=0.6) -> int:
@@ -95,10 +86,6 @@ def run(model, spec, data, budget, **kw):
     losses = [runner.step(x, y) for x, y in data]
     runner.finish()
     return runner, list(m.parameters()) + list(m.buffers()), losses
-
-
-def assert_same(a, b):
-    assert len(a) == len(b) and all(torch.equal(u, v) for u, v in zip(a, b))
 
 
 def first_matmul(runner) -> int:
