@@ -86,8 +86,9 @@ def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -
     prep = fit(cur, select_sql, columns, label=spec.label,
                features=None if spec.features is None else list(spec.features), task=spec.task)
     table = f"dbml_scratch.job_{job_id}"
+    total = cur.execute(f"SELECT count(*) FROM ({select_sql})").fetchall()[0][0]
     n_train, n_val = _materialise(cur, table, select_sql, prep, spec)
-    skipped = cur.execute(f"SELECT count(*) FROM ({select_sql})").fetchall()[0][0] - n_train - n_val
+    skipped = total - n_train - n_val     # rows whose label is unusable (features.label_usable)
     try:
         result = _fit_model(cur, table, prep, spec, n_train, n_val, progress)
     finally:
