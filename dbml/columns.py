@@ -11,7 +11,7 @@ from __future__ import annotations
 # train() and wait_job(): the job, then its memory figures (TRAIN_MEMORY, the runner's stats)
 TRAIN_JOB = {
     "job_id": "BIGINT", "model": "VARCHAR", "version": "INTEGER", "status": "VARCHAR", "epochs": "INTEGER",
-    "rows": "BIGINT", "final_loss": "DOUBLE", "val_metric": "DOUBLE", "seconds": "DOUBLE",
+    "rows": "BIGINT", "skipped_rows": "BIGINT", "final_loss": "DOUBLE", "val_metric": "DOUBLE", "seconds": "DOUBLE",
 }
 TRAIN_MEMORY = {
     "measured_peak_bytes": "BIGINT", "vanilla_peak_bytes": "BIGINT", "planned_peak_bytes": "BIGINT",

@@ -5,11 +5,15 @@ expression DuckDB evaluates, so training, ``evaluate`` and table-form ``predict`
 exactly the same features. The rules (documented in the README):
 
 * numeric columns are standardised, ``(x - mean) / std`` (``std`` 0 counts as 1);
-  a NULL becomes the mean, i.e. 0 after standardisation;
+  a NULL, NaN or ±Inf becomes the mean, i.e. 0 after standardisation; statistics are
+  computed over the finite values only; encoded values are clipped to FLOAT's range;
+* fixed-size numeric arrays (``FLOAT[n]``, ``DOUBLE[n]``, ``INTEGER[n]``, ...) give one
+  feature per element, each standardised as a numeric column with its own statistics;
 * VARCHAR, BOOLEAN and ENUM columns are one-hot encoded over their
   ``MAX_CATEGORIES`` most frequent non-NULL training values; NULL and unseen values
   encode as all zeros;
-* rows whose label is NULL are left out of training and evaluation;
+* rows whose label is NULL are left out of training and evaluation, and so are rows
+  whose numeric label is NaN or ±Inf or (regression) beyond FLOAT's range;
 * the task is classification for a VARCHAR/BOOLEAN/ENUM label or an integer label
   with at most ``MAX_INTEGER_CLASSES`` distinct values, regression otherwise;
   regression targets are standardised for training and unscaled on prediction.
@@ -18,6 +22,7 @@ exactly the same features. The rules (documented in the README):
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass
 
 import duckdb
@@ -30,24 +35,40 @@ MAX_CATEGORIES = 64
 MAX_INTEGER_CLASSES = 20
 MAX_CLASSES = 1000
 TASKS = ("classification", "regression")
+FLOAT_MAX = 3.4028234663852886e38    # the largest FLOAT: encoded values are clipped to it
+
+
+def finite_or_zero(value_sql: str) -> str:
+    """A DOUBLE expression as a FLOAT-safe value: NULL, NaN and ±Inf become 0, the rest is clipped."""
+    return f"CASE WHEN isfinite({value_sql}) THEN greatest(least({value_sql}, {FLOAT_MAX!r}), {-FLOAT_MAX!r}) ELSE 0 END"
 
 
 @dataclass(frozen=True)
 class Feature:
     name: str
-    kind: str                           # "numeric" | "categorical"
+    kind: str                           # "numeric" | "categorical" | "array"
     mean: float = 0.0
     std: float = 1.0
     categories: tuple[str, ...] = ()
+    means: tuple[float, ...] = ()       # array: one mean and std per element (absent in older models)
+    stds: tuple[float, ...] = ()
 
     @property
     def width(self) -> int:
-        return 1 if self.kind == "numeric" else len(self.categories)
+        return {"numeric": 1, "array": len(self.means)}.get(self.kind, len(self.categories))
+
+    @property
+    def element_names(self) -> list[str]:
+        """The name of each input this feature takes: the column, or one per array element."""
+        return [f"{self.name}[{i + 1}]" for i in range(self.width)] if self.kind == "array" else [self.name]
 
     def sql(self) -> list[str]:
         col = quote(self.name)
         if self.kind == "numeric":
-            return [f"coalesce(({col}::DOUBLE - {self.mean!r}) / {self.std!r}, 0)"]
+            return [finite_or_zero(f"({col}::DOUBLE - {self.mean!r}) / {self.std!r}")]
+        if self.kind == "array":
+            return [finite_or_zero(f"({col}[{i + 1}]::DOUBLE - {m!r}) / {s!r}")
+                    for i, (m, s) in enumerate(zip(self.means, self.stds))]
         return [f"CASE WHEN {col}::VARCHAR = {literal(c)} THEN 1 ELSE 0 END" for c in self.categories]
 
 
@@ -69,8 +90,20 @@ class Preprocessing:
         return [f.name for f in self.features]
 
     @property
+    def input_names(self) -> list[str]:
+        """The raw numbers ``predict`` takes, in order: a column, or each element of an array column."""
+        return [n for f in self.features for n in f.element_names]
+
+    @property
     def all_numeric(self) -> bool:
-        return all(f.kind == "numeric" for f in self.features)
+        return all(f.kind in ("numeric", "array") for f in self.features)
+
+    def label_filter(self) -> str:
+        """The rows training and evaluation use: a non-NULL label, finite when numeric, within
+        FLOAT's range for regression (``label_usable``)."""
+        numeric = self.task == "regression" or all(
+            isinstance(c, (int, float)) and not isinstance(c, bool) for c in self.classes)
+        return label_usable(quote(self.label), numeric=numeric, regression=self.task == "regression")
 
     def features_sql(self) -> str:
         """A SQL expression of type ``FLOAT[width]`` over the source's columns."""
@@ -87,10 +120,12 @@ class Preprocessing:
 
     def standardise(self, raw: np.ndarray) -> np.ndarray:
         """Raw numeric features (rows x features, NaN for NULL) -> model input, as features_sql does."""
-        mean = np.array([f.mean for f in self.features])
-        std = np.array([f.std for f in self.features])
-        x = (raw.astype(np.float64) - mean) / std
-        return np.nan_to_num(x, nan=0.0).astype(np.float32)
+        mean = np.array([m for f in self.features for m in (f.means if f.kind == "array" else [f.mean])])
+        std = np.array([s for f in self.features for s in (f.stds if f.kind == "array" else [f.std])])
+        with np.errstate(invalid="ignore", over="ignore"):
+            x = (raw.astype(np.float64) - mean) / std
+        x = np.where(np.isfinite(x), np.clip(x, -FLOAT_MAX, FLOAT_MAX), 0.0)
+        return x.astype(np.float32)
 
     def unscale(self, y: np.ndarray) -> np.ndarray:
         return y.astype(np.float64) * self.target_std + self.target_mean
@@ -101,7 +136,8 @@ class Preprocessing:
     @classmethod
     def from_json(cls, text: str) -> "Preprocessing":
         d = json.loads(text)
-        feats = tuple(Feature(**{**f, "categories": tuple(f["categories"])}) for f in d.pop("features"))
+        feats = tuple(Feature(**{**f, **{k: tuple(f[k]) for k in ("categories", "means", "stds") if k in f}})
+                      for f in d.pop("features"))
         return cls(features=feats, **{**d, "classes": tuple(d["classes"])})
 
 
@@ -112,14 +148,13 @@ def fit(cur: duckdb.DuckDBPyConnection, select_sql: str, columns: list[Column], 
         raise InvalidArgument(f"{fn}(): label is missing; pass label := '<column>' naming the column to predict")
     label_col = resolve_column(columns, label, fn=fn, arg="label")
     feature_cols = _feature_columns(columns, label_col, features, fn)
-    src = f"(SELECT * FROM ({select_sql}) WHERE {quote(label_col.name)} IS NOT NULL)"
-    n_rows = cur.execute(f"SELECT count(*) FROM {src}").fetchall()[0][0]
-    if n_rows == 0:
-        raise SourceError(f"{fn}(): source has no rows with a non-NULL label {label_col.name!r}; "
-                          f"pass a source that selects some rows")
+    src = _labelled_rows(cur, select_sql, label_col, fn)
     task = _task(cur, src, label_col, task, fn)
+    if task == "regression":   # also drop labels beyond FLOAT's range, which a FLOAT target cannot hold
+        src = _labelled_rows(cur, select_sql, label_col, fn, regression=True)
     numeric = _numeric_stats(cur, src, [c for c in feature_cols if c.is_numeric])
     feats = tuple(numeric[c.name] if c.is_numeric else
+                  _array_stats(cur, src, c, array_size(c)) if array_size(c) else
                   Feature(c.name, "categorical", categories=_categories(cur, src, c))
                   for c in feature_cols)
     if sum(f.width for f in feats) == 0:
@@ -130,7 +165,38 @@ def fit(cur: duckdb.DuckDBPyConnection, select_sql: str, columns: list[Column], 
         return Preprocessing(feats, label_col.name, task, classes=classes)
     mean, std = cur.execute(f"SELECT avg({quote(label_col.name)}::DOUBLE), "
                         f"stddev_pop({quote(label_col.name)}::DOUBLE) FROM {src}").fetchall()[0]
-    return Preprocessing(feats, label_col.name, task, target_mean=float(mean), target_std=_nonzero(std))
+    return Preprocessing(feats, label_col.name, task, target_mean=_finite(mean), target_std=_nonzero(std))
+
+
+def label_usable(col_sql: str, *, numeric: bool, regression: bool) -> str:
+    """The SQL predicate of a usable label: not NULL; if numeric, finite; for regression, within FLOAT's range."""
+    if not numeric:
+        return f"{col_sql} IS NOT NULL"
+    cond = f"isfinite({col_sql}::DOUBLE)"
+    return f"coalesce({cond} AND abs({col_sql}::DOUBLE) <= {FLOAT_MAX!r}, false)" if regression else \
+        f"coalesce({cond}, false)"
+
+
+def _labelled_rows(cur, select_sql: str, label: Column, fn: str, regression: bool = False) -> str:
+    """The source's rows with a usable label, as a subquery; an error naming the label if there are none."""
+    col = quote(label.name)
+    usable = label_usable(col, numeric=label.is_numeric, regression=regression)
+    n_usable, n_labelled = cur.execute(f"SELECT count(*) FILTER (WHERE {usable}), count({col}) "
+                                       f"FROM ({select_sql})").fetchall()[0]
+    if n_labelled == 0:
+        raise SourceError(f"{fn}(): source has no rows with a non-NULL label {label.name!r}; "
+                          f"pass a source that selects some rows")
+    if n_usable == 0:
+        beyond = " or beyond FLOAT's range" if regression else ""
+        raise SourceError(f"{fn}(): label {label.name!r} has no usable value: every non-NULL one is NaN, "
+                          f"±Inf{beyond}; pass a source with finite labels (rows with such labels are skipped)")
+    return f"(SELECT * FROM ({select_sql}) WHERE {usable})"
+
+
+def array_size(col: Column) -> int | None:
+    """n for a fixed-size array of numbers (``FLOAT[n]``, ``DOUBLE[n]``, ``INTEGER[n]``, ...), else None."""
+    m = re.fullmatch(r"(.+)\[(\d+)\]", col.type.strip())
+    return int(m[2]) if m and Column(col.name, m[1]).is_numeric else None
 
 
 def _feature_columns(columns: list[Column], label: Column, names: list[str] | None, fn: str) -> list[Column]:
@@ -145,10 +211,27 @@ def _feature_columns(columns: list[Column], label: Column, names: list[str] | No
         raise InvalidArgument(f"{fn}(): no feature columns; the source must have columns besides the label, "
                               f"or pass features := ['<column>', ...]")
     for c in chosen:
-        if not (c.is_numeric or c.is_categorical):
+        if not (c.is_numeric or c.is_categorical or array_size(c)):
             raise InvalidArgument(f"{fn}(): feature column {c.name!r} has type {c.type}, which dbml cannot use; "
-                                  f"cast it in the SELECT or leave it out with features := [...]")
+                                  f"{_type_fix(c)}cast it in the SELECT or leave it out with features := [...]")
     return chosen
+
+
+def _type_fix(col: Column) -> str:
+    """What to do with a column of a nested or binary type, before the general advice."""
+    t = col.type.strip().upper()
+    if t.startswith("STRUCT"):
+        return f"select its fields as columns ({col.name}.field AS name), "
+    if t.startswith("MAP"):
+        return f"select its values as columns ({col.name}['key'] AS name), "
+    if t.startswith(("BLOB", "BYTEA", "BIT")):
+        return "decode it into numbers or text, "
+    if t.endswith("[]"):
+        return (f"unnest it, cast it to a fixed-size array when every row has n numbers "
+                f"({col.name}::FLOAT[n]), ")
+    if t.endswith("]"):
+        return "only fixed-size arrays of numbers are features; "
+    return ""
 
 
 def _task(cur, src: str, label: Column, task: str | None, fn: str) -> str:
@@ -171,13 +254,35 @@ def _task(cur, src: str, label: Column, task: str | None, fn: str) -> str:
     return "regression"
 
 
+def _finite_stats(value_sql: str) -> str:
+    """Mean and population std of a DOUBLE expression over its finite values (NULL, NaN, ±Inf left out)."""
+    return (f"avg({value_sql}) FILTER (WHERE isfinite({value_sql})), "
+            f"stddev_pop({value_sql}) FILTER (WHERE isfinite({value_sql}))")
+
+
 def _numeric_stats(cur, src: str, cols: list[Column]) -> dict[str, Feature]:
     if not cols:
         return {}
-    aggs = ", ".join(f"avg({quote(c.name)}::DOUBLE), stddev_pop({quote(c.name)}::DOUBLE)" for c in cols)
+    aggs = ", ".join(_finite_stats(f"{quote(c.name)}::DOUBLE") for c in cols)
     row = cur.execute(f"SELECT {aggs} FROM {src}").fetchall()[0]
-    return {c.name: Feature(c.name, "numeric", mean=float(row[2 * i] or 0.0), std=_nonzero(row[2 * i + 1]))
+    return {c.name: Feature(c.name, "numeric", mean=_finite(row[2 * i]), std=_nonzero(row[2 * i + 1]))
             for i, c in enumerate(cols)}
+
+
+def _array_stats(cur, src: str, col: Column, size: int) -> Feature:
+    """Per-element mean and std of a fixed-size array column, by one grouped aggregate over its elements."""
+    rows = cur.execute(f"SELECT i, {_finite_stats('v')} FROM (SELECT unnest(range(1, {size + 1})) AS i, "
+                       f"unnest({quote(col.name)}::DOUBLE[]) AS v FROM {src} WHERE {quote(col.name)} IS NOT NULL) "
+                       f"GROUP BY i").fetchall()
+    stats = {i: (m, s) for i, m, s in rows}
+    means = tuple(_finite(stats.get(i, (None, None))[0]) for i in range(1, size + 1))
+    stds = tuple(_nonzero(stats.get(i, (None, None))[1]) for i in range(1, size + 1))
+    return Feature(col.name, "array", means=means, stds=stds)
+
+
+def _finite(mean) -> float:
+    """A mean as stored: 0 where there was no finite value or the sum overflowed."""
+    return float(mean) if mean is not None and np.isfinite(mean) else 0.0
 
 
 def _nonzero(std) -> float:

@@ -81,12 +81,13 @@ def encode_raw(model: catalog.StoredModel, features: pa.Array, *, fn: str) -> tu
     valid = ~np.asarray(features.is_null().to_numpy(zero_copy_only=False))
     present = features.filter(pa.array(valid))
     lengths = present.value_lengths().to_numpy(zero_copy_only=False) if len(present) else np.array([], int)
-    k = len(prep.features)
+    names = prep.input_names            # a column per feature, or one per element of an array column
+    k = len(names)
     if len(lengths) and (lengths != k).any():
         bad = int(lengths[lengths != k][0])
         raise InvalidArgument(f"{fn}(): model {model.name!r} takes {k} features "
-                              f"({', '.join(prep.feature_names)}), got a list of {bad}; "
-                              f"pass [{', '.join(prep.feature_names)}] in that order")
+                              f"({', '.join(names)}), got a list of {bad}; "
+                              f"pass [{', '.join(names)}] in that order")
     raw = present.flatten().to_numpy(zero_copy_only=False).astype(np.float64).reshape(len(present), k)
     return prep.standardise(raw), valid
 
@@ -170,7 +171,7 @@ def evaluate(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, sourc
                               f"include it in the SELECT")
     y_sql = prep.label_sql() + "::BIGINT" if prep.task == "classification" else f"{quote(prep.label)}::DOUBLE"
     outs, ys = [], []
-    query = f"SELECT {prep.features_sql()} AS x, {y_sql} AS y FROM ({select_sql}) WHERE {quote(prep.label)} IS NOT NULL"
+    query = f"SELECT {prep.features_sql()} AS x, {y_sql} AS y FROM ({select_sql}) WHERE {prep.label_filter()}"
     for x, y in BatchStream(cur, query, 8192):
         outs.append(forward(model, x))
         ys.append(y)

@@ -30,7 +30,7 @@ from .features import Preprocessing, fit
 from .runners import JobHandle
 from .scheduler.execute.step import StepRunner
 from .settings import default_budget, resolve_device
-from .source import as_select, describe, quote
+from .source import as_select, describe
 from .spec import TrainSpec
 
 VALIDATION_BUCKETS = 1_000_000
@@ -86,7 +86,9 @@ def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -
     prep = fit(cur, select_sql, columns, label=spec.label,
                features=None if spec.features is None else list(spec.features), task=spec.task)
     table = f"dbml_scratch.job_{job_id}"
+    total = cur.execute(f"SELECT count(*) FROM ({select_sql})").fetchall()[0][0]
     n_train, n_val = _materialise(cur, table, select_sql, prep, spec)
+    skipped = total - n_train - n_val     # rows whose label is unusable (features.label_usable)
     try:
         result = _fit_model(cur, table, prep, spec, n_train, n_val, progress)
     finally:
@@ -96,7 +98,7 @@ def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -
                             module=result["module"])
     return {
         "job_id": job_id, "model": spec.model, "version": version, "status": "finished",
-        "epochs": spec.epochs, "rows": n_train, "final_loss": result["metrics"]["final_loss"],
+        "epochs": spec.epochs, "rows": n_train, "skipped_rows": skipped, "final_loss": result["metrics"]["final_loss"],
         "val_metric": result["metrics"]["val_metric"], "seconds": time.perf_counter() - started,
         **{k: result["memory"].get(k) for k in MEMORY_FIELDS},
     }
@@ -122,7 +124,7 @@ def _materialise(cur, table: str, select_sql: str, prep: Preprocessing, spec: Tr
         SELECT x, y, h % {VALIDATION_BUCKETS} < {val_cut} AS is_val
         FROM (SELECT x, y, hash(x, y, {int(spec.seed)}) AS h
               FROM (SELECT {prep.features_sql()} AS x, {_label_column(prep)} AS y
-                    FROM ({select_sql}) WHERE {quote(prep.label)} IS NOT NULL))
+                    FROM ({select_sql}) WHERE {prep.label_filter()}))
         ORDER BY h""")
     n_train, n_val = cur.execute(f"SELECT count(*) FILTER (NOT is_val), count(*) FILTER (is_val) FROM {table}").fetchall()[0]
     if n_train == 0:
