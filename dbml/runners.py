@@ -2,24 +2,30 @@
 
 ``make_runner`` picks the runner for the job's policy (the TENSILE scheduler, or plain
 PyTorch for 'eager') and, for a job sharing the device, joins it to the process's shared
-MemoryScheduler. ``eager_peak`` measures the vanilla that MSR is reported against, and
-``memory_summary`` turns the runner's figures into the train summary's.
+MemoryScheduler. ``check_model_fits`` refuses, before the model's parameters exist, a
+model whose parameters and optimizer state alone exceed the device's memory or the
+budget. ``memory_summary`` turns the runner's figures into the train summary's; the
+vanilla MSR is reported against is the plan's analysed unscheduled peak (release after
+last use, on the captured graph: no memory), or, with ``measure_vanilla``, eager
+PyTorch's peak measured on a copy of the model (``eager_peak``).
 """
 
 from __future__ import annotations
 
 import copy
+import os
 from typing import Protocol
 
 import torch
 
 from . import models
 from .latency import latency_model
-from .scheduler.errors import InfeasibleBudget, NotAdmitted
 from .scheduler.execute.runner import ScheduledStep
 from .scheduler.execute.step import EagerStep, StepRunner
 from .scheduler.execute.updating import UpdateSettings
 from .columns import MEMORY_FIELDS
+from .errors import InvalidArgument
+from .scheduler.graph.capture import state_keys
 from .scheduler.multijob.registry import device_ledger, shared_scheduler
 from .scheduler.multijob.scheduler import MemoryScheduler
 from .settings import default_budget
@@ -76,18 +82,57 @@ def make_runner(model: torch.nn.Module, loss_fn, spec, device: str, job: JobHand
 
 def prepare(runner: StepRunner, rows: int, width: int, label: torch.dtype, device: str) -> None:
     """Capture and plan the first batch's graph (``rows`` x ``width``) ahead of it, while
-    DuckDB reads the rows (a no-op for eager)."""
-    try:
-        runner.prepare(torch.empty(rows, width, device=device), torch.empty(rows, dtype=label, device=device))
-    except (NotAdmitted, InfeasibleBudget):
-        pass   # the first step meets it again and reports it
+    DuckDB reads the rows (a no-op for eager). Capture runs on fake tensors, so a budget
+    no plan can meet raises ``InfeasibleBudget`` here, before any activation is allocated
+    (and a job cancelled while it waits for admission, ``NotAdmitted``)."""
+    runner.prepare(torch.empty(rows, width, device=device), torch.empty(rows, dtype=label, device=device))
+
+
+# -- before the model is built ---------------------------------------------------------
+
+def device_memory(device: str) -> int:
+    """The device's memory: the GPU's total on CUDA, the machine's RAM on the CPU."""
+    if device.startswith("cuda"):
+        return int(torch.cuda.mem_get_info(torch.device(device))[1])
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_model_fits(cfg: models.ModelConfig, spec, device: str) -> None:
+    """Refuse a model whose parameters and optimizer state alone exceed the device's memory
+    or, for the budgeted policies (tensile, capuchin), the job's budget: counted on the
+    meta device, before any parameter is allocated. Raises InvalidArgument naming the
+    arguments that shrink the model (hidden, arch) or raise the budget."""
+    params, _ = models.parameter_bytes(cfg)
+    states = sum(k != "step" for k in state_keys(spec.optimizer_spec()))
+    need = params * (1 + states)
+    memory = device_memory(device)
+    budget = None
+    if spec.policy in ("tensile", "capuchin"):
+        budget = spec.memory_budget or spec.device_budget or default_budget(device)
+    limit = min(memory, budget or memory)
+    if need <= limit:
+        return
+    what = (f"the device's memory ({_gb(memory)}, {device})" if limit == memory else
+            f"memory_budget {_gb(budget)}" if spec.memory_budget else
+            f"the device's memory budget {_gb(budget)} (SET VARIABLE dbml_memory_budget)")
+    shape = f"hidden := {list(cfg.hidden)}" if cfg.arch == "mlp" else f"arch := '{cfg.arch}'"
+    raise InvalidArgument(
+        f"train(): the model's parameters and {spec.optimizer} state alone need {_gb(need)} "
+        f"({_gb(params)} of parameters: {shape} on {cfg.inputs} features), more than {what}; "
+        f"nothing was stored; pass smaller hidden := layer sizes or arch := 'linear'"
+        + ("" if limit == memory else ", or a larger budget"))
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
 
 # -- the vanilla and the summary ---------------------------------------------------------
 
 def eager_peak(model: torch.nn.Module, loss_fn, spec, x: torch.Tensor, y: torch.Tensor) -> int:
-    """The vanilla of MSR: eager PyTorch's peak on a copy of the model, over two iterations
-    (the first creates the optimizer state, the second is a steady one)."""
+    """Eager PyTorch's peak on a copy of the model, over two iterations (the first creates
+    the optimizer state, the second is a steady one): unbudgeted memory, so only with
+    ``measure_vanilla`` and only after the job's plan fit its budget."""
     runner = EagerStep(copy.deepcopy(model), loss_fn, spec.optimizer_spec())
     runner.step(x, y)
     runner.step(x, y)
@@ -95,16 +140,26 @@ def eager_peak(model: torch.nn.Module, loss_fn, spec, x: torch.Tensor, y: torch.
 
 
 def vanilla_peak(model: torch.nn.Module, loss_fn, spec, x: torch.Tensor, y: torch.Tensor) -> int | None:
-    """The vanilla for the job's first batch: ``eager_peak`` on the CPU. On CUDA an eager
-    copy would take device memory the shared budget does not know of (and the allocator's
-    peak is every job's): there it is None, and the vanilla is the plan's release-only
-    peak (``memory_summary``)."""
-    return eager_peak(model, loss_fn, spec, x, y) if torch.device(x.device).type == "cpu" else None
+    """The measured vanilla for the job's first batch: ``eager_peak`` on the CPU when
+    ``spec.measure_vanilla`` and the job is scheduled (an eager job measures itself).
+    Otherwise None, and the vanilla is the plan's analysed peak (``memory_summary``); on
+    CUDA always None: an eager copy would take device memory the shared budget does not
+    know of (and the allocator's peak is every job's)."""
+    if not spec.measure_vanilla or spec.policy == "eager" or torch.device(x.device).type != "cpu":
+        return None
+    return eager_peak(model, loss_fn, spec, x, y)
 
 
 def memory_summary(stats: dict, vanilla: int | None) -> dict:
-    """The train summary's memory figures; MSR against eager PyTorch's measured peak."""
+    """The train summary's memory figures. The vanilla MSR is against, and its
+    ``vanilla_source``: 'measured' (``vanilla``, eager PyTorch on a copy; or an eager job's
+    own peak, eager being the vanilla) or 'analysed' (the plan's unscheduled peak,
+    release after last use on the captured graph)."""
     out = {k: stats.get(k) for k in MEMORY_FIELDS}
+    eager = "policy" not in stats
+    if vanilla is None and eager:
+        vanilla = stats.get("measured_peak_bytes")
+    out["vanilla_source"] = "measured" if vanilla is not None else "analysed"
     out["vanilla_peak_bytes"] = vanilla = vanilla or stats.get("vanilla_peak_bytes")
     measured = out["measured_peak_bytes"]
     out["msr"] = (vanilla - measured) / vanilla if vanilla and measured is not None else None

@@ -55,6 +55,7 @@ TRAIN_PARAMS = (
     Param("momentum", "DOUBLE", 0.9),
     Param("policy", "VARCHAR", "tensile"),
     Param("memory_budget", "VARCHAR", None, size=True),
+    Param("measure_vanilla", "BOOLEAN", False),
     Param("wait", "BOOLEAN", True, in_spec=False),
 )
 # the TrainSpec field of a setting, where it is not the setting's own name
@@ -91,6 +92,7 @@ class TrainSpec:
     momentum: float = 0.9
     policy: str = "tensile"
     memory_budget: int | None = None       # bytes: this job's own budget, planned alone
+    measure_vanilla: bool = False          # MSR's vanilla measured by an eager run on a copy (unbudgeted)
     # the environment the job runs in: the settings (settings.SETTINGS), not train() arguments
     device_budget: int | None = None       # bytes shared by all jobs; None: settings.default_budget
     device: str = "auto"
