@@ -3,8 +3,8 @@
 ``make_runner`` picks the runner for the job's policy (the TENSILE scheduler, or plain
 PyTorch for 'eager') and, for a job sharing the device, joins it to the process's shared
 MemoryScheduler. ``check_model_fits`` refuses, before the model's parameters exist, a
-model whose parameters and optimizer state alone exceed the device's memory or the
-budget. ``memory_summary`` turns the runner's figures into the train summary's; the
+model whose parameters and optimizer state alone exceed the device's memory, and
+``check_plan_fits`` a large model no plan fits in its budget. ``memory_summary`` turns the runner's figures into the train summary's; the
 vanilla MSR is reported against is the plan's analysed unscheduled peak (release after
 last use, on the captured graph: no memory), or, with ``measure_vanilla``, eager
 PyTorch's peak measured on a copy of the model (``eager_peak``).
@@ -25,7 +25,11 @@ from .scheduler.execute.step import EagerStep, StepRunner
 from .scheduler.execute.updating import UpdateSettings
 from .columns import MEMORY_FIELDS
 from .errors import InvalidArgument
-from .scheduler.graph.capture import state_keys
+from .scheduler import config as scheduler_config
+from .scheduler.graph.access import build_sequence
+from .scheduler.graph.capture import capture, state_keys
+from .scheduler.latency.estimate import RooflineModel
+from .scheduler.plan.planner import plan
 from .scheduler.multijob.registry import device_ledger, shared_scheduler
 from .scheduler.multijob.scheduler import MemoryScheduler
 from .settings import default_budget
@@ -97,30 +101,28 @@ def device_memory(device: str) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def state_bytes(cfg: models.ModelConfig, spec) -> tuple[int, int]:
+    """(parameters plus optimizer state, parameters) in bytes, counted on the meta device."""
+    params, _ = models.parameter_bytes(cfg)
+    states = sum(k != "step" for k in state_keys(spec.optimizer_spec()))   # step: a scalar
+    return params * (1 + states), params
+
+
 def check_model_fits(cfg: models.ModelConfig, spec, device: str) -> None:
     """Refuse a model whose parameters and optimizer state alone exceed the device's memory
-    or, for the budgeted policies (tensile, capuchin), the job's budget: counted on the
-    meta device, before any parameter is allocated. Raises InvalidArgument naming the
-    arguments that shrink the model (hidden, arch) or raise the budget."""
-    params, _ = models.parameter_bytes(cfg)
-    states = sum(k != "step" for k in state_keys(spec.optimizer_spec()))
-    need = params * (1 + states)
+    (the machine's RAM on the CPU, the GPU's total on CUDA): counted on the meta device,
+    before any parameter is allocated. Raises InvalidArgument naming the arguments that
+    shrink the model (hidden, arch). Against the budget, ``check_plan_fits``."""
+    need, params = state_bytes(cfg, spec)
     memory = device_memory(device)
-    budget = None
-    if spec.policy in ("tensile", "capuchin"):
-        budget = spec.memory_budget or spec.device_budget or default_budget(device)
-    limit = min(memory, budget or memory)
-    if need <= limit:
+    if need <= memory:
         return
-    what = (f"the device's memory ({_gb(memory)}, {device})" if limit == memory else
-            f"memory_budget {_gb(budget)}" if spec.memory_budget else
-            f"the device's memory budget {_gb(budget)} (SET VARIABLE dbml_memory_budget)")
     shape = f"hidden := {list(cfg.hidden)}" if cfg.arch == "mlp" else f"arch := '{cfg.arch}'"
     raise InvalidArgument(
         f"train(): the model's parameters and {spec.optimizer} state alone need {_gb(need)} "
-        f"({_gb(params)} of parameters: {shape} on {cfg.inputs} features), more than {what}; "
-        f"nothing was stored; pass smaller hidden := layer sizes or arch := 'linear'"
-        + ("" if limit == memory else ", or a larger budget"))
+        f"({_gb(params)} of parameters: {shape} on {cfg.inputs} features), more than the device's "
+        f"memory ({_gb(memory)}, {device}); nothing was stored; pass smaller hidden := layer sizes "
+        f"or arch := 'linear'")
 
 
 def _gb(n: int) -> str:
@@ -168,3 +170,23 @@ def memory_summary(stats: dict, vanilla: int | None) -> dict:
     out["latency_model"] = stats.get("latency_model")
     out["budget_bytes"] = stats.get("budget_bytes")
     return out
+
+
+def check_plan_fits(cfg: models.ModelConfig, loss_fn, spec, device: str, rows: int, label: torch.dtype) -> None:
+    """For a tensile job whose parameters and optimizer state are a large part of its budget
+    (a quarter or more), plan its first batch on a model of the meta device before the real
+    one is built: capture runs on fake tensors, so a budget no plan meets raises
+    ``InfeasibleBudget`` (with the smallest feasible budget) having allocated nothing.
+    Smaller models are built first; their own ahead-of-time plan (``prepare``) checks."""
+    if spec.policy != "tensile" or scheduler_config.scheduler_disabled():
+        return
+    budget = spec.memory_budget or spec.device_budget or default_budget(device)
+    if 4 * state_bytes(cfg, spec)[0] < budget:
+        return
+    with torch.device("meta"):
+        model = models.build(cfg)
+        batch = (torch.empty(rows, cfg.inputs), torch.empty(rows, dtype=label))
+    estimator, _ = latency_model(spec.latency_model, device, spec.torch_threads)
+    estimator = estimator or RooflineModel(device=str(torch.device(device)))
+    captured = capture(model, loss_fn, spec.optimizer_spec(), batch, job=spec.model)
+    plan(build_sequence(captured, estimator, spec.model), budget)

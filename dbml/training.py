@@ -180,10 +180,12 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
     arch = "mlp" if spec.arch == "auto" else spec.arch
     config = models.config(arch, prep.width, outputs, spec.hidden, spec.dropout)
     runners.check_model_fits(config, spec, device)
-    module = models.build_seeded(config, spec.seed).to(device)
     loss_fn = loss_function(prep)
+    label = torch.int64 if prep.task == "classification" else torch.float32
     with scheduler_errors(spec, job_id=progress.id,
                           device_budget=lambda: spec.device_budget or default_budget(device)):
+        runners.check_plan_fits(config, loss_fn, spec, device, min(spec.batch_size, n_train), label)
+        module = models.build_seeded(config, spec.seed).to(device)
         runner = runners.make_runner(module, loss_fn, spec, device, progress, config)
         loop = TrainLoop(runner, module, loss_fn, spec, prep, progress, n_train, device)
         progress.begin(spec.epochs, math.ceil(n_train / spec.batch_size))
