@@ -89,10 +89,11 @@ BUDGET_ERROR = (r"train\(\): memory_budget [0-9.]+ MB \([0-9]+ bytes\) is below 
 def test_a_budget_below_the_smallest_feasible_fails_before_any_activation(con, monkeypatch):
     con.execute(SMALL)
     monkeypatch.setattr(runners, "eager_peak", _refuse("the eager vanilla"))
-    started = time.perf_counter()
-    with pytest.raises(duckdb.Error, match=BUDGET_ERROR):
-        con.sql("SELECT train('tiny', 't', label := 'y', hidden := [256, 256], memory_budget := 10000)").fetchall()
-    assert time.perf_counter() - started < 5
+    for limit in (10, 5):   # the first in a process includes torch's one-time tracing warm-up (~3 s)
+        started = time.perf_counter()
+        with pytest.raises(duckdb.Error, match=BUDGET_ERROR):
+            con.sql("SELECT train('tiny', 't', label := 'y', hidden := [256, 256], memory_budget := 10000)").fetchall()
+        assert time.perf_counter() - started < limit
     assert con.sql("SELECT count(*) FROM dbml_models").fetchall() == [(0,)]
 
 
