@@ -66,12 +66,11 @@ def build(cfg: ModelConfig) -> nn.Module:
     return nn.Sequential(*layers)
 
 
-def parameter_bytes(cfg: ModelConfig) -> tuple[int, int]:
-    """(all parameters' bytes, the largest one's bytes) of the model ``cfg`` builds, counted
-    on the meta device: shapes only, no memory, whatever the size."""
+def parameter_bytes(cfg: ModelConfig) -> int:
+    """The bytes of the parameters of the model ``cfg`` builds, counted on the meta device:
+    shapes only, no memory, whatever the size."""
     with torch.device("meta"):
-        sizes = [p.numel() * p.element_size() for p in build(cfg).parameters()]
-    return sum(sizes), max(sizes, default=0)
+        return sum(p.numel() * p.element_size() for p in build(cfg).parameters())
 
 
 # Layers draw their initial weights from the global generator: concurrent jobs build

@@ -4,8 +4,8 @@
 PyTorch for 'eager') and, for a job sharing the device, joins it to the process's shared
 MemoryScheduler. ``check_model_fits`` refuses, before the model's parameters exist, a
 model whose parameters and optimizer state alone exceed the device's memory, and
-``check_plan_fits`` a large model no plan fits in its budget. ``memory_summary`` turns the runner's figures into the train summary's; the
-vanilla MSR is reported against is the plan's analysed unscheduled peak (release after
+``check_plan_fits`` a large model no plan fits in its budget. ``memory_summary`` turns
+the runner's figures into the train summary's; the vanilla MSR is reported against is the plan's analysed unscheduled peak (release after
 last use, on the captured graph: no memory), or, with ``measure_vanilla``, eager
 PyTorch's peak measured on a copy of the model (``eager_peak``).
 """
@@ -36,6 +36,12 @@ from .settings import default_budget
 
 # Drift replans take at most this share of a job's time (UpdateSettings.max_plan_share).
 MAX_PLAN_SHARE = 0.05
+# A model whose parameters and optimizer state take this share of its budget or more is
+# planned on the meta device before it is built (``check_plan_fits``): building it first
+# would allocate a large part of the budget, and more than the budget once its plan
+# fails (the smallest plans found need about 1.3-2x parameters plus state). A smaller
+# model is built first: the second capture would cost time for memory that is small.
+LARGE_MODEL_SHARE = 0.25
 
 class JobHandle(Protocol):
     """The job a runner plans for, as the shared scheduler sees it (``dbml.jobs.Job`` is one)."""
@@ -103,7 +109,7 @@ def device_memory(device: str) -> int:
 
 def state_bytes(cfg: models.ModelConfig, spec) -> tuple[int, int]:
     """(parameters plus optimizer state, parameters) in bytes, counted on the meta device."""
-    params, _ = models.parameter_bytes(cfg)
+    params = models.parameter_bytes(cfg)
     states = sum(k != "step" for k in state_keys(spec.optimizer_spec()))   # step: a scalar
     return params * (1 + states), params
 
@@ -127,6 +133,28 @@ def check_model_fits(cfg: models.ModelConfig, spec, device: str) -> None:
 
 def _gb(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def check_plan_fits(cfg: models.ModelConfig, loss_fn, spec, device: str, rows: int, label: torch.dtype) -> None:
+    """For a tensile job whose parameters and optimizer state are a large part of its
+    budget (``LARGE_MODEL_SHARE`` or more), plan its first batch on a model of the meta
+    device before the real one is built: capture runs on fake tensors, so a budget no plan
+    meets raises ``InfeasibleBudget`` (with the smallest feasible budget) having allocated
+    nothing. Smaller models are built first; their own ahead-of-time plan (``prepare``)
+    checks, still before any activation. The CPU's ``CPU_DEFAULT_BUDGET`` (2 GiB) is the
+    budget of a job with none."""
+    if spec.policy != "tensile" or scheduler_config.scheduler_disabled():
+        return
+    budget = spec.memory_budget or spec.device_budget or default_budget(device)
+    if state_bytes(cfg, spec)[0] < LARGE_MODEL_SHARE * budget:
+        return
+    with torch.device("meta"):
+        model = models.build(cfg)
+        batch = (torch.empty(rows, cfg.inputs), torch.empty(rows, dtype=label))
+    estimator, _ = latency_model(spec.latency_model, device, spec.torch_threads)
+    estimator = estimator or RooflineModel(device=str(torch.device(device)))
+    captured = capture(model, loss_fn, spec.optimizer_spec(), batch, job=spec.model)
+    plan(build_sequence(captured, estimator, spec.model), budget)
 
 
 # -- the vanilla and the summary ---------------------------------------------------------
@@ -171,22 +199,3 @@ def memory_summary(stats: dict, vanilla: int | None) -> dict:
     out["budget_bytes"] = stats.get("budget_bytes")
     return out
 
-
-def check_plan_fits(cfg: models.ModelConfig, loss_fn, spec, device: str, rows: int, label: torch.dtype) -> None:
-    """For a tensile job whose parameters and optimizer state are a large part of its budget
-    (a quarter or more), plan its first batch on a model of the meta device before the real
-    one is built: capture runs on fake tensors, so a budget no plan meets raises
-    ``InfeasibleBudget`` (with the smallest feasible budget) having allocated nothing.
-    Smaller models are built first; their own ahead-of-time plan (``prepare``) checks."""
-    if spec.policy != "tensile" or scheduler_config.scheduler_disabled():
-        return
-    budget = spec.memory_budget or spec.device_budget or default_budget(device)
-    if 4 * state_bytes(cfg, spec)[0] < budget:
-        return
-    with torch.device("meta"):
-        model = models.build(cfg)
-        batch = (torch.empty(rows, cfg.inputs), torch.empty(rows, dtype=label))
-    estimator, _ = latency_model(spec.latency_model, device, spec.torch_threads)
-    estimator = estimator or RooflineModel(device=str(torch.device(device)))
-    captured = capture(model, loss_fn, spec.optimizer_spec(), batch, job=spec.model)
-    plan(build_sequence(captured, estimator, spec.model), budget)
