@@ -14,8 +14,9 @@ TRAIN_JOB = {
     "rows": "BIGINT", "skipped_rows": "BIGINT", "final_loss": "DOUBLE", "val_metric": "DOUBLE", "seconds": "DOUBLE",
 }
 TRAIN_MEMORY = {
-    "measured_peak_bytes": "BIGINT", "vanilla_peak_bytes": "BIGINT", "planned_peak_bytes": "BIGINT",
-    "msr": "DOUBLE", "swaps": "BIGINT", "recomputes": "BIGINT", "passive_swaps": "BIGINT", "replans": "BIGINT",
+    "measured_peak_bytes": "BIGINT", "vanilla_peak_bytes": "BIGINT", "vanilla_source": "VARCHAR",
+    "planned_peak_bytes": "BIGINT", "msr": "DOUBLE", "swaps": "BIGINT", "recomputes": "BIGINT",
+    "passive_swaps": "BIGINT", "replans": "BIGINT",
     "plan_seconds": "DOUBLE", "latency_model": "VARCHAR",
 }
 TRAIN_RESULT = {**TRAIN_JOB, **TRAIN_MEMORY}

@@ -75,7 +75,8 @@ MEMORY = [
     ("The same MLP trained by plain PyTorch, then by the TENSILE scheduler at 90% of PyTorch's peak", f"""
 WITH eager AS MATERIALIZED (SELECT train('wide_eager', {WIDE}, policy := 'eager') AS r),
      tensile AS MATERIALIZED (SELECT train('wide_tensile', {WIDE},
-                              memory_budget := (SELECT (0.9 * r.vanilla_peak_bytes)::BIGINT FROM eager)) AS r)
+                              memory_budget := (SELECT (0.9 * r.vanilla_peak_bytes)::BIGINT FROM eager),
+                              measure_vanilla := true) AS r)
 SELECT policy, r.measured_peak_bytes, r.vanilla_peak_bytes, round(r.msr, 3) AS msr, r.swaps, r.recomputes,
        round(r.seconds, 1) AS seconds
 FROM (SELECT 'eager' AS policy, r FROM eager UNION ALL SELECT 'tensile', r FROM tensile)"""),

@@ -66,6 +66,13 @@ def build(cfg: ModelConfig) -> nn.Module:
     return nn.Sequential(*layers)
 
 
+def parameter_bytes(cfg: ModelConfig) -> int:
+    """The bytes of the parameters of the model ``cfg`` builds, counted on the meta device:
+    shapes only, no memory, whatever the size."""
+    with torch.device("meta"):
+        return sum(p.numel() * p.element_size() for p in build(cfg).parameters())
+
+
 # Layers draw their initial weights from the global generator: concurrent jobs build
 # their models one at a time so each sees only its own seed.
 _BUILD_LOCK = threading.Lock()

@@ -2,30 +2,46 @@
 
 ``make_runner`` picks the runner for the job's policy (the TENSILE scheduler, or plain
 PyTorch for 'eager') and, for a job sharing the device, joins it to the process's shared
-MemoryScheduler. ``eager_peak`` measures the vanilla that MSR is reported against, and
-``memory_summary`` turns the runner's figures into the train summary's.
+MemoryScheduler. ``check_model_fits`` refuses, before the model's parameters exist, a
+model whose parameters and optimizer state alone exceed the device's memory, and
+``check_plan_fits`` a large model no plan fits in its budget. ``memory_summary`` turns
+the runner's figures into the train summary's; the vanilla MSR is reported against is the plan's analysed unscheduled peak (release after
+last use, on the captured graph: no memory), or, with ``measure_vanilla``, eager
+PyTorch's peak measured on a copy of the model (``eager_peak``).
 """
 
 from __future__ import annotations
 
 import copy
+import os
 from typing import Protocol
 
 import torch
 
 from . import models
 from .latency import latency_model
-from .scheduler.errors import InfeasibleBudget, NotAdmitted
 from .scheduler.execute.runner import ScheduledStep
 from .scheduler.execute.step import EagerStep, StepRunner
 from .scheduler.execute.updating import UpdateSettings
 from .columns import MEMORY_FIELDS
+from .errors import InvalidArgument
+from .scheduler import config as scheduler_config
+from .scheduler.graph.access import build_sequence
+from .scheduler.graph.capture import capture, state_keys
+from .scheduler.latency.estimate import RooflineModel
+from .scheduler.plan.planner import plan
 from .scheduler.multijob.registry import device_ledger, shared_scheduler
 from .scheduler.multijob.scheduler import MemoryScheduler
 from .settings import default_budget
 
 # Drift replans take at most this share of a job's time (UpdateSettings.max_plan_share).
 MAX_PLAN_SHARE = 0.05
+# A model whose parameters and optimizer state take this share of its budget or more is
+# planned on the meta device before it is built (``check_plan_fits``): building it first
+# would allocate a large part of the budget, and more than the budget once its plan
+# fails (the smallest plans found need about 1.3-2x parameters plus state). A smaller
+# model is built first: the second capture would cost time for memory that is small.
+LARGE_MODEL_SHARE = 0.25
 
 class JobHandle(Protocol):
     """The job a runner plans for, as the shared scheduler sees it (``dbml.jobs.Job`` is one)."""
@@ -76,18 +92,77 @@ def make_runner(model: torch.nn.Module, loss_fn, spec, device: str, job: JobHand
 
 def prepare(runner: StepRunner, rows: int, width: int, label: torch.dtype, device: str) -> None:
     """Capture and plan the first batch's graph (``rows`` x ``width``) ahead of it, while
-    DuckDB reads the rows (a no-op for eager)."""
-    try:
-        runner.prepare(torch.empty(rows, width, device=device), torch.empty(rows, dtype=label, device=device))
-    except (NotAdmitted, InfeasibleBudget):
-        pass   # the first step meets it again and reports it
+    DuckDB reads the rows (a no-op for eager). Capture runs on fake tensors, so a budget
+    no plan can meet raises ``InfeasibleBudget`` here, before any activation is allocated
+    (and a job cancelled while it waits for admission, ``NotAdmitted``)."""
+    runner.prepare(torch.empty(rows, width, device=device), torch.empty(rows, dtype=label, device=device))
+
+
+# -- before the model is built ---------------------------------------------------------
+
+def device_memory(device: str) -> int:
+    """The device's memory: the GPU's total on CUDA, the machine's RAM on the CPU."""
+    if device.startswith("cuda"):
+        return int(torch.cuda.mem_get_info(torch.device(device))[1])
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def state_bytes(cfg: models.ModelConfig, spec) -> tuple[int, int]:
+    """(parameters plus optimizer state, parameters) in bytes, counted on the meta device."""
+    params = models.parameter_bytes(cfg)
+    states = sum(k != "step" for k in state_keys(spec.optimizer_spec()))   # step: a scalar
+    return params * (1 + states), params
+
+
+def check_model_fits(cfg: models.ModelConfig, spec, device: str) -> None:
+    """Refuse a model whose parameters and optimizer state alone exceed the device's memory
+    (the machine's RAM on the CPU, the GPU's total on CUDA): counted on the meta device,
+    before any parameter is allocated. Raises InvalidArgument naming the arguments that
+    shrink the model (hidden, arch). Against the budget, ``check_plan_fits``."""
+    need, params = state_bytes(cfg, spec)
+    memory = device_memory(device)
+    if need <= memory:
+        return
+    shape = f"hidden := {list(cfg.hidden)}" if cfg.arch == "mlp" else f"arch := '{cfg.arch}'"
+    raise InvalidArgument(
+        f"train(): the model's parameters and {spec.optimizer} state alone need {_gb(need)} "
+        f"({_gb(params)} of parameters: {shape} on {cfg.inputs} features), more than the device's "
+        f"memory ({_gb(memory)}, {device}); nothing was stored; pass smaller hidden := layer sizes "
+        f"or arch := 'linear'")
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def check_plan_fits(cfg: models.ModelConfig, loss_fn, spec, device: str, rows: int, label: torch.dtype) -> None:
+    """For a tensile job whose parameters and optimizer state are a large part of its
+    budget (``LARGE_MODEL_SHARE`` or more), plan its first batch on a model of the meta
+    device before the real one is built: capture runs on fake tensors, so a budget no plan
+    meets raises ``InfeasibleBudget`` (with the smallest feasible budget) having allocated
+    nothing. Smaller models are built first; their own ahead-of-time plan (``prepare``)
+    checks, still before any activation. The CPU's ``CPU_DEFAULT_BUDGET`` (2 GiB) is the
+    budget of a job with none."""
+    if spec.policy != "tensile" or scheduler_config.scheduler_disabled():
+        return
+    budget = spec.memory_budget or spec.device_budget or default_budget(device)
+    if state_bytes(cfg, spec)[0] < LARGE_MODEL_SHARE * budget:
+        return
+    with torch.device("meta"):
+        model = models.build(cfg)
+        batch = (torch.empty(rows, cfg.inputs), torch.empty(rows, dtype=label))
+    estimator, _ = latency_model(spec.latency_model, device, spec.torch_threads)
+    estimator = estimator or RooflineModel(device=str(torch.device(device)))
+    captured = capture(model, loss_fn, spec.optimizer_spec(), batch, job=spec.model)
+    plan(build_sequence(captured, estimator, spec.model), budget)
 
 
 # -- the vanilla and the summary ---------------------------------------------------------
 
 def eager_peak(model: torch.nn.Module, loss_fn, spec, x: torch.Tensor, y: torch.Tensor) -> int:
-    """The vanilla of MSR: eager PyTorch's peak on a copy of the model, over two iterations
-    (the first creates the optimizer state, the second is a steady one)."""
+    """Eager PyTorch's peak on a copy of the model, over two iterations (the first creates
+    the optimizer state, the second is a steady one): unbudgeted memory, so only with
+    ``measure_vanilla`` and only after the job's plan fit its budget."""
     runner = EagerStep(copy.deepcopy(model), loss_fn, spec.optimizer_spec())
     runner.step(x, y)
     runner.step(x, y)
@@ -95,16 +170,26 @@ def eager_peak(model: torch.nn.Module, loss_fn, spec, x: torch.Tensor, y: torch.
 
 
 def vanilla_peak(model: torch.nn.Module, loss_fn, spec, x: torch.Tensor, y: torch.Tensor) -> int | None:
-    """The vanilla for the job's first batch: ``eager_peak`` on the CPU. On CUDA an eager
-    copy would take device memory the shared budget does not know of (and the allocator's
-    peak is every job's): there it is None, and the vanilla is the plan's release-only
-    peak (``memory_summary``)."""
-    return eager_peak(model, loss_fn, spec, x, y) if torch.device(x.device).type == "cpu" else None
+    """The measured vanilla for the job's first batch: ``eager_peak`` on the CPU when
+    ``spec.measure_vanilla`` and the job is scheduled (an eager job measures itself).
+    Otherwise None, and the vanilla is the plan's analysed peak (``memory_summary``); on
+    CUDA always None: an eager copy would take device memory the shared budget does not
+    know of (and the allocator's peak is every job's)."""
+    if not spec.measure_vanilla or spec.policy == "eager" or torch.device(x.device).type != "cpu":
+        return None
+    return eager_peak(model, loss_fn, spec, x, y)
 
 
 def memory_summary(stats: dict, vanilla: int | None) -> dict:
-    """The train summary's memory figures; MSR against eager PyTorch's measured peak."""
+    """The train summary's memory figures. The vanilla MSR is against, and its
+    ``vanilla_source``: 'measured' (``vanilla``, eager PyTorch on a copy; or an eager job's
+    own peak, eager being the vanilla) or 'analysed' (the plan's unscheduled peak,
+    release after last use on the captured graph)."""
     out = {k: stats.get(k) for k in MEMORY_FIELDS}
+    eager = "policy" not in stats
+    if vanilla is None and eager:
+        vanilla = stats.get("measured_peak_bytes")
+    out["vanilla_source"] = "measured" if vanilla is not None else "analysed"
     out["vanilla_peak_bytes"] = vanilla = vanilla or stats.get("vanilla_peak_bytes")
     measured = out["measured_peak_bytes"]
     out["msr"] = (vanilla - measured) / vanilla if vanilla and measured is not None else None
@@ -113,3 +198,4 @@ def memory_summary(stats: dict, vanilla: int | None) -> dict:
     out["latency_model"] = stats.get("latency_model")
     out["budget_bytes"] = stats.get("budget_bytes")
     return out
+

@@ -55,6 +55,7 @@ TRAIN_PARAMS = (
     Param("momentum", "DOUBLE", 0.9),
     Param("policy", "VARCHAR", "tensile"),
     Param("memory_budget", "VARCHAR", None, size=True),
+    Param("measure_vanilla", "BOOLEAN", False),
     Param("wait", "BOOLEAN", True, in_spec=False),
 )
 # the TrainSpec field of a setting, where it is not the setting's own name

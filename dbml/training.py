@@ -139,9 +139,10 @@ def _label_column(prep: Preprocessing) -> str:
 
 
 class TrainLoop:
-    """One job's iterations through its step runner: the first batch's plan made ahead,
-    every step reported to ``progress``, the vanilla (``runners.vanilla_peak``) measured
-    on the first batch."""
+    """One job's iterations through its step runner: the first batch's plan made ahead
+    (a budget no plan meets fails there, before any activation is allocated), every step
+    reported to ``progress``, and with ``measure_vanilla`` the vanilla
+    (``runners.vanilla_peak``) measured on the first batch, once its plan fit."""
 
     def __init__(self, runner: StepRunner, module: torch.nn.Module, loss_fn, spec: TrainSpec,
                  prep: Preprocessing, progress: Progress, n_train: int, device: str):
@@ -180,10 +181,13 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
     outputs = len(prep.classes) if prep.task == "classification" else 1
     arch = "mlp" if spec.arch == "auto" else spec.arch
     config = models.config(arch, prep.width, outputs, spec.hidden, spec.dropout)
-    module = models.build_seeded(config, spec.seed).to(device)
+    runners.check_model_fits(config, spec, device)
     loss_fn = loss_function(prep)
+    label = torch.int64 if prep.task == "classification" else torch.float32
     with scheduler_errors(spec, job_id=progress.id,
                           device_budget=lambda: spec.device_budget or default_budget(device)):
+        runners.check_plan_fits(config, loss_fn, spec, device, min(spec.batch_size, n_train), label)
+        module = models.build_seeded(config, spec.seed).to(device)
         runner = runners.make_runner(module, loss_fn, spec, device, progress, config)
         loop = TrainLoop(runner, module, loss_fn, spec, prep, progress, n_train, device)
         progress.begin(spec.epochs, math.ceil(n_train / spec.batch_size))
