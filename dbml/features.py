@@ -24,7 +24,7 @@ import duckdb
 import numpy as np
 
 from .errors import InvalidArgument, SourceError
-from .source import Column, literal, quote, resolve_column
+from .source import Column, literal, number, quote, resolve_column
 
 MAX_CATEGORIES = 64
 MAX_INTEGER_CLASSES = 20
@@ -47,7 +47,7 @@ class Feature:
     def sql(self) -> list[str]:
         col = quote(self.name)
         if self.kind == "numeric":
-            return [f"coalesce(({col}::DOUBLE - {self.mean!r}) / {self.std!r}, 0)"]
+            return [f"coalesce(({col}::DOUBLE - {number(self.mean)}) / {number(self.std)}, 0)"]
         return [f"CASE WHEN {col}::VARCHAR = {literal(c)} THEN 1 ELSE 0 END" for c in self.categories]
 
 
@@ -83,7 +83,7 @@ class Preprocessing:
         if self.task == "classification":
             values = ", ".join(literal(c) for c in self.classes)
             return f"coalesce(list_position([{values}], {col}) - 1, -1)::INTEGER"
-        return f"(({col}::DOUBLE - {self.target_mean!r}) / {self.target_std!r})::FLOAT"
+        return f"(({col}::DOUBLE - {number(self.target_mean)}) / {number(self.target_std)})::FLOAT"
 
     def standardise(self, raw: np.ndarray) -> np.ndarray:
         """Raw numeric features (rows x features, NaN for NULL) -> model input, as features_sql does."""

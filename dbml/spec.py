@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from . import models
 from .errors import InvalidArgument
 from .scheduler import OPTIMIZERS, OptimizerSpec
-from .settings import DEFAULTS, SETTINGS, parse_bytes, resolve
+from .settings import DEFAULTS, SETTINGS, SOURCES, parse_bytes, resolve
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,7 @@ class TrainSpec:
     latency_model: str = "predictor"
     replan_beta: float = 0.9
     replan_threshold: float = 0.3
+    sources: str = "any"                   # settings.SOURCES: what the source may read
 
     def __post_init__(self):
         fn = "train"
@@ -125,6 +126,8 @@ class TrainSpec:
             raise InvalidArgument(f"{fn}(): plan updating needs 0 < replan_beta <= 1 and replan_threshold > 0; "
                                   f"SET VARIABLE dbml_replan_beta = {DEFAULTS['replan_beta']}, "
                                   f"dbml_replan_threshold = {DEFAULTS['replan_threshold']}")
+        if self.sources not in SOURCES:
+            raise InvalidArgument(f"setting sources is {self.sources!r}; SET VARIABLE dbml_sources = 'any' or 'tables'")
         if self.weight_decay is None or self.weight_decay < 0:
             raise InvalidArgument(f"{fn}(): weight_decay must be >= 0; pass e.g. weight_decay := 0.01")
 
