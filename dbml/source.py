@@ -8,9 +8,10 @@ SELECT: two checks stand between a source and anything it could write.
    data-modifying CTE, a COPY, ...) and no call to a function with effects (dbml's own,
    ``DBML_EFFECTFUL``, and DuckDB's, ``DUCKDB_EFFECTFUL``).
 2. Defence in depth, for what parsing misses (a view that calls ``drop_model``, SQL that
-   sqlglot reads differently from DuckDB): DuckDB plans the query with ``EXPLAIN``, which
-   runs nothing, and a plan with a write operator (``WRITE_OPERATORS``) or a call to a
-   function with effects is refused. ``describe`` does this before the source first runs.
+   sqlglot reads differently from DuckDB): DuckDB binds the query into its logical plan
+   (``json_serialize_plan``, which runs nothing), and a plan with a write operator
+   (``WRITE_OPERATORS``) or a call to a function with effects anywhere is refused.
+   ``describe`` does this before the source first runs.
 
 The ``sources`` setting ('tables') further restricts sources to the database's own tables
 and views (``check_tables_only``): no files, table functions or attached databases.
@@ -54,11 +55,11 @@ DBML_EFFECTFUL_MACROS = ("train", "calibrate")
 # advances a sequence, setseed the session's random state, query() runs a string as SQL.
 DUCKDB_EFFECTFUL = ("nextval", "setseed", "query")
 EFFECTFUL = frozenset(DBML_EFFECTFUL + DBML_EFFECTFUL_MACROS + DUCKDB_EFFECTFUL)
-# Physical operators that write (DuckDB's EXPLAIN names); any CREATE_*/DROP/ALTER too.
+# Logical operators that write (DuckDB's LOGICAL_<name>); any CREATE_*/DROP/ALTER too.
 WRITE_OPERATORS = frozenset({
-    "INSERT", "DELETE", "UPDATE", "MERGE_INTO", "COPY_TO_FILE", "BATCH_COPY_TO_FILE", "COPY_DATABASE",
-    "CREATE_TABLE_AS", "BATCH_CREATE_TABLE_AS", "ATTACH", "DETACH", "PRAGMA", "SET", "SET_VARIABLE",
-    "RESET", "LOAD", "TRANSACTION", "VACUUM", "EXPORT", "EXECUTE", "PREPARE", "DEALLOCATE", "UPDATE_EXTENSIONS"})
+    "INSERT", "DELETE", "UPDATE", "MERGE_INTO", "COPY_TO_FILE", "COPY_DATABASE", "ATTACH", "DETACH",
+    "PRAGMA", "SET", "RESET", "LOAD", "TRANSACTION", "VACUUM", "EXPORT", "EXECUTE", "PREPARE",
+    "UPDATE_EXTENSIONS"})
 _EFFECTFUL_CALL = re.compile(r"\b(" + "|".join(sorted(EFFECTFUL)) + r")\s*\(", re.IGNORECASE)
 
 
@@ -141,12 +142,40 @@ def _function_name(node: exp.Expression) -> str | None:
 
 
 def check_plan(cur: duckdb.DuckDBPyConnection, select_sql: str, *, fn: str, arg: str = "source") -> None:
-    """Defence in depth: refuse a query whose plan (EXPLAIN: nothing runs) writes or calls a function with effects."""
-    rows = cur.execute(f"EXPLAIN (FORMAT JSON) {select_sql}").fetchall()
-    for node in _plan_nodes(json.loads(rows[0][1])):
-        name = str(node.get("name", "")).strip().upper()
-        if name in WRITE_OPERATORS or name.startswith(("CREATE", "DROP", "ALTER")):
-            raise SourceError(f"{fn}(): {arg} would write ({name} in its plan); "
+    """Defence in depth: DuckDB binds the query into its logical plan (``json_serialize_plan``:
+    nothing runs), views and macros expanded; a plan that writes or calls a function with
+    effects is refused. A query DuckDB cannot plan is refused with DuckDB's error."""
+    plan = json.loads(cur.execute("SELECT json_serialize_plan(?)", [select_sql]).fetchall()[0][0])
+    if plan.get("error") and "does not support serialization" in str(plan.get("error_message")):
+        return _check_physical_plan(cur, select_sql, fn=fn, arg=arg)     # e.g. read_parquet's scan
+    if plan.get("error"):
+        kind = str(plan.get("error_type", "")).title()
+        message = f"{kind} Error: {_first_line(Exception(plan.get('error_message', '')))}"
+        if kind == "Catalog":
+            raise SourceError(f"{fn}(): {arg} refers to something that does not exist: "
+                              f"{message}; check the table name or the SELECT")
+        raise SourceError(f"{fn}(): {arg} failed in DuckDB: {message}; fix the SELECT")
+    for node in _plan_nodes(plan.get("plans", [])):
+        op = str(node.get("type", ""))
+        op = op[len("LOGICAL_"):] if op.startswith("LOGICAL_") else ""
+        if op in WRITE_OPERATORS or op.startswith(("CREATE", "DROP", "ALTER")):
+            raise SourceError(f"{fn}(): {arg} would write ({op} in its plan); "
+                              f"a source must only read: pass a table name or a plain SELECT")
+        path = node.get("qname", {}).get("path") if isinstance(node.get("qname"), dict) else None
+        name = str(path[-1]).lower() if path else None
+        if name in EFFECTFUL:
+            raise SourceError(f"{fn}(): {arg} calls {name}() (seen in its plan, e.g. through a view), "
+                              f"which has effects; a source must only read: call it in its own statement")
+
+
+def _check_physical_plan(cur: duckdb.DuckDBPyConnection, select_sql: str, *, fn: str, arg: str) -> None:
+    """The fallback where the logical plan cannot be serialized: EXPLAIN's physical plan (runs
+    nothing); its operators, and the calls written in its expressions (not under an alias)."""
+    plan = json.loads(cur.execute(f"EXPLAIN (FORMAT JSON) {select_sql}").fetchall()[0][1])
+    for node in _plan_nodes(plan):
+        op = str(node.get("name", "")).strip().upper().removeprefix("BATCH_")
+        if op in WRITE_OPERATORS or op.startswith(("CREATE", "DROP", "ALTER")):
+            raise SourceError(f"{fn}(): {arg} would write ({op} in its plan); "
                               f"a source must only read: pass a table name or a plain SELECT")
         call = _EFFECTFUL_CALL.search(json.dumps(node.get("extra_info", {})))
         if call:
@@ -154,10 +183,15 @@ def check_plan(cur: duckdb.DuckDBPyConnection, select_sql: str, *, fn: str, arg:
                               f"view), which has effects; a source must only read: call it in its own statement")
 
 
-def _plan_nodes(plan):
-    for node in plan if isinstance(plan, list) else [plan]:
-        yield node
-        yield from _plan_nodes(node.get("children", []))
+def _plan_nodes(value):
+    """Every JSON object in a serialized plan: operators and expressions alike."""
+    if isinstance(value, dict):
+        yield value
+        for child in value.values():
+            yield from _plan_nodes(child)
+    elif isinstance(value, list):
+        for child in value:
+            yield from _plan_nodes(child)
 
 
 def check_tables_only(cur: duckdb.DuckDBPyConnection, select_sql: str, *, fn: str, arg: str = "source") -> None:
