@@ -165,8 +165,9 @@ def tamper(con, path, value):
 
 
 def injection(target):
-    """A mean that, pasted with Python's repr, closes the expression and runs COPY ... TO ``target``."""
-    return (f"1'.length()), 0)]::FLOAT[1] AS x FROM (SELECT 1.0 AS x1); "
+    """A mean of feature ``i`` that, pasted with Python's repr (as f30edaf did), closes the
+    expression and runs COPY ... TO ``target`` as a statement of its own."""
+    return (f"1'.length()), 0)]::FLOAT[1] AS x FROM (SELECT 1 AS i); "
             f"COPY (SELECT 42 AS v) TO $${target}$$; SELECT 1 --\"")
 
 
