@@ -125,7 +125,8 @@ def _refuse_effects(tree: exp.Expression, *, fn: str, arg: str) -> None:
     for node in tree.walk():
         if isinstance(node, WRITE_NODES):
             kind = node.key.upper()
-            raise SourceError(f"{fn}(): {arg} contains a {kind} ({_first_line(node.sql('duckdb'))[:80]!r}); "
+            article = "an" if kind[0] in "AEIOU" else "a"
+            raise SourceError(f"{fn}(): {arg} contains {article} {kind} ({_first_line(node.sql('duckdb'))[:80]!r}); "
                               f"a source must only read: pass a table name or a SELECT without {kind}")
         name = _function_name(node)
         if name in EFFECTFUL:
