@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import io
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import MISSING, dataclass, fields
 
 import duckdb
 import torch
 
 from .errors import CatalogError, ModelNotFound
-from .features import Preprocessing
+from .features import TASKS, Feature, Preprocessing
 from .models import ModelConfig, build
 
 
@@ -87,7 +88,77 @@ def load(cur: duckdb.DuckDBPyConnection, name: str, version: int) -> StoredModel
     module = build(config)
     module.load_state_dict(torch.load(io.BytesIO(row[2]), weights_only=True))
     module.eval()
-    return StoredModel(name, version, config, Preprocessing.from_json(row[1]), module)
+    return StoredModel(name, version, config, load_preprocessing(row[1], name, version), module)
+
+
+# The schema of dbml_models.preprocessing: the fields of Preprocessing and Feature, each
+# with the check its stored value must pass. Statistics reach generated SQL, so a model
+# whose JSON does not match is refused when it is loaded, before any SQL is built.
+FEATURE_KINDS = ("numeric", "categorical", "array")
+_FIELD_CHECKS = {
+    "float": lambda v: _is_number(v),
+    "str": lambda v: isinstance(v, str),
+    "tuple[str, ...]": lambda v: isinstance(v, list) and all(isinstance(c, str) for c in v),
+    "tuple[float, ...]": lambda v: isinstance(v, list) and all(_is_number(c) for c in v),
+    "tuple": lambda v: isinstance(v, list) and all(isinstance(c, (str, bool)) or _is_number(c) for c in v),
+    "tuple[Feature, ...]": lambda v: isinstance(v, list),
+}
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def load_preprocessing(text: str, name: str, version: int) -> Preprocessing:
+    """A stored model's preprocessing, checked against its schema; CatalogError names what is wrong."""
+    try:
+        problem = _schema_problem(json.loads(text))
+    except ValueError as e:
+        problem = f"it is not JSON ({str(e)[:80]})"
+    if problem:
+        raise CatalogError(f"model {name!r} version {version}: dbml_models.preprocessing is invalid: {problem}; "
+                           f"the row was edited or damaged: retrain it with train({name!r}, ...) "
+                           f"or remove it with drop_model({name!r})")
+    return Preprocessing.from_json(text)
+
+
+def _schema_problem(d) -> str | None:
+    problem = _record_problem(d, Preprocessing, "")
+    if problem:
+        return problem
+    if d["task"] not in TASKS:
+        return f"task is {d['task']!r}, not one of {', '.join(TASKS)}"
+    if not d["target_std"] > 0:
+        return f"target_std is {d['target_std']!r}, not positive"
+    for i, f in enumerate(d["features"]):
+        problem = _record_problem(f, Feature, f"features[{i}].")
+        if problem:
+            return problem
+        if f["kind"] not in FEATURE_KINDS:
+            return f"features[{i}].kind is {f['kind']!r}, not one of {', '.join(FEATURE_KINDS)}"
+        if not f["std"] > 0:
+            return f"features[{i}].std is {f['std']!r}, not positive"
+        if not all(s > 0 for s in f.get("stds", ())):
+            return f"features[{i}].stds has a value that is not positive"
+        if f["kind"] == "array" and len(f.get("means", ())) != len(f.get("stds", ())):
+            return f"features[{i}] has {len(f['means'])} means and {len(f['stds'])} stds"
+    return None
+
+
+def _record_problem(d, cls, where: str) -> str | None:
+    """Missing, unknown or mistyped keys of one JSON object stored for dataclass ``cls``."""
+    if not isinstance(d, dict):
+        return f"{where or 'the value'} is {type(d).__name__}, not an object"
+    expected = {f.name: str(f.type) for f in fields(cls)}
+    optional = {f.name for f in fields(cls) if f.default is not MISSING or f.default_factory is not MISSING}
+    unknown = sorted(set(d) - set(expected))
+    missing = sorted(set(expected) - set(d) - optional)   # older models lack newer optional keys
+    if unknown or missing:
+        return f"{where}{(unknown or missing)[0]} is {'unknown' if unknown else 'missing'}"
+    for key, annotation in expected.items():
+        if key in d and not _FIELD_CHECKS[annotation](d[key]):
+            return f"{where}{key} is {json.dumps(d[key])[:60]}, not a valid {annotation}"
+    return None
 
 
 def drop(cur: duckdb.DuckDBPyConnection, name: str, *, fn: str = "drop_model") -> int:

@@ -29,7 +29,7 @@ import duckdb
 import numpy as np
 
 from .errors import InvalidArgument, SourceError
-from .source import Column, literal, quote, resolve_column
+from .source import Column, literal, number, quote, resolve_column
 
 MAX_CATEGORIES = 64
 MAX_INTEGER_CLASSES = 20
@@ -40,7 +40,7 @@ FLOAT_MAX = 3.4028234663852886e38    # the largest FLOAT: encoded values are cli
 
 def finite_or_zero(value_sql: str) -> str:
     """A DOUBLE expression as a FLOAT-safe value: NULL, NaN and ±Inf become 0, the rest is clipped."""
-    return f"CASE WHEN isfinite({value_sql}) THEN greatest(least({value_sql}, {FLOAT_MAX!r}), {-FLOAT_MAX!r}) ELSE 0 END"
+    return f"CASE WHEN isfinite({value_sql}) THEN greatest(least({value_sql}, {number(FLOAT_MAX)}), {number(-FLOAT_MAX)}) ELSE 0 END"
 
 
 @dataclass(frozen=True)
@@ -65,9 +65,9 @@ class Feature:
     def sql(self) -> list[str]:
         col = quote(self.name)
         if self.kind == "numeric":
-            return [finite_or_zero(f"({col}::DOUBLE - {self.mean!r}) / {self.std!r}")]
+            return [finite_or_zero(f"({col}::DOUBLE - {number(self.mean)}) / {number(self.std)}")]
         if self.kind == "array":
-            return [finite_or_zero(f"({col}[{i + 1}]::DOUBLE - {m!r}) / {s!r}")
+            return [finite_or_zero(f"({col}[{i + 1}]::DOUBLE - {number(m)}) / {number(s)}")
                     for i, (m, s) in enumerate(zip(self.means, self.stds))]
         return [f"CASE WHEN {col}::VARCHAR = {literal(c)} THEN 1 ELSE 0 END" for c in self.categories]
 
@@ -116,7 +116,7 @@ class Preprocessing:
         if self.task == "classification":
             values = ", ".join(literal(c) for c in self.classes)
             return f"coalesce(list_position([{values}], {col}) - 1, -1)::INTEGER"
-        return f"(({col}::DOUBLE - {self.target_mean!r}) / {self.target_std!r})::FLOAT"
+        return f"(({col}::DOUBLE - {number(self.target_mean)}) / {number(self.target_std)})::FLOAT"
 
     def standardise(self, raw: np.ndarray) -> np.ndarray:
         """Raw numeric features (rows x features, NaN for NULL) -> model input, as features_sql does."""
@@ -173,7 +173,7 @@ def label_usable(col_sql: str, *, numeric: bool, regression: bool) -> str:
     if not numeric:
         return f"{col_sql} IS NOT NULL"
     cond = f"isfinite({col_sql}::DOUBLE)"
-    return f"coalesce({cond} AND abs({col_sql}::DOUBLE) <= {FLOAT_MAX!r}, false)" if regression else \
+    return f"coalesce({cond} AND abs({col_sql}::DOUBLE) <= {number(FLOAT_MAX)}, false)" if regression else \
         f"coalesce({cond}, false)"
 
 

@@ -49,7 +49,12 @@ SETTINGS = (
     Setting("torch_threads", "INTEGER", 1, "PyTorch intra-op threads while training (process-wide)"),
     Setting("prefetch_batches", "INTEGER", 4, "record batches fetched ahead of training"),
     Setting("shuffle_window", "INTEGER", 65536, "rows of the shuffle buffer each epoch draws batches from"),
+    Setting("sources", "VARCHAR", "any",
+            "what train() sources may read: 'any' (tables, views, files such as read_parquet(...) and "
+            "attached databases, as DuckDB's enable_external_access allows) or 'tables' (only this database's "
+            "tables and views)"),
 )
+SOURCES = ("any", "tables")      # the values of the sources setting
 SETTING = {s.name: s for s in SETTINGS}
 DEFAULTS: dict[str, object] = {s.name: s.default for s in SETTINGS}
 

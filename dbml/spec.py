@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, make_dataclass
 from . import models
 from .errors import InvalidArgument
 from .scheduler import OPTIMIZERS, OptimizerSpec
-from .settings import DEFAULTS, SETTINGS, parse_bytes, resolve
+from .settings import DEFAULTS, SETTINGS, SOURCES, parse_bytes, resolve
 
 
 @dataclass(frozen=True)
@@ -99,6 +99,8 @@ class _TrainSpecChecks:
             raise InvalidArgument(f"{fn}(): plan updating needs 0 < replan_beta <= 1 and replan_threshold > 0; "
                                   f"SET VARIABLE dbml_replan_beta = {DEFAULTS['replan_beta']}, "
                                   f"dbml_replan_threshold = {DEFAULTS['replan_threshold']}")
+        if self.sources not in SOURCES:
+            raise InvalidArgument(f"setting sources is {self.sources!r}; SET VARIABLE dbml_sources = 'any' or 'tables'")
         if self.weight_decay is None or self.weight_decay < 0:
             raise InvalidArgument(f"{fn}(): weight_decay must be >= 0; pass e.g. weight_decay := 0.01")
 

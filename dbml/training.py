@@ -30,7 +30,7 @@ from .features import Preprocessing, fit
 from .runners import JobHandle
 from .scheduler.execute.step import StepRunner
 from .settings import default_budget, resolve_device
-from .source import as_select, describe
+from .source import as_select, check_tables_only, describe
 from .spec import TrainSpec
 
 VALIDATION_BUCKETS = 1_000_000
@@ -82,6 +82,8 @@ def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -
         torch.set_num_threads(spec.torch_threads)
     job_id = progress.id
     select_sql = as_select(spec.source, fn="train")
+    if spec.sources == "tables":
+        check_tables_only(cur, select_sql, fn="train")
     columns = describe(cur, select_sql, fn="train")
     prep = fit(cur, select_sql, columns, label=spec.label,
                features=None if spec.features is None else list(spec.features), task=spec.task)
