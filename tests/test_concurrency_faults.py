@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import random
 import signal
 import subprocess
@@ -139,3 +140,191 @@ def test_unknown_on_error_names_the_choices(db):
                                            r"'raise', 'continue'"):
         db.sql(f"SELECT train('m', '{SRC}', label := 'label', on_error := 'ignore')").fetchall()
     assert catalog_rows(db) == []
+
+
+# -- fault injection: SIGKILL at random points of train, drop_model and the catalog write ------
+
+FAULT_RUNS = 20
+FAULT_SEED = 10
+ACTIONS = ("train", "drop", "write")
+# two jobs of one model at once: their writes race for the next version
+TRAIN = ("SELECT train('m', 't', label := 'y', epochs := 2, validation := 0, hidden := [64, 64], "
+         "seed := {seed} + range).version FROM range(2)")
+
+# A small fork server, started with subprocess.Popen. It imports dbml and trains once on an
+# in-memory database (so a child need not import torch or capture the graph again: ~5 s
+# each), then forks one child per "run <action>" line. A child is a fresh process for
+# DuckDB and dbml: it opens the database file, retrains 'm' (two jobs at once, printing
+# "retrained"), then repeats its action until it is killed: train (the same), drop (a
+# version of 'd' written, then drop_model('d')) or write (catalog.write of 'm' again and
+# again). Before each it prints "at <what>"; if it fails, "failed".
+SERVER = textwrap.dedent('''
+    import os, sys
+    import torch
+    torch.set_num_threads(1)
+    import dbml
+    from dbml import catalog
+
+    DB, TRAIN = sys.argv[1], sys.argv[2]
+
+
+    def say(*words):
+        """One line in one write: a child killed mid-print never leaves half a line."""
+        os.write(1, (" ".join(map(str, words)) + "\\n").encode())
+    TABLE = "CREATE TABLE IF NOT EXISTS t AS SELECT range::DOUBLE AS x, (range % 3 = 0)::INT AS y FROM range(256)"
+
+
+    def child(action):
+        con = dbml.connect(DB, latency_model="roofline")
+        con.execute(TABLE)
+        say("retrained", os.getpid(), con.sql(TRAIN.format(seed=0)).fetchall())
+        cur = con.cursor()
+        stored = catalog.load(cur, "m", catalog.latest_version(cur, "m", fn="write"))
+        i = 0
+        while True:
+            i += 1
+            if action == "train":
+                say("at train")
+                con.sql(TRAIN.format(seed=i)).fetchall()
+            elif action == "drop":
+                say("at write")
+                write(cur, "d", stored)
+                say("at drop_model")
+                con.sql("SELECT drop_model('d')").fetchall()
+            else:
+                say("at write")
+                write(cur, "m", stored)
+
+
+    def write(cur, name, stored):
+        catalog.write(cur, name=name, config=stored.config, prep=stored.preprocessing, params={},
+                      metrics={"final_loss": 0.0, "val_metric": 0.0}, rows=256, module=stored.module)
+
+
+    warm = dbml.connect(latency_model="roofline")
+    warm.execute("SET threads = 1")
+    warm.execute(TABLE)
+    warm.sql(TRAIN.format(seed=0)).fetchall()
+    say("ready")
+    for line in sys.stdin:
+        command, arg = line.split()
+        if command == "run":
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    child(arg)
+                except BaseException as e:
+                    say("failed", os.getpid(), type(e).__name__, str(e).replace("\\n", " "))
+                finally:
+                    os._exit(3)
+            say("pid", pid)
+        else:   # reap <pid>
+            say("exit", os.waitpid(int(arg), 0)[1])
+''')
+
+
+def check_catalog(path, loaded: set) -> int:
+    """The catalog after a kill: every model row has its weights, whole (the size it
+    recorded), and loads (those not in ``loaded`` yet); no weights without their row.
+    Returns how many versions are stored."""
+    import torch
+    from dbml import catalog
+    con = duckdb.connect(str(path))
+    try:
+        orphans = con.sql("SELECT name, version FROM dbml_weights ANTI JOIN dbml_models USING (name, version)")
+        assert orphans.fetchall() == [], "weights without their model row"
+        rows = con.sql("SELECT m.name, m.version, m.trained_at, m.bytes, octet_length(w.weights) FROM dbml_models m "
+                       "LEFT JOIN dbml_weights w USING (name, version) ORDER BY ALL").fetchall()
+        for name, version, at, size, stored in rows:
+            assert stored == size, f"{name} v{version}: weights {stored} bytes, row says {size}"
+            if (name, version, at) not in loaded:
+                model = catalog.load(con, name, version)
+                assert model.module(torch.zeros(4, len(model.preprocessing.feature_names))).isfinite().all()
+                loaded.add((name, version, at))
+        return len(rows)
+    finally:
+        con.close()
+
+
+class Server:
+    """The fault server's process; a thread reads its output as it comes, so a child that
+    prints as it works never blocks on a full pipe."""
+
+    def __init__(self, path, stderr):
+        self.last_at = None   # what the running child last began: train, drop_model, write
+        self.last = None
+        self.proc = subprocess.Popen([sys.executable, "-c", SERVER, str(path), TRAIN], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1)
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put("")
+
+    def send(self, line: str) -> None:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def expect(self, word: str, timeout: float = 60) -> list[str]:
+        """The next line that starts with ``word`` (split)."""
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, end - time.monotonic()))
+            except queue.Empty:
+                ps = subprocess.run(["ps", "-o", "pid,ppid,stat,wchan:24,cmd", "--ppid", str(self.proc.pid),
+                                     "-p", str(self.proc.pid)], capture_output=True, text=True).stdout
+                raise AssertionError(f"no {word!r} from the fault server in {timeout} s; last line {self.last!r}; "
+                                     f"processes:\n{ps}") from None
+            self.last = line
+            assert line, f"fault server ended (exit {self.proc.poll()}) waiting for {word!r}"
+            assert not line.startswith("failed"), f"a fault run failed by itself: {line}"
+            if line.startswith("at "):
+                self.last_at = line.split(maxsplit=1)[1].strip()
+            if line.startswith(word):
+                return line.split()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+@pytest.mark.slow   # ~40 s: 20 killed processes (a fork server spares 20 imports of torch)
+def test_sigkill_at_random_points_leaves_a_consistent_catalog_and_a_retrain_succeeds(tmp_path):
+    rng = random.Random(FAULT_SEED)
+    path = tmp_path / "faults.duckdb"
+    errors = open(tmp_path / "server.err", "w+")
+    server = Server(path, errors)
+    try:
+        server.expect("ready", timeout=120)
+        killed, retrains, stored, points, loaded = 0, 0, 0, {}, set()
+        for run in range(FAULT_RUNS + 1):
+            action = ACTIONS[run % len(ACTIONS)]
+            server.send(f"run {action}")
+            pid = int(server.expect("pid")[1])
+            retrained = server.expect("retrained")   # this fresh process retrained after the last kill
+            assert int(retrained[1]) == pid
+            retrains += 1
+            if run == FAULT_RUNS:   # the last one only retrains
+                os.kill(pid, signal.SIGKILL)
+                server.send(f"reap {pid}")
+                server.expect("exit")
+                break
+            server.last_at = None
+            time.sleep(rng.uniform(0.0, 0.8))
+            os.kill(pid, signal.SIGKILL)
+            server.send(f"reap {pid}")
+            status = int(server.expect("exit", timeout=20)[1])
+            points[server.last_at or "retrain"] = points.get(server.last_at or "retrain", 0) + 1
+            assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, \
+                f"run {run} ({action}) ended by itself (status {status}): {open(errors.name).read()[-2000:]}"
+            killed += 1
+            stored = check_catalog(path, loaded)
+        assert killed == FAULT_RUNS and retrains == FAULT_RUNS + 1
+        print(f"\nfault injection: {killed} SIGKILLs, during {points}; catalog checked after each "
+              f"(weights whole and loading, no orphans; {len(loaded)} versions loaded, {stored} stored at the end); {retrains} retrains in fresh processes")
+    finally:
+        server.close()
+        errors.close()
