@@ -149,7 +149,7 @@ FAULT_SEED = 10
 ACTIONS = ("train", "drop", "write")
 # two jobs of one model at once: their writes race for the next version
 TRAIN = ("SELECT train('m', 't', label := 'y', epochs := 2, validation := 0, hidden := [64, 64], "
-         "seed := {seed} + range).version FROM range(2)")
+         "seed := {seed} + range).version FROM range({jobs})")
 
 # A small fork server, started with subprocess.Popen. It imports dbml and trains once on an
 # in-memory database (so a child need not import torch or capture the graph again: ~5 s
@@ -177,7 +177,7 @@ SERVER = textwrap.dedent('''
     def child(action):
         con = dbml.connect(DB, latency_model="roofline")
         con.execute(TABLE)
-        say("retrained", os.getpid(), con.sql(TRAIN.format(seed=0)).fetchall())
+        say("retrained", os.getpid(), con.sql(TRAIN.format(seed=0, jobs=2)).fetchall())
         cur = con.cursor()
         stored = catalog.load(cur, "m", catalog.latest_version(cur, "m", fn="write"))
         i = 0
@@ -185,7 +185,7 @@ SERVER = textwrap.dedent('''
             i += 1
             if action == "train":
                 say("at train")
-                con.sql(TRAIN.format(seed=i)).fetchall()
+                con.sql(TRAIN.format(seed=i, jobs=2)).fetchall()
             elif action == "drop":
                 say("at write")
                 write(cur, "d", stored)
@@ -204,7 +204,7 @@ SERVER = textwrap.dedent('''
     warm = dbml.connect(latency_model="roofline")
     warm.execute("SET threads = 1")
     warm.execute(TABLE)
-    warm.sql(TRAIN.format(seed=0)).fetchall()
+    warm.sql(TRAIN.format(seed=0, jobs=1)).fetchall()
     say("ready")
     for line in sys.stdin:
         command, arg = line.split()
