@@ -224,7 +224,7 @@ def train_all(manager: JobManager, calls: list[TrainCall]) -> list[dict]:
             if job is not None:
                 job.wait()
         for c, job in zip(calls, jobs):
-            if c.on_error == "raise" and job.status in ("failed", "cancelled"):
+            if c.on_error == "raise" and job is not None and job.status in ("failed", "cancelled"):
                 raise job.exception
     return [outcome(job) if job is not None else
             {**dict.fromkeys(TRAIN_RESULT), "model": c.model, "status": "failed", "error": str(c.error)}

@@ -8,9 +8,9 @@ From it (and from ``settings.SETTINGS``) come:
   with ``getvariable``;
 - ``dbml_train``'s DuckDB parameter types (``dbml.udfs.types.TRAIN_ARGS``);
 - ``TrainSpec``'s fields: one per parameter but ``on_error`` and ``wait`` (how the
-  statement treats its jobs, not a job), then one per setting, named as the setting but ``memory_budget``, which is
-  ``device_budget`` (the job's own ``memory_budget`` is the parameter). A test checks the
-  fields and their defaults against both tables.
+  statement treats its jobs, not a job), then one per setting, named as the setting but
+  ``memory_budget``, which is ``device_budget`` (the job's own ``memory_budget`` is the
+  parameter). A test checks the fields and their defaults against both tables.
 
 ``from_sql_row`` turns one row of ``dbml_train``'s arguments back into a TrainSpec;
 ``calls_from_sql_rows`` turns a statement's rows into ``TrainCall``s.
