@@ -16,14 +16,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import duckdb
 
 from . import catalog
 from .columns import TRAIN_RESULT
 from .errors import DbmlError, InvalidArgument, JobCancelled
-from .spec import TrainCall
+
+if TYPE_CHECKING:   # spec imports the scheduler, which the job manager does not
+    from .spec import TrainCall
 
 __all__ = ["Job", "JobManager", "JobCancelled", "outcome", "summary", "train_all"]   # JobCancelled: from .errors
 
