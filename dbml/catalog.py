@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import threading
 from dataclasses import MISSING, dataclass, fields
 
 import duckdb
@@ -21,7 +22,12 @@ from .features import TASKS, Feature, Preprocessing
 from .models import ModelConfig, build
 
 
-WRITE_ATTEMPTS = 3
+# Writers of this process take versions one at a time (_WRITES), so two jobs finishing
+# together store consecutive versions. A writer outside it (another connection's own
+# transaction) can still take a version first: then the insert conflicts and the write is
+# retried with the next version.
+WRITE_ATTEMPTS = 10
+_WRITES = threading.Lock()
 
 
 @dataclass
@@ -45,28 +51,47 @@ def weights_blob(module: torch.nn.Module) -> bytes:
 
 def write(cur: duckdb.DuckDBPyConnection, *, name: str, config: ModelConfig, prep: Preprocessing,
           params: dict, metrics: dict, rows: int, module: torch.nn.Module) -> int:
-    """Store a new version of ``name`` in one transaction; return its version."""
+    """Store a new version of ``name`` in one transaction; return its version.
+
+    The version is taken inside the transaction (the latest + 1), under ``_WRITES``; on a
+    conflict with another writer (a duplicate key or a write-write conflict) the transaction
+    is rolled back and retried with the version then next. Model row and weights are
+    committed together or not at all.
+    """
     blob = weights_blob(module)
+    row = [config.arch, prep.task, prep.feature_names, prep.label, config.to_json(), prep.to_json(),
+           json.dumps(params), json.dumps(metrics), rows]
     for attempt in range(WRITE_ATTEMPTS):
         try:
-            cur.execute("BEGIN TRANSACTION")
-            version = cur.execute("SELECT coalesce(max(version), 0) + 1 FROM dbml_models WHERE name = ?",
-                                  [name]).fetchall()[0][0]
-            cur.execute("INSERT INTO dbml_models VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, current_localtimestamp(), ?)",
-                        [name, version, config.arch, prep.task, prep.feature_names, prep.label,
-                         config.to_json(), prep.to_json(), json.dumps(params), json.dumps(metrics),
-                         rows, len(blob)])
-            cur.execute("INSERT INTO dbml_weights VALUES (?, ?, ?)", [name, version, blob])
-            cur.execute("COMMIT")
-            return version
-        except duckdb.TransactionException:
-            cur.execute("ROLLBACK")
+            with _WRITES:
+                return _insert(cur, name, row, blob)
+        except (duckdb.TransactionException, duckdb.ConstraintException):
             if attempt == WRITE_ATTEMPTS - 1:
                 raise
-        except BaseException:
-            cur.execute("ROLLBACK")
-            raise
     raise AssertionError("unreachable")
+
+
+def _insert(cur: duckdb.DuckDBPyConnection, name: str, row: list, blob: bytes) -> int:
+    cur.execute("BEGIN TRANSACTION")
+    try:
+        version = cur.execute("SELECT coalesce(max(version), 0) + 1 FROM dbml_models WHERE name = ?",
+                              [name]).fetchall()[0][0]
+        cur.execute("INSERT INTO dbml_models VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, current_localtimestamp(), ?)",
+                    [name, version, *row, len(blob)])
+        cur.execute("INSERT INTO dbml_weights VALUES (?, ?, ?)", [name, version, blob])
+        cur.execute("COMMIT")
+        return version
+    except BaseException:
+        _rollback(cur)
+        raise
+
+
+def _rollback(cur: duckdb.DuckDBPyConnection) -> None:
+    """Roll back the open transaction, if a failed COMMIT has not already ended it."""
+    try:
+        cur.execute("ROLLBACK")
+    except duckdb.TransactionException:
+        pass
 
 
 def latest_version(cur: duckdb.DuckDBPyConnection, name: str, *, fn: str) -> int:
@@ -164,6 +189,11 @@ def _record_problem(d, cls, where: str) -> str | None:
 def drop(cur: duckdb.DuckDBPyConnection, name: str, *, fn: str = "drop_model") -> int:
     """Delete every version of ``name``; return how many there were."""
     latest_version(cur, name, fn=fn)
+    with _WRITES:
+        return _delete(cur, name)
+
+
+def _delete(cur: duckdb.DuckDBPyConnection, name: str) -> int:
     cur.execute("BEGIN TRANSACTION")
     try:
         n = cur.execute("SELECT count(*) FROM dbml_models WHERE name = ?", [name]).fetchall()[0][0]
@@ -172,5 +202,5 @@ def drop(cur: duckdb.DuckDBPyConnection, name: str, *, fn: str = "drop_model") -
         cur.execute("COMMIT")
         return n
     except BaseException:
-        cur.execute("ROLLBACK")
+        _rollback(cur)
         raise

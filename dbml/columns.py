@@ -8,10 +8,12 @@ The README describes each column.
 
 from __future__ import annotations
 
-# train() and wait_job(): the job, then its memory figures (TRAIN_MEMORY, the runner's stats)
+# train() and wait_job(): the job (error: why a row failed, under on_error := 'continue'),
+# then its memory figures (TRAIN_MEMORY, the runner's stats)
 TRAIN_JOB = {
-    "job_id": "BIGINT", "model": "VARCHAR", "version": "INTEGER", "status": "VARCHAR", "epochs": "INTEGER",
-    "rows": "BIGINT", "skipped_rows": "BIGINT", "final_loss": "DOUBLE", "val_metric": "DOUBLE", "seconds": "DOUBLE",
+    "job_id": "BIGINT", "model": "VARCHAR", "version": "INTEGER", "status": "VARCHAR", "error": "VARCHAR",
+    "epochs": "INTEGER", "rows": "BIGINT", "skipped_rows": "BIGINT", "final_loss": "DOUBLE", "val_metric": "DOUBLE",
+    "seconds": "DOUBLE",
 }
 TRAIN_MEMORY = {
     "measured_peak_bytes": "BIGINT", "vanilla_peak_bytes": "BIGINT", "vanilla_source": "VARCHAR",

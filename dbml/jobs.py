@@ -16,14 +16,18 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import duckdb
 
 from . import catalog
+from .columns import TRAIN_RESULT
 from .errors import DbmlError, InvalidArgument, JobCancelled
 
-__all__ = ["Job", "JobManager", "JobCancelled", "summary", "train_all"]   # JobCancelled: from .errors
+if TYPE_CHECKING:   # spec imports the scheduler, which the job manager does not
+    from .spec import TrainCall
+
+__all__ = ["Job", "JobManager", "JobCancelled", "outcome", "summary", "train_all"]   # JobCancelled: from .errors
 
 
 @dataclass
@@ -189,11 +193,17 @@ class JobManager:
 
 def summary(job: Job) -> dict:
     """The train() result of an ended job; failed and cancelled jobs raise their error."""
-    if job.status == "finished":
-        return job.result
     if job.status in ("failed", "cancelled"):
         raise job.exception
-    return {"job_id": job.id, "model": job.model, "status": job.status}
+    return outcome(job)
+
+
+def outcome(job: Job) -> dict:
+    """The train() row of a job, whatever its fate: its summary once finished, else its
+    status (and error), every TRAIN_RESULT column present."""
+    row = job.result if job.status == "finished" else {"job_id": job.id, "model": job.model,
+                                                       "status": job.status, "error": job.error}
+    return {k: row.get(k) for k in TRAIN_RESULT}
 
 
 def _message(e: BaseException) -> str:
@@ -202,12 +212,22 @@ def _message(e: BaseException) -> str:
     return str(e) if isinstance(e, DbmlError) else f"{type(e).__name__}: {e}"
 
 
-def train_all(manager: JobManager, specs: list, wait: bool) -> list[dict]:
-    """Start every job at once; with ``wait``, return when all have ended (raising the
-    first failure's error after the others finished), else return their ids at once."""
-    jobs = [manager.submit(spec) for spec in specs]
-    if not wait:
-        return [{"job_id": j.id, "model": j.model, "status": j.status} for j in jobs]
-    for job in jobs:
-        job.wait()
-    return [summary(j) for j in jobs]
+def train_all(manager: JobManager, calls: list[TrainCall]) -> list[dict]:
+    """Start every row's job at once; return one row per call.
+
+    Unless every row says ``wait := false``, return when all jobs have ended. Then a row
+    whose job failed or was cancelled raises its error under ``on_error := 'raise'`` (the
+    first such row's, after the others ended and stored their models); under 'continue'
+    it returns its status and error, as does a row whose arguments were invalid (no job).
+    """
+    jobs = [manager.submit(c.spec) if c.spec is not None else None for c in calls]
+    if any(c.wait for c in calls):
+        for job in jobs:
+            if job is not None:
+                job.wait()
+        for c, job in zip(calls, jobs):
+            if c.on_error == "raise" and job is not None and job.status in ("failed", "cancelled"):
+                raise job.exception
+    return [outcome(job) if job is not None else
+            {**dict.fromkeys(TRAIN_RESULT), "model": c.model, "status": "failed", "error": str(c.error)}
+            for c, job in zip(calls, jobs)]

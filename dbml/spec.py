@@ -7,12 +7,13 @@ From it (and from ``settings.SETTINGS``) come:
   their defaults, passed to the internal ``dbml_train`` followed by every setting, read
   with ``getvariable``;
 - ``dbml_train``'s DuckDB parameter types (``dbml.udfs.types.TRAIN_ARGS``);
-- ``TrainSpec`` itself (``make_dataclass``): one field per parameter but ``wait`` (how the
-  statement waits, not the job), then one per setting, named as the setting but
-  ``memory_budget``, which is ``device_budget`` (the job's own ``memory_budget`` is the
-  parameter), each with the table's default.
+- ``TrainSpec`` itself (``make_dataclass``): one field per parameter but ``on_error`` and
+  ``wait`` (how the statement treats its jobs, not a job), then one per setting, named as
+  the setting but ``memory_budget``, which is ``device_budget`` (the job's own
+  ``memory_budget`` is the parameter), each with the table's default.
 
-``from_sql_row`` turns one row of ``dbml_train``'s arguments back into a TrainSpec.
+``from_sql_row`` turns one row of ``dbml_train``'s arguments back into a TrainSpec;
+``calls_from_sql_rows`` turns a statement's rows into ``TrainCall``s.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class Param:
     default: object = None
     required: bool = False  # no default: positional in SQL, a TrainSpec field without a default
     size: bool = False      # bytes or a size such as '512MB': cast to VARCHAR, parsed by parse_bytes
-    in_spec: bool = True    # a TrainSpec field (wait is not: it is about the statement)
+    in_spec: bool = True    # a TrainSpec field (wait and on_error are not: they are about the statement)
 
 
 TRAIN_PARAMS = (
@@ -56,6 +57,7 @@ TRAIN_PARAMS = (
     Param("policy", "VARCHAR", "tensile"),
     Param("memory_budget", "VARCHAR", None, size=True),
     Param("measure_vanilla", "BOOLEAN", False),
+    Param("on_error", "VARCHAR", "raise", in_spec=False),
     Param("wait", "BOOLEAN", True, in_spec=False),
 )
 # the TrainSpec field of a setting, where it is not the setting's own name
@@ -70,6 +72,9 @@ def spec_field(setting: str) -> str:
 # released after their last use, no budget; eager: plain PyTorch (the vanilla); capuchin:
 # passive mode, the cold-start peer (swap on demand in iteration 1, then plan from it).
 SQL_POLICIES = ("tensile", "none", "eager", "capuchin")
+# raise: a failed or cancelled row makes the statement raise its error (after every job has
+# ended); continue: every row returns its summary, with status and error.
+ON_ERROR = ("raise", "continue")
 
 
 class _TrainSpecChecks:
@@ -154,6 +159,37 @@ def from_sql_row(row: tuple) -> tuple[TrainSpec, bool]:
         fields[spec_field(setting.name)] = _from_sql(setting.sql_type, setting.size, resolve(setting.name, value),
                                                      f"setting {setting.name}")
     return TrainSpec(**fields), args["wait"] is not False
+
+
+@dataclass(frozen=True)
+class TrainCall:
+    """One row of a train() statement: its job's spec, or what is wrong with its arguments
+    (kept only under ``on_error := 'continue'``; under 'raise' it is raised at once)."""
+    model: str | None
+    spec: TrainSpec | None
+    error: InvalidArgument | None
+    wait: bool
+    on_error: str
+
+
+def calls_from_sql_rows(rows) -> list[TrainCall]:
+    """Every row of a statement, validated before any job starts (see ``from_sql_row``)."""
+    calls = []
+    for row in rows:
+        args = dict(zip((p.name for p in TRAIN_PARAMS), row))
+        on_error, wait = args["on_error"], args["wait"] is not False
+        if on_error not in ON_ERROR:
+            raise InvalidArgument(f"train(): unknown on_error {on_error!r}; "
+                                  f"pass on_error := one of {', '.join(map(repr, ON_ERROR))}")
+        try:
+            spec, _ = from_sql_row(row)
+        except InvalidArgument as e:
+            if on_error == "raise":
+                raise
+            calls.append(TrainCall(args["model"], None, e, wait, on_error))
+            continue
+        calls.append(TrainCall(spec.model, spec, None, wait, on_error))
+    return calls
 
 
 def _from_sql(sql_type: str, size: bool, value, name: str):

@@ -26,7 +26,7 @@ from .types import (CALIBRATE_RESULT, DOUBLES, EVALUATE_RESULT, JOB_ROWS, MEMORY
 
 SQL_FUNCTIONS: dict[str, str] = {
     "train": "train(model, source, label := ..., features, arch, epochs, batch_size, lr, optimizer, seed, "
-             "validation, hidden, dropout, task, weight_decay, momentum, policy, memory_budget, measure_vanilla) -> STRUCT: "
+             "validation, hidden, dropout, task, weight_decay, momentum, policy, memory_budget, measure_vanilla, on_error) -> STRUCT: "
              "train a model on a table or one SELECT under the memory scheduler and store it as the next "
              "version of `model`",
     "predict": "predict(model, [x1, x2, ...]) -> DOUBLE: the prediction for raw numeric features in training "

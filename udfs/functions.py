@@ -18,7 +18,7 @@ from ..instance import Instance
 from ..scheduler.latency.predictor import predictor_path
 from ..scheduler.multijob.registry import device_ledger, existing_scheduler
 from ..settings import resolve, resolve_device
-from ..spec import from_sql_row
+from ..spec import calls_from_sql_rows
 from .types import TRAIN_RESULT_ARROW
 
 
@@ -35,10 +35,8 @@ def instance_id(ctx: Context) -> str:
 
 def train(ctx: Context, *columns: pa.Array) -> pa.Array:
     """Vectorised: every row of the vector is a job; they all start at once."""
-    calls = [from_sql_row(row) for row in zip(*(c.to_pylist() for c in columns))]  # all validated first
-    waits = {wait for _, wait in calls}
-    results = jobs.train_all(ctx.instance.jobs, [spec for spec, _ in calls], wait=waits != {False})
-    return pa.array(results, type=TRAIN_RESULT_ARROW)
+    calls = calls_from_sql_rows(zip(*(c.to_pylist() for c in columns)))  # all validated first
+    return pa.array(jobs.train_all(ctx.instance.jobs, calls), type=TRAIN_RESULT_ARROW)
 
 
 def wait_job(ctx: Context, job_id: int) -> dict:
