@@ -4,7 +4,9 @@
     con.sql("SELECT train('churn', 'customers', label := 'churned')")
 
 ``connect`` opens a DuckDB connection with dbml installed; ``install`` adds dbml to a
-connection you already have. Both are idempotent.
+connection you already have. Both are idempotent and return a ``Connection``: the DuckDB
+connection with every method it has, whose ``cursor()`` (DuckDB's way to use a connection
+from another thread) has dbml too.
 """
 
 from __future__ import annotations
@@ -18,28 +20,79 @@ from .errors import (CatalogError, DbmlError, InvalidArgument, ModelNotFound, So
                      TrainingError)
 
 __version__ = "0.1.0"
-__all__ = ["connect", "install", "DbmlError", "InvalidArgument", "SourceError", "ModelNotFound",
+__all__ = ["connect", "install", "Connection", "DbmlError", "InvalidArgument", "SourceError", "ModelNotFound",
            "TrainingError", "CatalogError"]
 
+# SQL files that write the database: skipped on a read-only one (sql/scratch.sql attaches an
+# in-memory database, which DuckDB refuses in read-only mode; only training uses it).
+_WRITING_SQL = ("catalog.sql", "scratch.sql")
 
-def install(con: duckdb.DuckDBPyConnection, **settings) -> duckdb.DuckDBPyConnection:
+
+class Connection:
+    """A DuckDB connection with dbml installed: every ``duckdb.DuckDBPyConnection`` method
+    passes through, and ``cursor()`` returns a ``Connection`` with dbml's macros, views and
+    settings (copied from this one) installed. DuckDB's connection type cannot be subclassed
+    (it has no constructor), hence the wrapper; ``con.duckdb`` is the DuckDB connection
+    itself, for APIs that need one (``duckdb.sql(..., connection=con.duckdb)``)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, read_only: bool):
+        self.duckdb = con
+        self._read_only = read_only
+
+    def __getattr__(self, name: str):
+        return getattr(self.duckdb, name)
+
+    def cursor(self) -> "Connection":
+        cur = self.duckdb.cursor()
+        _settings.apply(cur, **{s.name: v for s in _settings.SETTINGS
+                                if (v := self.duckdb.execute("SELECT getvariable(?)",
+                                                             [_settings.variable(s.name)]).fetchall()[0][0]) is not None})
+        _install_sql(cur, self._read_only)
+        return Connection(cur, self._read_only)
+
+    def __enter__(self) -> "Connection":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.duckdb.close()
+
+    def __repr__(self) -> str:
+        return f"<dbml.Connection {self.duckdb!r}>"
+
+
+def install(con: duckdb.DuckDBPyConnection | Connection, **settings) -> Connection:
     """Install dbml into ``con``: settings, catalog tables, UDFs and macros (``sql/``, and
-    ``train`` generated from ``dbml.spec``). Returns ``con``."""
+    ``train`` generated from ``dbml.spec``). Returns ``con`` as a ``Connection``.
+
+    On a database opened read-only the catalog must already exist; ``predict``,
+    ``predictions``, ``evaluate`` and the views work, and ``train``, ``drop_model`` and
+    ``calibrate`` are refused."""
+    from .catalog import require_catalog
     from .instance import attach
-    from .spec import train_macro_sql
     from .udfs import register
 
+    con = con.duckdb if isinstance(con, Connection) else con
     _settings.apply(con, **settings)
     instance, new = attach(con)
     if new:
         register(instance)
+    if instance.read_only:
+        require_catalog(con)
+    _install_sql(con, instance.read_only)
+    return Connection(con, instance.read_only)
+
+
+def _install_sql(con: duckdb.DuckDBPyConnection, read_only: bool) -> None:
+    """Run ``sql/`` and the generated ``train`` macro on one connection or cursor: TEMP macros
+    and views are per connection, UDFs and the catalog per database."""
+    from .spec import train_macro_sql
+
     for sql in sorted(resources.files("dbml.sql").iterdir(), key=lambda p: p.name):
-        if sql.name.endswith(".sql"):
+        if sql.name.endswith(".sql") and not (read_only and sql.name in _WRITING_SQL):
             con.execute(sql.read_text())
     con.execute(train_macro_sql())
-    return con
 
 
-def connect(database: str = ":memory:", read_only: bool = False, **settings) -> duckdb.DuckDBPyConnection:
+def connect(database: str = ":memory:", read_only: bool = False, **settings) -> Connection:
     """A DuckDB connection to ``database`` with dbml installed; ``settings`` as in dbml.settings."""
     return install(duckdb.connect(database, read_only=read_only), **settings)

@@ -39,6 +39,16 @@ class StoredModel:
     module: torch.nn.Module
 
 
+def require_catalog(con: duckdb.DuckDBPyConnection) -> None:
+    """On a database opened read-only dbml cannot create its catalog (sql/catalog.sql): it must be there."""
+    found = con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+                        "AND table_name IN ('dbml_models', 'dbml_weights') AND NOT temporary").fetchall()[0][0]
+    if found < 2:
+        raise CatalogError("dbml.connect(): the database is open read-only and has no dbml catalog "
+                           "(dbml_models, dbml_weights) to create; open it once without read_only "
+                           "(dbml.connect(path)) so dbml can create it")
+
+
 def next_job_id(cur: duckdb.DuckDBPyConnection) -> int:
     return cur.execute("SELECT nextval('dbml_job_ids')").fetchall()[0][0]
 

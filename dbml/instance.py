@@ -35,6 +35,9 @@ class Instance:
         self.jobs = JobManager(self.cursor, run=training.train)
         self._owns = owns
         self._users = 0
+        # dbml.connect(path, read_only=True): predict, predictions and evaluate work; whatever
+        # writes the database (train, drop_model, calibrate) is refused by udfs.functions.
+        self.read_only = is_read_only(owner)
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         return self.owner.cursor()
@@ -90,5 +93,9 @@ def _owner(con: duckdb.DuckDBPyConnection) -> tuple[duckdb.DuckDBPyConnection, b
     path, = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchall()[0]
     if not path:
         return con, False
-    read_only = con.execute("SELECT current_setting('access_mode')").fetchall()[0][0] == "read_only"
-    return duckdb.connect(path, read_only=read_only), True
+    return duckdb.connect(path, read_only=is_read_only(con)), True
+
+
+def is_read_only(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether ``con``'s database was opened with ``read_only=True``."""
+    return con.execute("SELECT current_setting('access_mode')").fetchall()[0][0] == "read_only"

@@ -60,6 +60,10 @@ WRITE_OPERATORS = frozenset({
     "INSERT", "DELETE", "UPDATE", "MERGE_INTO", "COPY_TO_FILE", "COPY_DATABASE", "ATTACH", "DETACH",
     "PRAGMA", "SET", "RESET", "LOAD", "TRANSACTION", "VACUUM", "EXPORT", "EXECUTE", "PREPARE",
     "UPDATE_EXTENSIONS"})
+# A source runs on dbml's own connection to the database, which cannot see the caller's TEMP
+# tables and views: a name not found may be one of those.
+TEMP_HINT = (" (a TEMP table or view is not seen: dbml runs the source on its own connection, which cannot "
+             "see this connection's TEMP objects; CREATE TABLE or CREATE VIEW in the database instead)")
 _EFFECTFUL_CALL = re.compile(r"\b(" + "|".join(sorted(EFFECTFUL)) + r")\s*\(", re.IGNORECASE)
 
 
@@ -154,7 +158,7 @@ def check_plan(cur: duckdb.DuckDBPyConnection, select_sql: str, *, fn: str, arg:
         message = f"{kind} Error: {_first_line(Exception(plan.get('error_message', '')))}"
         if kind == "Catalog":
             raise SourceError(f"{fn}(): {arg} refers to something that does not exist: "
-                              f"{message}; check the table name or the SELECT")
+                              f"{message}; check the table name or the SELECT{TEMP_HINT}")
         raise SourceError(f"{fn}(): {arg} failed in DuckDB: {message}; fix the SELECT")
     for node in _plan_nodes(plan.get("plans", [])):
         op = str(node.get("type", ""))
@@ -267,7 +271,7 @@ def describe(cur: duckdb.DuckDBPyConnection, select_sql: str, *, fn: str, arg: s
         return [Column(n, str(t)) for n, t in zip(rel.columns, rel.types)]
     except duckdb.CatalogException as e:
         raise SourceError(f"{fn}(): {arg} refers to something that does not exist: "
-                          f"{_first_line(e)}; check the table name or the SELECT") from None
+                          f"{_first_line(e)}; check the table name or the SELECT{TEMP_HINT}") from None
     except duckdb.Error as e:
         raise SourceError(f"{fn}(): {arg} failed in DuckDB: {_first_line(e)}; fix the SELECT") from None
 

@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from .. import inference, jobs, latency, views
 from ..catalog import drop
+from ..errors import InvalidArgument
 from ..inference import ModelCache
 from ..instance import Instance
 from ..scheduler.latency.predictor import predictor_path
@@ -33,8 +34,16 @@ def instance_id(ctx: Context) -> str:
     return ctx.instance.id
 
 
+def _writable(ctx: Context, fn: str) -> None:
+    """Refuse a function that writes the database (or the machine's calibration) on a read-only one."""
+    if ctx.instance.read_only:
+        raise InvalidArgument(f"{fn}(): the database is open read-only, and {fn} writes to it; "
+                              f"open it without read_only (dbml.connect(path)) to use {fn}")
+
+
 def train(ctx: Context, *columns: pa.Array) -> pa.Array:
     """Vectorised: every row of the vector is a job; they all start at once."""
+    _writable(ctx, "train")
     calls = calls_from_sql_rows(zip(*(c.to_pylist() for c in columns)))  # all validated first
     return pa.array(jobs.train_all(ctx.instance.jobs, calls), type=TRAIN_RESULT_ARROW)
 
@@ -57,6 +66,7 @@ def memory_rows(ctx: Context, device: str | None) -> list[dict]:
 
 
 def calibrate(ctx: Context, quick: bool | None, device: str | None, threads: int | None) -> dict:
+    _writable(ctx, "calibrate")
     threads = resolve("torch_threads", threads)
     predictor = latency.calibrate(resolve_device(device), bool(quick), threads)
     report = predictor.report()
@@ -109,4 +119,5 @@ def predictions_sql(ctx: Context, model: str, source: str) -> str:
 
 
 def drop_model(ctx: Context, model: str) -> int:
+    _writable(ctx, "drop_model")
     return _with_cursor(ctx, lambda cur: drop(cur, model))
