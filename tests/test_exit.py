@@ -9,14 +9,13 @@ closed"), waits for them and closes dbml's owner connection: the file is release
 import subprocess
 import sys
 import textwrap
+import time
 
 import duckdb
 import pytest
 
 import dbml
 from dbml import instance as dbml_instance
-
-from helpers import wait_until
 
 TABLE = ("CREATE OR REPLACE TABLE t AS SELECT random() AS x1, random() AS x2, "
          "(random() > 0.5)::INT AS y FROM range(2000)")
@@ -69,7 +68,10 @@ def test_close_cancels_running_jobs_and_releases_the_file(tmp_path):
     con.execute(TABLE)
     job_id = con.execute(ASYNC).fetchall()[0][0]["job_id"]
     jobs = dbml_instance._INSTANCES[con.execute("SELECT dbml_instance_id()").fetchall()[0][0]].jobs
-    wait_until(lambda: con.execute(RUNNING).fetchall()[0][0], timeout=60, what="the job mid-training")
+    end = time.monotonic() + 60   # until the job is mid-training (no helpers: also runs on f30edaf)
+    while not con.execute(RUNNING).fetchall()[0][0]:
+        assert time.monotonic() < end, "the job never started training"
+        time.sleep(0.05)
     con.close()
 
     job = jobs.get(job_id, fn="test")   # close() waited for it: it has ended, cancelled
