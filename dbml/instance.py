@@ -6,14 +6,18 @@ registered it: once that connection closes, calling the UDF from another connect
 runs a dangling function. So for a database file dbml registers its UDFs through a
 connection of its own (the instance's *owner*), which lives as long as any connection
 dbml was installed on; UDFs take their cursors from it. When the last of those
-connections is garbage-collected, the owner unregisters the UDFs and closes. For an
-in-memory database only the installing connection and its cursors can reach it, so
-that connection is the owner.
+connections is closed (``close()``, or garbage-collected), its running jobs are cancelled
+("the connection was closed") and waited for, then the owner unregisters the UDFs and
+closes, so the file is released. For an in-memory database only the installing
+connection and its cursors can reach it, so that connection is the owner. At exit,
+running jobs are cancelled (one line each on stderr), their threads joined, and every
+owner closed, before DuckDB's objects are torn down.
 """
 
 from __future__ import annotations
 
 import atexit
+import sys
 import threading
 import uuid
 import weakref
@@ -25,6 +29,7 @@ from .jobs import JobManager
 
 _INSTANCES: dict[str, "Instance"] = {}
 _LOCK = threading.Lock()
+_USERS: "weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, weakref.finalize]" = weakref.WeakKeyDictionary()
 
 
 class Instance:
@@ -43,17 +48,22 @@ class Instance:
         return self.owner.cursor()
 
     def _add_user(self, con: duckdb.DuckDBPyConnection) -> None:
+        if con in _USERS:   # installed again: already counted
+            return
         self._users += 1
-        weakref.finalize(con, self._release).atexit = False  # at exit, _close_all does it
+        release = _USERS[con] = weakref.finalize(con, self._release)
+        release.atexit = False  # at exit, _close_all does it
 
     def _release(self) -> None:
+        """One user connection less; after the last, cancel and wait for the jobs, then close."""
         with _LOCK:
             self._users -= 1
             if self._users:
                 return
             _INSTANCES.pop(self.id, None)
-            if self._owns:
-                self.close()
+        self.jobs.shutdown("the connection was closed")
+        if self._owns:
+            self.close()
 
     def close(self) -> None:
         """Unregister the UDFs and close the owner connection."""
@@ -67,11 +77,33 @@ class Instance:
 
 @atexit.register
 def _close_all() -> None:
-    """At exit, close what dbml registered: DuckDB's bindings report UDFs left alive as leaks."""
+    """At exit: cancel running jobs (one line each on stderr) and join their threads, then
+    close what dbml registered (DuckDB's bindings report UDFs left alive as leaks, and a
+    job thread still inside DuckDB at teardown aborts the process)."""
     with _LOCK:
-        for instance in list(_INSTANCES.values()):
-            instance.close()
+        instances = list(_INSTANCES.values())
         _INSTANCES.clear()
+    for instance in instances:
+        for job in instance.jobs.shutdown("Python is exiting"):
+            print(f"dbml: {job.error}", file=sys.stderr, flush=True)
+    for instance in instances:
+        instance.close()
+
+
+def _closing(close):
+    """DuckDB's ``close`` (or ``__exit__``), preceded for a connection dbml is installed on
+    by releasing it: the last one's jobs are cancelled and waited for, the owner closed."""
+    def wrapper(con, *args):
+        release = _USERS.pop(con, None)
+        if release is not None:
+            release()
+        return close(con, *args)
+    wrapper.__name__, wrapper.__doc__ = close.__name__, close.__doc__
+    return wrapper
+
+
+duckdb.DuckDBPyConnection.close = _closing(duckdb.DuckDBPyConnection.close)
+duckdb.DuckDBPyConnection.__exit__ = _closing(duckdb.DuckDBPyConnection.__exit__)
 
 
 def attach(con: duckdb.DuckDBPyConnection) -> tuple[Instance, bool]:

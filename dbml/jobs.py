@@ -55,6 +55,7 @@ class Job:
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     _done: threading.Event = field(default_factory=threading.Event, repr=False)
     _scheduler: object = field(default=None, repr=False)
+    _reason: str | None = field(default=None, repr=False)
     _rows: int = 0
     _steps_total: int = 0
     _steps: int = 0
@@ -65,8 +66,11 @@ class Job:
         """The job's name in the memory scheduler."""
         return f"job_{self.id}"
 
-    def cancel(self) -> None:
-        """Ask the job to stop at its next iteration boundary (or while it waits for memory)."""
+    def cancel(self, reason: str | None = None) -> None:
+        """Ask the job to stop at its next iteration boundary (or while it waits for memory);
+        ``reason`` (e.g. "the connection was closed") goes into its error."""
+        if reason is not None and not self._cancel.is_set():
+            self._reason = reason
         self._cancel.set()
 
     def cancelled(self) -> bool:
@@ -105,7 +109,8 @@ class Job:
         self.progress = min(1.0, self._steps / self._steps_total)
         self.rows_per_s = self._rows / max(time.perf_counter() - self._t0, 1e-9)
         if self._cancel.is_set():
-            raise JobCancelled(f"job {self.id} ({self.model!r}) was cancelled; nothing was stored")
+            why = f": {self._reason}" if self._reason else ""
+            raise JobCancelled(f"job {self.id} ({self.model!r}) was cancelled{why}; nothing was stored")
 
     def end_epoch(self, record: dict, memory: dict) -> None:
         self.epoch, self.loss = record["epoch"], record["loss"]
@@ -146,16 +151,18 @@ class JobManager:
         self._cursor = cursor
         self._run_job = run
         self._jobs: dict[int, Job] = {}
+        self._threads: dict[int, threading.Thread] = {}   # of jobs not yet ended
         self._lock = threading.Lock()
 
     def submit(self, spec) -> Job:
         """Start a training job on a thread of its own; return it at once."""
         cur = self._cursor()
         job = Job(id=catalog.next_job_id(cur), model=spec.model, epochs=spec.epochs)
-        with self._lock:
-            self._jobs[job.id] = job
         thread = threading.Thread(target=self._run, args=(job, spec, cur),
                                   name=f"dbml-job-{job.id}", daemon=True)
+        with self._lock:
+            self._jobs[job.id] = job
+            self._threads[job.id] = thread
         thread.start()
         return job
 
@@ -164,6 +171,8 @@ class JobManager:
             job.run(lambda: self._run_job(cur, spec, job))
         finally:
             cur.close()
+            with self._lock:
+                self._threads.pop(job.id, None)
             job.ended()
 
     def get(self, job_id: int, *, fn: str) -> Job:
@@ -184,6 +193,18 @@ class JobManager:
         job = self.get(job_id, fn="cancel_job")
         job.cancel()
         return job.status
+
+    def shutdown(self, reason: str, timeout: float = 120.0) -> list[Job]:
+        """Cancel every job still running (``reason`` in its error), join their threads
+        (each stops at its next iteration boundary), and return the jobs it cancelled."""
+        with self._lock:
+            running = [(self._jobs[i], t) for i, t in self._threads.items()]
+        for job, _ in running:
+            job.cancel(reason)
+        for _, thread in running:
+            if thread is not threading.current_thread():
+                thread.join(timeout)
+        return [job for job, _ in running if job.status == "cancelled"]
 
     def jobs(self) -> list[Job]:
         """Every job of this database, oldest first."""
