@@ -15,6 +15,9 @@ import pytest
 
 from dbml.features import Preprocessing
 
+# issue 10 reliability tests: many small databases; in the full suite, not the fast loop
+pytestmark = pytest.mark.slow
+
 N = 300
 BAD = {"nan": "'nan'::DOUBLE", "+inf": "'inf'::DOUBLE", "-inf": "'-inf'::DOUBLE", "null": "NULL::DOUBLE"}
 
@@ -51,6 +54,7 @@ def finite_stats(values) -> tuple[float, float]:
     return v.mean(), v.std()
 
 
+@pytest.mark.slow
 def test_nonfinite_labels_are_skipped_and_counted(bad):
     result = train(bad, "reg", "SELECT a, b, y FROM bad", "y", validation=0.0)
     assert result["skipped_rows"] == 5 and result["rows"] == N - 5
@@ -63,6 +67,7 @@ def test_nonfinite_labels_are_skipped_and_counted(bad):
     assert one_row(bad, "SELECT evaluate('reg', 'SELECT a, b, y FROM bad')")[0]["rows"] == N - 5
 
 
+@pytest.mark.slow
 def test_classification_skips_nan_labels(bad):
     bad.execute("UPDATE bad SET c = NULL WHERE i = 7")
     result = train(bad, "cls", "SELECT a, b, CASE WHEN i = 6 THEN ''nan''::DOUBLE ELSE c END AS c FROM bad", "c",
@@ -100,7 +105,8 @@ def substituted(con, prep: Preprocessing, kind: str, call: str) -> list[tuple]:
 
 FINITE = "WHERE isfinite(a) AND isfinite(b) AND abs(y) < 1e30"
 # trained on every row, or on finite rows only (then only the predict paths meet bad values)
-TRAINED_ON = pytest.mark.parametrize("where", ["", FINITE], ids=["all_rows", "finite_rows"])
+TRAINED_ON = pytest.mark.parametrize("where", ["", pytest.param(FINITE, marks=pytest.mark.slow)],
+                                     ids=["all_rows", "finite_rows"])
 
 
 @TRAINED_ON
@@ -173,6 +179,7 @@ def test_fixed_size_arrays_are_features(emb):
     assert one_row(emb, "SELECT evaluate('emb', 'emb')")[0]["rows"] == N
 
 
+@pytest.mark.slow
 def test_predict_names_array_elements_when_the_list_is_short(emb):
     train(emb, "emb", "SELECT k, y FROM emb", "y", task="regression")
     with pytest.raises(duckdb.Error, match=r"predict\(\): model 'emb' takes 2 features \(k\[1\], k\[2\]\), "
@@ -209,6 +216,7 @@ def test_preprocessing_of_older_models_loads():
     assert prep.label_filter() == '"y" IS NOT NULL'
 
 
+@pytest.mark.slow
 def test_models_stored_without_array_fields_predict_as_before(bad):
     """A model whose stored preprocessing lacks the array fields (as before item 6) predicts the same."""
     for name in ("new", "old"):

@@ -28,6 +28,9 @@ from dbml.jobs import Job
 
 from helpers import load, moons
 
+# issue 10 reliability tests: whole databases and subprocesses; in the full suite, not the fast loop
+pytestmark = pytest.mark.slow
+
 SRC = "SELECT x1, x2, label FROM moons"
 MEET_TIMEOUT = 30   # seconds a job waits for the others at a meeting point (never hang)
 

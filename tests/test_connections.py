@@ -16,6 +16,9 @@ import dbml
 
 from helpers import linear, load
 
+# issue 10 reliability tests: whole databases and subprocesses; in the full suite, not the fast loop
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):

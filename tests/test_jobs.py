@@ -191,6 +191,7 @@ def slow_copies(monkeypatch):
     monkeypatch.setattr(estimate, "measure_machine", lambda device="cpu": machine)
 
 
+@pytest.mark.slow
 def test_jobs_that_do_not_fit_together_queue_and_run_later(wide, gate, slow_copies):
     # one such job needs its unscheduled peak, ~1.9 MB (slow_copies): two cannot share 2.5 MB
     budget = 2_500_000

@@ -17,6 +17,9 @@ import pytest
 
 from dbml import models, runners
 
+# issue 10 reliability tests: whole databases and subprocesses; in the full suite, not the fast loop
+pytestmark = pytest.mark.slow
+
 SMALL = "CREATE TABLE t AS SELECT i::DOUBLE AS a, (i * 7 % 13)::DOUBLE AS b, i % 2 AS y FROM range(300) r(i)"
 
 # Run in a subprocess so the test process's own peak is not the one measured. The address

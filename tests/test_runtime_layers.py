@@ -19,12 +19,14 @@ def loaded_after(module: str) -> set[str]:
     return set(out.split())
 
 
+@pytest.mark.slow
 def test_the_predict_path_loads_neither_training_nor_the_scheduler():
     loaded = loaded_after("dbml.inference")
     assert "dbml.inference" in loaded and "dbml.metrics" in loaded
     assert "dbml.training" not in loaded and "dbml.scheduler" not in loaded
 
 
+@pytest.mark.slow
 def test_the_job_manager_does_not_import_training():
     loaded = loaded_after("dbml.jobs")
     assert "dbml.jobs" in loaded

@@ -17,6 +17,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import dbml
 from dbml import source as src
 
+# issue 10 reliability tests: whole databases and subprocesses; in the full suite, not the fast loop
+pytestmark = pytest.mark.slow
+
 
 def table_rows(con, name="t"):
     return con.execute(f"SELECT count(*) FROM {name}").fetchall()[0][0]

@@ -87,6 +87,7 @@ def test_capuchin_policy_from_sql_swaps_passively_and_matches_eager(wide):
     assert r["passive_swaps"] > 0 and r["measured_peak_bytes"] <= budget
 
 
+@pytest.mark.slow
 def test_plan_updating_settings_reach_the_job(wide):
     wide.execute("SET VARIABLE dbml_replan_beta = 0.5")
     wide.execute("SET VARIABLE dbml_replan_threshold = 1e-9")    # every measured drift replans
