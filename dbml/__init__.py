@@ -44,17 +44,25 @@ class Connection:
 
     def cursor(self) -> "Connection":
         cur = self.duckdb.cursor()
-        _settings.apply(cur, **{s.name: v for s in _settings.SETTINGS
-                                if (v := self.duckdb.execute("SELECT getvariable(?)",
-                                                             [_settings.variable(s.name)]).fetchall()[0][0]) is not None})
+        names = [s.name for s in _settings.SETTINGS]   # one query for all, typed as set
+        values = self.duckdb.execute("SELECT " + ", ".join(f"getvariable('{_settings.variable(n)}')"
+                                                            for n in names)).fetchall()[0]
+        _settings.apply(cur, **{n: v for n, v in zip(names, values) if v is not None})
         _install_sql(cur, self._read_only)
         return Connection(cur, self._read_only)
+
+    def close(self) -> None:
+        """Close the connection; the last one of a database dbml runs jobs on cancels them
+        at their next iteration boundary, waits for them and releases the file."""
+        from .instance import release_user
+        release_user(self.duckdb)
+        self.duckdb.close()
 
     def __enter__(self) -> "Connection":
         return self
 
     def __exit__(self, *exc) -> None:
-        self.duckdb.close()
+        self.close()
 
     def __repr__(self) -> str:
         return f"<dbml.Connection {self.duckdb!r}>"

@@ -6,7 +6,8 @@ registered it: once that connection closes, calling the UDF from another connect
 runs a dangling function. So for a database file dbml registers its UDFs through a
 connection of its own (the instance's *owner*), which lives as long as any connection
 dbml was installed on; UDFs take their cursors from it. When the last of those
-connections is closed (``close()``, or garbage-collected), its running jobs are cancelled
+connections is closed (``dbml.Connection.close()``, or garbage-collected: DuckDB has no
+close hook, so a raw connection closed directly is released when collected), its running jobs are cancelled
 ("the connection was closed") and waited for, then the owner unregisters the UDFs and
 closes, so the file is released. For an in-memory database only the installing
 connection and its cursors can reach it, so that connection is the owner. At exit,
@@ -90,20 +91,14 @@ def _close_all() -> None:
         instance.close()
 
 
-def _closing(close):
-    """DuckDB's ``close`` (or ``__exit__``), preceded for a connection dbml is installed on
-    by releasing it: the last one's jobs are cancelled and waited for, the owner closed."""
-    def wrapper(con, *args):
-        release = _USERS.pop(con, None)
-        if release is not None:
-            release()
-        return close(con, *args)
-    wrapper.__name__, wrapper.__doc__ = close.__name__, close.__doc__
-    return wrapper
-
-
-duckdb.DuckDBPyConnection.close = _closing(duckdb.DuckDBPyConnection.close)
-duckdb.DuckDBPyConnection.__exit__ = _closing(duckdb.DuckDBPyConnection.__exit__)
+def release_user(con: duckdb.DuckDBPyConnection) -> None:
+    """``con`` is being closed: if dbml is installed on it, release it now (the last
+    connection of a database cancels its running jobs, waits for them and closes the
+    owner, so the file is free once ``close()`` returns). ``dbml.Connection.close`` calls
+    it; a raw DuckDB connection closed directly is released when it is collected."""
+    release = _USERS.pop(con, None)
+    if release is not None:
+        release()
 
 
 def attach(con: duckdb.DuckDBPyConnection) -> tuple[Instance, bool]:
