@@ -16,12 +16,12 @@ from importlib import resources
 import duckdb
 
 from . import settings as _settings
-from .errors import (CatalogError, DbmlError, InvalidArgument, ModelNotFound, SourceError,
+from .errors import (CatalogError, DbmlError, Interrupted, InvalidArgument, ModelNotFound, SourceError,
                      TrainingError)
 
 __version__ = "0.1.0"
 __all__ = ["connect", "install", "Connection", "DbmlError", "InvalidArgument", "SourceError", "ModelNotFound",
-           "TrainingError", "CatalogError"]
+           "TrainingError", "CatalogError", "Interrupted"]
 
 # SQL files that write the database: skipped on a read-only one (sql/scratch.sql attaches an
 # in-memory database, which DuckDB refuses in read-only mode; only training uses it).
@@ -35,9 +35,11 @@ class Connection:
     (it has no constructor), hence the wrapper; ``con.duckdb`` is the DuckDB connection
     itself, for APIs that need one (``duckdb.sql(..., connection=con.duckdb)``)."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, read_only: bool):
+    def __init__(self, con: duckdb.DuckDBPyConnection, instance):
         self.duckdb = con
-        self._read_only = read_only
+        self._instance = instance
+        self._read_only = instance.read_only
+        self._id = con.execute("SELECT current_connection_id()").fetchall()[0][0]
 
     def __getattr__(self, name: str):
         return getattr(self.duckdb, name)
@@ -49,7 +51,15 @@ class Connection:
                                                             for n in names)).fetchall()[0]
         _settings.apply(cur, **{n: v for n, v in zip(names, values) if v is not None})
         _install_sql(cur, self._read_only)
-        return Connection(cur, self._read_only)
+        return Connection(cur, self._instance)
+
+    def interrupt(self) -> None:
+        """Interrupt the statement running on this connection (from another thread), as
+        DuckDB's ``interrupt()`` does; a ``train`` it runs cancels its jobs at their next
+        iteration boundary, stores nothing and raises ``Interrupted`` within seconds. Jobs
+        started with ``wait := false`` by earlier statements run on."""
+        self._instance.jobs.interrupt(self._id)
+        self.duckdb.interrupt()
 
     def close(self) -> None:
         """Close the connection; the last one of a database dbml runs jobs on cancels them
@@ -87,7 +97,7 @@ def install(con: duckdb.DuckDBPyConnection | Connection, **settings) -> Connecti
     if instance.read_only:
         require_catalog(con)
     _install_sql(con, instance.read_only)
-    return Connection(con, instance.read_only)
+    return Connection(con, instance)
 
 
 def _install_sql(con: duckdb.DuckDBPyConnection, read_only: bool) -> None:

@@ -7,6 +7,8 @@
     ├── TrainingError          training failed (e.g. the loss became NaN); nothing was stored
     ├── JobCancelled           the job was cancelled (cancel_job, or while it waited for memory);
     │                          nothing was stored
+    ├── Interrupted            the statement was interrupted (Ctrl-C, Connection.interrupt());
+    │                          its jobs were cancelled, nothing of them stored
     └── CatalogError           the catalog tables are not what this dbml expects
 
 Inside DuckDB every one of them surfaces as the UDF's error, its message unchanged, so
@@ -45,6 +47,10 @@ class TrainingError(DbmlError, RuntimeError):
 
 class JobCancelled(DbmlError):
     """The job was cancelled; nothing was stored."""
+
+
+class Interrupted(DbmlError):
+    """The statement was interrupted; its training jobs were cancelled and nothing of them stored."""
 
 
 class CatalogError(DbmlError):

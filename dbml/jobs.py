@@ -14,20 +14,21 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import duckdb
 
 from . import catalog
 from .columns import TRAIN_RESULT
-from .errors import DbmlError, InvalidArgument, JobCancelled
+from .errors import DbmlError, Interrupted, InvalidArgument, JobCancelled
 
 if TYPE_CHECKING:   # spec imports the scheduler, which the job manager does not
     from .spec import TrainCall
 
-__all__ = ["Job", "JobManager", "JobCancelled", "outcome", "summary", "train_all"]   # JobCancelled: from .errors
+__all__ = ["Job", "JobManager", "JobCancelled", "Wait", "outcome", "summary", "train_all"]   # JobCancelled: from .errors
 
 
 @dataclass
@@ -55,6 +56,7 @@ class Job:
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     _done: threading.Event = field(default_factory=threading.Event, repr=False)
     _scheduler: object = field(default=None, repr=False)
+    _cursor: object = field(default=None, repr=False)   # the job's own cursor, while it runs
     _reason: str | None = field(default=None, repr=False)
     _rows: int = 0
     _steps_total: int = 0
@@ -72,13 +74,19 @@ class Job:
         if reason is not None and not self._cancel.is_set():
             self._reason = reason
         self._cancel.set()
+        cursor = self._cursor
+        if cursor is not None:   # stop a long query of the job (statistics, materialising) too
+            try:
+                cursor.interrupt()
+            except duckdb.Error:   # closed as the job ended
+                pass
 
     def cancelled(self) -> bool:
         return self._cancel.is_set()
 
-    def wait(self) -> None:
-        """Block until the job has ended, whatever its fate."""
-        self._done.wait()
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the job has ended, whatever its fate (or ``timeout`` s); whether it has."""
+        return self._done.wait(timeout)
 
     def attach_scheduler(self, scheduler) -> None:
         """The shared MemoryScheduler planning this job; it is left when the job ends."""
@@ -108,9 +116,16 @@ class Job:
         self._rows += rows
         self.progress = min(1.0, self._steps / self._steps_total)
         self.rows_per_s = self._rows / max(time.perf_counter() - self._t0, 1e-9)
+        self.check()
+
+    def check(self) -> None:
+        """Raise JobCancelled if cancel() was called (at iteration boundaries and before storing)."""
         if self._cancel.is_set():
-            why = f": {self._reason}" if self._reason else ""
-            raise JobCancelled(f"job {self.id} ({self.model!r}) was cancelled{why}; nothing was stored")
+            raise self._cancelled()
+
+    def _cancelled(self) -> JobCancelled:
+        why = f": {self._reason}" if self._reason else ""
+        return JobCancelled(f"job {self.id} ({self.model!r}) was cancelled{why}; nothing was stored")
 
     def end_epoch(self, record: dict, memory: dict) -> None:
         self.epoch, self.loss = record["epoch"], record["loss"]
@@ -130,7 +145,11 @@ class Job:
         except JobCancelled as e:
             self.status, self.error, self.exception = "cancelled", str(e), e
         except BaseException as e:  # the job fails alone; the message is its row's error
-            self.status, self.error, self.exception = "failed", _message(e), e
+            if self._cancel.is_set():   # e.g. the interrupt of its cursor, sent by cancel()
+                e = self._cancelled()
+                self.status, self.error, self.exception = "cancelled", str(e), e
+            else:
+                self.status, self.error, self.exception = "failed", _message(e), e
         finally:
             self.finished = datetime.now()
 
@@ -152,6 +171,7 @@ class JobManager:
         self._run_job = run
         self._jobs: dict[int, Job] = {}
         self._threads: dict[int, threading.Thread] = {}   # of jobs not yet ended
+        self._waits: dict[int, list[Wait]] = {}   # statements waiting on jobs, by DuckDB connection id
         self._lock = threading.Lock()
 
     def submit(self, spec) -> Job:
@@ -167,9 +187,11 @@ class JobManager:
         return job
 
     def _run(self, job: Job, spec, cur: duckdb.DuckDBPyConnection) -> None:
+        job._cursor = cur
         try:
             job.run(lambda: self._run_job(cur, spec, job))
         finally:
+            job._cursor = None
             cur.close()
             with self._lock:
                 self._threads.pop(job.id, None)
@@ -183,11 +205,43 @@ class JobManager:
                                   f"see SELECT id, model, status FROM dbml_jobs")
         return job
 
-    def wait(self, job_id: int, *, fn: str = "wait_job") -> dict:
-        """Block until the job ends; its summary, or its error raised."""
+    def wait(self, job_id: int, connection: int | None = None, *, fn: str = "wait_job") -> dict:
+        """Block until the job ends; its summary, or its error raised. An interrupt of the
+        waiting statement (Ctrl-C, ``interrupt(connection)``) ends the wait, not the job."""
         job = self.get(job_id, fn=fn)
-        job.wait()
+        with self._waiting(Wait([], fn), connection) as w:
+            w.until_ended([job])
         return summary(job)
+
+    def wait_statement(self, jobs: list[Job], connection: int | None, *, fn: str = "train") -> None:
+        """Block until the statement's ``jobs`` have ended. An interrupt of the statement —
+        Ctrl-C (KeyboardInterrupt on this thread) or ``interrupt(connection)`` from another
+        thread — cancels them, waits for them to stop at their next iteration boundary and
+        raises ``Interrupted`` with each job's fate."""
+        with self._waiting(Wait(jobs, fn), connection) as w:
+            w.until_ended(jobs)
+
+    @contextmanager
+    def _waiting(self, wait: "Wait", connection: int | None) -> Iterator["Wait"]:
+        with self._lock:
+            self._waits.setdefault(connection, []).append(wait)
+        try:
+            yield wait
+        finally:
+            with self._lock:
+                self._waits[connection].remove(wait)
+                if not self._waits[connection]:
+                    del self._waits[connection]
+
+    def interrupt(self, connection: int) -> int:
+        """Interrupt every statement of DuckDB connection ``connection`` waiting on jobs
+        (``dbml.Connection.interrupt``): each cancels its own jobs; jobs started with
+        ``wait := false`` by earlier statements are untouched. Returns how many it reached."""
+        with self._lock:
+            waits = list(self._waits.get(connection, ()))
+        for w in waits:
+            w.interrupt()
+        return len(waits)
 
     def cancel(self, job_id: int) -> str:
         job = self.get(job_id, fn="cancel_job")
@@ -212,6 +266,55 @@ class JobManager:
             return sorted(self._jobs.values(), key=lambda j: j.id)
 
 
+class Wait:
+    """One statement waiting in a UDF on jobs: ``jobs`` (the statement's own, cancelled
+    if it is interrupted; none for wait_job) and whether it was interrupted."""
+
+    POLL_S = 0.05          # how often a wait looks for an interrupt from another thread
+    STOP_S = 60.0          # how long an interrupted wait waits for its jobs to stop
+
+    def __init__(self, jobs: list[Job], fn: str):
+        self.jobs, self.fn = jobs, fn
+        self.interrupted = threading.Event()
+
+    def interrupt(self) -> None:
+        self.interrupted.set()
+        for job in self.jobs:
+            job.cancel("the statement was interrupted")
+
+    def until_ended(self, jobs: list[Job]) -> None:
+        try:
+            for job in jobs:
+                while not job.wait(self.POLL_S) and not self.interrupted.is_set():
+                    pass
+        except KeyboardInterrupt:   # Ctrl-C in a script, the shell or Jupyter: on this thread
+            self.interrupt()
+        if self.interrupted.is_set():
+            self._stop()
+
+    def _stop(self) -> None:
+        """After an interrupt: wait (a second Ctrl-C stops waiting) for the jobs to stop, then raise."""
+        try:
+            deadline = time.monotonic() + self.STOP_S
+            for job in self.jobs:
+                job.wait(max(0.0, deadline - time.monotonic()))
+        except KeyboardInterrupt:
+            pass
+        fates = "; ".join(_fate(job) for job in self.jobs)
+        raise Interrupted(f"{self.fn}() was interrupted" + (f": {fates}" if fates else
+                                                             "; the job it waited for runs on"))
+
+
+def _fate(job: Job) -> str:
+    if job.status == "finished":
+        return f"job {job.id} ({job.model!r}) had already finished and is stored as version {job.result['version']}"
+    if job.status == "cancelled":
+        return f"job {job.id} ({job.model!r}) was cancelled; nothing was stored"
+    if job.status == "failed":
+        return f"job {job.id} ({job.model!r}) failed: {job.error}"
+    return f"job {job.id} ({job.model!r}) is stopping at its next iteration boundary; nothing will be stored"
+
+
 def summary(job: Job) -> dict:
     """The train() result of an ended job; failed and cancelled jobs raise their error."""
     if job.status in ("failed", "cancelled"):
@@ -233,19 +336,19 @@ def _message(e: BaseException) -> str:
     return str(e) if isinstance(e, DbmlError) else f"{type(e).__name__}: {e}"
 
 
-def train_all(manager: JobManager, calls: list[TrainCall]) -> list[dict]:
+def train_all(manager: JobManager, calls: list[TrainCall], connection: int | None = None) -> list[dict]:
     """Start every row's job at once; return one row per call.
 
     Unless every row says ``wait := false``, return when all jobs have ended. Then a row
     whose job failed or was cancelled raises its error under ``on_error := 'raise'`` (the
     first such row's, after the others ended and stored their models); under 'continue'
     it returns its status and error, as does a row whose arguments were invalid (no job).
+    An interrupt of the statement (Ctrl-C, or ``connection``'s interrupt) cancels its jobs
+    and raises ``Interrupted`` (``JobManager.wait_statement``).
     """
     jobs = [manager.submit(c.spec) if c.spec is not None else None for c in calls]
     if any(c.wait for c in calls):
-        for job in jobs:
-            if job is not None:
-                job.wait()
+        manager.wait_statement([job for job in jobs if job is not None], connection)
         for c, job in zip(calls, jobs):
             if c.on_error == "raise" and job is not None and job.status in ("failed", "cancelled"):
                 raise job.exception

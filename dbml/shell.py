@@ -57,6 +57,11 @@ def run_statements(con: duckdb.DuckDBPyConnection, text: str, out: TextIO, err: 
         except duckdb.Error as e:
             print(f"Error: {e}", file=err)
             return False
+        except (KeyboardInterrupt, RuntimeError) as e:   # Ctrl-C: DuckDB says "Query interrupted"
+            if isinstance(e, RuntimeError) and "interrupted" not in str(e):
+                raise
+            print("Error: interrupted (Ctrl-C); the statement was stopped", file=err)
+            return False
     return True
 
 

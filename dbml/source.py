@@ -48,9 +48,9 @@ WRITE_NODES = (exp.Insert, exp.Update, exp.Delete, exp.Merge, exp.Copy, exp.Crea
 # dbml's SQL functions with effects: the UDFs registered with side_effects in udfs.FUNCTIONS
 # (this module cannot import udfs, which imports it; tests/test_security.py checks the two
 # agree) and the macros that call them.
-DBML_EFFECTFUL = ("dbml_train", "wait_job", "cancel_job", "dbml_job_rows", "dbml_memory_rows",
+DBML_EFFECTFUL = ("dbml_train", "dbml_wait_job", "cancel_job", "dbml_job_rows", "dbml_memory_rows",
                   "dbml_calibrate", "dbml_predictor_rows", "evaluate", "dbml_predictions_sql", "drop_model")
-DBML_EFFECTFUL_MACROS = ("train", "calibrate")
+DBML_EFFECTFUL_MACROS = ("train", "calibrate", "wait_job")
 # DuckDB functions with effects, or that run SQL text the checks cannot see: nextval
 # advances a sequence, setseed the session's random state, query() runs a string as SQL.
 DUCKDB_EFFECTFUL = ("nextval", "setseed", "query")

@@ -65,6 +65,9 @@ class Progress(JobHandle, Protocol):
     def step(self, rows: int) -> None:
         """After an iteration of ``rows`` rows; raises JobCancelled at this boundary if cancelled."""
 
+    def check(self) -> None:
+        """Raises JobCancelled if cancelled (between the stages of a job, and before storing)."""
+
     def end_epoch(self, record: dict, memory: dict) -> None:
         """After an epoch: its history ``record`` and the runner's memory figures so far."""
 
@@ -89,12 +92,15 @@ def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -
                features=None if spec.features is None else list(spec.features), task=spec.task)
     table = f"dbml_scratch.job_{job_id}"
     total = cur.execute(f"SELECT count(*) FROM ({select_sql})").fetchall()[0][0]
-    n_train, n_val = _materialise(cur, table, select_sql, prep, spec)
-    skipped = total - n_train - n_val     # rows whose label is unusable (features.label_usable)
     try:
+        progress.check()
+        n_train, n_val = _materialise(cur, table, select_sql, prep, spec)
+        skipped = total - n_train - n_val     # rows whose label is unusable (features.label_usable)
+        progress.check()
         result = _fit_model(cur, table, prep, spec, n_train, n_val, progress)
     finally:
-        cur.execute(f"DROP TABLE IF EXISTS {table}")
+        _drop_scratch(cur, table)
+    progress.check()
     version = catalog.write(cur, name=spec.model, config=result["config"], prep=prep,
                             params=_params(spec), metrics=result["metrics"], rows=n_train,
                             module=result["module"])
@@ -104,6 +110,14 @@ def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -
         "val_metric": result["metrics"]["val_metric"], "seconds": time.perf_counter() - started,
         **{k: result["memory"].get(k) for k in MEMORY_FIELDS},
     }
+
+
+def _drop_scratch(cur, table: str) -> None:
+    """Drop the job's scratch table, even just after a cancel interrupted the cursor."""
+    try:
+        cur.execute(f"DROP TABLE IF EXISTS {table}")
+    except duckdb.InterruptException:
+        cur.execute(f"DROP TABLE IF EXISTS {table}")
 
 
 def _params(spec: TrainSpec) -> dict:

@@ -7,6 +7,10 @@
 CREATE OR REPLACE TEMP MACRO calibrate(quick := false) AS
     dbml_calibrate(quick, getvariable('dbml_device'), getvariable('dbml_torch_threads'));
 
+-- Block until a job started with wait := false ends; the connection id lets its
+-- interrupt() end the wait (not the job).
+CREATE OR REPLACE TEMP MACRO wait_job(job_id) AS dbml_wait_job(job_id, current_connection_id()::BIGINT);
+
 -- Every row of a table or SELECT with the model's prediction appended as `prediction`.
 CREATE OR REPLACE TEMP MACRO predictions(model, source) AS TABLE
     SELECT * FROM query(dbml_predictions_sql(model, source));

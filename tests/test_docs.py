@@ -64,7 +64,8 @@ def test_registered_functions_are_the_functions_table(con):
 
 
 def test_train_macro_is_train_params_then_every_setting(con):
-    """train()'s named parameters are TRAIN_PARAMS; it passes them, then each setting, to dbml_train."""
+    """train()'s named parameters are TRAIN_PARAMS; it passes them, then each setting, then the
+    calling connection's id (whose interrupt() reaches the statement's jobs), to dbml_train."""
     from dbml.settings import SETTINGS
     from dbml.spec import TRAIN_PARAMS
     params, body = con.execute("SELECT parameters, macro_definition FROM duckdb_functions() "
@@ -72,7 +73,8 @@ def test_train_macro_is_train_params_then_every_setting(con):
     assert params == [p.name for p in TRAIN_PARAMS]
     assert re.findall(r"getvariable\('dbml_(\w+)'\)", body) == [s.name for s in SETTINGS]
     udf = con.execute("SELECT parameter_types FROM duckdb_functions() WHERE function_name = 'dbml_train'").fetchall()[0][0]
-    assert udf == [p.sql_type for p in TRAIN_PARAMS] + [s.sql_type for s in SETTINGS]
+    assert udf == [p.sql_type for p in TRAIN_PARAMS] + [s.sql_type for s in SETTINGS] + ["BIGINT"]
+    assert body.rstrip().endswith("current_connection_id() AS BIGINT))")
 
 
 

@@ -48,7 +48,7 @@ SQL_FUNCTIONS: dict[str, str] = {
 }
 
 # Internal functions the macros call; not part of the documented surface.
-INTERNAL_FUNCTIONS = ("dbml_instance_id", "dbml_train", "dbml_predictions_sql", "dbml_infer", "dbml_job_rows",
+INTERNAL_FUNCTIONS = ("dbml_instance_id", "dbml_train", "dbml_wait_job", "dbml_predictions_sql", "dbml_infer", "dbml_job_rows",
                       "dbml_calibrate", "dbml_predictor_rows", "dbml_memory_rows")
 
 
@@ -73,7 +73,7 @@ class Function:
 FUNCTIONS = (
     Function("dbml_instance_id", f.instance_id, (), t.VARCHAR, effects=False),
     Function("dbml_train", f.train, TRAIN_ARGS, TRAIN_RESULT, arrow=True),
-    Function("wait_job", f.wait_job, (t.BIGINT,), TRAIN_RESULT),
+    Function("dbml_wait_job", f.wait_job, (t.BIGINT, t.BIGINT), TRAIN_RESULT),
     Function("cancel_job", f.cancel_job, (t.BIGINT,), t.VARCHAR),
     Function("dbml_job_rows", f.job_rows, (), JOB_ROWS),
     Function("dbml_memory_rows", f.memory_rows, (t.VARCHAR,), MEMORY_ROWS),

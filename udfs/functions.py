@@ -42,14 +42,17 @@ def _writable(ctx: Context, fn: str) -> None:
 
 
 def train(ctx: Context, *columns: pa.Array) -> pa.Array:
-    """Vectorised: every row of the vector is a job; they all start at once."""
+    """Vectorised: every row of the vector is a job; they all start at once. The last
+    column is the calling connection's id (``current_connection_id()``), whose
+    ``interrupt()`` cancels the statement's jobs."""
+    *columns, connection = columns
     _writable(ctx, "train")
     calls = calls_from_sql_rows(zip(*(c.to_pylist() for c in columns)))  # all validated first
-    return pa.array(jobs.train_all(ctx.instance.jobs, calls), type=TRAIN_RESULT_ARROW)
+    return pa.array(jobs.train_all(ctx.instance.jobs, calls, connection[0].as_py()), type=TRAIN_RESULT_ARROW)
 
 
-def wait_job(ctx: Context, job_id: int) -> dict:
-    return ctx.instance.jobs.wait(job_id)
+def wait_job(ctx: Context, job_id: int, connection: int) -> dict:
+    return ctx.instance.jobs.wait(job_id, connection)
 
 
 def cancel_job(ctx: Context, job_id: int) -> str:

@@ -1,7 +1,7 @@
 """DuckDB (and Arrow) types of the UDFs, derived from dbml's tables.
 
 Result and row STRUCTs come from ``dbml.columns``; ``dbml_train``'s parameter types from
-``dbml.spec.TRAIN_PARAMS`` followed by ``dbml.settings.SETTINGS``. Nothing here lists a
+``dbml.spec.TRAIN_PARAMS`` followed by ``dbml.settings.SETTINGS`` and the connection id. Nothing here lists a
 column or a parameter.
 """
 
@@ -36,7 +36,9 @@ def rows(table: dict[str, str]) -> duckdb.sqltypes.DuckDBPyType:
     return duckdb.list_type(struct(table))
 
 
-TRAIN_ARGS = tuple(sql(p.sql_type) for p in TRAIN_PARAMS) + tuple(sql(s.sql_type) for s in SETTINGS)
+TRAIN_ARGS = (tuple(sql(p.sql_type) for p in TRAIN_PARAMS) + tuple(sql(s.sql_type) for s in SETTINGS)
+              + (sql("BIGINT"),))   # the calling connection's id
+
 TRAIN_RESULT = struct(columns.TRAIN_RESULT)
 TRAIN_RESULT_ARROW = arrow_struct(columns.TRAIN_RESULT)
 JOB_ROWS = rows(columns.JOB_ROW)

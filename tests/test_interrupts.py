@@ -1,0 +1,147 @@
+"""Issue 10, item 8: an interrupt stops the statement's training jobs.
+
+Ctrl-C in a script or the shell, Jupyter's interrupt button (a SIGINT to the kernel, the
+same path as a script's) and ``Connection.interrupt()`` from another thread each cancel
+the running statement's jobs at their next iteration boundary, store nothing and return
+within seconds with a clear message; a ``wait := false`` job of an earlier statement runs
+on and is stored. On f30edaf every one of these trained to the end and stored the model.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import duckdb
+import pytest
+
+import dbml
+from helpers import wait_until
+
+pytestmark = pytest.mark.slow
+
+LONG = "SELECT train('long', 't', label := 'y', epochs := 400, batch_size := 32)"
+BACKGROUND = "SELECT train('bg', 't', label := 'y', epochs := 30, batch_size := 32, wait := false).job_id"
+TABLE = "CREATE TABLE t AS SELECT i::DOUBLE AS x, (i % 7)::DOUBLE AS z, (i % 2)::INTEGER AS y FROM range(3000) r(i)"
+
+
+def _running(con, model: str) -> bool:
+    return con.sql(f"SELECT count(*) FROM dbml_jobs WHERE model = '{model}' AND status = 'running' "
+                   f"AND progress > 0").fetchall()[0][0] == 1
+
+
+def test_connection_interrupt_cancels_the_statement_and_spares_earlier_async_jobs(tmp_path):
+    con = dbml.connect(str(tmp_path / "i.duckdb"), latency_model="roofline")
+    con.execute(TABLE)
+    bg = con.sql(BACKGROUND).fetchall()[0][0]
+    watcher = con.cursor()
+    sent = {}
+
+    def interrupt_when_running():
+        wait_until(lambda: _running(watcher, "long"), timeout=60)
+        sent["at"] = time.perf_counter()
+        con.interrupt()
+
+    thread = threading.Thread(target=interrupt_when_running)
+    thread.start()
+    with pytest.raises(duckdb.Error, match=r"interrupted|Interrupted"):
+        con.sql(LONG).fetchall()
+    returned = time.perf_counter() - sent["at"]
+    thread.join()
+    assert returned < 10, f"returned {returned:.1f} s after the interrupt"
+    assert con.sql("SELECT status, error FROM dbml_jobs WHERE model = 'long'").fetchall() == [
+        ("cancelled", "job 2 ('long') was cancelled: the statement was interrupted; nothing was stored")]
+    assert con.sql(f"SELECT wait_job({bg}).status").fetchall()[0][0] == "finished"
+    assert con.sql("SELECT name, version FROM dbml_models ORDER BY ALL").fetchall() == [("bg", 1)]
+    assert con.sql("SELECT count(*) FROM dbml_weights WHERE name = 'long'").fetchall()[0][0] == 0
+    # the connection works on, and the next statement is not interrupted
+    assert con.sql("SELECT train('next', 't', label := 'y', epochs := 1).status").fetchall()[0][0] == "finished"
+    con.close()
+
+
+def test_interrupting_wait_job_ends_the_wait_not_the_job():
+    con = dbml.connect(latency_model="roofline")
+    con.execute(TABLE)
+    bg = con.sql(BACKGROUND.replace("30", "60")).fetchall()[0][0]
+    watcher = con.cursor()
+    threading.Thread(target=lambda: (wait_until(lambda: _running(watcher, "bg"), timeout=60),
+                                     con.interrupt())).start()
+    with pytest.raises(duckdb.Error, match=r"wait_job\(\) was interrupted; the job it waited for runs on"):
+        con.sql(f"SELECT wait_job({bg})").fetchall()
+    assert con.sql(f"SELECT wait_job({bg}).status").fetchall()[0][0] == "finished"
+    con.close()
+
+
+SCRIPT = textwrap.dedent("""
+    import json, os, signal, sys, threading, time
+    import dbml
+    con = dbml.connect(sys.argv[1], latency_model="roofline")
+    con.execute({table!r})
+    bg = con.sql({background!r}).fetchall()[0][0]
+    watcher = con.cursor()
+    sent = {{}}
+    def ctrl_c():   # what a terminal (or Jupyter's interrupt button) does: SIGINT to the process
+        while watcher.sql("SELECT count(*) FROM dbml_jobs WHERE model = 'long' AND progress > 0").fetchall()[0][0] == 0:
+            time.sleep(0.05)
+        sent["at"] = time.perf_counter()
+        os.kill(os.getpid(), signal.SIGINT)
+    threading.Thread(target=ctrl_c, daemon=True).start()
+    try:
+        con.sql({long!r}).fetchall()
+        error = None
+    except BaseException as e:
+        error = f"{{type(e).__name__}}: {{e}}"
+    returned = time.perf_counter() - sent["at"]
+    bg_status = con.sql(f"SELECT wait_job({{bg}}).status").fetchall()[0][0]
+    print(json.dumps(dict(error=error, returned=returned, bg=bg_status,
+                          jobs=con.sql("SELECT model, status FROM dbml_jobs ORDER BY id").fetchall(),
+                          models=con.sql("SELECT name FROM dbml_models ORDER BY ALL").fetchall())))
+""")
+
+
+def test_ctrl_c_in_a_script_cancels_the_statement(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT.format(table=TABLE, background=BACKGROUND, long=LONG))
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "s.duckdb")], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "train() was interrupted: job 2 ('long') was cancelled; nothing was stored" in out["error"]
+    assert out["returned"] < 10
+    assert out["bg"] == "finished"
+    assert out["jobs"] == [["bg", "finished"], ["long", "cancelled"]]
+    assert out["models"] == [["bg"]]
+    assert done.stderr == ""
+
+
+def test_ctrl_c_in_the_shell_returns_to_the_prompt(tmp_path):
+    pexpect = pytest.importorskip("pexpect")
+    shell = pexpect.spawn(sys.executable, ["-m", "dbml", "shell", str(tmp_path / "sh.duckdb")],
+                          encoding="utf-8", timeout=120, dimensions=(50, 400))
+    shell.expect_exact("dbml> ")
+    shell.sendline("SET VARIABLE dbml_latency_model = 'roofline';")
+    shell.expect_exact("dbml> ")
+    shell.sendline(TABLE + ";")
+    shell.expect_exact("dbml> ")
+    shell.sendline(LONG + ";")
+    time.sleep(4)   # the job is training (the shell holds the database file, so we cannot look)
+    sent = time.perf_counter()
+    shell.sendintr()
+    shell.expect(r"interrupted.*\r\n")
+    print(shell.after)
+    shell.expect_exact("dbml> ")
+    to_prompt = time.perf_counter() - sent
+    shell.sendline("SELECT model, status FROM dbml_jobs;")
+    shell.expect_exact("dbml> ")
+    assert "cancelled" in shell.before
+    shell.sendline("SELECT count(*) AS stored FROM dbml_models;")
+    shell.expect_exact("dbml> ")
+    assert "│      0 │" in shell.before or " 0 " in shell.before
+    shell.sendline(".quit")
+    shell.expect(pexpect.EOF)
+    print(f"Ctrl-C to prompt in the shell: {to_prompt:.2f} s")
+    assert to_prompt < 10
