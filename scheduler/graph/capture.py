@@ -173,8 +173,30 @@ def initial_states(spec: OptimizerSpec, model: torch.nn.Module, params=None) -> 
             for t in init_state(spec, p.detach()).values()]
 
 
+def tensor_slots(model: torch.nn.Module) -> dict[str, str]:
+    """Per place a parameter or buffer sits in ``model`` (a module instance's attribute,
+    named by its first path), the deduplicated name of the tensor there.
+
+    Why: ``functional_call``'s ``tie_weights=True`` swaps in a value under every name of a
+    tied tensor, and a module instance registered twice (a shared embedding: ``self.tok =
+    self.embed``, BART's ``encoder.embed_tokens``) has two names for one attribute. Swapped
+    twice, the second swap records the first's value as the original and the restore
+    leaves that traced, storage-less tensor in the caller's model. One name per place,
+    with ``tie_weights=False``, swaps each once and still binds every use of a tied
+    tensor to its one graph input (so its gradient is the sum of the uses)."""
+    canonical = {id(t): n for n, t in model.named_parameters()}
+    canonical.update({id(t): n for n, t in model.named_buffers()})
+    slots = {}
+    for prefix, module in model.named_modules():   # each module instance once
+        for attr, t in [*module._parameters.items(), *module._buffers.items()]:
+            if t is not None:
+                slots[f"{prefix}.{attr}" if prefix else attr] = canonical[id(t)]
+    return slots
+
+
 def _make_step_fn(model, loss_fn, spec, names, buffer_names, marks):
     group = _eager_group(spec)
+    slots = tensor_slots(model)
     keys = state_keys(spec)
     mark = _phase_marker(marks)
     train = [i for i, t in enumerate(trainable(model)) if t]
@@ -186,7 +208,8 @@ def _make_step_fn(model, loss_fn, spec, names, buffer_names, marks):
                 ps[i] = p
             tensors = dict(zip(names, ps))
             tensors.update(zip(buffer_names, bs))  # an argument: BatchNorm updates it in place
-            loss = loss_fn(torch.func.functional_call(model, tensors, (x,)), y)
+            bound = {slot: tensors[name] for slot, name in slots.items()}
+            loss = loss_fn(torch.func.functional_call(model, bound, (x,), tie_weights=False), y)
             mark()  # forward ends here
             return loss
 
@@ -254,6 +277,7 @@ def capture(model: torch.nn.Module, loss_fn: LossFn, optimizer_spec: OptimizerSp
     names = [n for n, _ in model.named_parameters()]
     buffer_names = [n for n, _ in model.named_buffers()]
     marks: list[int] = []
+    originals = _named_tensors(model)
     fake_mode, params, buffers, states, fx_, fy = _fake_inputs(model, optimizer_spec, x, y)
     step = _make_step_fn(model, loss_fn, optimizer_spec, names, buffer_names, marks)
     try:
@@ -262,12 +286,26 @@ def capture(model: torch.nn.Module, loss_fn: LossFn, optimizer_spec: OptimizerSp
     except Exception as e:  # noqa: BLE001 - re-raised with the job's context
         raise CaptureError(f"job {job!r}: could not capture the training step of "
                            f"{type(model).__name__}: {type(e).__name__}: {e}") from e
+    _check_model_restored(model, originals, job)
     phase_of = _phases_by_position(gm, marks)
     updates = _outputs_from_copies(gm)
     captured = CapturedStep(gm=gm, spec=optimizer_spec, input_keys=_input_keys(model, optimizer_spec),
                             updates=updates, signature=batch_signature(x, y), job=job)
     annotate(captured, phase_of)
     return captured
+
+
+def _named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return dict([*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)])
+
+
+def _check_model_restored(model: torch.nn.Module, originals: dict[str, torch.Tensor], job: str) -> None:
+    """Tracing swaps traced tensors into the caller's model and back; one left behind has
+    no storage and fails much later (``finish``), so say where here."""
+    left = [n for n, t in _named_tensors(model).items() if originals.get(n) is not t]
+    if left:
+        raise CaptureError(f"job {job!r}: capturing {type(model).__name__} left traced tensors in the "
+                           f"model at {left}")
 
 
 def _phases_by_position(gm: fx.GraphModule, marks: list[int]) -> dict[str, Phase]:
