@@ -8,7 +8,9 @@ path :func:`~.optim.make_optimizer` uses in eager), so executing the graph op by
 CPU reproduces eager ``loss.backward(); optimizer.step()`` bit for bit.
 
 Graph inputs (placeholders, in this order): parameters, buffers, optimizer state, then
-the batch ``x``, ``y``. Functionalization turns every in-place update of an input into a
+the batch ``x``, ``y``. A tied tensor (an embedding that is also the LM head's weight, a
+module registered twice) is one input under its first name, as ``named_parameters()``
+deduplicates: its gradient is the sum of its uses (:func:`tensor_slots`). Functionalization turns every in-place update of an input into a
 trailing ``copy_(input, new)``; capture removes those and returns the new values as
 graph outputs instead, each mapped to the input it replaces (``CapturedStep.updates``).
 The graph returns ``(loss, *updated values)``.
@@ -61,7 +63,7 @@ from .sequence import Phase, TensorKind
 from ..errors import CaptureError
 
 __all__ = ["CapturedStep", "CaptureError", "capture", "annotate", "state_keys",
-           "init_state", "initial_states", "trainable", "batch_signature"]
+           "init_state", "initial_states", "trainable", "batch_signature", "tensor_slots"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -184,8 +186,8 @@ def tensor_slots(model: torch.nn.Module) -> dict[str, str]:
     leaves that traced, storage-less tensor in the caller's model. One name per place,
     with ``tie_weights=False``, swaps each once and still binds every use of a tied
     tensor to its one graph input (so its gradient is the sum of the uses)."""
-    canonical = {id(t): n for n, t in model.named_parameters()}
-    canonical.update({id(t): n for n, t in model.named_buffers()})
+    canonical = {id(t): n for n, t in model.named_buffers()}
+    canonical.update({id(t): n for n, t in model.named_parameters()})
     slots = {}
     for prefix, module in model.named_modules():   # each module instance once
         for attr, t in [*module._parameters.items(), *module._buffers.items()]:
