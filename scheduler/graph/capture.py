@@ -10,9 +10,10 @@ CPU reproduces eager ``loss.backward(); optimizer.step()`` bit for bit.
 Graph inputs (placeholders, in this order): parameters, buffers, optimizer state, then
 the batch ``x``, ``y``. A tied tensor (an embedding that is also the LM head's weight, a
 module registered twice) is one input under its first name, as ``named_parameters()``
-deduplicates: its gradient is the sum of its uses (:func:`tensor_slots`). Functionalization turns every in-place update of an input into a
-trailing ``copy_(input, new)``; capture removes those and returns the new values as
-graph outputs instead, each mapped to the input it replaces (``CapturedStep.updates``).
+deduplicates: its gradient is the sum of its uses (:func:`tensor_slots`).
+Functionalization turns every in-place update of an input into a trailing
+``copy_(input, new)``; capture removes those and returns the new values as graph
+outputs instead, each mapped to the input it replaces (``CapturedStep.updates``).
 The graph returns ``(loss, *updated values)``.
 
 The optimizer's step-dependent scalars (Adam's bias corrections) stay symbolic:
