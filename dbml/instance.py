@@ -18,6 +18,7 @@ owner closed, before DuckDB's objects are torn down.
 from __future__ import annotations
 
 import atexit
+import signal
 import sys
 import threading
 import uuid
@@ -26,10 +27,11 @@ import weakref
 import duckdb
 
 from . import training
-from .jobs import JobManager
+from .jobs import JobManager, interrupt_off_main_thread
 
 _INSTANCES: dict[str, "Instance"] = {}
 _LOCK = threading.Lock()
+_SIGINT_HOOKED = False
 _USERS: "weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, weakref.finalize]" = weakref.WeakKeyDictionary()
 
 
@@ -91,6 +93,25 @@ def _close_all() -> None:
         instance.close()
 
 
+def install_sigint_hook() -> None:
+    """Chain a hook before Python's SIGINT handler (once, from the main thread): Ctrl-C also
+    interrupts training statements whose UDF DuckDB runs on one of its worker threads,
+    where no KeyboardInterrupt arrives (``jobs.interrupt_off_main_thread``)."""
+    global _SIGINT_HOOKED
+    if _SIGINT_HOOKED or threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if not callable(previous):   # SIG_IGN / SIG_DFL: Ctrl-C is not Python's to handle
+        return
+
+    def hook(signum, frame):
+        interrupt_off_main_thread()
+        return previous(signum, frame)
+
+    signal.signal(signal.SIGINT, hook)
+    _SIGINT_HOOKED = True
+
+
 def release_user(con: duckdb.DuckDBPyConnection) -> None:
     """``con`` is being closed: if dbml is installed on it, release it now (the last
     connection of a database cancels its running jobs, waits for them and closes the
@@ -113,7 +134,8 @@ def attach(con: duckdb.DuckDBPyConnection) -> tuple[Instance, bool]:
             instance = Instance(*_owner(con))
             _INSTANCES[instance.id] = instance
         instance._add_user(con)
-        return instance, new
+    install_sigint_hook()
+    return instance, new
 
 
 def _owner(con: duckdb.DuckDBPyConnection) -> tuple[duckdb.DuckDBPyConnection, bool]:

@@ -225,9 +225,12 @@ class JobManager:
     def _waiting(self, wait: "Wait", connection: int | None) -> Iterator["Wait"]:
         with self._lock:
             self._waits.setdefault(connection, []).append(wait)
+        if wait.off_main:
+            _OFF_MAIN.add(wait)
         try:
             yield wait
         finally:
+            _OFF_MAIN.discard(wait)
             with self._lock:
                 self._waits[connection].remove(wait)
                 if not self._waits[connection]:
@@ -266,6 +269,18 @@ class JobManager:
             return sorted(self._jobs.values(), key=lambda j: j.id)
 
 
+# Waits running on a DuckDB worker thread rather than the caller's (DuckDB may run a UDF
+# there): Ctrl-C raises KeyboardInterrupt only on the main thread, in DuckDB's own loop,
+# so a SIGINT hook (``instance.install_sigint_hook``) interrupts these.
+_OFF_MAIN: set["Wait"] = set()
+
+
+def interrupt_off_main_thread() -> None:
+    """Ctrl-C: interrupt every statement waiting on jobs off the main thread."""
+    for wait in list(_OFF_MAIN):
+        wait.interrupt()
+
+
 class Wait:
     """One statement waiting in a UDF on jobs: ``jobs`` (the statement's own, cancelled
     if it is interrupted; none for wait_job) and whether it was interrupted."""
@@ -276,6 +291,7 @@ class Wait:
     def __init__(self, jobs: list[Job], fn: str):
         self.jobs, self.fn = jobs, fn
         self.interrupted = threading.Event()
+        self.off_main = threading.current_thread() is not threading.main_thread()
 
     def interrupt(self) -> None:
         self.interrupted.set()

@@ -50,7 +50,7 @@ SETTINGS = (
     Setting("prefetch_batches", "INTEGER", 4, "record batches fetched ahead of training"),
     Setting("shuffle_window", "INTEGER", 65536, "rows of the shuffle buffer each epoch draws batches from"),
     Setting("sources", "VARCHAR", "any",
-            "what train() sources may read: 'any' (tables, views, files such as read_parquet(...) and "
+            "what train(), evaluate() and predictions() sources may read: 'any' (tables, views, files such as read_parquet(...) and "
             "attached databases, as DuckDB's enable_external_access allows) or 'tables' (only this database's "
             "tables and views)"),
 )

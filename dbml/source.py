@@ -49,8 +49,8 @@ WRITE_NODES = (exp.Insert, exp.Update, exp.Delete, exp.Merge, exp.Copy, exp.Crea
 # (this module cannot import udfs, which imports it; tests/test_security.py checks the two
 # agree) and the macros that call them.
 DBML_EFFECTFUL = ("dbml_train", "dbml_wait_job", "cancel_job", "dbml_job_rows", "dbml_memory_rows",
-                  "dbml_calibrate", "dbml_predictor_rows", "evaluate", "dbml_predictions_sql", "drop_model")
-DBML_EFFECTFUL_MACROS = ("train", "calibrate", "wait_job")
+                  "dbml_calibrate", "dbml_predictor_rows", "dbml_evaluate", "dbml_predictions_sql", "drop_model")
+DBML_EFFECTFUL_MACROS = ("train", "calibrate", "wait_job", "evaluate")
 # DuckDB functions with effects, or that run SQL text the checks cannot see: nextval
 # advances a sequence, setseed the session's random state, query() runs a string as SQL.
 DUCKDB_EFFECTFUL = ("nextval", "setseed", "query")
@@ -197,6 +197,26 @@ def _plan_nodes(value):
     elif isinstance(value, list):
         for child in value:
             yield from _plan_nodes(child)
+
+
+def check_not_temp(select_sql: str, temp_names, *, fn: str, arg: str = "source") -> None:
+    """Refuse a source that names one of the calling connection's TEMP tables or views
+    (``temp_names``, from the ``dbml_temp_names()`` macro): dbml runs it on its own connection,
+    which cannot see them, and would read the database's object of the same name if there
+    is one."""
+    temp = {n.lower() for n in temp_names or ()}
+    if not temp:
+        return
+    tree = sqlglot.parse_one(select_sql, read="duckdb")
+    ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
+    for table in tree.find_all(exp.Table):
+        name = table.name.lower()
+        if (isinstance(table.this, exp.Identifier) and name in temp and name not in ctes
+                and (not table.catalog or table.catalog.lower() == "temp")):
+            raise SourceError(f"{fn}(): {arg} reads {table.name!r}, which on this connection is a TEMP table or "
+                              f"view; dbml runs sources on its own connection to the database, which cannot see "
+                              f"TEMP objects (and would read the database's own {table.name!r} if there is one): "
+                              f"CREATE TABLE or CREATE VIEW in the database instead, under a name of its own")
 
 
 def check_tables_only(cur: duckdb.DuckDBPyConnection, select_sql: str, *, fn: str, arg: str = "source") -> None:

@@ -212,7 +212,7 @@ def sql_literal(value) -> str:
 
 def train_macro_sql() -> str:
     """The ``train`` macro: TRAIN_PARAMS with their defaults, passed to ``dbml_train`` with every
-    setting and the calling connection's id.
+    setting, the calling connection's id and its TEMP tables and views.
 
     Sizes are cast to VARCHAR, as a budget may be given as a number of bytes or as text.
     """
@@ -220,5 +220,6 @@ def train_macro_sql() -> str:
     args = [f"{p.name}::VARCHAR" if p.size else p.name for p in TRAIN_PARAMS]
     args += [f"getvariable('dbml_{s.name}')" + ("::VARCHAR" if s.size else "") for s in SETTINGS]
     args.append("current_connection_id()::BIGINT")   # whose interrupt() reaches the statement's jobs
+    args.append("dbml_temp_names()")                 # the caller's TEMP objects, which sources may not name
     return (f"CREATE OR REPLACE TEMP MACRO train({params}) AS\n"
             f"    dbml_train({', '.join(args)});")

@@ -7,13 +7,28 @@
 CREATE OR REPLACE TEMP MACRO calibrate(quick := false) AS
     dbml_calibrate(quick, getvariable('dbml_device'), getvariable('dbml_torch_threads'));
 
+-- The TEMP tables and views of the calling connection: dbml runs sources on its own
+-- connection, which cannot see them, so a source naming one is refused (even when the
+-- database has an object of that name, which dbml would otherwise read instead).
+CREATE OR REPLACE TEMP MACRO dbml_temp_names() AS (
+    SELECT coalesce(list(name), []) FROM (
+        SELECT table_name AS name FROM duckdb_tables() WHERE temporary
+        UNION ALL SELECT view_name FROM duckdb_views() WHERE temporary AND NOT internal));
+
+-- Metrics of a model on a table or SELECT that holds its label.
+CREATE OR REPLACE TEMP MACRO evaluate(model, source) AS
+    dbml_evaluate(model, source, getvariable('dbml_sources'), dbml_temp_names());
+
 -- Block until a job started with wait := false ends; the connection id lets its
 -- interrupt() end the wait (not the job).
 CREATE OR REPLACE TEMP MACRO wait_job(job_id) AS dbml_wait_job(job_id, current_connection_id()::BIGINT);
 
 -- Every row of a table or SELECT with the model's prediction appended as `prediction`.
+-- query() runs the source on the calling connection (a table function takes no subquery,
+-- so dbml_temp_names() cannot be passed: a TEMP object shadowing a table is read as the
+-- caller sees it; its columns are checked against the database's object of that name).
 CREATE OR REPLACE TEMP MACRO predictions(model, source) AS TABLE
-    SELECT * FROM query(dbml_predictions_sql(model, source));
+    SELECT * FROM query(dbml_predictions_sql(model, source, getvariable('dbml_sources')));
 
 -- Training jobs of this database, live: one row per job started since the process began.
 CREATE OR REPLACE TEMP VIEW dbml_jobs AS

@@ -116,3 +116,24 @@ def test_temp_sources_are_refused_saying_why_and_what_to_do(query):
             con.sql(query).fetchall()
     finally:
         con.close()
+
+
+@pytest.mark.parametrize("query", ["SELECT train('t2', 'lin', label := 'y', epochs := 1)",
+                                   "SELECT train('t2', 'SELECT * FROM lin JOIN other USING (a)', label := 'y')",
+                                   "SELECT evaluate('lin', 'SELECT * FROM lin')"])
+def test_a_temp_object_shadowing_a_table_is_refused(query):
+    """A TEMP table named like a database table: the caller sees the TEMP one, dbml's own
+    connection the database's. On f30edaf dbml trained on (or evaluated) the table the
+    caller does not see; now the source is refused, saying why."""
+    con = dbml.connect(latency_model="roofline")
+    try:
+        load(con, "lin", linear(50))
+        con.execute("CREATE TABLE other AS SELECT DISTINCT a FROM lin")
+        con.sql("SELECT train('lin', 'lin', label := 'y', arch := 'linear', epochs := 1)").fetchall()
+        con.execute("CREATE TEMP TABLE lin AS SELECT a, -y AS y FROM main.lin LIMIT 10")
+        with pytest.raises(Exception, match=r"reads 'lin', which on this connection is a TEMP table or view; "
+                                            r"dbml runs sources on its own connection"):
+            con.sql(query).fetchall()
+        assert con.sql("SELECT count(*) FROM dbml_models").fetchall()[0][0] == 1
+    finally:
+        con.close()

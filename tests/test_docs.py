@@ -73,8 +73,8 @@ def test_train_macro_is_train_params_then_every_setting(con):
     assert params == [p.name for p in TRAIN_PARAMS]
     assert re.findall(r"getvariable\('dbml_(\w+)'\)", body) == [s.name for s in SETTINGS]
     udf = con.execute("SELECT parameter_types FROM duckdb_functions() WHERE function_name = 'dbml_train'").fetchall()[0][0]
-    assert udf == [p.sql_type for p in TRAIN_PARAMS] + [s.sql_type for s in SETTINGS] + ["BIGINT"]
-    assert body.rstrip().endswith("current_connection_id() AS BIGINT))")
+    assert udf == [p.sql_type for p in TRAIN_PARAMS] + [s.sql_type for s in SETTINGS] + ["BIGINT", "VARCHAR[]"]
+    assert body.rstrip().endswith("CAST(current_connection_id() AS BIGINT), dbml_temp_names())")
 
 
 

@@ -10,6 +10,8 @@ on and is stored. On f30edaf every one of these trained to the end and stored th
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -110,12 +112,42 @@ def test_ctrl_c_in_a_script_cancels_the_statement(tmp_path):
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    assert "train() was interrupted: job 2 ('long') was cancelled; nothing was stored" in out["error"]
+    # the UDF waits on the main thread (KeyboardInterrupt there: dbml's message), or DuckDB
+    # runs it on a worker thread while the main thread polls for signals ("Query interrupted")
+    assert ("train() was interrupted: job 2 ('long') was cancelled; nothing was stored" in out["error"]
+            or out["error"] == "RuntimeError: Query interrupted"), out["error"]
     assert out["returned"] < 10
     assert out["bg"] == "finished"
     assert out["jobs"] == [["bg", "finished"], ["long", "cancelled"]]
     assert out["models"] == [["bg"]]
     assert done.stderr == ""
+
+
+def test_ctrl_c_reaches_a_statement_whose_udf_runs_off_the_main_thread():
+    """Ctrl-C raises KeyboardInterrupt only on the main thread; a train statement waiting on
+    another thread (a DuckDB worker, or here a thread of the program) is interrupted by
+    dbml's SIGINT hook, its job cancelled."""
+    con = dbml.connect(latency_model="roofline")
+    con.execute(TABLE)
+    worker, outcome = con.cursor(), {}
+
+    def run():
+        try:
+            worker.sql(LONG).fetchall()
+        except duckdb.Error as e:
+            outcome["error"] = str(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_until(lambda: _running(con, "long"), timeout=60)
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+    thread.join(30)
+    assert not thread.is_alive()
+    assert "train() was interrupted: job 1 ('long') was cancelled; nothing was stored" in outcome["error"]
+    assert con.sql("SELECT count(*) FROM dbml_models").fetchall()[0][0] == 0
+    con.close()
 
 
 def test_ctrl_c_in_the_shell_returns_to_the_prompt(tmp_path):

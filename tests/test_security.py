@@ -259,6 +259,19 @@ def test_sources_setting_tables_allows_tables_views_and_ctes(con, parquet):
     assert models(con) == [("a", 1), ("b", 1)]
 
 
+@pytest.mark.parametrize("query", ["SELECT evaluate('m', 'SELECT * FROM read_parquet(''{p}'')')",
+                                   "SELECT * FROM predictions('m', 'SELECT * FROM read_parquet(''{p}'')')"])
+def test_sources_setting_tables_holds_for_evaluate_and_predictions(con, parquet, query):
+    train(con, "m")
+    con.execute("SET VARIABLE dbml_sources = 'tables'")
+    fn = query.split("(")[0].split()[-1]
+    with pytest.raises(duckdb.Error, match=fn + r"\(\): source reads .* but sources are restricted to the "
+                                                r"database's tables and views; SET VARIABLE dbml_sources = 'any'"):
+        con.sql(query.format(p=parquet)).fetchall()
+    con.execute("SET VARIABLE dbml_sources = 'any'")
+    assert con.sql(query.format(p=parquet)).fetchall()
+
+
 def test_sources_setting_has_known_values(con):
     make_table(con)
     con.execute("SET VARIABLE dbml_sources = 'files'")

@@ -48,7 +48,7 @@ SQL_FUNCTIONS: dict[str, str] = {
 }
 
 # Internal functions the macros call; not part of the documented surface.
-INTERNAL_FUNCTIONS = ("dbml_instance_id", "dbml_train", "dbml_wait_job", "dbml_predictions_sql", "dbml_infer", "dbml_job_rows",
+INTERNAL_FUNCTIONS = ("dbml_instance_id", "dbml_train", "dbml_wait_job", "dbml_evaluate", "dbml_temp_names", "dbml_predictions_sql", "dbml_infer", "dbml_job_rows",
                       "dbml_calibrate", "dbml_predictor_rows", "dbml_memory_rows")
 
 
@@ -83,8 +83,8 @@ FUNCTIONS = (
     Function("predict_label", f.predict_label, (t.VARCHAR, DOUBLES), t.VARCHAR, arrow=True, effects=False),
     Function("predict_proba", f.predict_proba, (t.VARCHAR, DOUBLES), DOUBLES, arrow=True, effects=False),
     Function("dbml_infer", f.infer, (t.VARCHAR, t.INTEGER, sql("FLOAT[]")), t.DOUBLE, arrow=True, effects=False),
-    Function("evaluate", f.evaluate, (t.VARCHAR, t.VARCHAR), EVALUATE_RESULT),
-    Function("dbml_predictions_sql", f.predictions_sql, (t.VARCHAR, t.VARCHAR), t.VARCHAR),
+    Function("dbml_evaluate", f.evaluate, (t.VARCHAR, t.VARCHAR, t.VARCHAR, sql("VARCHAR[]")), EVALUATE_RESULT),
+    Function("dbml_predictions_sql", f.predictions_sql, (t.VARCHAR, t.VARCHAR, t.VARCHAR), t.VARCHAR),
     Function("drop_model", f.drop_model, (t.VARCHAR,), t.BIGINT),
 )
 

@@ -18,7 +18,8 @@ from ..inference import ModelCache
 from ..instance import Instance
 from ..scheduler.latency.predictor import predictor_path
 from ..scheduler.multijob.registry import device_ledger, existing_scheduler
-from ..settings import resolve, resolve_device
+from ..settings import SOURCES, resolve, resolve_device
+from ..source import as_select, check_not_temp, check_tables_only
 from ..spec import calls_from_sql_rows
 from .types import TRAIN_RESULT_ARROW
 
@@ -43,11 +44,14 @@ def _writable(ctx: Context, fn: str) -> None:
 
 def train(ctx: Context, *columns: pa.Array) -> pa.Array:
     """Vectorised: every row of the vector is a job; they all start at once. The last
-    column is the calling connection's id (``current_connection_id()``), whose
-    ``interrupt()`` cancels the statement's jobs."""
-    *columns, connection = columns
+    columns are the calling connection's id (``current_connection_id()``), whose
+    ``interrupt()`` cancels the statement's jobs, and its TEMP tables and views."""
+    *columns, connection, temp_names = columns
     _writable(ctx, "train")
     calls = calls_from_sql_rows(zip(*(c.to_pylist() for c in columns)))  # all validated first
+    for call in calls:
+        if call.spec is not None:
+            check_not_temp(as_select(call.spec.source, fn="train"), temp_names[0].as_py(), fn="train")
     return pa.array(jobs.train_all(ctx.instance.jobs, calls, connection[0].as_py()), type=TRAIN_RESULT_ARROW)
 
 
@@ -113,12 +117,25 @@ def _with_cursor(ctx: Context, work):
         cur.close()
 
 
-def evaluate(ctx: Context, model: str, source: str) -> dict:
-    return _with_cursor(ctx, lambda cur: inference.evaluate(cur, ctx.models, model, source))
+def _checked(cur, source: str, sources: str | None, temp_names: list[str], fn: str) -> str:
+    """The source as one SELECT, under the ``sources`` setting, naming none of the caller's TEMP objects."""
+    if sources not in SOURCES:
+        raise InvalidArgument(f"{fn}(): setting sources is {sources!r}; SET VARIABLE dbml_sources = 'any' or 'tables'")
+    select_sql = as_select(source, fn=fn)
+    check_not_temp(select_sql, temp_names, fn=fn)
+    if sources == "tables":
+        check_tables_only(cur, select_sql, fn=fn)
+    return select_sql
 
 
-def predictions_sql(ctx: Context, model: str, source: str) -> str:
-    return _with_cursor(ctx, lambda cur: inference.predictions_sql(cur, ctx.models, model, source))
+def evaluate(ctx: Context, model: str, source: str, sources: str | None, temp_names: list[str]) -> dict:
+    return _with_cursor(ctx, lambda cur: inference.evaluate(
+        cur, ctx.models, model, _checked(cur, source, sources, temp_names, "evaluate")))
+
+
+def predictions_sql(ctx: Context, model: str, source: str, sources: str | None) -> str:
+    return _with_cursor(ctx, lambda cur: inference.predictions_sql(
+        cur, ctx.models, model, _checked(cur, source, sources, [], "predictions")))
 
 
 def drop_model(ctx: Context, model: str) -> int:

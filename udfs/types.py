@@ -1,7 +1,8 @@
 """DuckDB (and Arrow) types of the UDFs, derived from dbml's tables.
 
 Result and row STRUCTs come from ``dbml.columns``; ``dbml_train``'s parameter types from
-``dbml.spec.TRAIN_PARAMS`` followed by ``dbml.settings.SETTINGS`` and the connection id. Nothing here lists a
+``dbml.spec.TRAIN_PARAMS`` followed by ``dbml.settings.SETTINGS``, the connection id and the
+connection's TEMP tables and views. Nothing here lists a
 column or a parameter.
 """
 
@@ -37,7 +38,7 @@ def rows(table: dict[str, str]) -> duckdb.sqltypes.DuckDBPyType:
 
 
 TRAIN_ARGS = (tuple(sql(p.sql_type) for p in TRAIN_PARAMS) + tuple(sql(s.sql_type) for s in SETTINGS)
-              + (sql("BIGINT"),))   # the calling connection's id
+              + (sql("BIGINT"), sql("VARCHAR[]")))   # the calling connection's id and TEMP objects
 
 TRAIN_RESULT = struct(columns.TRAIN_RESULT)
 TRAIN_RESULT_ARROW = arrow_struct(columns.TRAIN_RESULT)
