@@ -37,7 +37,7 @@ CASES = {
     "mlp": (TAB, {"hidden": [64, 64, 64, 64]}, 64),
     "resnet_tabular": (TAB, {"width": 32}, 32),
     "ft_transformer": (TAB, {"width": 16, "depth": 2, "heads": 4}, 16),
-    "cnn": (DIGITS, {"width": 8}, 16),
+    "cnn": (DIGITS, {"width": 16}, 16),
     "resnet18": (DIGITS, {"width": 0.125}, 8),
     "resnet50": (RGB16, {"width": 0.125}, 8),
     "vgg16": (RGB16, {"width": 0.125, "hidden": 256}, 16),
@@ -318,3 +318,6 @@ def test_tensile_at_half_the_peak_is_bit_identical(name):
     stats = runner.stats()
     assert stats["measured_peak_bytes"] <= budget
     assert stats["swaps"] + stats["recomputes"] > 0
+    params = sum(p.numel() for p in model.parameters())
+    print(f"\nzoo {name}: {params} parameters, peak {peak} B, budget {budget} B ({budget / peak:.2f}), "
+          f"measured {stats['measured_peak_bytes']} B, {stats['swaps']} swaps, {stats['recomputes']} recomputes")

@@ -145,6 +145,8 @@ def _checked(a: Arch, key: str, value, fn: str):
     """``value`` for option ``key`` converted to its default's type, or InvalidArgument."""
     default = a.options[key]
     where = f"{fn}(): option {key!r} of arch {a.name!r}"
+    if isinstance(value, float) and value.is_integer() and isinstance(default, int) and not isinstance(default, bool):
+        value = int(value)   # SQL may hand 32 as 32.0
     is_int = isinstance(value, int) and not isinstance(value, bool)
     if isinstance(default, bool):
         ok, value, expect = isinstance(value, bool), value, "true or false"

@@ -83,6 +83,9 @@ class Transformer(nn.Module):
         self.head = nn.Linear(width, outputs)
 
     def forward(self, x):
+        if x.shape[1] > self.inputs.max_len:   # a static shape, not a tensor value: capture-safe
+            raise ValueError(f"transformer: a sequence of {x.shape[1]} steps is longer than max_len "
+                             f"{self.inputs.max_len} the model was built for")
         valid = present(self.inputs, x)
         h = self.dropout(self.embed(x) + self.position[: x.shape[1]])
         padding = ~valid
