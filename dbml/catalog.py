@@ -17,9 +17,10 @@ from dataclasses import MISSING, dataclass, fields
 import duckdb
 import torch
 
-from .errors import CatalogError, ModelNotFound
+from .errors import CatalogError, InvalidArgument, ModelNotFound
 from .features import TASKS, Feature, Preprocessing
 from .models import ModelConfig, build
+from .zoo import arch as zoo_arch
 
 
 # Writers of this process take versions one at a time (_WRITES), so two jobs finishing
@@ -120,6 +121,12 @@ def load(cur: duckdb.DuckDBPyConnection, name: str, version: int) -> StoredModel
         raise CatalogError(f"model {name!r} version {version} has no weights in dbml_weights")
     row = rows[0]
     config = ModelConfig.from_json(row[0])
+    try:
+        zoo_arch(config.arch, fn="load")
+    except InvalidArgument:
+        raise ModelNotFound(f"model {name!r} version {version} was trained with arch {config.arch!r}, which is not "
+                            f"registered in this process; call dbml.register_model({config.arch!r}, factory) "
+                            f"(the same factory it was trained with) before using it") from None
     module = build(config)
     module.load_state_dict(torch.load(io.BytesIO(row[2]), weights_only=True))
     module.eval()
@@ -137,6 +144,7 @@ _FIELD_CHECKS = {
     "tuple[float, ...]": lambda v: isinstance(v, list) and all(_is_number(c) for c in v),
     "tuple": lambda v: isinstance(v, list) and all(isinstance(c, (str, bool)) or _is_number(c) for c in v),
     "tuple[Feature, ...]": lambda v: isinstance(v, list),
+    "InputEncoder | None": lambda v: v is None or isinstance(v, dict),   # checked by InputEncoder.from_dict
 }
 
 

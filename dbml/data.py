@@ -14,7 +14,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import duckdb
 import numpy as np
@@ -76,6 +76,7 @@ class BatchStream:
     prefetch: int = 4
     shuffle: int | None = None
     window_rows: int = 65536
+    convert: Callable[[pa.Array], torch.Tensor] | None = None   # the first column -> tensor (dbml.inputs)
     stats: StreamStats = field(default_factory=StreamStats)
 
     def __post_init__(self):
@@ -124,6 +125,8 @@ class BatchStream:
                                           np.random.default_rng(self.shuffle))
             t0 = time.perf_counter()
             for tensors in batches:
+                if self.convert is not None:   # decoded here, on the producer thread
+                    tensors = (self.convert(tensors[0]), *tensors[1:])
                 self.stats.fetch_seconds += time.perf_counter() - t0
                 if not _put(q, tensors, stop):
                     return
@@ -143,7 +146,8 @@ class BatchStream:
             reader = cur.sql(sql).to_arrow_reader(read_rows)
             try:
                 for batch in reader:
-                    tensors = batch_to_tensors(batch)
+                    tensors = batch_to_tensors(batch) if self.convert is None else \
+                        (batch.column(0), *batch_to_tensors(batch.select(range(1, batch.num_columns))))
                     if self.shuffle is not None:
                         yield tensors
                     else:
@@ -169,22 +173,32 @@ def shuffle_windows(batches: Iterator[tuple[torch.Tensor, ...]], batch_rows: int
             window = _permuted(pending, rng)
             cut = held - held % batch_rows
             yield from _slices(window, 0, cut, batch_rows)
-            pending = [tuple(t[cut:] for t in window)] if cut < held else []
+            pending = [tuple(_cut(t, cut, held) for t in window)] if cut < held else []
             held -= cut
     if held:
         window = _permuted(pending, rng)
         yield from _slices(window, 0, held, batch_rows)
 
 
-def _permuted(parts: list[tuple[torch.Tensor, ...]], rng: np.random.Generator) -> tuple[torch.Tensor, ...]:
+# A column of a batch is a tensor, or (when BatchStream converts it later) an Arrow array.
+def _permuted(parts: list[tuple], rng: np.random.Generator) -> tuple:
     order = torch.from_numpy(rng.permutation(sum(len(p[0]) for p in parts)))
-    columns = (torch.cat([p[i] for p in parts]) if len(parts) > 1 else parts[0][i] for i in range(len(parts[0])))
-    return tuple(torch.index_select(c, 0, order) for c in columns)
+    columns = (_concat([p[i] for p in parts]) if len(parts) > 1 else parts[0][i] for i in range(len(parts[0])))
+    return tuple(torch.index_select(c, 0, order) if isinstance(c, torch.Tensor) else c.take(pa.array(order.numpy()))
+                 for c in columns)
 
 
-def _slices(window: tuple[torch.Tensor, ...], start: int, stop: int, step: int):
+def _concat(columns: list):
+    return torch.cat(columns) if isinstance(columns[0], torch.Tensor) else pa.concat_arrays(columns)
+
+
+def _cut(column, start: int, stop: int):
+    return column[start:stop] if isinstance(column, torch.Tensor) else column.slice(start, stop - start)
+
+
+def _slices(window: tuple, start: int, stop: int, step: int):
     for i in range(start, stop, step):
-        yield tuple(t[i:min(i + step, stop)] for t in window)
+        yield tuple(_cut(t, i, min(i + step, stop)) for t in window)
 
 
 def _put(q: queue.Queue, item, stop: threading.Event) -> bool:

@@ -28,8 +28,11 @@ from dataclasses import asdict, dataclass
 import duckdb
 import numpy as np
 
+from . import inputs
 from .errors import InvalidArgument, SourceError
+from .inputs import InputEncoder
 from .source import Column, literal, number, quote, resolve_column
+from .zoo import Inputs
 
 MAX_CATEGORIES = 64
 MAX_INTEGER_CLASSES = 20
@@ -80,6 +83,7 @@ class Preprocessing:
     classes: tuple = ()                 # classification: the label values, in class-index order
     target_mean: float = 0.0            # regression
     target_std: float = 1.0
+    input: InputEncoder | None = None   # an image, text or sequence column: the model's whole input
 
     @property
     def width(self) -> int:
@@ -87,7 +91,11 @@ class Preprocessing:
 
     @property
     def feature_names(self) -> list[str]:
-        return [f.name for f in self.features]
+        return [self.input.column] if self.input is not None else [f.name for f in self.features]
+
+    def model_inputs(self) -> Inputs:
+        """What the model takes (``zoo.Inputs``)."""
+        return self.input.inputs() if self.input is not None else Inputs("tabular", features=self.width)
 
     @property
     def input_names(self) -> list[str]:
@@ -106,7 +114,10 @@ class Preprocessing:
         return label_usable(quote(self.label), numeric=numeric, regression=self.task == "regression")
 
     def features_sql(self) -> str:
-        """A SQL expression of type ``FLOAT[width]`` over the source's columns."""
+        """A SQL expression of type ``FLOAT[width]`` over the source's columns (or, for an
+        image, text or sequence input, the column as its encoder reads it)."""
+        if self.input is not None:
+            return self.input.raw_sql()
         parts = [p for f in self.features for p in f.sql()]
         return f"[{', '.join(parts)}]::FLOAT[{self.width}]"
 
@@ -138,20 +149,31 @@ class Preprocessing:
         d = json.loads(text)
         feats = tuple(Feature(**{**f, **{k: tuple(f[k]) for k in ("categories", "means", "stds") if k in f}})
                       for f in d.pop("features"))
-        return cls(features=feats, **{**d, "classes": tuple(d["classes"])})
+        encoder = d.pop("input", None)
+        return cls(features=feats, input=None if encoder is None else InputEncoder.from_dict(encoder),
+                   **{**d, "classes": tuple(d["classes"])})
 
 
 def fit(cur: duckdb.DuckDBPyConnection, select_sql: str, columns: list[Column], *,
-        label: str | None, features: list[str] | None, task: str | None, fn: str = "train") -> Preprocessing:
-    """Choose features, infer the task and compute every statistic with SQL over the source."""
+        label: str | None, features: list[str] | None, task: str | None, text=None, shape=None,
+        image_size=None, fn: str = "train") -> Preprocessing:
+    """Choose features, infer the task and compute every statistic with SQL over the source.
+    An image, text or sequence column (``dbml.inputs``) is fitted by its encoder instead."""
     if label is None:
         raise InvalidArgument(f"{fn}(): label is missing; pass label := '<column>' naming the column to predict")
     label_col = resolve_column(columns, label, fn=fn, arg="label")
-    feature_cols = _feature_columns(columns, label_col, features, fn)
+    text_cols = {resolve_column(columns, t, fn=fn, arg="text").name for t in text or ()}
     src = _labelled_rows(cur, select_sql, label_col, fn)
+    kinds = {c.name: inputs.kind_of(cur, src, c, text=c.name in text_cols, shape=shape)
+             for c in columns if c.name != label_col.name}
+    feature_cols = _feature_columns(columns, label_col, features, fn, usable=lambda c: kinds.get(c.name))
     task = _task(cur, src, label_col, task, fn)
     if task == "regression":   # also drop labels beyond FLOAT's range, which a FLOAT target cannot hold
         src = _labelled_rows(cur, select_sql, label_col, fn, regression=True)
+    special = [c for c in feature_cols if kinds.get(c.name)]
+    if special:
+        encoder = _one_input(cur, src, feature_cols, special[0], kinds[special[0].name], shape, image_size, fn)
+        return _with_label(cur, src, label_col, task, (), fn, input=encoder)
     numeric = _numeric_stats(cur, src, [c for c in feature_cols if c.is_numeric])
     feats = tuple(numeric[c.name] if c.is_numeric else
                   _array_stats(cur, src, c, array_size(c)) if array_size(c) else
@@ -160,12 +182,29 @@ def fit(cur: duckdb.DuckDBPyConnection, select_sql: str, columns: list[Column], 
     if sum(f.width for f in feats) == 0:
         raise SourceError(f"{fn}(): the features have no values to learn from (categorical columns "
                           f"all NULL); pass features := [...] with informative columns")
+    return _with_label(cur, src, label_col, task, feats, fn)
+
+
+def _with_label(cur, src: str, label_col: Column, task: str, feats: tuple, fn: str, input=None) -> Preprocessing:
+    """The preprocessing of ``feats`` (or ``input``) with the label's classes or scaling."""
     if task == "classification":
         classes = _classes(cur, src, label_col, fn)
-        return Preprocessing(feats, label_col.name, task, classes=classes)
+        return Preprocessing(feats, label_col.name, task, classes=classes, input=input)
     mean, std = cur.execute(f"SELECT avg({quote(label_col.name)}::DOUBLE), "
-                        f"stddev_pop({quote(label_col.name)}::DOUBLE) FROM {src}").fetchall()[0]
-    return Preprocessing(feats, label_col.name, task, target_mean=_finite(mean), target_std=_nonzero(std))
+                            f"stddev_pop({quote(label_col.name)}::DOUBLE) FROM {src}").fetchall()[0]
+    return Preprocessing(feats, label_col.name, task, target_mean=_finite(mean), target_std=_nonzero(std), input=input)
+
+
+def _one_input(cur, src: str, feature_cols: list[Column], col: Column, kind: str, shape, image_size,
+               fn: str) -> InputEncoder:
+    """The encoder of the one image, text or sequence column; the zoo's architectures take
+    one kind of input, so other feature columns beside it are an error."""
+    if len(feature_cols) > 1:
+        others = [c.name for c in feature_cols if c.name != col.name]
+        raise InvalidArgument(f"{fn}(): column {col.name!r} is {'an' if kind == 'image' else 'a'} {kind} input and "
+                              f"{others[0]!r} is another feature; dbml's architectures take one kind of input: "
+                              f"pass features := [{col.name!r}] (or leave {col.name!r} out)")
+    return inputs.fit(cur, src, col, kind, image_size=image_size, shape=shape, fn=fn)
 
 
 def label_usable(col_sql: str, *, numeric: bool, regression: bool) -> str:
@@ -199,7 +238,8 @@ def array_size(col: Column) -> int | None:
     return int(m[2]) if m and Column(col.name, m[1]).is_numeric else None
 
 
-def _feature_columns(columns: list[Column], label: Column, names: list[str] | None, fn: str) -> list[Column]:
+def _feature_columns(columns: list[Column], label: Column, names: list[str] | None, fn: str,
+                     usable=lambda c: False) -> list[Column]:
     if names is None:
         chosen = [c for c in columns if c.name != label.name]
     else:
@@ -211,7 +251,7 @@ def _feature_columns(columns: list[Column], label: Column, names: list[str] | No
         raise InvalidArgument(f"{fn}(): no feature columns; the source must have columns besides the label, "
                               f"or pass features := ['<column>', ...]")
     for c in chosen:
-        if not (c.is_numeric or c.is_categorical or array_size(c)):
+        if not (c.is_numeric or c.is_categorical or array_size(c) or usable(c)):
             raise InvalidArgument(f"{fn}(): feature column {c.name!r} has type {c.type}, which dbml cannot use; "
                                   f"{_type_fix(c)}cast it in the SELECT or leave it out with features := [...]")
     return chosen

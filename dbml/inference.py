@@ -56,10 +56,25 @@ class ModelCache:
 
 
 def forward(model: catalog.StoredModel, x: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """Raw model outputs for encoded features, in batches, without autograd."""
-    x = torch.as_tensor(x, dtype=torch.float32)
+    """Raw model outputs for encoded features (or an input encoder's tensor), without autograd."""
+    if not (isinstance(x, torch.Tensor) and x.dtype == torch.int64):   # token ids stay integers
+        x = torch.as_tensor(x, dtype=torch.float32)
     with torch.no_grad():
         return model.module(x)
+
+
+# The table form's forward pass per input: the SQL type its column is passed as to dbml_infer*.
+INFER_FUNCTIONS = {None: "dbml_infer", "blob": "dbml_infer_blob", "text": "dbml_infer_text",
+                   "tokens": "dbml_infer_ids", "numbers": "dbml_infer_numbers"}
+
+
+def infer_function(prep: Preprocessing) -> str:
+    enc = prep.input
+    if enc is None:
+        return INFER_FUNCTIONS[None]
+    if enc.kind == "image":
+        return INFER_FUNCTIONS["blob" if enc.blob else "numbers"]
+    return INFER_FUNCTIONS[{"text": "text", "tokens": "tokens", "series": "numbers"}[enc.kind]]
 
 
 def outputs_to_values(prep: Preprocessing, out: torch.Tensor) -> np.ndarray:
@@ -73,6 +88,8 @@ def encode_raw(model: catalog.StoredModel, features: pa.Array, *, fn: str) -> tu
     """A LIST/ARRAY of raw numeric features per row -> (encoded rows, mask of non-NULL rows)."""
     prep = model.preprocessing
     features = flat(features)
+    if prep.input is not None:
+        return _encode_input(model, features, fn)
     if not prep.all_numeric:
         cats = [f.name for f in prep.features if f.kind != "numeric"]
         raise InvalidArgument(f"{fn}(): model {model.name!r} has categorical features ({', '.join(cats)}), "
@@ -90,6 +107,24 @@ def encode_raw(model: catalog.StoredModel, features: pa.Array, *, fn: str) -> tu
                               f"pass [{', '.join(names)}] in that order")
     raw = present.flatten().to_numpy(zero_copy_only=False).astype(np.float64).reshape(len(present), k)
     return prep.standardise(raw), valid
+
+
+def _encode_input(model: catalog.StoredModel, lists: pa.Array, fn: str):
+    """``predict(model, [...])`` for a model of token ids, a series or an image given as numbers."""
+    enc = model.preprocessing.input
+    if enc.kind == "text" or enc.blob:
+        what = "text" if enc.kind == "text" else "PNG/JPEG images"
+        raise InvalidArgument(f"{fn}(): model {model.name!r} takes {what} (column {enc.column!r}), which a list of "
+                              f"numbers cannot carry; use the table form: SELECT * FROM predictions({model.name!r}, "
+                              f"'SELECT {enc.column} FROM ...')")
+    valid = ~np.asarray(lists.is_null().to_numpy(zero_copy_only=False))
+    present = lists.filter(pa.array(valid))
+    if enc.kind == "tokens":
+        values = present.flatten()
+        if pc.any(pc.not_equal(values, pc.round(values))).as_py():
+            raise InvalidArgument(f"{fn}(): model {model.name!r} takes token ids; pass a list of integers")
+        present = present.cast(pa.list_(pa.int64()))
+    return enc.to_tensor(present, fn=fn), valid
 
 
 def flat(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -132,8 +167,13 @@ def _scatter(values, valid: np.ndarray, typ: pa.DataType) -> pa.Array:
 
 
 def infer_encoded(model: catalog.StoredModel, x: pa.Array) -> pa.Array:
-    """Model output for rows already encoded by ``features_sql`` (the table form)."""
+    """Model output for rows already encoded by ``features_sql`` (the table form), or for
+    the raw column of an image, text or sequence model, encoded here."""
     x = flat(x)
+    if model.preprocessing.input is not None:
+        outs = [forward(model, model.preprocessing.input.to_tensor(x.slice(i, 256), fn="predictions"))
+                for i in range(0, len(x), 256)]
+        return pa.array(outputs_to_values(model.preprocessing, torch.cat(outs)), type=pa.float64())
     width = model.preprocessing.width
     rows = x.flatten().to_numpy(zero_copy_only=False).reshape(len(x), width)
     return pa.array(outputs_to_values(model.preprocessing, forward(model, rows)), type=pa.float64())
@@ -154,7 +194,7 @@ def predictions_sql(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str
     """The query behind ``predictions(model, source)``: every source row plus a ``prediction`` column."""
     model, select_sql, _ = _model_and_source(cur, cache, name, source, "predictions")
     prep = model.preprocessing
-    call = f"dbml_infer({literal(name)}, {model.version}, {prep.features_sql()})"
+    call = f"{infer_function(prep)}({literal(name)}, {model.version}, {prep.features_sql()})"
     if prep.task == "classification":
         classes = ", ".join(literal(c) for c in prep.classes)
         call = f"[{classes}][{call}::INTEGER + 1]"
@@ -172,7 +212,8 @@ def evaluate(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, sourc
     y_sql = prep.label_sql() + "::BIGINT" if prep.task == "classification" else f"{quote(prep.label)}::DOUBLE"
     outs, ys = [], []
     query = f"SELECT {prep.features_sql()} AS x, {y_sql} AS y FROM ({select_sql}) WHERE {prep.label_filter()}"
-    for x, y in BatchStream(cur, query, 8192):
+    convert = None if prep.input is None else (lambda col: prep.input.to_tensor(col, fn=fn))
+    for x, y in BatchStream(cur, query, 8192 if convert is None else 256, convert=convert):
         outs.append(forward(model, x))
         ys.append(y)
     if not ys:

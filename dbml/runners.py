@@ -90,12 +90,12 @@ def make_runner(model: torch.nn.Module, loss_fn, spec, device: str, job: JobHand
     return runner
 
 
-def prepare(runner: StepRunner, rows: int, width: int, label: torch.dtype, device: str) -> None:
-    """Capture and plan the first batch's graph (``rows`` x ``width``) ahead of it, while
+def prepare(runner: StepRunner, x: torch.Tensor, label: torch.dtype, device: str) -> None:
+    """Capture and plan the first batch's graph (an input like ``x``) ahead of it, while
     DuckDB reads the rows (a no-op for eager). Capture runs on fake tensors, so a budget
     no plan can meet raises ``InfeasibleBudget`` here, before any activation is allocated
     (and a job cancelled while it waits for admission, ``NotAdmitted``)."""
-    runner.prepare(torch.empty(rows, width, device=device), torch.empty(rows, dtype=label, device=device))
+    runner.prepare(x, torch.empty(len(x), dtype=label, device=device))
 
 
 # -- before the model is built ---------------------------------------------------------
@@ -123,12 +123,15 @@ def check_model_fits(cfg: models.ModelConfig, spec, device: str) -> None:
     memory = device_memory(device)
     if need <= memory:
         return
-    shape = f"hidden := {list(cfg.hidden)}" if cfg.arch == "mlp" else f"arch := '{cfg.arch}'"
+    if cfg.arch == "mlp":
+        shape = f"hidden := {list(cfg.options_dict()['hidden'])} on {cfg.inputs.features} features"
+        fix = "pass smaller hidden := layer sizes or arch := 'linear'"
+    else:
+        shape, fix = f"{cfg.describe()} on {cfg.inputs.kind} inputs", "pass smaller widths in options := or a smaller arch"
     raise InvalidArgument(
         f"train(): the model's parameters and {spec.optimizer} state alone need {_gb(need)} "
-        f"({_gb(params)} of parameters: {shape} on {cfg.inputs} features), more than the device's "
-        f"memory ({_gb(memory)}, {device}); nothing was stored; pass smaller hidden := layer sizes "
-        f"or arch := 'linear'")
+        f"({_gb(params)} of parameters: {shape}), more than the device's "
+        f"memory ({_gb(memory)}, {device}); nothing was stored; {fix}")
 
 
 def _gb(n: int) -> str:
@@ -150,7 +153,7 @@ def check_plan_fits(cfg: models.ModelConfig, loss_fn, spec, device: str, rows: i
         return
     with torch.device("meta"):
         model = models.build(cfg)
-        batch = (torch.empty(rows, cfg.inputs), torch.empty(rows, dtype=label))
+        batch = (models.sample_input(cfg, rows), torch.empty(rows, dtype=label))
     estimator, _ = latency_model(spec.latency_model, device, spec.torch_threads)
     estimator = estimator or RooflineModel(device=str(torch.device(device)))
     captured = capture(model, loss_fn, spec.optimizer_spec(), batch, job=spec.model)

@@ -18,12 +18,13 @@ From it (and from ``settings.SETTINGS``) come:
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field, make_dataclass
 
-from . import models
 from .errors import InvalidArgument
 from .scheduler import OPTIMIZERS, OptimizerSpec
+from .zoo import arch as zoo_arch
 from .settings import DEFAULTS, SETTINGS, SOURCES, parse_bytes, resolve
 
 
@@ -51,12 +52,16 @@ TRAIN_PARAMS = (
     Param("validation", "DOUBLE", 0.1),
     Param("hidden", "INTEGER[]", None),
     Param("dropout", "DOUBLE", 0.0),
+    Param("options", "VARCHAR", None),       # the arch's options, a JSON object: '{"width": 64}'
     Param("task", "VARCHAR", None),
     Param("weight_decay", "DOUBLE", 0.0),
     Param("momentum", "DOUBLE", 0.9),
     Param("policy", "VARCHAR", "tensile"),
     Param("memory_budget", "VARCHAR", None, size=True),
     Param("measure_vanilla", "BOOLEAN", False),
+    Param("image_size", "INTEGER[]", None),  # images: resize to [h, w] (or [s])
+    Param("shape", "INTEGER[]", None),       # a numeric array column as an image: [c, h, w]
+    Param("text", "VARCHAR[]", None),        # VARCHAR columns to read as text
     Param("on_error", "VARCHAR", "raise", in_spec=False),
     Param("wait", "BOOLEAN", True, in_spec=False),
 )
@@ -91,9 +96,9 @@ class _TrainSpecChecks:
         if self.optimizer not in OPTIMIZERS:
             raise InvalidArgument(f"{fn}(): unknown optimizer {self.optimizer!r}; "
                                   f"pass optimizer := one of {', '.join(map(repr, OPTIMIZERS))}")
-        if self.arch not in models.ARCHS:
-            raise InvalidArgument(f"{fn}(): unknown arch {self.arch!r}; "
-                                  f"pass arch := one of {', '.join(map(repr, models.ARCHS))}")
+        if self.arch != "auto":
+            zoo_arch(self.arch, fn=fn)   # an unknown arch fails here, before anything runs
+        self.options_dict()
         if self.validation is None or not 0.0 <= self.validation < 1.0:
             raise InvalidArgument(f"{fn}(): validation must be a fraction in [0, 1), got {self.validation!r}; "
                                   f"pass e.g. validation := 0.1")
@@ -108,6 +113,19 @@ class _TrainSpecChecks:
             raise InvalidArgument(f"setting sources is {self.sources!r}; SET VARIABLE dbml_sources = 'any' or 'tables'")
         if self.weight_decay is None or self.weight_decay < 0:
             raise InvalidArgument(f"{fn}(): weight_decay must be >= 0; pass e.g. weight_decay := 0.01")
+
+    def options_dict(self) -> dict:
+        """``options``, a JSON object, as a dict; InvalidArgument if it is not one."""
+        if self.options is None:
+            return {}
+        try:
+            value = json.loads(self.options)
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            raise InvalidArgument(f"train(): options must be a JSON object such as '{{\"width\": 64}}', "
+                                  f"got {self.options!r}")
+        return value
 
     def optimizer_spec(self) -> OptimizerSpec:
         return OptimizerSpec(kind=self.optimizer, lr=self.lr, momentum=self.momentum,

@@ -89,7 +89,8 @@ def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -
         check_tables_only(cur, select_sql, fn="train")
     columns = describe(cur, select_sql, fn="train")
     prep = fit(cur, select_sql, columns, label=spec.label,
-               features=None if spec.features is None else list(spec.features), task=spec.task)
+               features=None if spec.features is None else list(spec.features), task=spec.task,
+               text=spec.text, shape=spec.shape, image_size=spec.image_size)
     table = f"dbml_scratch.job_{job_id}"
     total = cur.execute(f"SELECT count(*) FROM ({select_sql})").fetchall()[0][0]
     try:
@@ -161,8 +162,8 @@ class TrainLoop:
     (``runners.vanilla_peak``) measured on the first batch, once its plan fit."""
 
     def __init__(self, runner: StepRunner, module: torch.nn.Module, loss_fn, spec: TrainSpec,
-                 prep: Preprocessing, progress: Progress, n_train: int, device: str):
-        self.runner, self.module, self.loss_fn = runner, module, loss_fn
+                 prep: Preprocessing, progress: Progress, n_train: int, device: str, config: models.ModelConfig):
+        self.runner, self.module, self.loss_fn, self.config = runner, module, loss_fn, config
         self.spec, self.prep, self.progress = spec, prep, progress
         self.n_train, self.device = n_train, device
         self.vanilla: int | None = None
@@ -172,7 +173,7 @@ class TrainLoop:
         """The first batch's graph and plan, while DuckDB reads the rows."""
         rows = min(self.spec.batch_size, self.n_train)
         label = torch.int64 if self.prep.task == "classification" else torch.float32
-        runners.prepare(self.runner, rows, self.prep.width, label, self.device)
+        runners.prepare(self.runner, models.sample_input(self.config, rows, self.device), label, self.device)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if not self._measured:
@@ -195,8 +196,8 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
                progress: Progress) -> dict:
     device = resolve_device(spec.device)
     outputs = len(prep.classes) if prep.task == "classification" else 1
-    arch = "mlp" if spec.arch == "auto" else spec.arch
-    config = models.config(arch, prep.width, outputs, spec.hidden, spec.dropout)
+    config = models.config(spec.arch, prep.model_inputs(), outputs, spec.options_dict(), hidden=spec.hidden,
+                           dropout=spec.dropout or None)
     runners.check_model_fits(config, spec, device)
     loss_fn = loss_function(prep)
     label = torch.int64 if prep.task == "classification" else torch.float32
@@ -205,11 +206,11 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
         runners.check_plan_fits(config, loss_fn, spec, device, min(spec.batch_size, n_train), label)
         module = models.build_seeded(config, spec.seed).to(device)
         runner = runners.make_runner(module, loss_fn, spec, device, progress, config)
-        loop = TrainLoop(runner, module, loss_fn, spec, prep, progress, n_train, device)
+        loop = TrainLoop(runner, module, loss_fn, spec, prep, progress, n_train, device, config)
         progress.begin(spec.epochs, math.ceil(n_train / spec.batch_size))
         try:
             history, stream_stats = _run_epochs(cur, table, spec, loop.step, device, n_train + n_val, n_train,
-                                                loop.end_epoch, loop.prepare)
+                                                loop.end_epoch, loop.prepare, convert=_converter(prep, "train"))
             runner.finish()
         finally:
             runner.close()
@@ -222,8 +223,14 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
     return {"config": config, "module": module.cpu(), "metrics": stored, "memory": memory}
 
 
+def _converter(prep: Preprocessing, fn: str):
+    """How a batch's x column becomes the model's input: None (a FLOAT[n] view) for
+    tabular features, the input encoder (decoding, tokenising, padding) otherwise."""
+    return None if prep.input is None else (lambda col: prep.input.to_tensor(col, fn=fn))
+
+
 def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int, n_train: int, on_epoch,
-                before=None):
+                before=None, convert=None):
     """Every epoch: stream the training rows, shuffled, through ``step``; return the history.
     ``before()`` runs once the first epoch's stream has started, before its first batch."""
     def epoch_stream(epoch: int) -> BatchStream:
@@ -231,8 +238,8 @@ def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int
         start = int(rng.integers(n_rows))
         sql = [f"SELECT x, y FROM {table} WHERE NOT is_val AND rowid >= {start}",
                f"SELECT x, y FROM {table} WHERE NOT is_val AND rowid < {start}"]
-        return BatchStream(cur, sql, spec.batch_size, spec.prefetch_batches,
-                           shuffle=int(rng.integers(2**63)), window_rows=spec.shuffle_window).start()
+        return BatchStream(cur, sql, spec.batch_size, spec.prefetch_batches, shuffle=int(rng.integers(2**63)),
+                           window_rows=spec.shuffle_window, convert=convert).start()
 
     stream_stats, history = StreamStats(), []
     stream, upcoming = None, epoch_stream(0)
@@ -268,7 +275,8 @@ def _validation_metric(cur, table: str, prep: Preprocessing, module, device, n_v
         return {"val_metric": None, "val_metric_name": name}
     outs, ys = [], []
     with torch.no_grad():
-        for x, y in BatchStream(cur, f"SELECT x, y FROM {table} WHERE is_val", 8192):
+        for x, y in BatchStream(cur, f"SELECT x, y FROM {table} WHERE is_val", 8192 if prep.input is None else 256,
+                                convert=_converter(prep, "train")):
             outs.append(module(x.to(device)).cpu())
             ys.append(y)
     out, y = torch.cat(outs), torch.cat(ys)

@@ -74,8 +74,22 @@ def test_source_that_is_not_one_select(db):
 
 
 def test_unknown_arch(db):
+    fails(db, "SELECT train('m', 'moons', label := 'label', arch := 'transfomer')",
+          r"train\(\): unknown arch 'transfomer' \(did you mean 'transformer'\?\); pass arch := one of 'auto', "
+          r"'linear', 'mlp', .*, or register your own with dbml.register_model\(name, factory\)")
+
+
+def test_arch_for_another_input_kind(db):
     fails(db, "SELECT train('m', 'moons', label := 'label', arch := 'transformer')",
-          r"train\(\): unknown arch 'transformer'; pass arch := one of 'auto', 'linear', 'mlp'")
+          r"train\(\): arch 'transformer' takes tokens or series inputs; the source gives tabular columns; "
+          r"pass arch := 'auto' or one of 'linear', 'mlp', 'resnet_tabular', 'ft_transformer'")
+
+
+def test_bad_options(db):
+    fails(db, "SELECT train('m', 'moons', label := 'label', options := 'width=3')",
+          r"train\(\): options must be a JSON object")
+    fails(db, "SELECT train('m', 'moons', label := 'label', arch := 'resnet_tabular', options := '{\"widht\": 8}')",
+          r"train\(\): unknown option 'widht' \(did you mean 'width'\?\) for arch 'resnet_tabular'")
 
 
 def test_unknown_optimizer(db):

@@ -145,16 +145,26 @@ def test_loss_falls(name):
 
 
 def test_linear_and_mlp_are_the_modules_dbml_always_built():
-    """Seeded results of existing models stay identical: same layers, same order, same draws."""
-    for cfg, name, options in [(models.ModelConfig("linear", 16, 3), "linear", {}),
-                               (models.ModelConfig("mlp", 16, 3, (32, 8), 0.1), "mlp",
-                                {"hidden": [32, 8], "dropout": 0.1})]:
+    """Seeded results of models trained before the zoo stay identical: the same layers in the
+    same order as dbml built them by hand (Linear, ReLU, Dropout..., Linear), the same draws;
+    and a ModelConfig stored before the zoo loads as that arch."""
+    def by_hand(hidden, dropout):
+        layers, width = [], 16
+        for h in hidden:
+            layers += [torch.nn.Linear(width, h), torch.nn.ReLU()] + ([torch.nn.Dropout(dropout)] if dropout else [])
+            width = h
+        return torch.nn.Sequential(*layers, torch.nn.Linear(width, 3))
+
+    for old_fn, name, options in [(lambda: torch.nn.Linear(16, 3), "linear", {}),
+                                  (lambda: by_hand((32, 8), 0.1), "mlp", {"hidden": [32, 8], "dropout": 0.1})]:
         torch.manual_seed(5)
-        old = models.build(cfg)
+        old = old_fn()
         torch.manual_seed(5)
         new = build(name, TAB, 3, options)
         assert repr(old) == repr(new)
         assert_same(state_of(old), state_of(new))
+    stored = models.ModelConfig.from_json('{"arch": "mlp", "inputs": 16, "outputs": 3, "hidden": [32, 8], "dropout": 0.1}')
+    assert stored == models.config("mlp", TAB, 3, {"hidden": [32, 8], "dropout": 0.1})
 
 
 def test_image_models_adapt_their_stem_to_the_image_size():

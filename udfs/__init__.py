@@ -26,7 +26,8 @@ from .types import (CALIBRATE_RESULT, DOUBLES, EVALUATE_RESULT, JOB_ROWS, MEMORY
 
 SQL_FUNCTIONS: dict[str, str] = {
     "train": "train(model, source, label := ..., features, arch, epochs, batch_size, lr, optimizer, seed, "
-             "validation, hidden, dropout, task, weight_decay, momentum, policy, memory_budget, measure_vanilla, on_error) -> STRUCT: "
+             "validation, hidden, dropout, options, task, weight_decay, momentum, policy, memory_budget, measure_vanilla, "
+             "image_size, shape, text, on_error) -> STRUCT: "
              "train a model on a table or one SELECT under the memory scheduler and store it as the next "
              "version of `model`",
     "predict": "predict(model, [x1, x2, ...]) -> DOUBLE: the prediction for raw numeric features in training "
@@ -48,7 +49,8 @@ SQL_FUNCTIONS: dict[str, str] = {
 }
 
 # Internal functions the macros call; not part of the documented surface.
-INTERNAL_FUNCTIONS = ("dbml_instance_id", "dbml_train", "dbml_wait_job", "dbml_evaluate", "dbml_temp_names", "dbml_predictions_sql", "dbml_infer", "dbml_job_rows",
+INTERNAL_FUNCTIONS = ("dbml_instance_id", "dbml_train", "dbml_wait_job", "dbml_evaluate", "dbml_temp_names",
+                      "dbml_predictions_sql", "dbml_infer", "dbml_infer_blob", "dbml_infer_text", "dbml_infer_ids", "dbml_infer_numbers", "dbml_job_rows",
                       "dbml_calibrate", "dbml_predictor_rows", "dbml_memory_rows")
 
 
@@ -83,6 +85,12 @@ FUNCTIONS = (
     Function("predict_label", f.predict_label, (t.VARCHAR, DOUBLES), t.VARCHAR, arrow=True, effects=False),
     Function("predict_proba", f.predict_proba, (t.VARCHAR, DOUBLES), DOUBLES, arrow=True, effects=False),
     Function("dbml_infer", f.infer, (t.VARCHAR, t.INTEGER, sql("FLOAT[]")), t.DOUBLE, arrow=True, effects=False),
+    # the same for an image, text or sequence model's raw column (dbml.inference.INFER_FUNCTIONS)
+    Function("dbml_infer_blob", f.infer, (t.VARCHAR, t.INTEGER, t.BLOB), t.DOUBLE, arrow=True, effects=False),
+    Function("dbml_infer_text", f.infer, (t.VARCHAR, t.INTEGER, t.VARCHAR), t.DOUBLE, arrow=True, effects=False),
+    Function("dbml_infer_ids", f.infer, (t.VARCHAR, t.INTEGER, sql("BIGINT[]")), t.DOUBLE, arrow=True, effects=False),
+    Function("dbml_infer_numbers", f.infer, (t.VARCHAR, t.INTEGER, sql("FLOAT[]")), t.DOUBLE, arrow=True,
+             effects=False),
     Function("dbml_evaluate", f.evaluate, (t.VARCHAR, t.VARCHAR, t.VARCHAR, sql("VARCHAR[]")), EVALUATE_RESULT),
     Function("dbml_predictions_sql", f.predictions_sql, (t.VARCHAR, t.VARCHAR, t.VARCHAR), t.VARCHAR),
     Function("drop_model", f.drop_model, (t.VARCHAR,), t.BIGINT),

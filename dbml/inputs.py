@@ -1,0 +1,337 @@
+"""Inputs that are not a row of numbers: images, text, token sequences and series.
+
+A source column of one of these kinds becomes a model's whole input (``zoo.Inputs``);
+an :class:`InputEncoder` is fitted on the training rows, stored with the model (JSON,
+validated on load) and turns an Arrow column of a batch into the model's tensor:
+
+* **image** — a BLOB of PNG/JPEG (decoded with Pillow on a thread pool, off the training
+  thread; Pillow releases the GIL), or a numeric array column with ``shape := [c, h, w]``.
+  Blobs are converted to grey ('L') if every training image is grey, else RGB, and resized
+  to ``image_size := [h, w]`` (or one number for a square) when given; without it every
+  image must have the same size. Each channel is standardised with its mean and std over
+  (a sample of up to ``STATS_SAMPLE`` of) the training images.
+* **text** — a VARCHAR column named in ``text := [...]``, or inferred as text when its
+  values average at least ``TEXT_MIN_WORDS`` words. Tokeniser: lower-cased, split into
+  words and single punctuation marks (``\\w+|[^\\w\\s]``); the vocabulary is the
+  ``MAX_VOCAB`` most frequent training tokens (id 0 pads, 1 is an unknown token); texts
+  are cut at ``max_len``, the longest training text up to ``MAX_LEN`` tokens.
+* **tokens** — an ``INTEGER[]``/``BIGINT[]`` column of token ids >= 0 (shifted by one
+  inside, so that 0 pads); an id beyond the largest training id is an error.
+* **series** — a ``FLOAT[]``/``DOUBLE[]`` column of variable length, standardised with
+  the mean and std of all training values; the model sees ``[value, present]`` per step.
+
+Sequences are padded per batch to the batch's longest, rounded up to a power of two
+(at least 8), so that a job captures a handful of graph shapes rather than one per length.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import torch
+
+from .errors import CatalogError, InvalidArgument, SourceError
+from .source import Column, quote
+from .zoo import Inputs
+
+KINDS = ("image", "text", "tokens", "series")
+MAX_VOCAB = 20000
+MAX_LEN = 512
+TEXT_MIN_WORDS = 4.0
+STATS_SAMPLE = 2000
+DECODE_WORKERS = 4
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+_POOL: ThreadPoolExecutor | None = None
+
+
+def tokenize(text: str) -> list[str]:
+    """The text tokeniser: lower-cased words and single punctuation marks."""
+    return _TOKEN.findall(text.lower())
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(DECODE_WORKERS, thread_name_prefix="dbml-decode")
+    return _POOL
+
+
+@dataclass(frozen=True)
+class InputEncoder:
+    kind: str                          # one of KINDS
+    column: str
+    blob: bool = False                 # image: decoded from PNG/JPEG bytes (else a numeric array)
+    shape: tuple[int, ...] = ()        # image: (channels, height, width)
+    resize: bool = False               # image blob: resized to shape[1:]
+    mean: tuple[float, ...] = ()       # image: per channel; series: one value
+    std: tuple[float, ...] = ()
+    vocab: tuple[str, ...] = ()        # text: id = index + 2
+    vocab_size: int = 0                # text / tokens: ids < vocab_size (0 pads)
+    max_len: int = 0                   # text / tokens / series
+
+    # -- what the model sees ----------------------------------------------------------------
+    def inputs(self) -> Inputs:
+        if self.kind == "image":
+            return Inputs("image", shape=self.shape)
+        if self.kind == "series":
+            return Inputs("series", max_len=self.max_len)
+        return Inputs("tokens", vocab=self.vocab_size, max_len=self.max_len)
+
+    def raw_sql(self) -> str:
+        """The SQL expression of the column as the encoder reads it."""
+        col = quote(self.column)
+        return {"image": col if self.blob else f"{col}::FLOAT[]", "text": f"{col}::VARCHAR",
+                "tokens": f"{col}::BIGINT[]", "series": f"{col}::DOUBLE[]"}[self.kind]
+
+    def to_tensor(self, col: pa.Array, *, fn: str = "train") -> torch.Tensor:
+        """A batch's column as the model's input tensor."""
+        if isinstance(col, pa.ChunkedArray):
+            col = col.combine_chunks()
+        if self.kind == "image":
+            return self._images(col, fn)
+        if self.kind == "series":
+            return self._series(col)
+        return _pad([self._ids(v, i, fn) for i, v in enumerate(col.to_pylist())], self.max_len)
+
+    # -- images ------------------------------------------------------------------------------
+    def _images(self, col: pa.Array, fn: str) -> torch.Tensor:
+        c, h, w = self.shape
+        if self.blob:
+            arrays = list(_pool().map(lambda a: self._decode(*a, fn=fn), enumerate(col.to_pylist())))
+            x = np.stack(arrays).astype(np.float32) / 255.0
+        else:
+            x = np.stack([_array(v, c * h * w, i, self.column, fn) for i, v in enumerate(col.to_pylist())])
+        x = x.reshape(len(col), c, h, w)
+        mean = np.asarray(self.mean, dtype=np.float32).reshape(1, c, 1, 1)
+        std = np.asarray(self.std, dtype=np.float32).reshape(1, c, 1, 1)
+        return torch.from_numpy(np.ascontiguousarray((x - mean) / std, dtype=np.float32))
+
+    def _decode(self, row: int, data: bytes | None, *, fn: str) -> np.ndarray:
+        image = open_image(data, row, self.column, fn)
+        image = image.convert("L" if self.shape[0] == 1 else "RGB")
+        if self.resize:
+            image = image.resize((self.shape[2], self.shape[1]))
+        elif image.size != (self.shape[2], self.shape[1]):
+            raise InvalidArgument(f"{fn}(): row {row + 1} of column {self.column!r} is a {image.size[0]}x"
+                                  f"{image.size[1]} image, but the model takes {self.shape[2]}x{self.shape[1]}; "
+                                  f"pass image_size := [{self.shape[1]}, {self.shape[2]}] when training to resize")
+        a = np.asarray(image, dtype=np.uint8)
+        return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
+
+    # -- sequences ---------------------------------------------------------------------------
+    def _ids(self, value, row: int, fn: str) -> list[int]:
+        if self.kind == "text":
+            if value is None or not value.strip():
+                raise InvalidArgument(f"{fn}(): row {row + 1} of text column {self.column!r} is empty; "
+                                      f"filter such rows out (WHERE length(trim({self.column})) > 0)")
+            index = self._index()
+            return [index.get(t, 1) for t in tokenize(value)][:self.max_len] or [1]
+        ids = [v for v in (value or []) if v is not None][:self.max_len]
+        bad = [v for v in ids if not 0 <= v < self.vocab_size - 1]
+        if bad:
+            raise InvalidArgument(f"{fn}(): row {row + 1} of column {self.column!r} holds token id {bad[0]}, "
+                                  f"outside the model's range 0..{self.vocab_size - 2} (the largest training id); "
+                                  f"map unseen ids to a known one, or retrain on data that has them")
+        return [v + 1 for v in ids] or [0]
+
+    def _index(self) -> dict[str, int]:
+        index = self.__dict__.get("_index_cache")
+        if index is None:
+            index = {t: i + 2 for i, t in enumerate(self.vocab)}
+            object.__setattr__(self, "_index_cache", index)
+        return index
+
+    def _series(self, col: pa.Array) -> torch.Tensor:
+        rows = [[np.nan if v is None else v for v in (r or [])][:self.max_len] for r in col.to_pylist()]
+        length = _bucket(max((len(r) for r in rows), default=1), self.max_len)
+        x = np.zeros((len(rows), length, 2), dtype=np.float32)
+        for i, r in enumerate(rows):
+            v = (np.asarray(r, dtype=np.float64) - self.mean[0]) / self.std[0]
+            ok = np.isfinite(v)
+            x[i, :len(r), 0] = np.where(ok, v, 0.0)
+            x[i, :len(r), 1] = ok
+        return torch.from_numpy(x)
+
+    # -- the catalog -------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "InputEncoder":
+        """Validated: a tampered or foreign encoder is a CatalogError, never code or SQL."""
+        try:
+            enc = cls(**{**d, **{k: tuple(d[k]) for k in ("shape", "mean", "std", "vocab") if k in d}})
+            assert enc.kind in KINDS and isinstance(enc.column, str)
+            assert all(isinstance(v, int) and v > 0 for v in enc.shape)
+            assert all(isinstance(v, (int, float)) and math.isfinite(v) for v in enc.mean + enc.std)
+            assert all(isinstance(t, str) for t in enc.vocab)
+            assert isinstance(enc.vocab_size, int) and isinstance(enc.max_len, int)
+            if enc.kind == "image":
+                assert len(enc.shape) == 3 and len(enc.mean) == len(enc.std) == enc.shape[0]
+        except (TypeError, AssertionError) as e:
+            raise CatalogError(f"the stored input encoder is not valid ({e or 'bad field'}); "
+                               f"drop the model and train it again") from None
+        return enc
+
+
+def open_image(data: bytes | None, row: int, column: str, fn: str):
+    """A BLOB as a Pillow image; an error naming the row and column if it is not one."""
+    from PIL import Image, UnidentifiedImageError
+
+    if data is None:
+        raise InvalidArgument(f"{fn}(): row {row + 1} of image column {column!r} is NULL; filter such rows out")
+    try:
+        image = Image.open(io.BytesIO(data))
+        image.load()
+        return image
+    except (UnidentifiedImageError, OSError, ValueError) as e:
+        raise InvalidArgument(f"{fn}(): row {row + 1} of column {column!r} is not a PNG or JPEG image "
+                              f"({type(e).__name__}); pass only image files, e.g. read_blob('photos/*.png')") from None
+
+
+def _array(value, size: int, row: int, column: str, fn: str) -> np.ndarray:
+    if value is None or len(value) != size:
+        n = "NULL" if value is None else f"{len(value)} numbers"
+        raise InvalidArgument(f"{fn}(): row {row + 1} of column {column!r} holds {n}, but shape := [c, h, w] "
+                              f"needs c*h*w = {size}; fix shape := or the arrays")
+    return np.asarray([np.nan if v is None else v for v in value], dtype=np.float32)
+
+
+def _bucket(n: int, cap: int) -> int:
+    return min(max(8, 1 << max(0, n - 1).bit_length()), max(cap, 1))
+
+
+def _pad(rows: list[list[int]], cap: int) -> torch.Tensor:
+    length = _bucket(max(len(r) for r in rows), cap)
+    x = np.zeros((len(rows), length), dtype=np.int64)
+    for i, r in enumerate(rows):
+        x[i, :len(r)] = r
+    return torch.from_numpy(x)
+
+
+# -- recognising and fitting -----------------------------------------------------------------
+def kind_of(cur, src: str, col: Column, *, text: bool, shape) -> str | None:
+    """The input kind of a feature column, or None for a tabular one."""
+    t = col.type.strip().upper()
+    if t in ("BLOB", "BYTEA"):
+        return "image"
+    if shape is not None and (t.endswith("]") and Column(col.name, t.rsplit("[", 1)[0]).is_numeric):
+        return "image"
+    if t.endswith("[]"):
+        base = Column(col.name, t[:-2])
+        if base.is_integer:
+            return "tokens"
+        if base.is_numeric:
+            return "series"
+        return None
+    if t == "VARCHAR" and (text or _looks_like_text(cur, src, col)):
+        return "text"
+    return None
+
+
+def _looks_like_text(cur, src: str, col: Column) -> bool:
+    words = cur.execute(f"SELECT avg(len(string_split(trim({quote(col.name)}), ' '))) "
+                        f"FROM (SELECT * FROM {src} LIMIT 1000)").fetchall()[0][0]
+    return words is not None and words >= TEXT_MIN_WORDS
+
+
+def fit(cur, src: str, col: Column, kind: str, *, image_size, shape, fn: str = "train") -> InputEncoder:
+    """Fit the encoder of ``col`` on the training rows ``src`` (a subquery)."""
+    if kind == "image":
+        return _fit_array_image(cur, src, col, shape, fn) if shape is not None else \
+            _fit_blob_image(cur, src, col, image_size, fn)
+    values = _column_values(cur, src, col)
+    if kind == "text":
+        return _fit_text(values, col, fn)
+    flat = [v for r in values if r for v in r if v is not None]
+    if kind == "tokens":
+        if not flat:
+            raise SourceError(f"{fn}(): column {col.name!r} has no token ids; pass a column of INTEGER[] token lists")
+        if min(flat) < 0:
+            raise InvalidArgument(f"{fn}(): column {col.name!r} holds a negative token id ({min(flat)}); "
+                                  f"token ids must be >= 0")
+        return InputEncoder("tokens", col.name, vocab_size=int(max(flat)) + 2, max_len=_max_len(values))
+    finite = np.asarray([v for v in flat if math.isfinite(v)], dtype=np.float64)
+    mean = float(finite.mean()) if finite.size else 0.0
+    std = float(finite.std()) if finite.size and finite.std() > 0 else 1.0
+    return InputEncoder("series", col.name, mean=(mean,), std=(std,), max_len=_max_len(values))
+
+
+def _column_values(cur, src: str, col: Column) -> list:
+    return cur.sql(f"SELECT {quote(col.name)} FROM {src}").to_arrow_table().column(0).to_pylist()
+
+
+def _max_len(values: list) -> int:
+    return max(1, min(MAX_LEN, max((len(v) for v in values if v), default=1)))
+
+
+def _fit_text(values: list, col: Column, fn: str) -> InputEncoder:
+    counts, longest = Counter(), 1
+    for row, v in enumerate(values):
+        if v is None or not v.strip():
+            raise InvalidArgument(f"{fn}(): row {row + 1} of text column {col.name!r} is empty; "
+                                  f"filter such rows out (WHERE length(trim({col.name})) > 0)")
+        tokens = tokenize(v)
+        counts.update(tokens)
+        longest = max(longest, len(tokens))
+    vocab = tuple(t for t, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_VOCAB])
+    return InputEncoder("text", col.name, vocab=vocab, vocab_size=len(vocab) + 2, max_len=min(MAX_LEN, longest))
+
+
+def _fit_array_image(cur, src: str, col: Column, shape, fn: str) -> InputEncoder:
+    if len(shape) != 3 or any(s is None or s <= 0 for s in shape):
+        raise InvalidArgument(f"{fn}(): shape must be [channels, height, width] of positive sizes, got {list(shape)}")
+    c, h, w = shape
+    rows = _column_values(cur, src, col)
+    x = np.stack([_array(v, c * h * w, i, col.name, fn) for i, v in enumerate(rows)]).reshape(len(rows), c, -1)
+    mean, std = np.nanmean(x, axis=(0, 2)), np.nanstd(x, axis=(0, 2))
+    return InputEncoder("image", col.name, shape=(c, h, w), mean=tuple(map(float, mean)),
+                        std=tuple(float(s) if s > 0 else 1.0 for s in std))
+
+
+def _fit_blob_image(cur, src: str, col: Column, image_size, fn: str) -> InputEncoder:
+    reader = cur.sql(f"SELECT {quote(col.name)} FROM {src}").to_arrow_reader(1024)
+    sizes, grey, sample, row = set(), True, [], 0
+    for batch in reader:
+        for data in batch.column(0).to_pylist():
+            image = open_image(data, row, col.name, fn)
+            sizes.add(image.size)
+            grey &= image.mode in ("L", "1", "I", "I;16", "F")
+            if len(sample) < STATS_SAMPLE:
+                sample.append(image)
+            row += 1
+    if image_size is None and len(sizes) > 1:
+        some = ", ".join(f"{w}x{h}" for w, h in sorted(sizes)[:3])
+        raise InvalidArgument(f"{fn}(): images in column {col.name!r} have different sizes ({some}, ...); "
+                              f"pass image_size := [height, width] (or one number) to resize them")
+    if image_size is not None:
+        hw = tuple(image_size) * 2 if len(image_size) == 1 else tuple(image_size)
+        if len(hw) != 2 or any(s is None or s <= 0 for s in hw):
+            raise InvalidArgument(f"{fn}(): image_size must be [height, width] or one positive number")
+    else:
+        w, h = next(iter(sizes))
+        hw = (h, w)
+    enc = InputEncoder("image", col.name, blob=True, shape=(1 if grey else 3, *hw), resize=image_size is not None,
+                       mean=(0.0,) * (1 if grey else 3), std=(1.0,) * (1 if grey else 3))
+    x = np.stack([enc._decode(i, None, fn=fn) if False else _decoded(enc, im) for i, im in enumerate(sample)])
+    x = x.astype(np.float32).reshape(len(sample), enc.shape[0], -1) / 255.0
+    std = x.std(axis=(0, 2))
+    return InputEncoder(**{**enc.to_dict(), "mean": tuple(map(float, x.mean(axis=(0, 2)))),
+                           "std": tuple(float(s) if s > 0 else 1.0 for s in std)})
+
+
+def _decoded(enc: InputEncoder, image) -> np.ndarray:
+    image = image.convert("L" if enc.shape[0] == 1 else "RGB")
+    if enc.resize:
+        image = image.resize((enc.shape[2], enc.shape[1]))
+    a = np.asarray(image, dtype=np.uint8)
+    return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
