@@ -16,12 +16,13 @@ from importlib import resources
 import duckdb
 
 from . import settings as _settings
+from .zoo import register_model, unregister_model
 from .errors import (CatalogError, DbmlError, Interrupted, InvalidArgument, ModelNotFound, SourceError,
                      TrainingError)
 
 __version__ = "0.1.0"
 __all__ = ["connect", "install", "Connection", "DbmlError", "InvalidArgument", "SourceError", "ModelNotFound",
-           "TrainingError", "CatalogError", "Interrupted"]
+           "TrainingError", "CatalogError", "Interrupted", "register_model", "unregister_model"]
 
 # SQL files that write the database: skipped on a read-only one (sql/scratch.sql attaches an
 # in-memory database, which DuckDB refuses in read-only mode; only training uses it).

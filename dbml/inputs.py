@@ -322,7 +322,7 @@ def _fit_blob_image(cur, src: str, col: Column, image_size, fn: str) -> InputEnc
         hw = (h, w)
     enc = InputEncoder("image", col.name, blob=True, shape=(1 if grey else 3, *hw), resize=image_size is not None,
                        mean=(0.0,) * (1 if grey else 3), std=(1.0,) * (1 if grey else 3))
-    x = np.stack([enc._decode(i, None, fn=fn) if False else _decoded(enc, im) for i, im in enumerate(sample)])
+    x = np.stack([_decoded(enc, im) for im in sample])
     x = x.astype(np.float32).reshape(len(sample), enc.shape[0], -1) / 255.0
     std = x.std(axis=(0, 2))
     return InputEncoder(**{**enc.to_dict(), "mean": tuple(map(float, x.mean(axis=(0, 2)))),
