@@ -23,6 +23,9 @@ from helpers import assert_same, state_of, vanilla_peak
 
 loss_fn = torch.nn.functional.cross_entropy
 OUTPUTS = 3
+# one PyTorch thread: the scheduler tests want it, and for models this small on a shared
+# machine more threads only contend
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 TAB = Inputs("tabular", features=16)
 DIGITS = Inputs("image", shape=(1, 8, 8))
@@ -294,7 +297,6 @@ def run(runner, data, seed: int = 1):
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("name", list(CASES))
 def test_tensile_at_half_the_peak_is_bit_identical(name):
     """Two iterations under tensile at 50 % of the unscheduled peak (the roofline latency
