@@ -50,6 +50,7 @@ CASES = {
     "transformer": (TOKENS, {"width": 16, "heads": 2, "ff": 32}, 16),
     "tcn": (SERIES, {"width": 16, "depth": 3}, 16),
 }
+# learning a few steps takes seconds for these
 BIG = {"resnet50", "vgg16", "densenet121", "inception_v3", "inception_v4"}
 
 # Archs the planner cannot fit into half their peak at any size, and why (each checked below:
@@ -114,7 +115,7 @@ def test_cases_cover_every_builtin():
     assert list(CASES) == list(ARCHS)
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in BIG else n for n in CASES])
+@pytest.mark.parametrize("name", list(CASES))
 def test_builds_deterministically_and_maps_a_batch_to_outputs(name):
     inputs, _, b = CASES[name]
     a = model_for(name)
