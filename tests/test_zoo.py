@@ -307,8 +307,11 @@ def run(runner, data, seed: int = 1):
     return losses
 
 
+HEAVY = {"resnet50", "densenet121", "inception_v3", "inception_v4"}   # capture takes 20-80 s each
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.heavy) if n in HEAVY else n for n in CASES])
 def test_tensile_at_half_the_peak_is_bit_identical(name):
     """Two iterations under tensile at 50 % of the unscheduled peak (the roofline latency
     model: nothing calibrates) give eager PyTorch's losses, weights and buffers bit for bit."""
