@@ -88,3 +88,13 @@ def test_train_help_and_readme_signature_follow_train_params():
     line = README.split("- `train(", 1)[1].split(")`", 1)[0]
     readme = dict(a.split(" := ") for a in re.split(r",\s+", line) if ":=" in a)
     assert readme == {p.name: "..." if p.name == "label" else sql_literal(p.default) for p in named if not p.required}
+
+
+def test_readme_documents_every_zoo_arch_and_its_options():
+    """The README's zoo table names every built-in arch and each of its options."""
+    from dbml.zoo import ARCHS
+    zoo_table = README.split("The zoo (", 1)[1].split("`arch := 'auto'` picks", 1)[0]
+    for name, arch in ARCHS.items():
+        row = next(line for line in zoo_table.splitlines() if f"`{name}`" in line)
+        for option in arch.options:
+            assert f"`{option}`" in row, (name, option)
