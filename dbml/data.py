@@ -27,6 +27,9 @@ warnings.filterwarnings("ignore", message="The given NumPy array is not writable
 
 _DONE = object()
 READ_ROWS = 65536   # rows per Arrow record batch fetched from DuckDB
+# A column converted later (dbml.inputs: images, texts, sequences) can hold large rows: fetch
+# and shuffle fewer of them at a time, so memory stays bounded by this many rows' raw values.
+CONVERTED_ROWS = 2048
 
 
 def column_to_numpy(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -121,7 +124,8 @@ class BatchStream:
             cur = self.con.cursor()
             batches = self._fetch(cur)
             if self.shuffle is not None:
-                batches = shuffle_windows(batches, self.batch_rows, self.window_rows,
+                window = self.window_rows if self.convert is None else min(self.window_rows, CONVERTED_ROWS)
+                batches = shuffle_windows(batches, self.batch_rows, window,
                                           np.random.default_rng(self.shuffle))
             t0 = time.perf_counter()
             for tensors in batches:
@@ -141,7 +145,8 @@ class BatchStream:
     def _fetch(self, cur: duckdb.DuckDBPyConnection) -> Iterator[tuple[torch.Tensor, ...]]:
         """Arrow record batches of a whole number of batches (at least READ_ROWS rows: fewer
         round trips to DuckDB), cut into ``batch_rows`` views when not shuffling."""
-        read_rows = self.batch_rows * max(1, -(-READ_ROWS // self.batch_rows))
+        rows = READ_ROWS if self.convert is None else CONVERTED_ROWS
+        read_rows = self.batch_rows * max(1, -(-rows // self.batch_rows))
         for sql in [self.sql] if isinstance(self.sql, str) else self.sql:
             reader = cur.sql(sql).to_arrow_reader(read_rows)
             try:

@@ -124,6 +124,7 @@ def test_capture_leaves_the_model_as_it_was():
         [("state", n, "exp_avg") for _, n in params]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_cls", MODELS, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("policy", ["none", "tensile", "capuchin"])
 def test_tied_model_trains_bit_identical_to_eager(model_cls, policy):

@@ -115,7 +115,7 @@ def test_cases_cover_every_builtin():
     assert list(CASES) == list(ARCHS)
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in BIG else n for n in CASES])
 def test_builds_deterministically_and_maps_a_batch_to_outputs(name):
     inputs, _, b = CASES[name]
     a = model_for(name)
