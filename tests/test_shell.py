@@ -82,11 +82,17 @@ def test_demo_runs_end_to_end(tmp_path, installed_predictor):
     r = subprocess.run([sys.executable, "-m", "dbml", "demo", db], capture_output=True, text=True, timeout=600,
                        env={**os.environ, "DBML_CACHE_DIR": str(cache)})
     assert r.returncode == 0, r.stderr
-    assert "Report: 6 models trained in SQL" in r.stdout and "identical weights" in r.stdout
+    assert "Report: 8 models trained in SQL" in r.stdout and "identical weights" in r.stdout
+    assert "FROM read_blob('" in r.stdout and "circle_0.png" in r.stdout   # the image step, as printed
     assert sorted((p.name, p.stat().st_mtime_ns) for p in cache.iterdir()) == cached   # it did not calibrate
     con = dbml.connect(db, latency_model="roofline")
-    acc = con.sql("SELECT evaluate('moons_mlp', 'SELECT * FROM moons WHERE split = ''test''').accuracy").fetchall()
-    assert acc[0][0] > 0.95
+    acc = dict(con.sql("""SELECT name, evaluate(name, 'SELECT * FROM ' || source || ' WHERE split = ''test''').accuracy
+                          FROM (VALUES ('moons_mlp', 'moons'), ('shapes_cnn', 'shapes'), ('tickets', 'tickets'))
+                               AS v(name, source)""").fetchall())
+    assert acc["moons_mlp"] > 0.95 and acc["shapes_cnn"] > 0.9 and acc["tickets"] > 0.9, acc
+    archs = dict(con.sql("SELECT name, arch FROM dbml_models WHERE name IN ('shapes_cnn', 'tickets')").fetchall())
+    assert archs == {"shapes_cnn": "cnn", "tickets": "transformer"}
+    assert con.sql("SELECT count(*) FROM shapes").fetchall() == [(1200,)]   # every PNG file was read
     con.close()
 
 
