@@ -299,3 +299,14 @@ def test_one_input_kind_per_model(db):
     with pytest.raises(duckdb.Error, match=r"column 'body' is a text input and 'x' is another feature; dbml's "
                                            r"architectures take one kind of input: pass features := \['body'\]"):
         db.sql("SELECT train('b5', 'SELECT * FROM mixed_kinds', label := 'y')").fetchall()
+
+
+def test_a_job_with_dropout_is_reproducible(db):
+    """Two identical jobs with dropout, one after the other, store the same weights (before,
+    dropout drew from wherever torch's global generator happened to be)."""
+    table(db, "toks3", sequences(200, 10))
+    for name in ("drop_a", "drop_b"):
+        db.sql(f"SELECT train('{name}', 'SELECT events, churned FROM toks3', label := 'churned', arch := 'transformer', "
+               f"options := '{{\"width\": 16, \"depth\": 1, \"heads\": 2, \"dropout\": 0.3}}', epochs := 1)").fetchall()
+    assert db.sql("SELECT a.weights = b.weights FROM dbml_weights a, dbml_weights b "
+                  "WHERE a.name = 'drop_a' AND b.name = 'drop_b'").fetchall() == [(True,)]
