@@ -121,6 +121,10 @@ class Preprocessing:
         parts = [p for f in self.features for p in f.sql()]
         return f"[{', '.join(parts)}]::FLOAT[{self.width}]"
 
+    def scratch_sql(self) -> str:
+        """``features_sql`` as a job's scratch table stores it (images decoded once: ``InputEncoder.scratch_sql``)."""
+        return self.input.scratch_sql() if self.input is not None else self.features_sql()
+
     def label_sql(self) -> str:
         """Classification: the class index (INTEGER, -1 for an unseen class); regression: the scaled target."""
         col = quote(self.label)

@@ -40,7 +40,7 @@ import pyarrow as pa
 import torch
 
 from .errors import CatalogError, InvalidArgument, SourceError
-from .source import Column, quote
+from .source import Column, literal, quote
 from .zoo import Inputs
 
 KINDS = ("image", "text", "tokens", "series")
@@ -92,22 +92,39 @@ class InputEncoder:
         return {"image": col if self.blob else f"{col}::FLOAT[]", "text": f"{col}::VARCHAR",
                 "tokens": f"{col}::BIGINT[]", "series": f"{col}::DOUBLE[]"}[self.kind]
 
-    def to_tensor(self, col: pa.Array, *, fn: str = "train") -> torch.Tensor:
-        """A batch's column as the model's input tensor."""
-        if isinstance(col, pa.ChunkedArray):
-            col = col.combine_chunks()
+    def scratch_sql(self) -> str:
+        """The column as a job's scratch table stores it: PNG/JPEG images decoded once, as
+        raw channel-height-width bytes (the ``dbml_decode_image`` UDF), so that epochs stream
+        pixels instead of decoding every image again; other kinds as ``raw_sql``."""
+        if self.kind == "image" and self.blob:
+            return f"dbml_decode_image({quote(self.column)}, {literal(json.dumps(self.to_dict()))})"
+        return self.raw_sql()
+
+    def decode(self, col: pa.Array, *, fn: str = "train") -> pa.Array:
+        """PNG/JPEG BLOBs -> raw uint8 CHW bytes per row, decoded on the pool in slices
+        (one task per slice, not per image: fewer hand-offs of the GIL)."""
+        rows = list(enumerate(_flat(col).to_pylist()))
+        step = max(1, -(-len(rows) // DECODE_WORKERS))
+        slices = [rows[i:i + step] for i in range(0, len(rows), step)]
+        done = _pool().map(lambda part: [self._decode(i, data, fn=fn).tobytes() for i, data in part], slices)
+        return pa.array([b for part in done for b in part], type=pa.binary())
+
+    def to_tensor(self, col: pa.Array, *, fn: str = "train", decoded: bool = False) -> torch.Tensor:
+        """A batch's column as the model's input tensor (``decoded``: images already raw
+        bytes, as ``scratch_sql`` stores them)."""
+        col = _flat(col)
         if self.kind == "image":
-            return self._images(col, fn)
+            return self._images(col, fn, decoded)
         if self.kind == "series":
             return self._series(col)
         return _pad([self._ids(v, i, fn) for i, v in enumerate(col.to_pylist())], self.max_len)
 
     # -- images ------------------------------------------------------------------------------
-    def _images(self, col: pa.Array, fn: str) -> torch.Tensor:
+    def _images(self, col: pa.Array, fn: str, decoded: bool) -> torch.Tensor:
         c, h, w = self.shape
         if self.blob:
-            arrays = list(_pool().map(lambda a: self._decode(*a, fn=fn), enumerate(col.to_pylist())))
-            x = np.stack(arrays).astype(np.float32) / 255.0
+            raw = col if decoded else self.decode(col, fn=fn)
+            x = np.frombuffer(b"".join(raw.to_pylist()), dtype=np.uint8).astype(np.float32) / 255.0
         else:
             x = np.stack([_array(v, c * h * w, i, self.column, fn) for i, v in enumerate(col.to_pylist())])
         x = x.reshape(len(col), c, h, w)
@@ -181,6 +198,10 @@ class InputEncoder:
             raise CatalogError(f"the stored input encoder is not valid ({e or 'bad field'}); "
                                f"drop the model and train it again") from None
         return enc
+
+
+def _flat(col: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
 
 
 def open_image(data: bytes | None, row: int, column: str, fn: str):

@@ -140,7 +140,7 @@ def _materialise(cur, table: str, select_sql: str, prep: Preprocessing, spec: Tr
         CREATE TABLE {table} AS
         SELECT x, y, h % {VALIDATION_BUCKETS} < {val_cut} AS is_val
         FROM (SELECT x, y, hash(x, y, {int(spec.seed)}) AS h
-              FROM (SELECT {prep.features_sql()} AS x, {_label_column(prep)} AS y
+              FROM (SELECT {prep.scratch_sql()} AS x, {_label_column(prep)} AS y
                     FROM ({select_sql}) WHERE {prep.label_filter()}))
         ORDER BY h""")
     n_train, n_val = cur.execute(f"SELECT count(*) FILTER (NOT is_val), count(*) FILTER (is_val) FROM {table}").fetchall()[0]
@@ -228,9 +228,10 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
 
 
 def _converter(prep: Preprocessing, fn: str):
-    """How a batch's x column becomes the model's input: None (a FLOAT[n] view) for
-    tabular features, the input encoder (decoding, tokenising, padding) otherwise."""
-    return None if prep.input is None else (lambda col: prep.input.to_tensor(col, fn=fn))
+    """How a batch's x column of the scratch table becomes the model's input: None (a
+    FLOAT[n] view) for tabular features, the input encoder (tokenising, padding, scaling
+    pixels decoded at materialising) otherwise."""
+    return None if prep.input is None else (lambda col: prep.input.to_tensor(col, fn=fn, decoded=True))
 
 
 def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int, n_train: int, on_epoch,

@@ -50,7 +50,7 @@ SQL_FUNCTIONS: dict[str, str] = {
 
 # Internal functions the macros call; not part of the documented surface.
 INTERNAL_FUNCTIONS = ("dbml_instance_id", "dbml_train", "dbml_wait_job", "dbml_evaluate", "dbml_temp_names",
-                      "dbml_predictions_sql", "dbml_infer", "dbml_infer_blob", "dbml_infer_text", "dbml_infer_ids", "dbml_infer_numbers", "dbml_job_rows",
+                      "dbml_predictions_sql", "dbml_infer", "dbml_infer_blob", "dbml_decode_image", "dbml_infer_text", "dbml_infer_ids", "dbml_infer_numbers", "dbml_job_rows",
                       "dbml_calibrate", "dbml_predictor_rows", "dbml_memory_rows")
 
 
@@ -86,6 +86,7 @@ FUNCTIONS = (
     Function("predict_proba", f.predict_proba, (t.VARCHAR, DOUBLES), DOUBLES, arrow=True, effects=False),
     Function("dbml_infer", f.infer, (t.VARCHAR, t.INTEGER, sql("FLOAT[]")), t.DOUBLE, arrow=True, effects=False),
     # the same for an image, text or sequence model's raw column (dbml.inference.INFER_FUNCTIONS)
+    Function("dbml_decode_image", f.decode_image, (t.BLOB, t.VARCHAR), t.BLOB, arrow=True, effects=False),
     Function("dbml_infer_blob", f.infer, (t.VARCHAR, t.INTEGER, t.BLOB), t.DOUBLE, arrow=True, effects=False),
     Function("dbml_infer_text", f.infer, (t.VARCHAR, t.INTEGER, t.VARCHAR), t.DOUBLE, arrow=True, effects=False),
     Function("dbml_infer_ids", f.infer, (t.VARCHAR, t.INTEGER, sql("BIGINT[]")), t.DOUBLE, arrow=True, effects=False),

@@ -7,6 +7,8 @@ their SQL names and types.
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -15,6 +17,7 @@ from .. import inference, jobs, latency, views
 from ..catalog import drop
 from ..errors import InvalidArgument
 from ..inference import ModelCache
+from ..inputs import InputEncoder
 from ..instance import Instance
 from ..scheduler.latency.predictor import predictor_path
 from ..scheduler.multijob.registry import device_ledger, existing_scheduler
@@ -107,6 +110,17 @@ def infer(ctx: Context, models: pa.Array, versions: pa.Array, x: pa.Array) -> pa
     """The table form's forward pass (``predictions``): rows already encoded by SQL."""
     return inference.per_model(models, lambda name, rows: inference.infer_encoded(
         ctx.models.get(name, versions[rows[0]].as_py(), fn="predictions"), x.take(rows)))
+
+
+def decode_image(ctx: Context, images: pa.Array, encoders: pa.Array) -> pa.Array:
+    """PNG/JPEG BLOBs -> raw pixels, as a job's scratch table stores them (``InputEncoder.scratch_sql``)."""
+    encoder = _encoder(encoders[0].as_py())
+    return encoder.decode(images)
+
+
+@functools.lru_cache(maxsize=16)
+def _encoder(text: str) -> InputEncoder:
+    return InputEncoder.from_dict(json.loads(text))
 
 
 def _with_cursor(ctx: Context, work):
