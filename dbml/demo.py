@@ -117,8 +117,7 @@ IMAGE_SIZE, IMAGES_PER_SHAPE, NOISE, SEED = 20, 300, 45.0, 11
 
 # PNG_FOLDER stands for the temporary folder the PNG files are written to. A step may
 # hold two statements (split at ';'): each is printed, then its result. The transformer
-# trains without dropout: its random draws are not seeded per job (yet), and the demo
-# should print the same numbers on every run.
+# trains without dropout, so that the demo prints the same numbers on every run.
 DEEP = [
     ("Images: PNG files read by DuckDB's read_blob; the label comes from the file name <shape>_<n>.png", """
 CREATE OR REPLACE TABLE shapes AS
@@ -132,7 +131,7 @@ FROM shapes GROUP BY shape ORDER BY shape"""),
     ("A small convolutional network on the images (decoded by Pillow, grey, 20x20)", """
 SELECT t.model, t.rows, round(t.val_metric, 3) AS val_accuracy, round(t.seconds, 1) AS seconds
 FROM (SELECT train('shapes_cnn', 'SELECT image, shape FROM shapes WHERE split = ''train''', label := 'shape',
-                   arch := 'cnn', options := '{"width": 16}', epochs := 4, batch_size := 64) AS t)"""),
+                   arch := 'cnn', options := '{"width": 16}', epochs := 8, batch_size := 64) AS t)"""),
     ("The CNN on the held-out images, and a few of its predictions", """
 SELECT round(m.accuracy, 3) AS accuracy, round(m.macro_f1, 3) AS macro_f1, m.rows
 FROM (SELECT evaluate('shapes_cnn', 'SELECT * FROM shapes WHERE split = ''test''') AS m);

@@ -85,9 +85,10 @@ def outputs_to_values(prep: Preprocessing, out: torch.Tensor) -> np.ndarray:
 
 
 def encode_raw(model: catalog.StoredModel, features: pa.Array, *, fn: str) -> tuple[np.ndarray, np.ndarray]:
-    """A LIST/ARRAY of raw numeric features per row -> (encoded rows, mask of non-NULL rows)."""
+    """A LIST/ARRAY of raw numeric features per row (or an image BLOB, or a text) -> (encoded
+    rows, mask of non-NULL rows)."""
     prep = model.preprocessing
-    features = flat(features)
+    features = member(flat(features), model, fn)
     if prep.input is not None:
         return _encode_input(model, features, fn)
     if not prep.all_numeric:
@@ -109,22 +110,49 @@ def encode_raw(model: catalog.StoredModel, features: pa.Array, *, fn: str) -> tu
     return prep.standardise(raw), valid
 
 
-def _encode_input(model: catalog.StoredModel, lists: pa.Array, fn: str):
-    """``predict(model, [...])`` for a model of token ids, a series or an image given as numbers."""
+# What predict() takes for each input: the member of its UNION argument (udfs.types.PREDICT_INPUT)
+WHAT_PREDICT_TAKES = {"numbers": "a list of numbers", "image": "an image BLOB", "text": "a text"}
+
+
+def _wanted(prep: Preprocessing) -> str:
+    enc = prep.input
+    if enc is not None and enc.kind == "text":
+        return "text"
+    return "image" if enc is not None and enc.blob else "numbers"
+
+
+def member(x: pa.Array, model: catalog.StoredModel, fn: str) -> pa.Array:
+    """predict()'s UNION argument as the one member the model takes; a row holding another
+    member is an error naming what the model takes. A plain array passes through."""
+    if not pa.types.is_union(x.type):
+        return x
+    wanted = _wanted(model.preprocessing)
+    names = [x.type.field(i).name for i in range(x.type.num_fields)]
+    child = x.field(names.index(wanted))
+    codes = np.asarray(x.type_codes)
+    for i, name in enumerate(names):
+        if name != wanted and ((codes == x.type.type_codes[i]) & ~np.asarray(
+                x.field(i).is_null().to_numpy(zero_copy_only=False))).any():
+            raise InvalidArgument(f"{fn}(): model {model.name!r} takes {WHAT_PREDICT_TAKES[wanted]}, got "
+                                  f"{WHAT_PREDICT_TAKES[name]}; pass {WHAT_PREDICT_TAKES[wanted]} (or use "
+                                  f"SELECT * FROM predictions({model.name!r}, '<table or SELECT>'))")
+    return child
+
+
+def _encode_input(model: catalog.StoredModel, values: pa.Array, fn: str):
+    """``predict(model, x)`` for an image (BLOB or numbers), a text, token ids or a series."""
     enc = model.preprocessing.input
+    valid = ~np.asarray(values.is_null().to_numpy(zero_copy_only=False))
+    present = values.filter(pa.array(valid))
     if enc.kind == "text" or enc.blob:
-        what = "text" if enc.kind == "text" else "PNG/JPEG images"
-        raise InvalidArgument(f"{fn}(): model {model.name!r} takes {what} (column {enc.column!r}), which a list of "
-                              f"numbers cannot carry; use the table form: SELECT * FROM predictions({model.name!r}, "
-                              f"'SELECT {enc.column} FROM ...')")
-    valid = ~np.asarray(lists.is_null().to_numpy(zero_copy_only=False))
-    present = lists.filter(pa.array(valid))
+        return enc.to_tensor(present, fn=fn), valid
+    lists = present
     if enc.kind == "tokens":
-        values = present.flatten()
-        if pc.any(pc.not_equal(values, pc.round(values))).as_py():
+        flat_ids = lists.flatten()
+        if pc.any(pc.not_equal(flat_ids, pc.round(flat_ids))).as_py():
             raise InvalidArgument(f"{fn}(): model {model.name!r} takes token ids; pass a list of integers")
-        present = present.cast(pa.list_(pa.int64()))
-    return enc.to_tensor(present, fn=fn), valid
+        lists = lists.cast(pa.list_(pa.int64()))
+    return enc.to_tensor(lists, fn=fn), valid
 
 
 def flat(arr: pa.Array | pa.ChunkedArray) -> pa.Array:

@@ -60,6 +60,13 @@ def test_a_cnn_on_digit_pngs_reaches_95_percent(digits_db):
     predicted = con.sql("SELECT label, prediction FROM predictions('digits', "
                         "'SELECT image, label FROM digits WHERE test')").fetchall()
     assert len(predicted) == 360 and np.mean([a == b for a, b in predicted]) == pytest.approx(m["accuracy"])
+    # predict() takes the image BLOB itself (its argument is a UNION of BLOB, text and numbers)
+    one = con.sql("SELECT predict('digits', image), predict_label('digits', image), label FROM digits "
+                  "WHERE test ORDER BY label LIMIT 1").fetchall()[0]
+    assert one[0] == float(one[1]) and len(con.sql("SELECT predict_proba('digits', image) FROM digits LIMIT 1"
+                                                   ).fetchall()[0][0]) == 10
+    with pytest.raises(duckdb.Error, match=r"predict\(\): model 'digits' takes an image BLOB, got a list of numbers"):
+        con.sql("SELECT predict('digits', [1.0, 2.0])").fetchall()
     # another connection (another DuckDB database object: the file) loads and agrees
     con2 = duckdb.connect(path)
     other = dbml.install(con2, latency_model="roofline")
@@ -121,6 +128,7 @@ def test_a_transformer_learns_text(db):
     assert r["status"] == "finished"
     m = db.sql("SELECT evaluate('tickets', 'SELECT body, queue FROM tickets_2026')").fetchall()[0][0]
     assert m["accuracy"] >= 0.9, m
+    assert db.sql("SELECT predict_label('tickets', 'my invoice shows a double charge')").fetchall() == [("billing",)]
     rows = db.sql("SELECT queue, prediction FROM predictions('tickets', 'tickets_2026')").fetchall()
     assert np.mean([a == b for a, b in rows]) == pytest.approx(m["accuracy"])
 
@@ -215,7 +223,7 @@ def test_a_registered_module_with_tied_weights_trains_predicts_and_reloads(tmp_p
 BIG_CNNS = ("resnet50", "densenet121", "inception_v3", "inception_v4")
 
 
-@pytest.mark.parametrize("arch", list(zoo.ARCHS))
+@pytest.mark.parametrize("arch", [pytest.param(a, marks=pytest.mark.heavy) if a in BIG_CNNS else a for a in zoo.ARCHS])
 def test_every_zoo_arch_trains_from_sql_and_its_loss_falls(db, arch):
     kinds = zoo.ARCHS[arch].kinds
     options = {"width": 0.0625 if arch in BIG_CNNS else 0.125} if "image" in kinds and arch != "cnn" else \

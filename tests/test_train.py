@@ -172,7 +172,7 @@ def test_optimizers_and_hidden_sizes(moons_con):
                              f"hidden := [16, 8], epochs := 8, lr := 0.05")
         assert r["val_metric"] > 0.8, opt
     cfg = json.loads(moons_con.sql("SELECT config FROM dbml_models WHERE name = 'o_sgd'").fetchall()[0][0])
-    assert cfg["hidden"] == [16, 8] and cfg["arch"] == "mlp"
+    assert cfg["options"]["hidden"] == [16, 8] and cfg["arch"] == "mlp"
 
 
 @pytest.mark.slow   # three jobs; test_jobs covers concurrent jobs in the fast loop

@@ -21,7 +21,7 @@ from duckdb import sqltypes as t
 from ..inference import ModelCache
 from ..instance import Instance
 from . import functions as f
-from .types import (CALIBRATE_RESULT, DOUBLES, EVALUATE_RESULT, JOB_ROWS, MEMORY_ROWS, PREDICTOR_ROWS, TRAIN_ARGS,
+from .types import (CALIBRATE_RESULT, DOUBLES, EVALUATE_RESULT, PREDICT_INPUT, JOB_ROWS, MEMORY_ROWS, PREDICTOR_ROWS, TRAIN_ARGS,
                     TRAIN_RESULT, sql)
 
 SQL_FUNCTIONS: dict[str, str] = {
@@ -30,8 +30,9 @@ SQL_FUNCTIONS: dict[str, str] = {
              "image_size, shape, text, on_error) -> STRUCT: "
              "train a model on a table or one SELECT under the memory scheduler and store it as the next "
              "version of `model`",
-    "predict": "predict(model, [x1, x2, ...]) -> DOUBLE: the prediction for raw numeric features in training "
-               "order (regression value, or class for numeric labels)",
+    "predict": "predict(model, [x1, x2, ...] | image | text) -> DOUBLE: the prediction for raw numeric features "
+               "in training order (or an image BLOB, a text, token ids, a series) (regression value, or class "
+               "for numeric labels)",
     "predict_label": "predict_label(model, [x1, ...]) -> VARCHAR: the predicted class as text",
     "predict_proba": "predict_proba(model, [x1, ...]) -> DOUBLE[]: class probabilities, in class order",
     "predictions": "SELECT * FROM predictions(model, source): every row of a table or SELECT plus a "
@@ -66,9 +67,11 @@ class Function:
     returns: duckdb.sqltypes.DuckDBPyType
     arrow: bool = False
     effects: bool = True
+    nulls: bool = False    # sees NULLs without effects: a NULL cast to a UNION is a non-NULL union
 
     def options(self) -> dict:
-        options = dict(null_handling="special", side_effects=True) if self.effects else {}
+        options = dict(null_handling="special", side_effects=True) if self.effects else \
+            dict(null_handling="special") if self.nulls else {}
         return dict(type="arrow", **options) if self.arrow else options
 
 
@@ -81,9 +84,12 @@ FUNCTIONS = (
     Function("dbml_memory_rows", f.memory_rows, (t.VARCHAR,), MEMORY_ROWS),
     Function("dbml_calibrate", f.calibrate, (t.BOOLEAN, t.VARCHAR, t.INTEGER), CALIBRATE_RESULT),
     Function("dbml_predictor_rows", f.predictor_rows, (t.VARCHAR, t.INTEGER), PREDICTOR_ROWS),
-    Function("predict", f.predict, (t.VARCHAR, DOUBLES), t.DOUBLE, arrow=True, effects=False),
-    Function("predict_label", f.predict_label, (t.VARCHAR, DOUBLES), t.VARCHAR, arrow=True, effects=False),
-    Function("predict_proba", f.predict_proba, (t.VARCHAR, DOUBLES), DOUBLES, arrow=True, effects=False),
+    Function("predict", f.predict, (t.VARCHAR, PREDICT_INPUT), t.DOUBLE, arrow=True, effects=False,
+             nulls=True),
+    Function("predict_label", f.predict_label, (t.VARCHAR, PREDICT_INPUT), t.VARCHAR, arrow=True, effects=False,
+             nulls=True),
+    Function("predict_proba", f.predict_proba, (t.VARCHAR, PREDICT_INPUT), DOUBLES, arrow=True, effects=False,
+             nulls=True),
     Function("dbml_infer", f.infer, (t.VARCHAR, t.INTEGER, sql("FLOAT[]")), t.DOUBLE, arrow=True, effects=False),
     # the same for an image, text or sequence model's raw column (dbml.inference.INFER_FUNCTIONS)
     Function("dbml_decode_image", f.decode_image, (t.BLOB, t.VARCHAR), t.BLOB, arrow=True, effects=False),
