@@ -318,3 +318,20 @@ def test_a_job_with_dropout_is_reproducible(db):
                f"options := '{{\"width\": 16, \"depth\": 1, \"heads\": 2, \"dropout\": 0.3}}', epochs := 1)").fetchall()
     assert db.sql("SELECT a.weights = b.weights FROM dbml_weights a, dbml_weights b "
                   "WHERE a.name = 'drop_a' AND b.name = 'drop_b'").fetchall() == [(True,)]
+
+
+def test_image_and_text_jobs_run_concurrently_and_one_is_cancelled(digits_db):
+    """Two jobs of the new input kinds share the scheduler at once; cancelling one stores
+    nothing of it and leaves the other to finish."""
+    _, con = digits_db
+    keep = con.sql("SELECT train('conc_keep', 'SELECT image, label FROM digits LIMIT 400', label := 'label', "
+                   "arch := 'cnn', epochs := 2, wait := false).job_id").fetchall()[0][0]
+    doomed = con.sql("SELECT train('conc_doomed', 'SELECT image, label FROM digits', label := 'label', "
+                     "arch := 'cnn', epochs := 200, wait := false).job_id").fetchall()[0][0]
+    from helpers import wait_until
+    wait_until(lambda: con.sql(f"SELECT progress > 0 FROM dbml_jobs WHERE id = {doomed}").fetchall()[0][0], timeout=60)
+    assert con.sql(f"SELECT cancel_job({doomed})").fetchall()[0][0] in ("running", "queued")
+    assert con.sql(f"SELECT wait_job({keep}).status").fetchall()[0][0] == "finished"
+    with pytest.raises(duckdb.Error, match=r"was cancelled; nothing was stored"):
+        con.sql(f"SELECT wait_job({doomed})").fetchall()
+    assert con.sql("SELECT name FROM dbml_models WHERE name LIKE 'conc_%'").fetchall() == [("conc_keep",)]
