@@ -107,6 +107,14 @@ def sample_input(cfg: ModelConfig, rows: int, device=None) -> torch.Tensor:
 _BUILD_LOCK = threading.Lock()
 
 
+def seed_global_generator(seed: int) -> None:
+    """Seed torch's global generator (dropout draws from it), under the build lock: seeding
+    it while another job builds its model inside ``fork_rng`` would change that model's
+    initial weights."""
+    with _BUILD_LOCK:
+        torch.manual_seed(seed)
+
+
 def build_seeded(cfg: ModelConfig, seed: int) -> nn.Module:
     """The model with its initial weights drawn from ``seed``, leaving the global RNG as it was."""
     with _BUILD_LOCK, torch.random.fork_rng(devices=[]):

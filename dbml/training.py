@@ -208,7 +208,7 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
         # dropout draws from torch's global generator (as in eager PyTorch, which the scheduled
         # step reproduces bit for bit): seeded here, a job run alone is reproducible; jobs with
         # dropout running at the same time share the generator, so their draws interleave
-        torch.manual_seed(spec.seed)
+        models.seed_global_generator(spec.seed)
         runner = runners.make_runner(module, loss_fn, spec, device, progress, config)
         loop = TrainLoop(runner, module, loss_fn, spec, prep, progress, n_train, device, config)
         progress.begin(spec.epochs, math.ceil(n_train / spec.batch_size))

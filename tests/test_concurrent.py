@@ -207,3 +207,17 @@ def test_jobs_with_the_same_architecture_share_one_capture():
         other.step(x, y)
     other.finish()
     assert all(torch.equal(p, q) for p, q in zip(other.model.parameters(), eager_params(model(64, 1), data)))
+
+
+def test_an_account_left_open_holding_nothing_does_not_carry_an_old_peak():
+    """The CI run of this session failed test_jobs' three-jobs budget check with a global peak
+    above the budget: an account left open (holding nothing) by an earlier job kept the
+    device 'busy', so the next jobs' peak included an older one. Idle is 'nothing held'."""
+    from dbml.scheduler.multijob.ledger import DeviceLedger
+    ledger = DeviceLedger()
+    left_open, busy = ledger.account("left_open"), ledger.account("busy")
+    busy.add(1000)
+    busy.close()
+    assert ledger.current_bytes == 0 and ledger.peak_bytes == 1000 and "left_open" in ledger.accounts()
+    ledger.account("next").add(10)
+    assert ledger.peak_bytes == 10

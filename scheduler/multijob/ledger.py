@@ -20,8 +20,10 @@ class DeviceLedger:
     ``reserved_peak_bytes`` ledgers and pools (like CUDA's allocated and reserved).
     A job's account keeps what it holds between iterations (its resident parameters and
     optimizer state) until it is closed. The peaks are those of the current busy period
-    (since the first account opened on an idle device), so they stay readable after the
-    jobs end and start afresh with the next jobs.
+    (since an account opened on an idle device: one holding nothing), so they stay
+    readable after the jobs end and start afresh with the next jobs. Idle is "nothing
+    held", not "no account open": an account left open holding nothing (a runner never
+    closed) must not carry an old busy period's peak into the next jobs' figures.
 
     >>> led = DeviceLedger(); a, b = led.account("a"), led.account("b")
     >>> a.add(60); b.add(50); a.add(-40); b.add(20); led.current_bytes, led.peak_bytes
@@ -39,11 +41,11 @@ class DeviceLedger:
         self.reserved_peak_bytes = 0
 
     def account(self, job: str) -> "JobAccount":
-        """Open ``job``'s account. The first on an idle device (no account open) starts a
-        new busy period: the peaks are measured afresh from then on."""
+        """Open ``job``'s account. One opened on an idle device (nothing held) starts a new
+        busy period: the peaks are measured afresh from then on."""
         acct = JobAccount(self, job)
         with self._lock:
-            if not self._accounts:
+            if self.current_bytes == 0:
                 self.peak_bytes = self.current_bytes
                 self.reserved_peak_bytes = self.current_bytes + self.pool_bytes
             self._accounts[id(acct)] = acct
