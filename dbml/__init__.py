@@ -16,9 +16,9 @@ from importlib import resources
 import duckdb
 
 from . import settings as _settings
-from .zoo import register_model, unregister_model
 from .errors import (CatalogError, DbmlError, Interrupted, InvalidArgument, ModelNotFound, SourceError,
                      TrainingError)
+from .zoo import register_model, unregister_model
 
 __version__ = "0.1.0"
 __all__ = ["connect", "install", "Connection", "DbmlError", "InvalidArgument", "SourceError", "ModelNotFound",

@@ -156,13 +156,16 @@ def load_preprocessing(text: str, name: str, version: int) -> Preprocessing:
     """A stored model's preprocessing, checked against its schema; CatalogError names what is wrong."""
     try:
         problem = _schema_problem(json.loads(text))
+        prep = None if problem else Preprocessing.from_json(text)
     except ValueError as e:
         problem = f"it is not JSON ({str(e)[:80]})"
+    except CatalogError as e:   # the input encoder's own check (InputEncoder.from_dict)
+        problem = f"input: {e}"
     if problem:
         raise CatalogError(f"model {name!r} version {version}: dbml_models.preprocessing is invalid: {problem}; "
                            f"the row was edited or damaged: retrain it with train({name!r}, ...) "
                            f"or remove it with drop_model({name!r})")
-    return Preprocessing.from_json(text)
+    return prep
 
 
 def _schema_problem(d) -> str | None:

@@ -168,15 +168,20 @@ def fit(cur: duckdb.DuckDBPyConnection, select_sql: str, columns: list[Column], 
     label_col = resolve_column(columns, label, fn=fn, arg="label")
     text_cols = {resolve_column(columns, t, fn=fn, arg="text").name for t in text or ()}
     src = _labelled_rows(cur, select_sql, label_col, fn)
-    kinds = {c.name: inputs.kind_of(cur, src, c, text=c.name in text_cols, shape=shape)
-             for c in columns if c.name != label_col.name}
-    feature_cols = _feature_columns(columns, label_col, features, fn, usable=lambda c: kinds.get(c.name))
+    kinds: dict[str, str | None] = {}
+
+    def kind(c: Column) -> str | None:   # asked only of the feature columns, once each
+        if c.name not in kinds:
+            kinds[c.name] = inputs.kind_of(cur, src, c, text=c.name in text_cols, shape=shape)
+        return kinds[c.name]
+
+    feature_cols = _feature_columns(columns, label_col, features, fn, usable=kind)
     task = _task(cur, src, label_col, task, fn)
     if task == "regression":   # also drop labels beyond FLOAT's range, which a FLOAT target cannot hold
         src = _labelled_rows(cur, select_sql, label_col, fn, regression=True)
-    special = [c for c in feature_cols if kinds.get(c.name)]
+    special = [c for c in feature_cols if kind(c)]
     if special:
-        encoder = _one_input(cur, src, feature_cols, special[0], kinds[special[0].name], shape, image_size, fn)
+        encoder = _one_input(cur, src, feature_cols, special[0], kind(special[0]), shape, image_size, fn)
         return _with_label(cur, src, label_col, task, (), fn, input=encoder)
     numeric = _numeric_stats(cur, src, [c for c in feature_cols if c.is_numeric])
     feats = tuple(numeric[c.name] if c.is_numeric else

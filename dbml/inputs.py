@@ -33,6 +33,7 @@ import re
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from functools import cached_property
 
 import duckdb
 import numpy as np
@@ -123,8 +124,7 @@ class InputEncoder:
     def _images(self, col: pa.Array, fn: str, decoded: bool) -> torch.Tensor:
         c, h, w = self.shape
         if self.blob:
-            raw = col if decoded else self.decode(col, fn=fn)
-            x = np.frombuffer(b"".join(raw.to_pylist()), dtype=np.uint8).astype(np.float32) / 255.0
+            x = _binary_bytes(col if decoded else self.decode(col, fn=fn)).astype(np.float32) / 255.0
         else:
             x = np.stack([_array(v, c * h * w, i, self.column, fn) for i, v in enumerate(col.to_pylist())])
         x = x.reshape(len(col), c, h, w)
@@ -134,13 +134,17 @@ class InputEncoder:
 
     def _decode(self, row: int, data: bytes | None, *, fn: str) -> np.ndarray:
         image = open_image(data, row, self.column, fn)
-        image = image.convert("L" if self.shape[0] == 1 else "RGB")
-        if self.resize:
-            image = image.resize((self.shape[2], self.shape[1]))
-        elif image.size != (self.shape[2], self.shape[1]):
+        if not self.resize and image.size != (self.shape[2], self.shape[1]):
             raise InvalidArgument(f"{fn}(): row {row + 1} of column {self.column!r} is a {image.size[0]}x"
                                   f"{image.size[1]} image, but the model takes {self.shape[2]}x{self.shape[1]}; "
                                   f"pass image_size := [{self.shape[1]}, {self.shape[2]}] when training to resize")
+        return self._pixels(image)
+
+    def _pixels(self, image) -> np.ndarray:
+        """A Pillow image as the model's channels: grey or RGB, resized if asked, (c, h, w) uint8."""
+        image = image.convert("L" if self.shape[0] == 1 else "RGB")
+        if self.resize:
+            image = image.resize((self.shape[2], self.shape[1]))
         a = np.asarray(image, dtype=np.uint8)
         return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
 
@@ -150,7 +154,7 @@ class InputEncoder:
             if value is None or not value.strip():
                 raise InvalidArgument(f"{fn}(): row {row + 1} of text column {self.column!r} is empty; "
                                       f"filter such rows out (WHERE length(trim({self.column})) > 0)")
-            index = self._index()
+            index = self._index
             return [index.get(t, 1) for t in tokenize(value)][:self.max_len] or [1]
         ids = [v for v in (value or []) if v is not None][:self.max_len]
         bad = [v for v in ids if not 0 <= v < self.vocab_size - 1]
@@ -160,12 +164,10 @@ class InputEncoder:
                                   f"map unseen ids to a known one, or retrain on data that has them")
         return [v + 1 for v in ids] or [0]
 
+    @cached_property
     def _index(self) -> dict[str, int]:
-        index = self.__dict__.get("_index_cache")
-        if index is None:
-            index = {t: i + 2 for i, t in enumerate(self.vocab)}
-            object.__setattr__(self, "_index_cache", index)
-        return index
+        """token -> id, built once per loaded encoder."""
+        return {t: i + 2 for i, t in enumerate(self.vocab)}
 
     def _series(self, col: pa.Array) -> torch.Tensor:
         rows = [[np.nan if v is None else v for v in (r or [])][:self.max_len] for r in col.to_pylist()]
@@ -195,9 +197,15 @@ class InputEncoder:
             if enc.kind == "image":
                 assert len(enc.shape) == 3 and len(enc.mean) == len(enc.std) == enc.shape[0]
         except (TypeError, AssertionError) as e:
-            raise CatalogError(f"the stored input encoder is not valid ({e or 'bad field'}); "
-                               f"drop the model and train it again") from None
+            raise CatalogError(f"the stored input encoder is not valid ({e or 'a field has a wrong value'})") from None
         return enc
+
+
+def _binary_bytes(raw: pa.Array) -> np.ndarray:
+    """The bytes of a BINARY column without NULLs, end to end, as a view of Arrow's buffer."""
+    offsets = np.frombuffer(raw.buffers()[1], dtype=np.int64 if pa.types.is_large_binary(raw.type) else np.int32)
+    start, stop = offsets[raw.offset], offsets[raw.offset + len(raw)]
+    return np.frombuffer(raw.buffers()[2], dtype=np.uint8)[start:stop]
 
 
 def _flat(col: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -319,17 +327,25 @@ def _fit_array_image(cur, src: str, col: Column, shape, fn: str) -> InputEncoder
                         std=tuple(float(s) if s > 0 else 1.0 for s in std))
 
 
-def _fit_blob_image(cur, src: str, col: Column, image_size, fn: str) -> InputEncoder:
-    reader = cur.sql(f"SELECT {quote(col.name)} FROM {src}").to_arrow_reader(1024)
-    sizes, grey, sample, row = set(), True, [], 0
+def _blobs(cur, src: str, col: Column, limit: str = ""):
+    """The column's rows, streamed: (row number, bytes)."""
+    reader = cur.sql(f"SELECT {quote(col.name)} FROM {src}{limit}").to_arrow_reader(1024)
+    row = 0
     for batch in reader:
         for data in batch.column(0).to_pylist():
-            image = open_image(data, row, col.name, fn)
-            sizes.add(image.size)
-            grey &= image.mode in ("L", "1", "I", "I;16", "F")
-            if len(sample) < STATS_SAMPLE:
-                sample.append(image)
+            yield row, data
             row += 1
+
+
+def _fit_blob_image(cur, src: str, col: Column, image_size, fn: str) -> InputEncoder:
+    """Every training image checked (an image, its size and mode), then the channel
+    statistics over the first STATS_SAMPLE, summed as they are decoded: memory stays that
+    of one image whatever the table's size."""
+    sizes, grey = set(), True
+    for row, data in _blobs(cur, src, col):
+        image = open_image(data, row, col.name, fn)
+        sizes.add(image.size)
+        grey &= image.mode in ("L", "1", "I", "I;16", "F")
     if image_size is None and len(sizes) > 1:
         some = ", ".join(f"{w}x{h}" for w, h in sorted(sizes)[:3])
         raise InvalidArgument(f"{fn}(): images in column {col.name!r} have different sizes ({some}, ...); "
@@ -341,18 +357,14 @@ def _fit_blob_image(cur, src: str, col: Column, image_size, fn: str) -> InputEnc
     else:
         w, h = next(iter(sizes))
         hw = (h, w)
-    enc = InputEncoder("image", col.name, blob=True, shape=(1 if grey else 3, *hw), resize=image_size is not None,
-                       mean=(0.0,) * (1 if grey else 3), std=(1.0,) * (1 if grey else 3))
-    x = np.stack([_decoded(enc, im) for im in sample])
-    x = x.astype(np.float32).reshape(len(sample), enc.shape[0], -1) / 255.0
-    std = x.std(axis=(0, 2))
-    return InputEncoder(**{**enc.to_dict(), "mean": tuple(map(float, x.mean(axis=(0, 2)))),
+    c = 1 if grey else 3
+    enc = InputEncoder("image", col.name, blob=True, shape=(c, *hw), resize=image_size is not None,
+                       mean=(0.0,) * c, std=(1.0,) * c)
+    total, squares, n = np.zeros(c), np.zeros(c), 0
+    for row, data in _blobs(cur, src, col, f" LIMIT {STATS_SAMPLE}"):
+        x = enc._pixels(open_image(data, row, col.name, fn)).reshape(c, -1).astype(np.float64) / 255.0
+        total, squares, n = total + x.sum(1), squares + (x * x).sum(1), n + x.shape[1]
+    mean = total / n
+    std = np.sqrt(np.maximum(squares / n - mean * mean, 0.0))
+    return InputEncoder(**{**enc.to_dict(), "mean": tuple(map(float, mean)),
                            "std": tuple(float(s) if s > 0 else 1.0 for s in std)})
-
-
-def _decoded(enc: InputEncoder, image) -> np.ndarray:
-    image = image.convert("L" if enc.shape[0] == 1 else "RGB")
-    if enc.resize:
-        image = image.resize((enc.shape[2], enc.shape[1]))
-    a = np.asarray(image, dtype=np.uint8)
-    return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)

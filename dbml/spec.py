@@ -24,8 +24,8 @@ from dataclasses import dataclass, field, make_dataclass
 
 from .errors import InvalidArgument
 from .scheduler import OPTIMIZERS, OptimizerSpec
-from .zoo import arch as zoo_arch
 from .settings import DEFAULTS, SETTINGS, SOURCES, parse_bytes, resolve
+from .zoo import arch as zoo_arch
 
 
 @dataclass(frozen=True)

@@ -335,3 +335,17 @@ def test_image_and_text_jobs_run_concurrently_and_one_is_cancelled(digits_db):
     with pytest.raises(duckdb.Error, match=r"was cancelled; nothing was stored"):
         con.sql(f"SELECT wait_job({doomed})").fetchall()
     assert con.sql("SELECT name FROM dbml_models WHERE name LIKE 'conc_%'").fetchall() == [("conc_keep",)]
+
+
+def test_a_tampered_input_encoder_is_refused_naming_the_model():
+    con = dbml.connect(latency_model="roofline")
+    try:
+        table(con, "toks", sequences(100, 11))
+        con.sql("SELECT train('tamper', 'SELECT events, churned FROM toks', label := 'churned', epochs := 1)").fetchall()
+        con.execute("UPDATE dbml_models SET preprocessing = json_merge_patch(preprocessing, "
+                    "'{\"input\": {\"kind\": \"shellcode\"}}')")
+        with pytest.raises(duckdb.Error, match=r"model 'tamper' version 1: dbml_models.preprocessing is invalid: "
+                                               r"input: the stored input encoder is not valid"):
+            con.sql("SELECT predict('tamper', [1, 2])").fetchall()
+    finally:
+        con.close()
