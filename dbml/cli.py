@@ -10,6 +10,8 @@ COMMANDS = {
     "demo": "build demo data, train several models from SQL, predict, evaluate, and print a report",
     "install": "calibrate this machine (op latencies under load, copy bandwidth) and train the latency "
                "predictor the memory scheduler plans with; --quick takes about 30 s",
+    "bench": "benchmark dbml against eager PyTorch, the paper and PyTorch's own memory tools "
+             "(python -m dbml bench --help); --quick takes a few minutes",
 }
 
 
@@ -25,6 +27,8 @@ def parser() -> argparse.ArgumentParser:
     install.add_argument("--device", default="auto", help="device to calibrate: auto, cpu or cuda (default auto)")
     install.add_argument("--threads", type=int, default=1,
                          help="PyTorch threads, as training jobs use them (the torch_threads setting; default 1)")
+    # its options are the harness's own (benchmarks/harness.py): main() hands them over unparsed
+    sub.add_parser("bench", help=COMMANDS["bench"], description=COMMANDS["bench"], add_help=False)
     return p
 
 
@@ -40,6 +44,10 @@ def progress_bar(out=sys.stderr, width: int = 40):
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        from .bench import harness
+        return harness.main(argv[1:])
     args = parser().parse_args(argv)
     import dbml
 

@@ -183,7 +183,11 @@ class CudaDevice(_HostPool, Device):
         dst.record_stream(stream)  # allocated on the copy stream, used on the compute stream
 
 
-def make_device(device: str | torch.device) -> Device:
+def make_device(device: "str | torch.device | Device") -> Device:
+    """The :class:`Device` for ``device``; a Device instance is used as it is (e.g. a
+    benchmark's copy-throttled CPU device)."""
+    if isinstance(device, Device):
+        return device
     device = torch.device(device)
     if device.type == "cpu":
         return CpuDevice(device)

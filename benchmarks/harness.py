@@ -1,0 +1,198 @@
+"""``python -m dbml bench``: where dbml stands against eager PyTorch, the paper and PyTorch's own tools.
+
+One run measures, in one process (see each module for how):
+
+* section "single" (:mod:`.single`): every workload under every method: eager; dbml's
+  policies none, tensile at 75/50/35 % of the vanilla peak and at the smallest feasible
+  budget, capuchin at 50 %, vdnn; PyTorch's checkpoint, activation offload, torch.compile's
+  memory budget, Rockmate; on this CPU and, with ``--emulate``, at a GPU's copy-to-compute
+  ratio (:mod:`.emulate`);
+* "coldstart": the first iteration of tensile (planned from the latency model before it)
+  against capuchin (passive first), at 50 %;
+* "planning": capture and planning seconds per workload;
+* "concurrent" and "mixed" (:mod:`.multi`): 1-4 concurrent jobs and the mixed workload;
+* "batch": one workload at batch sizes 4-64.
+
+Results go to ``<out>/<date>-<machine>.json`` with a markdown table and PNG plots
+(:mod:`.report`). ``--quick`` (CI's smoke test, minutes): the MLP and the transformer only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import socket
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from . import emulate
+from .multi import concurrent_rows, make_jobs
+from .single import ALL_METHODS, Context, run_single
+from .workloads import QUICK, WORKLOADS, workload
+
+__all__ = ["main", "run", "parser", "RESULTS"]
+
+RESULTS = Path(__file__).resolve().parent / "results"
+BATCH_METHODS = ("eager", "dbml-tensile@50%", "checkpoint", "offload")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dbml bench", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="the MLP and the transformer only, few iterations (minutes)")
+    p.add_argument("--workloads", help=f"comma-separated, from {', '.join(WORKLOADS)}")
+    p.add_argument("--methods", help=f"comma-separated, from {', '.join(ALL_METHODS)} (default all)")
+    p.add_argument("--out", default=str(RESULTS), help=f"results folder (default {RESULTS})")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="PyTorch threads (default: all cores)")
+    p.add_argument("--emulate", default="a6000",
+                   help=f"GPU profiles to emulate, comma-separated, or 'none' ({', '.join(emulate.PROFILES)})")
+    p.add_argument("--iters", type=int, help="timed iterations per method (default 3; quick 2)")
+    p.add_argument("--sections", default="single,coldstart,planning,concurrent,mixed,batch",
+                   help="which sections to run")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def latency_model(threads: int):
+    from dbml.scheduler.latency.estimate import RooflineModel
+    from dbml.scheduler.latency.predictor import load_predictor
+    predictor = load_predictor("cpu", threads=threads)
+    if predictor is not None:
+        return predictor, "predictor"
+    return RooflineModel(), "roofline (no predictor for this thread count: python -m dbml install --threads N)"
+
+
+def machine() -> dict:
+    import duckdb
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 if hasattr(os, "sysconf") else None
+    name = re.sub(r"[^a-z0-9]+", "-", f"{socket.gethostname().split('.')[0]}-{os.cpu_count()}c".lower()).strip("-")
+    return {"name": name, "cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem, 1) if mem else None,
+            "torch": torch.__version__, "duckdb": duckdb.__version__, "python": platform.python_version(),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def _coldstart(rows: list[dict]) -> list[dict]:
+    keep = ("dbml-tensile@50%", "dbml-capuchin@50%")
+    return [{**r, "section": "coldstart"} for r in rows if r["section"] == "single" and r["method"] in keep]
+
+
+def _planning(w, ctx: Context, log) -> dict:
+    """Capture and first-plan seconds for ``w`` (a fresh capture: nothing shared)."""
+    from dbml.scheduler.execute.runner import ScheduledStep
+    from .methods import SPEC, loss_fn
+    x, y = w.batch_tensors(None, ctx.seed)
+    t0 = time.perf_counter()
+    none = ScheduledStep(w.model(ctx.seed), loss_fn, SPEC, policy="none", latency_model=ctx.lm)
+    none.prepare(x, y)
+    capture = time.perf_counter() - t0
+    ops = len(next(iter(none.sequences.values())).ops)
+    none.close()
+    log(f"  {w.name}: capture {capture:.1f} s, {ops} ops")
+    return {"section": "planning", "workload": w.name, "method": "dbml-capture", "family": "dbml", "mode": "cpu",
+            "batch": w.batch, "jobs": 1, "threads": ctx.threads, "capture_seconds": capture, "ops": ops,
+            "error": None, "note": f"latency model: {ctx.lm_name}"}
+
+
+def run(args) -> dict:
+    threads = args.threads or os.cpu_count()
+    torch.set_num_threads(threads)
+    names = args.workloads.split(",") if args.workloads else list(QUICK if args.quick else WORKLOADS)
+    ws = [workload(n) for n in names]
+    methods = tuple(args.methods.split(",")) if args.methods else ALL_METHODS
+    unknown = set(methods) - set(ALL_METHODS)
+    if unknown:
+        raise SystemExit(f"--methods: unknown {', '.join(sorted(unknown))}; methods are {', '.join(ALL_METHODS)}")
+    profiles = [] if args.emulate in ("", "none") else [emulate.profile(p) for p in args.emulate.split(",")]
+    sections = set(args.sections.split(","))
+    lm, lm_name = latency_model(threads)
+    iters = args.iters or (2 if args.quick else 3)
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731 - progress lines
+    ctx = Context(threads, lm, lm_name, iters=iters, warmup=2, seed=args.seed, log=log,
+                  record={ws[0].name if args.quick else "resnet50"})
+    started = time.time()
+    results = {"date": datetime.date.today().isoformat(), "machine": machine(),
+               "command": "python -m dbml bench " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else []),
+               "load_average": {"before": list(os.getloadavg())}, "quick": args.quick, "threads": threads,
+               "emulate": [p.name for p in profiles], "latency_model": lm_name, "rows": [], "timelines": {},
+               "notes": [], "emulation": {}}
+    rows = results["rows"]
+    for w in ws:
+        if "planning" in sections:
+            rows.append(_planning(w, ctx, log))
+        if sections & {"single", "coldstart"}:
+            log(f"{w.name}: {w.describe()}, cpu")
+            r, t = run_single(w, ctx, methods=methods)
+            rows += r
+            results["timelines"].update(t)
+            for p in profiles:
+                ctx.emulate, ctx.bandwidth = p, emulate.emulated_bandwidth(p)
+                results["emulation"][p.name] = {"bandwidth": ctx.bandwidth, "profile": p.source,
+                                                "cpu_flops": ctx.bandwidth * p.flops / p.pcie}
+                log(f"{w.name}: emulated {p.name} (copies at {ctx.bandwidth / 1e6:.0f} MB/s)")
+                r, t = run_single(w, ctx, mode=f"emulated:{p.name}", methods=methods)
+                rows += r
+                results["timelines"].update(t)
+    if "coldstart" in sections:
+        rows += _coldstart(rows)
+    _multi(args, sections, ctx, rows, log)
+    if "batch" in sections:
+        w = workload("mlp" if args.quick else "resnet50")
+        for b in ((8, 32) if args.quick else (4, 8, 16, 32, 64)):
+            log(f"batch {b}: {w.name}")
+            r, _ = run_single(w, ctx, methods=[m for m in BATCH_METHODS if m in methods], batch=b, section="batch")
+            rows += r
+    results["load_average"]["after"] = list(os.getloadavg())
+    results["seconds"] = time.time() - started
+    return results
+
+
+def _multi(args, sections: set, ctx: Context, rows: list, log) -> None:
+    iters, repeats = (3, 1) if args.quick else (5, 2)
+    if "concurrent" in sections:
+        name = "mlp" if args.quick else "transformer"
+        for n in ((1, 2) if args.quick else (1, 2, 3, 4)):
+            log(f"concurrent: {n} x {name}")
+            jobs = make_jobs([name] * n, iters, args.seed, 0.0)
+            rows += concurrent_rows(jobs, "concurrent", f"{n} x {name}", 0.5, repeats, ctx.lm, ctx.threads)
+    if "mixed" in sections:
+        mix = ["mlp", "transformer", "mlp"] if args.quick else ["mlp", "transformer", "resnet50", "mlp",
+                                                                 "transformer", "densenet121"]
+        log(f"mixed: {', '.join(mix)}")
+        jobs = make_jobs(mix, iters, args.seed + 100, 1.0 if args.quick else 3.0)
+        rows += concurrent_rows(jobs, "mixed", "mixed", 0.6, repeats, ctx.lm, ctx.threads)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    results = run(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        from . import report
+        paths = report.write(results, out)
+    except ImportError:
+        stem = f"{results['date']}-{results['machine']['name']}"
+        path = out / f"{stem}.json"
+        path.write_text(json.dumps(results, indent=1, default=str))
+        paths = {"json": str(path)}
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""python -m dbml bench: the GPU-ratio emulation, the workloads, and the --quick run end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from dbml.bench import emulate
+from dbml.bench.workloads import QUICK, WORKLOADS, workload
+
+REQUIRED = ("section", "workload", "method", "mode", "batch", "jobs", "threads", "budget_bytes",
+            "vanilla_peak_bytes", "peak_bytes", "vanilla_seconds", "seconds", "msr", "eor", "cbr",
+            "first_iteration_eor", "swaps", "recomputes")
+
+
+def test_emulated_bandwidth_keeps_the_gpu_copy_to_compute_ratio():
+    p = emulate.profile("a6000")
+    cpu_flops = 100e9
+    bw = emulate.emulated_bandwidth(p, cpu_flops)
+    # an op of F FLOPs and its B-byte output: copy time / op time must be the GPU's
+    f, b = 1e9, 4e6
+    gpu_ratio = (b / p.pcie) / (f / p.flops)
+    cpu_ratio = (b / bw) / (f / cpu_flops)
+    assert cpu_ratio == pytest.approx(gpu_ratio)
+    with pytest.raises(ValueError, match="unknown GPU profile 'a7000'; profiles are a6000"):
+        emulate.profile("a7000")
+
+
+def test_throttled_device_copies_no_faster_than_its_bandwidth():
+    device = emulate.ThrottledCpuDevice(bandwidth=100e6)          # 100 MB/s
+    src = torch.arange(2_000_000, dtype=torch.uint8)             # 2 MB: at least 20 ms each way
+    t0 = time.perf_counter()
+    host = device.copy_out(src, None)
+    out_s = time.perf_counter() - t0
+    dst = device.alloc(src.numel())
+    t0 = time.perf_counter()
+    device.copy_in(host, dst)
+    in_s = time.perf_counter() - t0
+    assert out_s >= 0.02 and in_s >= 0.02
+    assert torch.equal(dst, src)
+
+
+def test_emulated_latency_model_changes_only_the_copy_bandwidth():
+    from dbml.scheduler.latency.estimate import RooflineModel
+    base = RooflineModel()
+    lm = emulate.EmulatedLatency(base, 1e6)
+    assert lm.machine.copy_bandwidth == 1e6
+    assert lm.machine.peak_flops == base.machine.peak_flops
+
+
+def test_quick_workloads_build_and_match_their_batches():
+    for name in QUICK:
+        w = workload(name)
+        x, y = w.batch_tensors()
+        out = w.model()(x)
+        assert out.shape == (w.batch, 10) and y.shape == (w.batch,)
+    assert set(WORKLOADS) >= {"vgg16", "resnet50", "densenet121", "inception_v3", "inception_v4", "transformer",
+                              "mlp"}
+    with pytest.raises(ValueError, match="--workloads: unknown workload 'resnet5'"):
+        workload("resnet5")
+
+
+@pytest.mark.slow
+def test_quick_bench_runs_and_every_dbml_row_matches_eager_within_budget(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "dbml", "bench", "--quick", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [path] = tmp_path.glob("*.json")
+    results = json.loads(path.read_text())
+    assert {"date", "machine", "load_average", "rows", "threads", "command"} <= set(results)
+    rows = results["rows"]
+    for r in rows:
+        if r["section"] in ("single", "batch", "concurrent", "mixed", "coldstart"):
+            assert set(REQUIRED) <= set(r), (r["method"], set(REQUIRED) - set(r))
+    single = [r for r in rows if r["section"] == "single"]
+    assert {r["mode"] for r in single} == {"cpu", "emulated:a6000"}
+    assert {r["workload"] for r in single} == set(QUICK)
+    dbml_rows = [r for r in single + [r for r in rows if r["section"] == "batch"] if r["family"] == "dbml"]
+    ran = [r for r in dbml_rows if r["error"] is None]
+    assert ran, "no dbml row ran"
+    for r in ran:
+        assert r["bit_identical"] is True, r
+        assert r["within_budget"] is True, r
+        assert r["peak_bytes"] > 0 and r["seconds"] > 0
+    # the budgets that could not be met say why
+    for r in dbml_rows:
+        if r["error"] is not None:
+            assert "infeasible" in r["error"] or "unavailable" in r["error"].lower(), r
+    assert any(r["section"] == "coldstart" for r in rows)
+    assert any(r["section"] == "mixed" for r in rows)
+    assert (tmp_path / path.name.replace(".json", ".md")).exists()
