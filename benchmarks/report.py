@@ -20,6 +20,7 @@ import json
 import math
 import os
 import re
+from pathlib import Path
 
 MIB = 2 ** 20
 # dbml's ledger and the shared tracker are two accounts of one peak: beyond this
@@ -47,13 +48,11 @@ ROW_KEYS = frozenset((
     "within_budget", "error", "note"))
 
 
-# ---- cell formatting ----------------------------------------------------------------------
+# ---- cells and columns --------------------------------------------------------------------
 
 def _number(x, digits: int = 3) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "—"
-    if isinstance(x, bool):
-        return "yes" if x else "**no**"
     if isinstance(x, int):
         return f"{x:,}"
     return f"{x:.{digits}f}" if abs(x) < 100 else f"{x:,.1f}"
@@ -64,41 +63,11 @@ def _mib(nbytes) -> str:
 
 
 def _seconds(s) -> str:
-    if s is None:
-        return "—"
-    return f"{s:.3f}" if s < 10 else f"{s:.1f}"
+    return "—" if s is None else f"{s:.3f}" if s < 10 else f"{s:.1f}"
 
 
-def _budget(row) -> str:
-    budget, vanilla = row.get("budget_bytes"), row.get("vanilla_peak_bytes")
-    if budget is None:
-        return "—"
-    if not vanilla:
-        return _mib(budget)
-    return f"{_mib(budget)} ({100 * budget / vanilla:.0f} %)"
-
-
-def _bit_identical(row) -> str:
-    value = row.get("bit_identical")
-    return "—" if value is None else ("yes" if value else "**NO**")
-
-
-def _extra(key: str, value) -> str:
-    """An extra key's value, formatted by what its name says it holds."""
-    if key.endswith("_bytes"):
-        return _mib(value)
-    if key.endswith("_seconds"):
-        return _seconds(value)
-    if isinstance(value, (int, float)) or value is None:
-        return _number(value)
-    return str(value)
-
-
-def _extra_header(key: str) -> str:
-    for suffix, unit in (("_bytes", " MiB"), ("_seconds", " s")):
-        if key.endswith(suffix):
-            return key[: -len(suffix)].replace("_", " ") + unit
-    return key.replace("_", " ")
+def _value(v) -> str:
+    return _number(v) if v is None or isinstance(v, (int, float)) else str(v)
 
 
 def _cell(text) -> str:
@@ -109,86 +78,75 @@ def _cell(text) -> str:
 def ledger_mismatch(row) -> bool:
     """dbml's own ledger peak and the tracker's peak differ by more than LEDGER_TOLERANCE."""
     ledger, peak = row.get("ledger_peak_bytes"), row.get("peak_bytes")
-    if ledger is None or not peak:
-        return False
-    return abs(ledger - peak) / peak > LEDGER_TOLERANCE
+    return ledger is not None and bool(peak) and abs(ledger - peak) / peak > LEDGER_TOLERANCE
 
 
 def _note(row) -> str:
-    """The row's own note, with the flags a reader must not miss put in front."""
-    flags = []
-    if ledger_mismatch(row):
-        flags.append(f"⚠ ledger {_mib(row['ledger_peak_bytes'])} MiB")
-    if row.get("within_budget") is False:
-        flags.append("⚠ over budget")
-    if row.get("bit_identical") is False:
-        flags.append("⚠ results differ from eager")
-    if row.get("note"):
-        flags.append(str(row["note"]))
-    return "; ".join(flags)
+    """The row's own note, after the flags a reader must not miss."""
+    flags = [f"⚠ ledger {_mib(row['ledger_peak_bytes'])} MiB" if ledger_mismatch(row) else "",
+             "⚠ over budget" if row.get("within_budget") is False else "",
+             "⚠ results differ from eager" if row.get("bit_identical") is False else "",
+             str(row.get("note") or "")]
+    return "; ".join(f for f in flags if f)
 
 
-# ---- tables ------------------------------------------------------------------------------
+def _budget(row) -> str:
+    budget, vanilla = row.get("budget_bytes"), row.get("vanilla_peak_bytes")
+    if budget is None or not vanilla:
+        return _mib(budget)
+    return f"{_mib(budget)} ({100 * budget / vanilla:.0f} %)"
 
-# A column: (header, cell of a row, whether it is a measured figure an error row blanks).
-_COL = {
-    "workload": ("workload", lambda r: r.get("workload", ""), False),
-    "method": ("method", lambda r: r.get("method", ""), False),
-    "batch": ("batch", lambda r: _number(r.get("batch")), False),
-    "jobs": ("jobs", lambda r: _number(r.get("jobs")), False),
-    "threads": ("threads", lambda r: _number(r.get("threads")), False),
-    "budget": ("budget MiB (% of vanilla)", _budget, False),
-    "vanilla_peak": ("vanilla peak MiB", lambda r: _mib(r.get("vanilla_peak_bytes")), True),
-    "peak": ("peak MiB", lambda r: _mib(r.get("peak_bytes")), True),
-    "host_peak": ("host peak MiB", lambda r: _mib(r.get("host_peak_bytes")), True),
-    "msr": ("MSR", lambda r: _number(r.get("msr")), True),
-    "vanilla_seconds": ("vanilla s", lambda r: _seconds(r.get("vanilla_seconds")), True),
-    "seconds": ("time s", lambda r: _seconds(r.get("seconds")), True),
-    "eor": ("EOR", lambda r: _number(r.get("eor")), True),
-    "first_eor": ("first-iteration EOR", lambda r: _number(r.get("first_iteration_eor")), True),
-    "cbr": ("CBR", lambda r: _number(r.get("cbr")), True),
-    "swaps": ("swaps", lambda r: _number(r.get("swaps")), True),
-    "recomputes": ("recomp", lambda r: _number(r.get("recomputes")), True),
-    "bit": ("bit-identical", _bit_identical, True),
-    "note": ("note", _note, False),
+
+# Row keys shown on an error row too (what was asked for); every other column is a figure.
+SETTINGS = frozenset(("workload", "method", "batch", "jobs", "threads", "budget_bytes", "note"))
+HEADERS = {"budget_bytes": "budget MiB (% of vanilla)", "seconds": "time s", "msr": "MSR", "eor": "EOR",
+           "cbr": "CBR", "first_iteration_eor": "first-iteration EOR", "recomputes": "recomp",
+           "bit_identical": "bit-identical"}
+SHOW = {"budget_bytes": _budget, "note": _note,
+        "bit_identical": lambda r: {None: "—", True: "yes", False: "**NO**"}[r.get("bit_identical")]}
+_FIGURES = ["msr", "seconds", "eor", "cbr", "swaps", "recomputes", "bit_identical"]
+_TOTALS = ["vanilla_peak_bytes", "peak_bytes", "msr", "vanilla_seconds", "seconds", "eor", "cbr",
+           "bit_identical"]
+SECTION_COLUMNS = {   # row keys, in table order; a section not named here gets "single"'s
+    "single": ["workload", "method", "budget_bytes", "peak_bytes", *_FIGURES],
+    "coldstart": ["workload", "method", "budget_bytes", "peak_bytes", "msr", "first_iteration_eor", "eor",
+                  "cbr", "bit_identical"],
+    "concurrent": ["workload", "method", "jobs", "budget_bytes", *_TOTALS],
+    "mixed": ["workload", "method", "jobs", "budget_bytes", *_TOTALS],
+    "batch": ["workload", "method", "batch", "budget_bytes", *_TOTALS],
+    "planning": ["workload", "method"],
 }
-_COMMON = ["workload", "method"]
-_FIGURES = ["msr", "seconds", "eor", "cbr", "swaps", "recomputes", "bit"]
-SECTION_COLUMNS = {
-    "single": _COMMON + ["budget", "peak"] + _FIGURES,
-    "coldstart": _COMMON + ["budget", "peak", "msr", "first_eor", "eor", "cbr", "bit"],
-    "concurrent": _COMMON + ["jobs", "budget", "vanilla_peak", "peak", "msr", "vanilla_seconds",
-                             "seconds", "eor", "cbr", "bit"],
-    "batch": _COMMON + ["batch", "budget", "vanilla_peak", "peak", "msr", "vanilla_seconds",
-                        "seconds", "eor", "cbr", "bit"],
-    "planning": _COMMON,
-}
-SECTION_COLUMNS["mixed"] = SECTION_COLUMNS["concurrent"]
-_DEFAULT_COLUMNS = _COMMON + ["budget", "peak"] + _FIGURES
+
+
+def _column(key: str) -> tuple:
+    """(header, cell of a row, is a figure) for a row key; units follow the key's suffix."""
+    name, show = key, (lambda r: _value(r.get(key)))
+    for suffix, unit, fmt in (("_bytes", " MiB", _mib), ("_seconds", " s", _seconds)):
+        if key.endswith(suffix):
+            name, show = key[: -len(suffix)] + unit, (lambda r, fmt=fmt: fmt(r.get(key)))
+    return HEADERS.get(key, name.replace("_", " ")), SHOW.get(key, show), key not in SETTINGS
 
 
 def _columns(section: str, rows: list[dict]) -> list[tuple]:
     """The section's columns, plus batch/jobs/threads where they vary, plus its extra keys."""
-    names = list(SECTION_COLUMNS.get(section, _DEFAULT_COLUMNS))
+    keys = list(SECTION_COLUMNS.get(section, SECTION_COLUMNS["single"]))
     for setting in ("batch", "jobs", "threads"):
-        if setting not in names and len({r.get(setting) for r in rows}) > 1:
-            names.insert(2, setting)
-    if any(r.get("host_peak_bytes") for r in rows) and "peak" in names:
-        names.insert(names.index("peak") + 1, "host_peak")
-    columns = [_COL[n] for n in names]
-    extras = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in ROW_KEYS]
-    columns += [(_extra_header(k), (lambda r, k=k: _extra(k, r.get(k))), True) for k in extras]
-    return columns + [_COL["note"]]
+        if setting not in keys and len({r.get(setting) for r in rows}) > 1:
+            keys.insert(2, setting)
+    if "peak_bytes" in keys and any(r.get("host_peak_bytes") for r in rows):
+        keys.insert(keys.index("peak_bytes") + 1, "host_peak_bytes")
+    keys += [k for k in dict.fromkeys(k for r in rows for k in r) if k not in ROW_KEYS]
+    return [_column(k) for k in keys + ["note"]]
 
 
 def _caption(rows: list[dict]) -> str:
     """Settings every row of a table shares, said once above it."""
-    shared = []
-    for key, word in (("batch", "batch"), ("jobs", "jobs"), ("threads", "threads")):
+    said = []
+    for key in ("batch", "jobs", "threads"):
         values = {r.get(key) for r in rows}
         if len(values) == 1 and None not in values:
-            shared.append(f"{word} {values.pop()}")
-    return ", ".join(shared)
+            said.append(f"{key} {values.pop()}")
+    return ", ".join(said)
 
 
 def table(section: str, rows: list[dict]) -> str:
@@ -249,21 +207,15 @@ def frontier(rows: list[dict]) -> list[dict]:
     for (mode, workload), group in _group(single, lambda r: (r.get("mode"), r.get("workload"))).items():
         dbml = [r for r in group if r.get("family") == "dbml" and _measured(r)]
         for peer in (r for r in group if r.get("family") == "peer"):
-            entry = {"mode": mode, "workload": workload, "peer": peer.get("method"),
-                     "peer_peak_bytes": peer.get("peak_bytes"), "peer_eor": peer.get("eor"),
-                     "peer_error": peer.get("error"), "dbml_method": None, "dbml_eor": None,
-                     "dbml_peak_bytes": None}
-            if not _measured(peer):
-                entry["verdict"] = "peer failed"
-            else:
-                fits = [r for r in dbml if r["peak_bytes"] <= peer["peak_bytes"]]
-                best = min(fits, key=lambda r: r["eor"], default=None)
-                if best is not None:
-                    entry.update(dbml_method=best["method"], dbml_eor=best["eor"],
-                                 dbml_peak_bytes=best["peak_bytes"])
-                ahead = best is not None and best["eor"] < peer["eor"]
-                entry["verdict"] = "ahead" if ahead else "behind"
-            entries.append(entry)
+            fits = [r for r in dbml if _measured(peer) and r["peak_bytes"] <= peer["peak_bytes"]]
+            best = min(fits, key=lambda r: r["eor"], default={})
+            verdict = ("peer failed" if not _measured(peer) else
+                       "ahead" if best and best["eor"] < peer["eor"] else "behind")
+            entries.append({"mode": mode, "workload": workload, "peer": peer.get("method"),
+                            "peer_peak_bytes": peer.get("peak_bytes"), "peer_eor": peer.get("eor"),
+                            "peer_error": peer.get("error"), "dbml_method": best.get("method"),
+                            "dbml_eor": best.get("eor"), "dbml_peak_bytes": best.get("peak_bytes"),
+                            "verdict": verdict})
     return entries
 
 
@@ -333,13 +285,9 @@ def header(results: dict) -> str:
         f"- load average (1 / 5 / 15 min): before {_loads(load.get('before'))}, "
         f"after {_loads(load.get('after'))}",
     ]
-    if emulate:
-        lines.append(f"- emulated profiles: {', '.join(emulate)}. Figures whose mode is `emulated:<profile>` "
-                     "are emulated: the CPU's copy channel is throttled to that GPU's copy-to-compute "
-                     "ratio; they were not measured on that GPU.")
-    else:
-        lines.append("- no emulation: every figure was measured on this CPU (mode `cpu`); "
-                     "emulated figures, where present, are labelled by their mode.")
+    lines.append(f"- emulated profiles: {', '.join(emulate) or 'none'}. Figures whose mode is "
+                 "`emulated:<profile>` are emulated (the CPU's copy channel throttled to that GPU's "
+                 "copy-to-compute ratio), not measured on that GPU; mode `cpu` is measured on this CPU.")
     lines += [f"- {note}" for note in results.get("notes", [])]
     return "\n".join(lines)
 
@@ -401,9 +349,8 @@ def _memory_plot(results, workload, mode, by_method, colours, path) -> None:
         if has_host:
             axes[1].plot(t, [(s[2] if len(s) > 2 else 0) / MIB for s in samples], drawstyle="steps-post",
                          color=colours.get(method), linewidth=1.2)
-    budgets = [r for r in results.get("rows", []) if r.get("section") == "single"
-               and r.get("workload") == workload and r.get("mode") == mode
-               and r.get("family") == "dbml" and r.get("budget_bytes")]
+    budgets = [r for r in results.get("rows", []) if r.get("section") == "single" and r.get("budget_bytes")
+               and r.get("workload") == workload and r.get("mode") == mode and r.get("method") in by_method]
     for row in budgets:   # the budget a dbml line must stay under, in that line's colour
         axes[0].axhline(row["budget_bytes"] / MIB, linestyle="--", linewidth=0.8,
                         color=colours.get(row["method"]), label=f"budget {row['method']}")
@@ -494,11 +441,7 @@ def write(results: dict, out_dir: str) -> dict:
     """
     os.makedirs(out_dir, exist_ok=True)
     stem = f"{_slug(results.get('date', 'undated'))}-{_slug(results.get('machine', {}).get('name', 'machine'))}"
-    json_path = os.path.join(out_dir, f"{stem}.json")
-    with open(json_path, "w") as f:
-        json.dump(results, f, indent=1)
-        f.write("\n")
-    md_path = os.path.join(out_dir, f"{stem}.md")
-    with open(md_path, "w") as f:
-        f.write(markdown(results))
+    json_path, md_path = (os.path.join(out_dir, f"{stem}.{ext}") for ext in ("json", "md"))
+    Path(json_path).write_text(json.dumps(results, indent=1) + "\n")
+    Path(md_path).write_text(markdown(results))
     return {"json": json_path, "markdown": md_path, "plots": plots(results, out_dir, prefix=f"{stem}-")}
