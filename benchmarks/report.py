@@ -27,6 +27,7 @@ MIB = 2 ** 20
 # relative gap one of them is wrong, and the row says so.
 LEDGER_TOLERANCE = 0.02
 SECTION_ORDER = ("single", "coldstart", "concurrent", "mixed", "batch", "planning")
+PLOTS_HINT = "no plots: matplotlib is not installed (pip install -e '.[bench]')"   # when plots() gives []
 
 # The TENSILE journal paper (Zhang et al., "TENSILE: A Tensor granularity dynamic GPU memory
 # scheduling method toward multiple dynamic workloads system"), Table III "Single task
@@ -243,7 +244,7 @@ def _frontier_summary(workload: str, entries: list[dict]) -> str:
     else:
         text = f"dbml behind {', '.join(behind)}" + (f"; ahead of {', '.join(ahead)}" if ahead else "")
     if failed:
-        text += f" (did not run: {', '.join(failed)})"
+        text += f"; did not run: {', '.join(failed)}"
     return f"- **{workload}**: {text}."
 
 

@@ -170,7 +170,7 @@ def test_frontier_verdicts():
         "| vgg16 | checkpoint | 60.0 | 1.300 | 1.200 (dbml-tensile@50%, 48.0 MiB) | dbml ahead |")
     assert line_of(front, "vgg16", "offload").endswith("| 1.200 (dbml-tensile@50%, 48.0 MiB) | dbml behind |")
     assert line_of(front, "vgg16", "activation-cap").endswith("| no dbml row at this peak | dbml behind |")
-    assert "- **vgg16**: dbml behind offload, activation-cap; ahead of checkpoint (did not run: compile)." in front
+    assert "- **vgg16**: dbml behind offload, activation-cap; ahead of checkpoint; did not run: compile." in front
     assert "- **mlp**: dbml ahead of every peer that ran (checkpoint)." in front
 
 
