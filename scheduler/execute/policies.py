@@ -10,9 +10,9 @@ A :class:`Policy` answers the three questions where the policies differ:
 
 :class:`TensilePolicy` plans from the estimates and keeps the plan up to date (TENSILE
 IV-E); :class:`CapuchinPolicy` starts passive and plans from the first iteration's
-measurement; :class:`NoSchedulingPolicy` plans once and never replans (policy ``"none"``,
-and ``"tensile"`` with neither a budget nor a shared planner: nothing to schedule
-against). Every plan comes from the runner's :class:`Planning`.
+measurement; :class:`NoSchedulingPolicy` plans once and never replans (policy ``"none"``;
+``"vdnn"``, whose planner makes vDNN-conv's fixed plan; and ``"tensile"`` with neither a
+budget nor a shared planner: nothing to schedule against). Every plan comes from the runner's :class:`Planning`.
 """
 
 from __future__ import annotations
@@ -197,4 +197,4 @@ def make_policy(name: str, planning: Planning, budget_bytes: int | None, update:
         return CapuchinPolicy(planning, budget_bytes, update)
     if name == "tensile" and bounded:
         return TensilePolicy(planning, budget_bytes, update)
-    return NoSchedulingPolicy(planning)
+    return NoSchedulingPolicy(planning)   # none, vdnn (its planner: plan/vdnn.py), unbounded tensile
