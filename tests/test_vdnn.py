@@ -16,7 +16,7 @@ from dbml.scheduler.execute.step import EagerStep
 from dbml.scheduler.graph.optim import OptimizerSpec
 from dbml.scheduler.graph.sequence import EventKind, Phase
 from dbml.scheduler.plan.vdnn import convolutions
-from helpers import assert_same, batches, mlp, state_of
+from helpers import assert_same, batches, deep_narrow, state_of
 
 loss_fn = torch.nn.functional.cross_entropy
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -98,15 +98,16 @@ def test_vdnn_peak_is_below_release_only(conv_runs):
     assert none["swaps"] == 0
     assert vdnn["measured_peak_bytes"] < none["measured_peak_bytes"]
     assert vdnn["planned_peak_bytes"] < vdnn["vanilla_peak_bytes"] == none["vanilla_peak_bytes"]
-    # the plan's peak is what the executor's ledger measured
+    # the plan's peak is the limit: a late offload makes compute wait, not the peak grow
+    assert vdnn["measured_peak_bytes"] <= vdnn["planned_peak_bytes"]
     assert vdnn["measured_peak_bytes"] == pytest.approx(vdnn["planned_peak_bytes"], rel=0.05)
 
 
 def test_a_model_without_convolutions_gets_no_swaps():
-    spec = OptimizerSpec("adam", lr=0.01)
-    data = batches(2)
+    spec = OptimizerSpec("sgd", lr=0.01)
+    data = batches(2, b=8, shape=(64,))
     torch.manual_seed(0)
-    model = mlp()
+    model = deep_narrow()
     eager, vdnn = copy.deepcopy(model), copy.deepcopy(model)
     want = train(EagerStep(eager, loss_fn, spec), data)
     runner = ScheduledStep(vdnn, loss_fn, spec, policy="vdnn")
@@ -124,3 +125,27 @@ def test_vdnn_takes_no_budget_and_no_shared_planner():
     assert runner.stats()["swap_outs"] == 4
     with pytest.raises(ValueError, match="policy 'vdnn' plans alone"):
         ScheduledStep(conv_net(), loss_fn, OptimizerSpec("sgd", lr=0.1), policy="vdnn", planner=lambda s: None)
+
+
+def test_module_doctest():
+    import doctest
+    from dbml.scheduler.plan import vdnn
+    result = doctest.testmod(vdnn)
+    assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.slow
+def test_train_policy_vdnn_from_sql_matches_eager(con):
+    import numpy as np
+    import pyarrow as pa
+    rng = np.random.default_rng(0)
+    pixels = rng.standard_normal((300, 64)).astype(np.float32)
+    con.register("arr", pa.table({"pixels": pa.array(list(pixels), pa.list_(pa.float32(), 64)),
+                                  "y": rng.integers(0, 3, 300)}))
+    con.execute("CREATE TABLE images AS SELECT * FROM arr")
+    args = "label := 'y', arch := 'cnn', shape := [1, 8, 8], options := '{\"width\": 4}', epochs := 1, seed := 3"
+    run = {p: con.sql(f"SELECT train('{p}', 'images', {args}, policy := '{p}')").fetchall()[0][0]
+           for p in ("eager", "vdnn")}
+    weights = {p: con.sql(f"SELECT weights FROM dbml_weights WHERE name = '{p}'").fetchall()[0][0] for p in run}
+    assert weights["vdnn"] == weights["eager"] and run["vdnn"]["final_loss"] == run["eager"]["final_loss"]
+    assert run["vdnn"]["swaps"] > 0 and run["vdnn"]["measured_peak_bytes"] < run["vdnn"]["vanilla_peak_bytes"]

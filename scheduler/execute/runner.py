@@ -22,7 +22,8 @@ Policies (:data:`RUNNER_POLICIES`; one object each, :mod:`.policies`):
 * ``"vdnn"``: vDNN-conv, the layer-granularity baseline TENSILE compares with
   (:func:`~..plan.vdnn.vdnn_plan`): convolutions' input feature maps swapped out after
   their forward use and prefetched one layer ahead in backward; a fixed plan, no budget
-  (``budget_bytes`` is not a limit), never replanned.
+  (``budget_bytes`` is not a limit: the plan's own peak is, compute waiting for late
+  offloads as vDNN's layers do), never replanned.
 
 Plan updating (TENSILE IV-E, :mod:`.updating`): after every iteration the executor's
 measured op latencies are folded into a per-op moving average; when their sum drifts
