@@ -127,6 +127,24 @@ def test_vdnn_takes_no_budget_and_no_shared_planner():
         ScheduledStep(conv_net(), loss_fn, OptimizerSpec("sgd", lr=0.1), policy="vdnn", planner=lambda s: None)
 
 
+def test_late_prefetches_are_the_plans_extra_time():
+    """The docstring's two-op net: x (8 bytes) goes out after the convolution (t = 1 s) and
+    is prefetched after op 1 (t = 2 s) for the backward at t = 3 s. At 8 B/s each copy takes
+    1 s: out 1-2, in 2-3, in time. At 4 B/s: out 1-3, in 3-5, so the backward waits 2 s."""
+    import dataclasses
+    from dbml.scheduler.graph.sequence import AccessSequence, Op, TensorInfo, TensorKind
+    from dbml.scheduler.plan.vdnn import vdnn_plan
+    t = [TensorInfo(0, "x", 8, TensorKind.BATCH), TensorInfo(1, "w", 4, TensorKind.PARAM),
+         TensorInfo(2, "convolution", 8, TensorKind.ACTIVATION), TensorInfo(3, "relu", 8, TensorKind.ACTIVATION),
+         TensorInfo(4, "g", 4, TensorKind.ACTIVATION)]
+    ops = (Op(0, "convolution", (0, 1), (2,), 0, 1, Phase.FORWARD), Op(1, "relu", (2,), (3,), 1, 2, Phase.FORWARD),
+           Op(2, "sum", (3,), (), 2, 3, Phase.BACKWARD),
+           Op(3, "convolution_backward", (3, 0, 1), (4,), 3, 4, Phase.BACKWARD))
+    seq = AccessSequence("j", tuple(t), ops, frozenset({0, 1}), outputs=frozenset({4}), copy_bandwidth=8.0)
+    assert vdnn_plan(seq).extra_time == 0.0
+    assert vdnn_plan(dataclasses.replace(seq, copy_bandwidth=4.0)).extra_time == 2.0
+
+
 def test_module_doctest():
     import doctest
     from dbml.scheduler.plan import vdnn

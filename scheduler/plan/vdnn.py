@@ -20,7 +20,8 @@ every tensor :func:`offloaded` picks:
   access, whichever comes first.
 
 Every event has delay 0: vDNN issues at layer boundaries and the copy channel queues.
-The peak is peak.py's analysis of these events, as for every plan.
+The peak is peak.py's analysis of these events, as for every plan; ``Plan.extra_time`` is
+the compute predicted to wait for late prefetches (:func:`prefetch_waits`).
 
 >>> from dbml.scheduler.graph.sequence import AccessSequence, TensorInfo, TensorKind, Op, Phase as P
 >>> t = [TensorInfo(0, "x", 8, TensorKind.BATCH), TensorInfo(1, "w", 4, TensorKind.PARAM),
@@ -44,7 +45,7 @@ from .peak import analyse_peak, host_at_start
 from .planner import PlanSettings
 from ..graph.sequence import AccessSequence, Event, EventKind, Op, Phase, Plan, TensorKind, event_order
 
-__all__ = ["vdnn_plan", "convolutions", "offloaded", "Offload"]
+__all__ = ["vdnn_plan", "convolutions", "offloaded", "prefetch_waits", "Offload"]
 
 # fx names a node after its aten op, numbering repeats: convolution, convolution_1, ...
 _CONV = re.compile(r"convolution(_\d+)?")
@@ -115,5 +116,28 @@ def vdnn_plan(seq: AccessSequence, settings: PlanSettings | None = None) -> Plan
     swaps = [e for o in offloaded(seq) for e in (Event(o.out, 0.0, EventKind.SWAP_OUT, o.tensor),
                                                 Event(o.prefetch, 0.0, EventKind.SWAP_IN, o.tensor, o.first_use))]
     events = tuple(sorted((*releases, *swaps), key=event_order))
-    return Plan(seq.job, events, analyse_peak(seq, events).bytes, vanilla, 0.0, "vdnn",
+    return Plan(seq.job, events, analyse_peak(seq, events).bytes, vanilla, prefetch_waits(seq, events), "vdnn",
                 host_at_start(seq, events))
+
+
+def prefetch_waits(seq: AccessSequence, events) -> float:
+    """Seconds compute waits per iteration for prefetches that are late, by the sequence's
+    latencies: copies run one at a time in issue order at ``seq.copy_bandwidth`` (vDNN's
+    one copy stream), an op waits for the swap-ins it reads, and a wait delays what follows.
+    (TENSILE's planner never places a late copy; vDNN's fixed schedule may.)"""
+    issued: dict[int, list[Event]] = {}
+    for e in sorted(events, key=event_order):
+        if e.kind in (EventKind.SWAP_OUT, EventKind.SWAP_IN):
+            issued.setdefault(e.trigger, []).append(e)
+    shift, channel_free, ready = 0.0, 0.0, {}   # ready: (tensor, op it serves) -> copy's end
+    for k in range(-1, len(seq.ops)):
+        if k >= 0:
+            start = seq.ops[k].start + shift
+            late = max((ready.pop((t, k)) for t in seq.ops[k].inputs if (t, k) in ready), default=start)
+            shift += max(late - start, 0.0)
+        now = seq.ops[k].end + shift if k >= 0 else 0.0
+        for e in issued.get(k, ()):
+            channel_free = max(now, channel_free) + seq.copy_time(e.tensor)
+            if e.kind is EventKind.SWAP_IN:
+                ready[(e.tensor, e.before)] = channel_free
+    return shift
