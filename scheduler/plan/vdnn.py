@@ -57,8 +57,8 @@ FEATURE_MAPS = (TensorKind.ACTIVATION, TensorKind.BATCH)
 
 @dataclass(frozen=True)
 class Offload:
-    """One feature map vDNN offloads: swapped out after op ``out``, swapped in after op
-    ``prefetch`` (-1: at the iteration start) for op ``first_use``."""
+    """One feature map vDNN offloads: swapped out after op ``out`` (its last forward
+    access), swapped in after op ``prefetch`` for op ``first_use`` (its next access)."""
 
     tensor: int
     out: int
