@@ -12,7 +12,7 @@ A :class:`Policy` answers the three questions where the policies differ:
 IV-E); :class:`CapuchinPolicy` starts passive and plans from the first iteration's
 measurement; :class:`NoSchedulingPolicy` plans once and never replans (policy ``"none"``,
 and ``"tensile"`` with neither a budget nor a shared planner: nothing to schedule
-against). Every plan comes from the runner's :class:`Planning`.
+against); :class:`VdnnPolicy` too, its planner making vDNN-conv's fixed plan. Every plan comes from the runner's :class:`Planning`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from .executor import Executor
 from .planners import ExternalPlanner, release_only
 from .updating import LatencyTracker, UpdateSettings, retime
 
-__all__ = ["Policy", "TensilePolicy", "CapuchinPolicy", "NoSchedulingPolicy", "Planning", "PlanCounts",
+__all__ = ["Policy", "TensilePolicy", "CapuchinPolicy", "NoSchedulingPolicy", "VdnnPolicy", "Planning", "PlanCounts",
            "Start", "make_policy"]
 
 
@@ -114,6 +114,21 @@ class NoSchedulingPolicy:
         return None
 
 
+class VdnnPolicy(NoSchedulingPolicy):
+    """vDNN-conv (the runner's planner is :func:`~..plan.vdnn.vdnn_plan`): one fixed plan
+    per graph, no budget, never replanned. The plan's peak is the limit: vDNN has the
+    next layer wait for a layer's offload to finish, so an offload the copy channel has
+    not finished yet makes compute wait, not the device hold more than planned (without
+    it the measured peak would depend on how fast the copy thread runs)."""
+
+    def first_plan(self, seq: AccessSequence, fallback_limit: int | None) -> Start:
+        plan = self.planning(seq)
+        return Start(plan, self.limit(plan), False)
+
+    def limit(self, plan: Plan) -> int | None:
+        return plan.peak_bytes
+
+
 class TensilePolicy:
     """Plan from the estimates before the first iteration (cold start), then replan when
     the measured latencies drift (TENSILE IV-E; :mod:`.updating`)."""
@@ -197,4 +212,6 @@ def make_policy(name: str, planning: Planning, budget_bytes: int | None, update:
         return CapuchinPolicy(planning, budget_bytes, update)
     if name == "tensile" and bounded:
         return TensilePolicy(planning, budget_bytes, update)
+    if name == "vdnn":
+        return VdnnPolicy(planning)
     return NoSchedulingPolicy(planning)

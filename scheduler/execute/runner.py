@@ -18,7 +18,12 @@ Policies (:data:`RUNNER_POLICIES`; one object each, :mod:`.policies`):
   made from it — by the TENSILE planner, standing in for Capuchin's own (which also
   plans swaps and recomputation from the measured access pattern). Eviction stays armed
   as a fallback;
-* ``"none"``: release after last use only, no budget.
+* ``"none"``: release after last use only, no budget;
+* ``"vdnn"``: vDNN-conv, the layer-granularity baseline TENSILE compares with
+  (:func:`~..plan.vdnn.vdnn_plan`): convolutions' input feature maps swapped out after
+  their forward use and prefetched one layer ahead in backward; a fixed plan, no budget
+  (``budget_bytes`` is not a limit: the plan's own peak is, compute waiting for late
+  offloads as vDNN's layers do), never replanned.
 
 Plan updating (TENSILE IV-E, :mod:`.updating`): after every iteration the executor's
 measured op latencies are folded into a per-op moving average; when their sum drifts
@@ -42,6 +47,7 @@ stderr after each new plan, e.g. ``peak 912 MB -> 431 MB, 37 swaps, 4 recomputes
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import threading
 from collections import Counter
@@ -59,16 +65,17 @@ from ..graph.sequence import AccessSequence, EventKind, Plan
 from ..latency.estimate import LatencyModel, RooflineModel
 from ..multijob.ledger import DeviceLedger, JobAccount
 from ..plan.planner import PlanSettings
+from ..plan.vdnn import vdnn_plan
 from .devices import Device, as_view, make_device
 from .executor import ExecState, Executor, Program
-from .planners import ExternalPlanner, LocalPlanner, as_planner
+from .planners import ExternalPlanner, FixedPlanner, LocalPlanner, as_planner
 from .policies import PlanCounts, Planning, make_policy
 from .step import LossFn
 from .updating import LatencyTracker, UpdateSettings
 
 __all__ = ["ScheduledStep", "RunnerStats", "GraphSchedule", "summary_line", "RUNNER_POLICIES"]
 
-RUNNER_POLICIES = ("tensile", "capuchin", "none")
+RUNNER_POLICIES = ("tensile", "capuchin", "none", "vdnn")
 
 
 def _mb(n: int) -> str:
@@ -216,12 +223,15 @@ class ScheduledStep:
             raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(RUNNER_POLICIES)}")
         if policy == "capuchin" and budget_bytes is None and planner is None:
             raise ValueError("policy 'capuchin' needs budget_bytes: passive mode evicts against a budget")
+        if policy == "vdnn" and planner is not None:
+            raise ValueError("policy 'vdnn' plans alone (a fixed plan): pass no planner")
         self.policy = "none" if config.scheduler_disabled() else policy
         self.model, self.loss_fn, self.spec, self.job = model, loss_fn, spec, job
         self.budget_bytes, self.log, self.update = budget_bytes, log, update or UpdateSettings()
         # alone, the job plans within its own budget; policy none has no budget
         self.planner: ExternalPlanner = (
             as_planner(planner) if planner is not None else
+            FixedPlanner(functools.partial(vdnn_plan, settings=planner_settings)) if self.policy == "vdnn" else
             LocalPlanner(None if self.policy == "none" else budget_bytes, swap=self.policy != "none",
                          settings=planner_settings))
         self.planning = Planning(self.planner, planner_settings)
