@@ -24,7 +24,8 @@ per live storage, its bytes. What it adds:
   aten ops of the compiled artifact at runtime. AOT backends (``aot_eager``,
   ``aot_eager_decomp_partition``) run aten ops through the dispatcher, so every buffer is
   seen. Inductor's generated code allocates its buffers with ``empty_strided_cpu``, below
-  the dispatcher: those are not seen (see the benchmark's report).
+  the dispatcher: unseen (a pointwise-only region: not one byte), unless
+  :func:`see_inductor_buffers` was called before the code was compiled.
 
 Counting rules: a storage counts once, however many views of it exist (``StorageWeakRef``
 keys); it stops counting as soon as it is freed (expired references are dropped after
@@ -52,7 +53,7 @@ from dbml.scheduler.execute.measure import _tensors as tensors_in
 from dbml.scheduler.execute.measure import live_tensors
 
 __all__ = ["MemoryTracker", "mark_host", "is_host", "host_copy", "current_tracker", "downsample",
-           "instrument", "tracking_dbml", "measure_step", "live_tensors"]
+           "instrument", "tracking_dbml", "measure_step", "see_inductor_buffers", "live_tensors"]
 
 
 # -- the host tag: a weak registry of storages that are host memory ------------------------
@@ -313,6 +314,29 @@ def tracking_dbml(step, tracker: MemoryTracker):
         yield tracker
     finally:
         _set_current(previous)
+
+
+# -- inductor: buffers allocated below the dispatcher ------------------------------------
+def see_inductor_buffers() -> None:
+    """Make the buffers of inductor-compiled CPU code count: its generated module allocates
+    with ``torch._C._dynamo.guards._empty_strided_cpu`` (no dispatcher, so no mode sees
+    it, and an output first used by an eager op would be taken for a tensor alive from the
+    start). This wraps that function once, process-wide, so every allocation is reported to
+    the current tracker (if any; from any thread). A generated module binds the function
+    when it is loaded: call this before ``torch.compile`` compiles (or loads from its
+    cache) the code to be measured. Frees are seen as for any storage."""
+    guards = torch._C._dynamo.guards
+    allocate = guards._empty_strided_cpu
+    if getattr(allocate, "_memtrack", False):
+        return
+
+    def reported(*args, **kwargs):
+        t = allocate(*args, **kwargs)
+        _track_in_current(t)
+        return t
+
+    reported._memtrack = True
+    guards._empty_strided_cpu = reported
 
 
 # -- one step measured; timelines cut to size ------------------------------------------

@@ -229,3 +229,28 @@ def test_dbml_peak_matches_its_ledger_without_the_reuse_pool(monkeypatch):
     "budget (ledger 391348 B)"))
 def test_dbml_peak_with_the_reuse_pool_stays_within_the_budget():
     _check_against_the_ledger(*_scheduled_cnn_at_half_the_eager_peak())
+
+
+@pytest.mark.slow
+def test_inductor_buffers_are_seen_only_once_reported():
+    """Inductor allocates below the dispatcher: its pointwise-only code dispatches no aten
+    op at all. With see_inductor_buffers() called before compiling, both outputs count:
+    x + out + sums = 240000 + 240000 + 800 B (the fused kernel keeps no intermediate)."""
+    def f(x):
+        return (x.sin() * 2).cos() + x, x.exp().sum(0)
+
+    x = torch.randn(300, 200)
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="inductor")
+    compiled(x)
+    unseen = measure_step(lambda: compiled(x), [x])
+    assert unseen.ops == 0 and unseen.device_peak_bytes == 240_000    # the base only
+
+    memtrack.see_inductor_buffers()
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="inductor")
+    compiled(x)
+    seen = measure_step(lambda: compiled(x), [x])
+    assert seen.ops == 0 and seen.device_peak_bytes == 240_000 + 240_000 + 800
+    torch.testing.assert_close(seen.result[0], f(x)[0], atol=1e-4, rtol=1e-4)   # vectorised sin/cos
+    torch._dynamo.reset()
