@@ -125,8 +125,13 @@ class MemoryTracker(TorchDispatchMode):
     calling (compute) thread; :meth:`track` counts allocations made on other threads.
 
     ``device_peak_bytes`` includes ``base_bytes`` (the device bytes of ``base``);
-    ``host_peak_bytes`` the host-tagged storages given, tracked or used by an op.
-    ``device``: the device type whose storages count (default ``"cpu"``)."""
+    ``host_peak_bytes`` the host-tagged storages given, tracked or used by an op (for dbml:
+    the host buffers its swaps used; a pool's untouched buffers are not counted).
+    ``current_device_bytes``/``current_host_bytes``: now; ``timeline`` (``record=True``):
+    ``(seconds since __enter__, device bytes, host bytes)`` at every change; ``ops``: aten
+    ops seen on the compute thread; ``tracked``: :meth:`track` calls. The "current
+    tracker" (:func:`current_tracker`) is process-wide: one tracked compute thread at a
+    time. ``device``: the device type whose storages count (default ``"cpu"``)."""
 
     def __init__(self, base: Iterable[torch.Tensor] = (), *, record: bool = False, device: str = "cpu"):
         super().__init__()
