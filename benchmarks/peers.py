@@ -30,6 +30,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.checkpoint import checkpoint
 
@@ -156,6 +157,11 @@ class CheckpointStep(PeerStep):
         self.blocks = blocks
         super().__init__(model, spec)
 
+    def close(self) -> None:
+        super().close()
+        for block in self.blocks:
+            vars(block).pop("forward", None)   # the class's forward again
+
     def stats(self) -> dict:
         return {"recomputes": len(self.blocks), "swaps": 0,
                 "note": f"{len(self.blocks)} blocks checkpointed (non-reentrant)"}
@@ -177,13 +183,18 @@ class OffloadStep(PeerStep):
         self.copy_seconds, self.min_bytes = copy_seconds, min_bytes
         self.swaps = self.bytes_offloaded = 0
         self._held: set[int] = set()
+        self._copies: dict[tuple, tuple[StorageWeakRef, torch.Tensor]] = {}
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         self.swaps = self.bytes_offloaded = 0
         self._held = {p.untyped_storage().data_ptr() for p in self.model.parameters()}
         self._held |= {x.untyped_storage().data_ptr(), y.untyped_storage().data_ptr()}
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
-            return super().step(x, y)
+        self._copies = {}
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                return super().step(x, y)
+        finally:
+            self._copies = {}   # the graph holds what it still needs
 
     def _copy(self, t: torch.Tensor, device: torch.device, to_host: bool) -> torch.Tensor:
         """A synchronous copy of ``t`` on ``device``, lasting at least ``copy_seconds``.
@@ -212,8 +223,16 @@ class OffloadStep(PeerStep):
         nbytes = t.numel() * t.element_size()
         if nbytes < self.min_bytes or t.untyped_storage().data_ptr() in self._held:
             return t
+        # a tensor saved twice (a ReLU's output, saved by the ReLU and by the next
+        # convolution) is copied once while it lives; the weak reference tells a live
+        # tensor from a new one that reuses a freed address
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.size(), t.stride(), t.dtype)
+        seen = self._copies.get(key)
+        if seen is not None and not seen[0].expired():
+            return (t.device, seen[1])
         host = self._copy(t, torch.device("cpu"), to_host=True)
         mark_host(host)
+        self._copies[key] = (StorageWeakRef(t.untyped_storage()), host)
         self.swaps += 1
         self.bytes_offloaded += nbytes
         return (t.device, host)

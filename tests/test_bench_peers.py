@@ -155,7 +155,21 @@ def test_offload_leaves_parameters_the_batch_and_small_tensors_alone():
         storage = t.untyped_storage().data_ptr()
         assert moved == (storage not in params and storage != x.untyped_storage().data_ptr()
                          and t.numel() * t.element_size() >= 4096)
-    assert sum(not isinstance(k, torch.Tensor) for _, k in packed) == peer.stats()["swaps"]
+    assert len({id(k[1]) for _, k in packed if not isinstance(k, torch.Tensor)}) == peer.stats()["swaps"]
+
+
+def test_offload_copies_a_tensor_saved_twice_once():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 3))
+    x, y = torch.randn(32, 64), torch.randint(0, 3, (32,))
+    peer = peers.make_peer("offload", model, SPEC, x, y, offload_min_bytes=4096)
+    packed = []
+    pack = peer._pack
+    peer._pack = lambda t: packed.append(pack(t)) or packed[-1]
+    peer.step(x, y)
+    moved = [p for p in packed if not isinstance(p, torch.Tensor)]
+    # the ReLU's output (32 x 256 floats) is saved by the ReLU and by the second Linear
+    assert len(moved) == 2 and moved[0][1] is moved[1][1] and peer.stats()["swaps"] == 1
 
 
 def test_offload_copies_last_as_long_as_the_emulated_channel_says():
