@@ -202,11 +202,13 @@ def test_compile_runs_close_to_eager(make_model, batch):
     peer = peers.make_peer("compile", make_model(), SPEC, x, y)
     try:
         got = peer_run(peer, x, y)
-        # the first loss is computed before any update: the decompositions change only the
-        # rounding (observed: equal, or within 1e-6 relative); the second sees weights one
-        # Adam step apart, whose rounding differences are amplified by Adam's normalisation
+        # the decompositions (BatchNorm, GELU, LayerNorm written as smaller ops) change the
+        # rounding. Observed on this machine: the first loss equal to eager's; the second
+        # 1.6e-6 relative off for resnet18 (gradients differ in the last bits, and Adam's
+        # normalisation magnifies that in weights whose gradients are near zero: up to
+        # 1.5e-3 apart after 3 steps) and equal for the transformer (weights within 4e-5)
         torch.testing.assert_close(got[0], losses[0], rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(got[1], losses[1], rtol=1e-3, atol=1e-4)
+        torch.testing.assert_close(got[1], losses[1], rtol=1e-4, atol=1e-5)
         assert "aot_eager_decomp_partition" in peer.stats()["note"]
         assert peer.compile_seconds > 0
     finally:
