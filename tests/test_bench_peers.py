@@ -178,18 +178,13 @@ def test_offload_copies_last_as_long_as_the_emulated_channel_says():
     slow = peers.make_peer("offload", resnet18(), SPEC, x, y, offload_min_bytes=4096,
                            copy_seconds=lambda nbytes: 0.002)
     assert slow.emulable and not peers.make_peer("checkpoint", resnet18(), SPEC, x, y).emulable
-    plain.step(x, y)
-    start = time.perf_counter()
-    plain.step(x, y)
-    fast = time.perf_counter() - start
     start = time.perf_counter()
     loss = slow.step(x, y)
-    assert time.perf_counter() - start >= 2 * slow.stats()["swaps"] * 0.002   # out and back
-    assert torch.equal(loss, plain_first_loss(x, y)) and fast > 0
-
-
-def plain_first_loss(x, y):
-    return peers.PeerStep(resnet18(), SPEC).step(x, y)
+    elapsed = time.perf_counter() - start
+    # every copy, out in forward and back in backward, lasted at least 2 ms; a saved tensor
+    # is unpacked once here (no double backward)
+    assert elapsed >= 2 * slow.stats()["swaps"] * 0.002
+    assert torch.equal(loss, plain.step(x, y))   # slower, not different
 
 
 # -- compile --------------------------------------------------------------------------------
@@ -219,7 +214,8 @@ def test_compile_runs_close_to_eager(make_model, batch):
 
 def test_rockmate_is_reported_unavailable_with_its_recorded_error():
     x, y = image_batch()
-    with pytest.raises(peers.PeerUnavailable, match=r"rockmate: stage import: .*\(recorded: 2026-11-23, stage import: "):
+    recorded = r"rockmate: stage import: .*\(recorded: 2026-11-23, stage import: "
+    with pytest.raises(peers.PeerUnavailable, match=recorded):
         peers.make_peer("rockmate", resnet18(), SPEC, x, y, budget_bytes=1 << 20)
 
 
