@@ -37,14 +37,7 @@ from torch.utils.checkpoint import checkpoint
 
 from dbml.scheduler.graph.optim import OptimizerSpec, make_optimizer
 
-try:    # benchmarks/memtrack.py is written beside this module (issue 12, part 3)
-    from memtrack import mark_host   # type: ignore[import-not-found]
-except ImportError:
-    try:
-        from dbml.bench.memtrack import mark_host   # type: ignore[import-not-found]
-    except ImportError:
-        def mark_host(t: torch.Tensor) -> None:
-            """No memory tracker here: nothing to tag."""
+from .memtrack import mark_host
 
 PEERS = ("checkpoint", "offload", "compile", "rockmate")
 
@@ -311,8 +304,9 @@ def _rockmate(model, spec, x, y, budget_bytes):
         import rockmate   # noqa: F401
     except Exception as err:   # a broken install fails with any error, not only ImportError
         first = (str(err).splitlines() or [""])[0]
-        raise PeerUnavailable(f"rockmate: stage import: {type(err).__name__}: {first} "
-                              f"(recorded: {ROCKMATE_ERROR})") from None
+        raise PeerUnavailable(f"rockmate: stage import: {type(err).__name__}: {first}. In a venv of its own, "
+                              "pip install rockmate (2.0.0) installs but does not import (rkgb 2.0.0 ships "
+                              "without rkgb.core), and its Rockmate class hard-codes CUDA") from None
     raise PeerUnavailable("rockmate: stage run: Rockmate 2.0.0 places the model on CUDA whatever its "
                           f"device (Rockmate.__init__); this harness runs on {x.device.type}")
 

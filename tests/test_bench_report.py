@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -11,12 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-try:
-    from dbml.bench import report
-except ImportError:   # before benchmarks/ is installed as dbml.bench: load the file itself
-    _spec = importlib.util.spec_from_file_location("bench_report", ROOT / "benchmarks" / "report.py")
-    report = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(report)
+from dbml.bench import report
 
 MIB = 2 ** 20
 VANILLA = 100 * MIB

@@ -77,6 +77,8 @@ class Executor:
         self.mem = IterationLedger(account)
         self.it = IterationState(program)
         self.pool = BufferPool(program.reuse_demand, self.mem.account)
+        # swap-ins and recomputations grow the ledger outside the hot loop: shrink the pool there too
+        self.mem.on_grow = lambda total: self.pool.bytes and self.pool.hold_within(total, self._pool_limit())
         self.transfers = Transfers(program, device, self.channel, self.mem, self.it)
         self.replay = Replay(program, self.it, self.mem)
         # Passive mode (Capuchin's first iteration): over the budget, swap resident
@@ -112,18 +114,15 @@ class Executor:
         self.pool.clear()
 
     def op_latencies(self) -> list[float]:
-        """Measured wall seconds of each op in the last iteration (host clock; on CUDA
-        the launch time unless the op synchronises), for plan updating."""
+        """Measured wall seconds of each op in the last iteration, for plan updating
+        (host clock; on CUDA the launch time unless the op synchronises)."""
         return list(self.latency)
 
     def copy_bandwidth(self) -> float | None:
-        """Bytes per second the copy channel achieved in the last iteration (planned
-        swaps, each direction; None if it copied nothing), for plan updating."""
+        """Bytes/s the copy channel achieved in the last iteration (None: no copies)."""
         return self.transfers.copy_bandwidth()
 
-    @property
-    def counts(self) -> dict[str, int]:   # what the last (or current) iteration counted
-        return self.it.counts
+    counts = property(lambda self: self.it.counts)   # what the last (or current) iteration counted
 
     @property
     def reserved_peak(self) -> int:   # largest ledger + reuse pool (like CUDA's reserved bytes)

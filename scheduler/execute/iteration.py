@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 import torch
 
@@ -89,6 +89,9 @@ class IterationLedger:
         self.on_copy = 0
         self.peak = 0            # largest total this iteration
         self.cv = threading.Condition()
+        # called with the new total after every alloc() (the executor's reuse pool gives
+        # buffers back there, so that ledger + pool stays within the limit)
+        self.on_grow: Callable[[int], None] | None = None
 
     @property
     def total(self) -> int:
@@ -105,6 +108,8 @@ class IterationLedger:
         total = self.on_compute + self.on_copy
         if total > self.peak:
             self.peak = total
+        if self.on_grow is not None:
+            self.on_grow(total)
 
     def free(self, nbytes: int) -> None:
         self.on_compute -= nbytes

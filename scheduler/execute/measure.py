@@ -51,8 +51,10 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
             out.append(leaf)
-        elif isinstance(leaf, Iterable) and not isinstance(leaf, (str, bytes)):
-            out.extend(t for t in leaf if isinstance(t, torch.Tensor))
+        elif isinstance(leaf, (list, tuple, set, frozenset, dict)):
+            # containers only: a storage (an op's argument in set_/storage views) is
+            # iterable too, byte by byte
+            out.extend(t for t in (leaf.values() if isinstance(leaf, dict) else leaf) if isinstance(t, torch.Tensor))
     return out
 
 
