@@ -91,12 +91,14 @@ def _coldstart(rows: list[dict]) -> list[dict]:
 
 
 def _planning(w, ctx: Context, log) -> dict:
-    """Capture and first-plan seconds for ``w`` (a fresh capture: nothing shared)."""
+    """Capture seconds for ``w`` (its first capture in this process: the single section
+    then shares it, as dbml's jobs of one configuration do)."""
     from dbml.scheduler.execute.runner import ScheduledStep
     from .methods import SPEC, loss_fn
     x, y = w.batch_tensors(None, ctx.seed)
     t0 = time.perf_counter()
-    none = ScheduledStep(w.model(ctx.seed), loss_fn, SPEC, policy="none", latency_model=ctx.lm)
+    none = ScheduledStep(w.model(ctx.seed), loss_fn, SPEC, policy="none", latency_model=ctx.lm,
+                         share_graphs=(w.name, int(x.shape[0])))
     none.prepare(x, y)
     capture = time.perf_counter() - t0
     ops = len(next(iter(none.sequences.values())).ops)

@@ -19,6 +19,7 @@ methods without host copies are not re-run (their rows say so).
 
 from __future__ import annotations
 
+import os
 import statistics
 from dataclasses import dataclass, field
 
@@ -30,6 +31,7 @@ from .workloads import Workload
 
 __all__ = ["Context", "ALL_METHODS", "EMULABLE", "run_single", "TENSILE_BUDGETS"]
 
+MEMORY_SHARE = 0.5   # of this machine's RAM for one group of runners
 TENSILE_BUDGETS = (("75%", 0.75), ("50%", 0.50), ("35%", 0.35), ("min", None))
 PEERS = ("checkpoint", "offload", "compile", "rockmate")
 ALL_METHODS = ("eager", "dbml-none", *(f"dbml-tensile@{b}" for b, _ in TENSILE_BUDGETS), "dbml-capuchin@50%",
@@ -51,6 +53,7 @@ class Context:
     bandwidth: float | None = None   # the emulated copy bandwidth, bytes/s
     record: set = field(default_factory=set)   # workload names whose memory timelines are kept
     log: object = None               # a callable(str) for progress lines
+    smallest: dict = field(default_factory=dict)   # (workload, batch, mode) -> smallest feasible budget
 
 
 def _build(names, w: Workload, model, x, y, vanilla: int, ctx: Context, mode: str) -> list[Entry]:
@@ -60,8 +63,11 @@ def _build(names, w: Workload, model, x, y, vanilla: int, ctx: Context, mode: st
     lm = emulate.EmulatedLatency(ctx.lm, ctx.bandwidth) if emulated else ctx.lm
     smallest = None
     if any(n.startswith("dbml-tensile") for n in names):
-        smallest = smallest_budget(model, x, y, share, lm,
-                                   emulate.ThrottledCpuDevice(ctx.bandwidth) if emulated else "cpu")
+        key = (*share, mode)
+        if key not in ctx.smallest:
+            ctx.smallest[key] = smallest_budget(model, x, y, share, lm,
+                                                emulate.ThrottledCpuDevice(ctx.bandwidth) if emulated else "cpu")
+        smallest = ctx.smallest[key]
     entries = []
     for name in names:
         if name == "eager":
@@ -137,18 +143,38 @@ def run_single(w: Workload, ctx: Context, *, mode: str = "cpu", methods=ALL_METH
     vanilla = _vanilla(model, x, y)
     if mode != "cpu":
         methods = [m for m in methods if m in EMULABLE]
-    entries = _build(methods, w, model, x, y, vanilla, ctx, mode)
     record = w.name in ctx.record
-    try:
-        _rounds(entries, x, y, ctx, record, w)
-        eager = next(e for e in entries if e.method == "eager")
-        rows = [_row(e, eager, w, x, vanilla, ctx, mode, section) for e in entries]
-    finally:
-        for e in entries:
-            e.close()
-    timelines = {f"{w.name}/{e.method}/{mode}": e.tracker.timeline for e in entries
-                 if record and e.tracker is not None and e.tracker.timeline}
+    rows, timelines = [], {}
+    for i, group in enumerate(_groups(methods, vanilla)):
+        entries = _build(group, w, model, x, y, vanilla, ctx, mode)
+        try:
+            if i == 0 or any(e.ok for e in entries if e.method != "eager"):
+                _rounds(entries, x, y, ctx, record, w)
+            eager = next(e for e in entries if e.method == "eager")
+            rows += [_row(e, eager, w, x, vanilla, ctx, mode, section) for e in entries if i == 0 or e is not eager]
+        finally:
+            for e in entries:
+                e.close()
+        timelines.update({f"{w.name}/{e.method}/{mode}": e.tracker.timeline for e in entries
+                          if record and e.tracker is not None and e.tracker.timeline})
     return rows, timelines
+
+
+def _groups(methods, vanilla: int) -> list[list[str]]:
+    """The methods in groups that fit in memory together, each with eager (its EOR's
+    denominator and the weights it is compared with). Every runner holds a model, its
+    gradients and optimizer state: VGG-16's dozen would need 25 GiB."""
+    others = [m for m in methods if m != "eager"]
+    room = int(MEMORY_SHARE * _ram_bytes()) // max(int(1.3 * vanilla), 1) - 1
+    size = max(1, min(len(others), room))
+    return [["eager", *others[i:i + size]] for i in range(0, len(others), size)] or [["eager"]]
+
+
+def _ram_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
 
 
 def _row(e: Entry, eager: Entry, w: Workload, x, vanilla: int, ctx: Context, mode: str, section: str) -> dict:
