@@ -47,7 +47,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dbml bench", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="the MLP and the transformer only, few iterations (minutes)")
     p.add_argument("--workloads", help=f"comma-separated, from {', '.join(WORKLOADS)}")
-    p.add_argument("--methods", help=f"comma-separated, from {', '.join(ALL_METHODS)} (default all)")
+    p.add_argument("--methods", help=f"comma-separated, from {', '.join(ALL_METHODS)} (default all)".replace("%", "%%"))
     p.add_argument("--out", default=str(RESULTS), help=f"results folder (default {RESULTS})")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="PyTorch threads (default: all cores)")
     p.add_argument("--emulate", default="a6000",

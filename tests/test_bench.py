@@ -94,3 +94,9 @@ def test_quick_bench_runs_and_every_dbml_row_matches_eager_within_budget(tmp_pat
     assert any(r["section"] == "coldstart" for r in rows)
     assert any(r["section"] == "mixed" for r in rows)
     assert (tmp_path / path.name.replace(".json", ".md")).exists()
+
+
+def test_help_lists_workloads_and_methods():
+    from dbml.bench import harness
+    text = harness.parser().format_help()
+    assert "inception_v4" in text and "dbml-tensile@35%" in text and "--emulate" in text
