@@ -133,6 +133,7 @@ def run(args) -> dict:
                "notes": [], "emulation": {}}
     rows = results["rows"]
     for w in ws:
+        _checkpoint(results, args)
         if "planning" in sections:
             rows.append(_planning(w, ctx, log))
         if sections & {"single", "coldstart"}:
@@ -150,6 +151,7 @@ def run(args) -> dict:
                 results["timelines"].update(t)
     if "coldstart" in sections:
         rows += _coldstart(rows)
+    _checkpoint(results, args)
     _multi(args, sections, ctx, rows, log)
     if "batch" in sections:
         w = workload("mlp" if args.quick else "resnet50")
@@ -157,9 +159,17 @@ def run(args) -> dict:
             log(f"batch {b}: {w.name}")
             r, _ = run_single(w, ctx, methods=[m for m in BATCH_METHODS if m in methods], batch=b, section="batch")
             rows += r
+            _checkpoint(results, args)
     results["load_average"]["after"] = list(os.getloadavg())
     results["seconds"] = time.time() - started
     return results
+
+
+def _checkpoint(results: dict, args) -> None:
+    """The rows so far, as ``<out>/partial.json`` (a long run that fails late loses nothing)."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "partial.json").write_text(json.dumps(results, indent=1, default=str))
 
 
 def _multi(args, sections: set, ctx: Context, rows: list, log) -> None:
@@ -183,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     results = run(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    (out / "partial.json").unlink(missing_ok=True)
     try:
         from . import report
         paths = report.write(results, out)
