@@ -45,6 +45,7 @@ class Entry:
     tracker: memtrack.MemoryTracker | None = None
     ledger_peak: int | None = None
     losses: list[float] = field(default_factory=list)
+    prepared: bool = False                              # prepare() already ran (timed in setup_seconds)
 
     @property
     def ok(self) -> bool:
@@ -52,7 +53,7 @@ class Entry:
 
     def step(self, x, y) -> float:
         """One iteration; its wall seconds."""
-        if self.first_seconds is None and isinstance(self.runner, ScheduledStep):
+        if self.first_seconds is None and isinstance(self.runner, ScheduledStep) and not self.prepared:
             t0 = time.perf_counter()
             self.runner.prepare(x, y)
             self.setup_seconds = time.perf_counter() - t0

@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import os
 import statistics
+import time
 from dataclasses import dataclass, field
 
 import torch
+
+from dbml.scheduler.errors import InfeasibleBudget
 
 from . import emulate
 from .methods import (Entry, bit_identical, dbml_entry, eager_entry, failed, peer_entry, smallest_budget)
@@ -82,8 +85,8 @@ def _build(names, w: Workload, model, x, y, vanilla: int, ctx: Context, mode: st
                 entries.append(failed(name, "dbml", f"infeasible: the smallest feasible budget is "
                                       f"{smallest / 2**20:.1f} MiB ({smallest / vanilla:.0%} of vanilla)", budget))
                 continue
-            dev = emulate.ThrottledCpuDevice(ctx.bandwidth) if emulated else device
-            entries.append(dbml_entry(name, model, policy="tensile", budget=budget, share=share, lm=lm, device=dev))
+            entries.append(_tensile(name, model, x, y, budget, fraction is None, share, lm,
+                                    lambda: emulate.ThrottledCpuDevice(ctx.bandwidth) if emulated else device))
         elif name == "dbml-capuchin@50%":
             dev = emulate.ThrottledCpuDevice(ctx.bandwidth) if emulated else device
             entries.append(dbml_entry(name, model, policy="capuchin", budget=int(0.5 * vanilla), share=share,
@@ -100,6 +103,27 @@ def _build(names, w: Workload, model, x, y, vanilla: int, ctx: Context, mode: st
         for e in entries:
             e.smallest = smallest
     return entries
+
+
+def _tensile(name: str, model, x, y, budget: int, smallest: bool, share, lm, device) -> Entry:
+    """A tensile entry, planned now. At the smallest budget, the planner's latency model
+    can change its mind between two plans (the predictor reads the machine's load), so
+    a budget found feasible a moment ago may fail: take the new smallest, a few times."""
+    for _ in range(5 if smallest else 1):
+        e = dbml_entry(name, model, policy="tensile", budget=budget, share=share, lm=lm, device=device())
+        if not e.ok:
+            return e
+        try:
+            t0 = time.perf_counter()
+            e.runner.prepare(x, y)
+            e.setup_seconds, e.prepared = time.perf_counter() - t0, True
+            return e
+        except InfeasibleBudget as err:
+            e.close()
+            if not smallest:
+                return failed(name, "dbml", f"infeasible: {err}", budget)
+            budget = max(err.min_budget, int(budget * 1.002) + 1)
+    return failed(name, "dbml", f"infeasible: no plan at the smallest budget after 5 tries ({budget} B)", budget)
 
 
 def _vanilla(model, x, y) -> int:
