@@ -85,6 +85,16 @@ def machine() -> dict:
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
+def unaffected(rows: list[dict], workload: str, mode: str) -> list[dict]:
+    """The CPU rows of methods that make no host copies, labelled for ``mode``: the copy
+    throttle does not apply to them, so they are not run again (their note says so)."""
+    from .single import EMULABLE
+    note = "not emulated: no host copies, so the GPU-ratio throttle does not apply (CPU figures)"
+    return [{**r, "mode": mode, "note": f"{note}; {r['note']}" if r.get("note") else note}
+            for r in rows if r["section"] == "single" and r["workload"] == workload and r["mode"] == "cpu"
+            and r["method"] not in EMULABLE]
+
+
 def _coldstart(rows: list[dict]) -> list[dict]:
     keep = ("dbml-tensile@50%", "dbml-capuchin@50%")
     return [{**r, "section": "coldstart"} for r in rows if r["section"] == "single" and r["method"] in keep]
@@ -147,7 +157,7 @@ def run(args) -> dict:
                                                 "cpu_flops": ctx.bandwidth * p.flops / p.pcie}
                 log(f"{w.name}: emulated {p.name} (copies at {ctx.bandwidth / 1e6:.0f} MB/s)")
                 r, t = run_single(w, ctx, mode=f"emulated:{p.name}", methods=methods)
-                rows += r
+                rows += r + unaffected(rows, w.name, f"emulated:{p.name}")
                 results["timelines"].update(t)
     if "coldstart" in sections:
         rows += _coldstart(rows)
