@@ -53,6 +53,7 @@ def test_emulated_latency_model_changes_only_the_copy_bandwidth():
     assert lm.machine.peak_flops == base.machine.peak_flops
 
 
+@pytest.mark.slow
 def test_quick_workloads_build_and_match_their_batches():
     for name in QUICK:
         w = workload(name)

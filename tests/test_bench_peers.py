@@ -47,7 +47,9 @@ def _one_thread(one_thread):
     """One PyTorch thread: the machine is shared, and oversubscribed threads spin."""
 
 
-CASES = [pytest.param(resnet18, image_batch, id="resnet18"), pytest.param(transformer, token_batch, id="transformer")]
+# resnet18 takes a second or more per case: out of the fast loop (the transformer stays in it)
+CASES = [pytest.param(resnet18, image_batch, id="resnet18", marks=pytest.mark.slow),
+         pytest.param(transformer, token_batch, id="transformer")]
 
 
 def eager_run(make_model, x, y, steps=2):
@@ -107,6 +109,7 @@ def test_checkpoint_equals_eager_bit_for_bit(make_model, batch):
     assert_state_equal(peer.model, reference)   # running statistics updated once, as in eager
 
 
+@pytest.mark.slow
 def test_checkpoint_recomputes_and_holds_less():
     x, y = image_batch()
     eager = peers.PeerStep(resnet18(), SPEC)
