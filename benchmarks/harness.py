@@ -133,7 +133,7 @@ def run(args) -> dict:
     lm, lm_name = latency_model(threads)
     iters = args.iters or (2 if args.quick else 3)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731 - progress lines
-    ctx = Context(threads, lm, lm_name, iters=iters, warmup=2, seed=args.seed, log=log,
+    ctx = Context(threads, lm, lm_name, iters=iters, warmup=1 if args.quick else 2, seed=args.seed, log=log,
                   record={ws[0].name if args.quick else "resnet50"})
     started = time.time()
     results = {"date": datetime.date.today().isoformat(), "machine": machine(),
