@@ -57,12 +57,16 @@ def _image(size: int) -> Inputs:
     return Inputs("image", shape=(3, size, size))
 
 
+# every method must draw the same numbers: dropout masks come from the global generator,
+# which interleaved runners share (they would each draw different masks)
+NO_DROPOUT = {"dropout": 0.0}
+
 WORKLOADS: dict[str, Workload] = {w.name: w for w in (
-    Workload("vgg16", "vgg16", _image(64), heavy=True),
+    Workload("vgg16", "vgg16", _image(64), NO_DROPOUT, heavy=True),
     Workload("resnet50", "resnet50", _image(64), heavy=True),
     Workload("densenet121", "densenet121", _image(64), heavy=True),
-    Workload("inception_v3", "inception_v3", _image(96), heavy=True),
-    Workload("inception_v4", "inception_v4", _image(96), heavy=True),
+    Workload("inception_v3", "inception_v3", _image(96), NO_DROPOUT, heavy=True),
+    Workload("inception_v4", "inception_v4", _image(96), NO_DROPOUT, heavy=True),
     Workload("transformer", "transformer", Inputs("tokens", vocab=1000, max_len=128),
              {"width": 256, "depth": 4, "heads": 8, "ff": 1024, "dropout": 0.0}),
     Workload("mlp", "mlp", Inputs("tabular", features=784), {"hidden": (1024, 1024, 1024, 1024)}),

@@ -34,8 +34,9 @@ def conv_net() -> torch.nn.Sequential:
 
 def conv_inputs(model: torch.nn.Module) -> int:
     """What vDNN-conv offloads, counted from the model: one input feature map per
-    convolution (the first one's is the batch), each read again by its backward."""
-    return sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+    convolution, each read again by its backward, but the first one's, which is the batch
+    (its caller holds it through the step: a host copy would free nothing)."""
+    return sum(isinstance(m, torch.nn.Conv2d) for m in model.modules()) - 1
 
 
 def train(runner, data):
@@ -82,12 +83,12 @@ def test_vdnn_swaps_out_each_convolution_input_once_per_iteration(conv_runs):
     assert plan.policy == "vdnn" and plan.host_at_start == frozenset()
     outs = [e for e in plan.events if e.kind is EventKind.SWAP_OUT]
     convs = convolutions(seq)
-    assert len(convs) == offloads and all(b is not None for _, b in convs)
-    assert {e.tensor for e in outs} == {conv.inputs[0] for conv, _ in convs}
+    assert len(convs) == offloads + 1 and all(b is not None for _, b in convs)
+    assert {e.tensor for e in outs} == {conv.inputs[0] for conv, _ in convs[1:]}   # not the batch
     assert all(seq.ops[e.trigger].phase is Phase.FORWARD for e in outs)
     # one layer ahead: layer i's input comes back as layer i + 1's backward starts
     ins = {e.tensor: e for e in plan.events if e.kind is EventKind.SWAP_IN}
-    for (conv, backward), (_, next_backward) in zip(convs, convs[1:]):
+    for (conv, backward), (_, next_backward) in zip(convs[1:], convs[2:]):
         assert ins[conv.inputs[0]].trigger == next_backward.index - 1
         assert ins[conv.inputs[0]].before == backward.index
 
@@ -122,7 +123,7 @@ def test_vdnn_takes_no_budget_and_no_shared_planner():
     runner = ScheduledStep(conv_net(), loss_fn, OptimizerSpec("sgd", lr=0.1), policy="vdnn", budget_bytes=1)
     x, y = batches(1, b=4, shape=(3, 16, 16))[0]
     runner.step(x, y)   # a budget of one byte is no limit: vDNN has none
-    assert runner.stats()["swap_outs"] == 4
+    assert runner.stats()["swap_outs"] == 3   # 4 convolutions, the first one's input the batch
     with pytest.raises(ValueError, match="policy 'vdnn' plans alone"):
         ScheduledStep(conv_net(), loss_fn, OptimizerSpec("sgd", lr=0.1), policy="vdnn", planner=lambda s: None)
 
@@ -134,7 +135,7 @@ def test_late_prefetches_are_the_plans_extra_time():
     import dataclasses
     from dbml.scheduler.graph.sequence import AccessSequence, Op, TensorInfo, TensorKind
     from dbml.scheduler.plan.vdnn import vdnn_plan
-    t = [TensorInfo(0, "x", 8, TensorKind.BATCH), TensorInfo(1, "w", 4, TensorKind.PARAM),
+    t = [TensorInfo(0, "x", 8, TensorKind.ACTIVATION), TensorInfo(1, "w", 4, TensorKind.PARAM),
          TensorInfo(2, "convolution", 8, TensorKind.ACTIVATION), TensorInfo(3, "relu", 8, TensorKind.ACTIVATION),
          TensorInfo(4, "g", 4, TensorKind.ACTIVATION)]
     ops = (Op(0, "convolution", (0, 1), (2,), 0, 1, Phase.FORWARD), Op(1, "relu", (2,), (3,), 1, 2, Phase.FORWARD),

@@ -9,6 +9,7 @@ where it has one, and has none outside passive mode.
 
 from __future__ import annotations
 
+from ..graph.sequence import TensorKind
 from .iteration import EventRecord, IterationLedger, IterationState
 from .pool import BufferPool
 from .program import Program
@@ -29,13 +30,16 @@ class PassiveEvictor:
                  transfers: Transfers, pool: BufferPool, log: list | None = None):
         self.prog, self.it, self.ledger = prog, it, ledger
         self.transfers, self.pool, self.log = transfers, pool, log
+        # the batch: its caller holds it through the step, so evicting it frees nothing
+        self.caller_held = {s for s, info in enumerate(prog.seq.tensors) if info.kind is TensorKind.BATCH}
 
     def victims(self, k: int, keep: tuple = ()) -> list[int]:
         """The tensors it would evict before op ``k``, in order: the least recently
         accessed first, the largest first among equals. Never evicted: what op ``k``
         reads or updates (and ``keep``), the loss, tensors in flight, empty ones."""
         prog, res, inflight_in = self.prog, self.it.res, self.transfers.inflight_in
-        protected = set(prog.req[k] if k < len(prog.req) else ()) | set(keep) | {prog.loss_sid}
+        protected = set(prog.req[k] if k < len(prog.req) else ()) | set(keep) | {prog.loss_sid} | \
+            self.caller_held
         order = sorted((prog.last_access_before(s, k), -prog.nbytes[s], s)
                        for s in range(len(prog.nbytes))
                        if res[s] and s not in protected and s not in inflight_in

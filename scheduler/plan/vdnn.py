@@ -24,7 +24,7 @@ The peak is peak.py's analysis of these events, as for every plan; ``Plan.extra_
 the compute predicted to wait for late prefetches (:func:`prefetch_waits`).
 
 >>> from dbml.scheduler.graph.sequence import AccessSequence, TensorInfo, TensorKind, Op, Phase as P
->>> t = [TensorInfo(0, "x", 8, TensorKind.BATCH), TensorInfo(1, "w", 4, TensorKind.PARAM),
+>>> t = [TensorInfo(0, "x", 8, TensorKind.ACTIVATION), TensorInfo(1, "w", 4, TensorKind.PARAM),
 ...      TensorInfo(2, "convolution", 8, TensorKind.ACTIVATION), TensorInfo(3, "relu", 8, TensorKind.ACTIVATION),
 ...      TensorInfo(4, "g", 4, TensorKind.ACTIVATION)]
 >>> ops = (Op(0, "convolution", (0, 1), (2,), 0, 1, P.FORWARD), Op(1, "relu", (2,), (3,), 1, 2, P.FORWARD),
@@ -52,7 +52,9 @@ _CONV = re.compile(r"convolution(_\d+)?")
 _CONV_BACKWARD = re.compile(r"convolution_backward(_\d+)?")
 # A convolution's feature map is an activation, or the batch for the first layer (vDNN
 # offloads that too); weights and biases are parameters and stay (vDNN keeps them resident).
-FEATURE_MAPS = (TensorKind.ACTIVATION, TensorKind.BATCH)
+# Not the batch, which vDNN offloads too: the caller holds it through the step, so a
+# host copy of it frees no device memory here (the benchmark's tracker showed it)
+FEATURE_MAPS = (TensorKind.ACTIVATION,)
 
 
 @dataclass(frozen=True)
