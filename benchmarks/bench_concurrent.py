@@ -41,7 +41,6 @@ import os
 import random
 import statistics
 import sys
-import threading
 import time
 
 import torch
@@ -59,6 +58,7 @@ from dbml.scheduler.multijob.scheduler import MemoryScheduler  # noqa: E402
 from dbml.scheduler.execute.step import EagerStep  # noqa: E402
 from dbml.scheduler.execute.updating import UpdateSettings  # noqa: E402
 from dbml.runners import MAX_PLAN_SHARE  # noqa: E402
+from dbml.bench.multi import run_threads  # noqa: E402
 
 loss_fn = torch.nn.functional.cross_entropy
 SPEC = OptimizerSpec("adam", lr=1e-3)
@@ -93,40 +93,6 @@ class Job:
         self.model = model_fn()
         self.x, self.y = make_batch(batch, shape, seed)
         self.vanilla = eager_peak(copy.deepcopy(self.model), SPEC, self.x, self.y)
-
-
-def run_threads(jobs: list[Job], make, after=None, first: list | None = None) -> float:
-    """Start each job's runner on its own thread at its launch time; wall seconds until
-    all are done. ``make(job)`` builds the runner (on the job's thread); ``first`` gets
-    each job's first-iteration seconds (capture, admission, planning included)."""
-    errors: list[BaseException] = []
-    t0 = time.perf_counter()
-
-    def work(job: Job):
-        try:
-            delay = job.start - (time.perf_counter() - t0)
-            if delay > 0:
-                time.sleep(delay)
-            t1 = time.perf_counter()
-            runner = make(job)
-            runner.step(job.x, job.y)
-            if first is not None:
-                first.append(time.perf_counter() - t1)
-            for _ in range(job.iters - 1):
-                runner.step(job.x, job.y)
-            if after is not None:
-                after(job, runner)
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            errors.append(e)
-
-    threads = [threading.Thread(target=work, args=(j,), name=f"job-{j.name}") for j in jobs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return time.perf_counter() - t0
 
 
 def eager_concurrent(jobs: list[Job]) -> float:

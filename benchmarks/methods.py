@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -46,6 +45,7 @@ class Entry:
     ledger_peak: int | None = None
     losses: list[float] = field(default_factory=list)
     prepared: bool = False                              # prepare() already ran (timed in setup_seconds)
+    smallest: int | None = None                         # the workload's smallest feasible budget (bytes)
 
     @property
     def ok(self) -> bool:
@@ -155,5 +155,3 @@ def bit_identical(a: Entry, b: Entry) -> bool:
     wa, wb = weights(a), weights(b)
     return len(wa) == len(wb) and all(torch.equal(p, q) for p, q in zip(wa, wb)) and a.losses == b.losses
 
-
-Make = Callable[[], Entry]

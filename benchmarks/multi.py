@@ -37,7 +37,7 @@ from dbml.scheduler.multijob.scheduler import MemoryScheduler
 from .methods import SPEC, eager_entry, loss_fn
 from .workloads import Workload, workload
 
-__all__ = ["Job", "concurrent_rows", "make_jobs"]
+__all__ = ["Job", "concurrent_rows", "make_jobs", "run_threads"]
 
 
 @dataclass
@@ -69,24 +69,32 @@ def make_jobs(names: list[str], iters: int, seed: int, spread: float) -> list[Jo
     return [_job(f"{n}{i}", workload(n), starts[i], iters, seed + i) for i, n in enumerate(names)]
 
 
-def _run_threads(jobs: list[Job], make, after=None) -> float:
+def run_threads(jobs, make, after=None, first: list | None = None) -> float:
+    """Start each job's runner on its own thread at its launch time; wall seconds until
+    all are done. A job has ``name``, ``start``, ``iters``, ``x`` and ``y``; ``make(job)``
+    builds its runner (on the job's thread, timed); ``after(job, runner)`` runs once it is
+    done; ``first`` gets each job's first-iteration seconds (building the runner included)."""
     errors: list[BaseException] = []
     t0 = time.perf_counter()
 
-    def work(job: Job):
+    def work(job):
         try:
             delay = job.start - (time.perf_counter() - t0)
             if delay > 0:
                 time.sleep(delay)
+            t1 = time.perf_counter()
             runner = make(job)
-            for _ in range(job.iters):
+            runner.step(job.x, job.y)
+            if first is not None:
+                first.append(time.perf_counter() - t1)
+            for _ in range(job.iters - 1):
                 runner.step(job.x, job.y)
             if after is not None:
                 after(job, runner)
         except BaseException as e:  # noqa: BLE001 - re-raised below
             errors.append(e)
 
-    threads = [threading.Thread(target=work, args=(j,), name=f"bench-{j.name}") for j in jobs]
+    threads = [threading.Thread(target=work, args=(j,), name=f"job-{j.name}") for j in jobs]
     for t in threads:
         t.start()
     for t in threads:
@@ -125,7 +133,7 @@ def _tensile(jobs: list[Job], budget: int, lm) -> tuple[float, dict]:
         r.close()
         ms.unregister(j.name)
 
-    seconds = _run_threads(jobs, make, after)
+    seconds = run_threads(jobs, make, after)
     n = sum(s["iterations"] for s in stats.values()) or 1
     return seconds, {"peak": ms.ledger.peak_bytes, "swaps": sum(s["swaps"] for s in stats.values()) / n,
                      "recomputes": sum(s["recomputes"] for s in stats.values()) / n,
@@ -139,7 +147,7 @@ def concurrent_rows(jobs: list[Job], section: str, label: str, fraction: float, 
     times: dict[str, list[float]] = {"eager": [], "sequential": [], "tensile": []}
     runs, note = [], None
     for _ in range(repeats):   # interleaved rounds: load from elsewhere affects all alike
-        times["eager"].append(_run_threads(jobs, _eager))
+        times["eager"].append(run_threads(jobs, _eager))
         times["sequential"].append(_sequential(jobs))
         try:
             seconds, st = _tensile(jobs, budget, lm)

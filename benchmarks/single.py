@@ -62,14 +62,16 @@ class Context:
 def _build(names, w: Workload, model, x, y, vanilla: int, ctx: Context, mode: str) -> list[Entry]:
     emulated = mode != "cpu"
     share = (w.name, int(x.shape[0]))
-    device = emulate.ThrottledCpuDevice(ctx.bandwidth) if emulated else "cpu"
+
+    def device():   # one per runner: each has its own copy thread and host pool
+        return emulate.ThrottledCpuDevice(ctx.bandwidth) if emulated else "cpu"
+
     lm = emulate.EmulatedLatency(ctx.lm, ctx.bandwidth) if emulated else ctx.lm
     smallest = None
     if any(n.startswith("dbml-tensile") for n in names):
         key = (*share, mode)
         if key not in ctx.smallest:
-            ctx.smallest[key] = smallest_budget(model, x, y, share, lm,
-                                                emulate.ThrottledCpuDevice(ctx.bandwidth) if emulated else "cpu")
+            ctx.smallest[key] = smallest_budget(model, x, y, share, lm, device())
         smallest = ctx.smallest[key]
     entries = []
     for name in names:
@@ -78,30 +80,25 @@ def _build(names, w: Workload, model, x, y, vanilla: int, ctx: Context, mode: st
         elif name == "dbml-none":
             entries.append(dbml_entry(name, model, policy="none", budget=None, share=share, lm=lm))
         elif name.startswith("dbml-tensile@"):
-            label = name.split("@")[1]
-            fraction = dict(TENSILE_BUDGETS)[label]
+            fraction = dict(TENSILE_BUDGETS)[name.split("@")[1]]
             budget = smallest if fraction is None else int(fraction * vanilla)
             if budget < smallest:
                 entries.append(failed(name, "dbml", f"infeasible: the smallest feasible budget is "
                                       f"{smallest / 2**20:.1f} MiB ({smallest / vanilla:.0%} of vanilla)", budget))
                 continue
-            entries.append(_tensile(name, model, x, y, budget, fraction is None, share, lm,
-                                    lambda: emulate.ThrottledCpuDevice(ctx.bandwidth) if emulated else device))
+            entries.append(_tensile(name, model, x, y, budget, fraction is None, share, lm, device))
         elif name == "dbml-capuchin@50%":
-            dev = emulate.ThrottledCpuDevice(ctx.bandwidth) if emulated else device
             entries.append(dbml_entry(name, model, policy="capuchin", budget=int(0.5 * vanilla), share=share,
-                                      lm=lm, device=dev))
+                                      lm=lm, device=device()))
         elif name == "dbml-vdnn":
-            dev = emulate.ThrottledCpuDevice(ctx.bandwidth) if emulated else device
-            entries.append(dbml_entry(name, model, policy="vdnn", budget=None, share=share, lm=lm, device=dev))
+            entries.append(dbml_entry(name, model, policy="vdnn", budget=None, share=share, lm=lm, device=device()))
         else:
             kw = {"copy_seconds": emulate.copy_seconds(ctx.bandwidth)} if emulated else {}
             if name == "rockmate":
                 kw["budget_bytes"] = int(0.5 * vanilla)
             entries.append(peer_entry(name, model, x, y, **kw))
-    if smallest is not None:
-        for e in entries:
-            e.smallest = smallest
+    for e in entries:
+        e.smallest = smallest
     return entries
 
 
@@ -208,7 +205,7 @@ def _row(e: Entry, eager: Entry, w: Workload, x, vanilla: int, ctx: Context, mod
            "vanilla_seconds": None, "seconds": None, "msr": None, "eor": None, "cbr": None,
            "first_iteration_eor": None, "setup_seconds": None, "swaps": None, "recomputes": None,
            "bit_identical": None, "within_budget": None, "error": e.error, "note": None,
-           "smallest_feasible_bytes": getattr(e, "smallest", None), "latency_model": ctx.lm_name}
+           "smallest_feasible_bytes": e.smallest, "latency_model": ctx.lm_name}
     if not e.ok or not e.seconds or e.tracker is None:
         row["error"] = row["error"] or "no measurement"
         return row

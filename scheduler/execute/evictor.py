@@ -9,7 +9,6 @@ where it has one, and has none outside passive mode.
 
 from __future__ import annotations
 
-from ..graph.sequence import TensorKind
 from .iteration import EventRecord, IterationLedger, IterationState
 from .pool import BufferPool
 from .program import Program
@@ -30,8 +29,7 @@ class PassiveEvictor:
                  transfers: Transfers, pool: BufferPool, log: list | None = None):
         self.prog, self.it, self.ledger = prog, it, ledger
         self.transfers, self.pool, self.log = transfers, pool, log
-        # the batch: its caller holds it through the step, so evicting it frees nothing
-        self.caller_held = {s for s, info in enumerate(prog.seq.tensors) if info.kind is TensorKind.BATCH}
+        self.caller_held = {s for s, info in enumerate(prog.seq.tensors) if info.caller_held}
 
     def victims(self, k: int, keep: tuple = ()) -> list[int]:
         """The tensors it would evict before op ``k``, in order: the least recently

@@ -45,6 +45,12 @@ class TensorInfo:
     # dropout, or writes into an input besides its outputs, as BatchNorm's statistics).
     not_replayable: bool = False
 
+    @property
+    def caller_held(self) -> bool:
+        """The batch: its caller holds it through the step, so moving it off the device
+        (a swap, an eviction) frees nothing. No scheduler moves it."""
+        return self.kind is TensorKind.BATCH
+
 
 @dataclass(frozen=True)
 class Op:

@@ -17,7 +17,7 @@ import numpy as np
 
 from .liveness import analyse_liveness
 from .peak import START_RANK, PeakKey, Timeline, issued_rank, start_rank
-from ..graph.sequence import AccessSequence, EventKind, TensorKind
+from ..graph.sequence import AccessSequence, EventKind
 
 INNER, CROSS = 0, 1                          # Gaps.kind
 OPEN, SWAPPED, RECOMPUTED, PINNED = 0, 1, 2, 3   # Gaps.status
@@ -59,8 +59,8 @@ def find_gaps(seq: AccessSequence) -> Gaps:
     for t, info in enumerate(seq.tensors):
         if info.nbytes == 0 or (live.gen[t] == -1 and t not in seq.initial):
             continue
-        if info.kind is TensorKind.BATCH:
-            continue   # the caller holds the batch through the step: moving it off frees nothing
+        if info.caller_held:
+            continue
         points = [live.gen[t]] + [a for a in live.accesses[t] if a != live.gen[t]]
         for a, b in zip(points, points[1:]):
             if b - a >= 2 and not (a == -1 and t in targets):
