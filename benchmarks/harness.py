@@ -104,6 +104,8 @@ def _planning(w, ctx: Context, log) -> dict:
     """Capture seconds for ``w`` (its first capture in this process: the single section
     then shares it, as dbml's jobs of one configuration do)."""
     from dbml.scheduler.execute.runner import ScheduledStep
+    from dbml.scheduler.plan.planner import plan, tensor_granularity_floor
+    seq_peak = lambda seq: plan(seq, 0, policy="none").peak_bytes  # noqa: E731
     from .methods import SPEC, loss_fn
     x, y = w.batch_tensors(None, ctx.seed)
     t0 = time.perf_counter()
@@ -111,11 +113,13 @@ def _planning(w, ctx: Context, log) -> dict:
                          share_graphs=(w.name, int(x.shape[0])))
     none.prepare(x, y)
     capture = time.perf_counter() - t0
-    ops = len(next(iter(none.sequences.values())).ops)
+    seq = next(iter(none.sequences.values()))
+    ops, floor = len(seq.ops), tensor_granularity_floor(seq)
     none.close()
-    log(f"  {w.name}: capture {capture:.1f} s, {ops} ops")
+    log(f"  {w.name}: capture {capture:.1f} s, {ops} ops, floor {floor / 2**20:.1f} MiB")
     return {"section": "planning", "workload": w.name, "method": "dbml-capture", "family": "dbml", "mode": "cpu",
             "batch": w.batch, "jobs": 1, "threads": ctx.threads, "capture_seconds": capture, "ops": ops,
+            "floor_bytes": floor, "vanilla_peak_bytes": seq_peak(seq),
             "error": None, "note": f"latency model: {ctx.lm_name}"}
 
 

@@ -21,6 +21,7 @@ import math
 import os
 import re
 from pathlib import Path
+from .goals import markdown as goals_markdown
 
 MIB = 2 ** 20
 # dbml's ledger and the shared tracker are two accounts of one peak: beyond this
@@ -305,9 +306,7 @@ def markdown(results: dict) -> str:
             caption = _caption(by_mode[mode])
             parts.append(f"### {section} — {_mode_label(mode)}" + (f" · {caption}" if caption else ""))
             parts.append(table(section, by_mode[mode]))
-    front = frontier_markdown(rows)
-    if front:
-        parts.append(front.rstrip())
+    parts += [text.rstrip() for text in (frontier_markdown(rows), goals_markdown(results)) if text]
     return "\n\n".join(parts) + "\n"
 
 
