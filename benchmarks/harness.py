@@ -102,10 +102,10 @@ def _coldstart(rows: list[dict]) -> list[dict]:
 
 def _planning(w, ctx: Context, log) -> dict:
     """Capture seconds for ``w`` (its first capture in this process: the single section
-    then shares it, as dbml's jobs of one configuration do)."""
+    then shares it, as dbml's jobs of one configuration do), the tensor-granularity floor,
+    and the smallest budget the planner meets with each latency model (planning only)."""
     from dbml.scheduler.execute.runner import ScheduledStep
     from dbml.scheduler.plan.planner import plan, tensor_granularity_floor
-    seq_peak = lambda seq: plan(seq, 0, policy="none").peak_bytes  # noqa: E731
     from .methods import SPEC, loss_fn
     x, y = w.batch_tensors(None, ctx.seed)
     t0 = time.perf_counter()
@@ -114,13 +114,36 @@ def _planning(w, ctx: Context, log) -> dict:
     none.prepare(x, y)
     capture = time.perf_counter() - t0
     seq = next(iter(none.sequences.values()))
-    ops, floor = len(seq.ops), tensor_granularity_floor(seq)
+    row = {"section": "planning", "workload": w.name, "method": "dbml-capture", "family": "dbml", "mode": "cpu",
+           "batch": w.batch, "jobs": 1, "threads": ctx.threads, "capture_seconds": capture, "ops": len(seq.ops),
+           "floor_bytes": tensor_granularity_floor(seq), "vanilla_peak_bytes": plan(seq, 1 << 62, policy="none").peak_bytes,
+           "error": None, "note": f"latency model: {ctx.lm_name}"}
+    for name, model in _latency_models(ctx):
+        row[f"min_budget_{name}_bytes"], row[f"plan_{name}_seconds"] = _min_budget(none, x, y, model)
     none.close()
-    log(f"  {w.name}: capture {capture:.1f} s, {ops} ops, floor {floor / 2**20:.1f} MiB")
-    return {"section": "planning", "workload": w.name, "method": "dbml-capture", "family": "dbml", "mode": "cpu",
-            "batch": w.batch, "jobs": 1, "threads": ctx.threads, "capture_seconds": capture, "ops": ops,
-            "floor_bytes": floor, "vanilla_peak_bytes": seq_peak(seq),
-            "error": None, "note": f"latency model: {ctx.lm_name}"}
+    log(f"  {w.name}: capture {capture:.1f} s, {row['ops']} ops, floor {row['floor_bytes'] / 2**20:.1f} MiB, "
+        + ", ".join(f"{k}: {v / 2**20:.1f} MiB" for k, v in row.items() if k.startswith("min_budget")))
+    return row
+
+
+def _latency_models(ctx: Context) -> list[tuple]:
+    from dbml.scheduler.latency.estimate import RooflineModel
+    return [("roofline", RooflineModel())] + ([("predictor", ctx.lm)] if ctx.lm_name == "predictor" else [])
+
+
+def _min_budget(step, x, y, model) -> tuple[int, float]:
+    """The smallest budget the planner meets for the step's graph under ``model``'s
+    latencies: plan at budget 0 and read InfeasibleBudget's ``min_budget``."""
+    from dbml.scheduler.errors import InfeasibleBudget
+    from dbml.scheduler.graph.access import build_sequence
+    from dbml.scheduler.plan.planner import plan
+    seq = build_sequence(step.graphs.get(x, y), model, "floor")
+    t0 = time.perf_counter()
+    try:
+        reached = plan(seq, 0).peak_bytes   # only a graph with nothing to move fits 0
+    except InfeasibleBudget as e:
+        reached = e.min_budget
+    return reached, time.perf_counter() - t0
 
 
 def run(args) -> dict:
