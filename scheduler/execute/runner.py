@@ -58,7 +58,8 @@ import torch
 
 from .. import config
 from ..graph.access import build_sequence
-from ..graph.capture import CapturedStep, initial_states, state_keys, trainable
+from ..graph.capture import CapturedStep, graph_state, state_keys, trainable
+from ..graph.chunks import UnitLayout, join, unit_layout
 from ..graph.graphs import GraphCache
 from ..graph.optim import OptimizerSpec
 from ..graph.sequence import AccessSequence, EventKind, Plan
@@ -173,10 +174,9 @@ class GraphSchedule:
 
 
 def initial_state(model: torch.nn.Module, spec: OptimizerSpec) -> ExecState:
-    """The job's state as the executor holds it: parameters, buffers, optimizer state."""
-    params = [p.detach() for p in model.parameters()]
-    buffers = [b.detach() for b in model.buffers()]
-    return ExecState(params + buffers + initial_states(spec, model))
+    """The job's state as the executor holds it: parameters (a large one in pieces:
+    ``spec.update_chunk_bytes``), buffers, optimizer state (per piece)."""
+    return ExecState(graph_state(model, spec))
 
 
 def state_value(state: ExecState, device: Device, i: int, like: torch.Tensor) -> torch.Tensor:
@@ -387,25 +387,44 @@ class ScheduledStep:
         return loss.detach()
 
     def finish(self) -> None:
-        """Write the trained parameters and buffers back into the model."""
-        tensors = list(self.model.parameters()) + list(self.model.buffers())
+        """Write the trained parameters and buffers back into the model (a parameter held
+        in pieces rebuilt whole)."""
+        params = list(self.model.parameters())
+        layout = unit_layout(self.model, self.spec.update_chunk_bytes)
+        values = [self._joined(layout.of_param(j), layout, p) for j, p in enumerate(params)]
+        base = len(layout.units)
+        values += [state_value(self.state, self.device, base + i, b) for i, b in enumerate(self.model.buffers())]
         with torch.no_grad():
-            for i, t in enumerate(tensors):
-                v = state_value(self.state, self.device, i, t)
+            for t, v in zip(params + list(self.model.buffers()), values):
                 if v.data_ptr() != t.data_ptr() or v.shape != t.shape:
                     t.data = v
 
     def optimizer_state(self) -> list[dict[str, torch.Tensor]]:
-        """Per trainable parameter, its optimizer state (as torch.optim would hold it)."""
-        params = [p for p, t in zip(self.model.parameters(), trainable(self.model)) if t]
+        """Per trainable parameter, its optimizer state (as torch.optim would hold it;
+        a parameter's pieces' states rebuilt whole, their equal ``step`` once)."""
+        layout = unit_layout(self.model, self.spec.update_chunk_bytes)
         keys = state_keys(self.spec)
-        base = len(list(self.model.parameters())) + len(list(self.model.buffers()))
+        base = len(layout.units) + len(list(self.model.buffers()))
+        at = {u: base + j * len(keys) for j, u in enumerate(layout.trained)}   # unit -> its first state
         out = []
-        for j, p in enumerate(params):
-            out.append({k: state_value(self.state, self.device, base + j * len(keys) + m,
-                                       p if k != "step" else torch.zeros(()))
-                        for m, k in enumerate(keys)})
+        for j, (p, train) in enumerate(zip(self.model.parameters(), trainable(self.model))):
+            if train:
+                units = layout.of_param(j)
+                out.append({k: self._joined([at[u] + m for u in units], layout, p, units) if k != "step" else
+                            state_value(self.state, self.device, at[units[0]] + m, torch.zeros(()))
+                            for m, k in enumerate(keys)})
         return out
+
+    def _joined(self, positions: list[int], layout: UnitLayout, like: torch.Tensor,
+                units: list[int] | None = None) -> torch.Tensor:
+        """The state at ``positions`` (one whole tensor, or the pieces of one: those of
+        ``units``, by default the positions themselves) as one tensor shaped like ``like``."""
+        if len(positions) == 1:
+            return state_value(self.state, self.device, positions[0], like)
+        spans = [layout.units[u][1] for u in (units or positions)]
+        pieces = [state_value(self.state, self.device, i, torch.empty(b - a, dtype=like.dtype, device="meta"))
+                  for i, (a, b) in zip(positions, spans)]
+        return join(pieces, like.shape)
 
     def close(self) -> None:
         """Stop the copy threads; the job's account in the device ledger closes (call it
