@@ -59,7 +59,7 @@ import torch
 from .. import config
 from ..graph.access import build_sequence
 from ..graph.capture import CapturedStep, graph_state, state_keys, trainable
-from ..graph.chunks import UnitLayout, join, unit_layout
+from ..graph.chunks import join, unit_layout
 from ..graph.graphs import GraphCache
 from ..graph.optim import OptimizerSpec
 from ..graph.sequence import AccessSequence, EventKind, Plan
@@ -190,6 +190,16 @@ def state_value(state: ExecState, device: Device, i: int, like: torch.Tensor) ->
         v = as_view(flat, like.dtype, tuple(like.shape), tuple(like.stride()), 0)
         state.values[i] = v
     return v
+
+
+def joined_value(state: ExecState, device: Device, positions: list[int], spans: list, like: torch.Tensor) -> torch.Tensor:
+    """The state at ``positions`` as one tensor shaped like ``like``: one whole tensor,
+    or the pieces (of ``spans``, :mod:`..graph.chunks`) of one, rebuilt."""
+    if len(positions) == 1:
+        return state_value(state, device, positions[0], like)
+    pieces = [state_value(state, device, i, torch.empty(b - a, dtype=like.dtype, device="meta"))
+              for i, (a, b) in zip(positions, spans)]
+    return join(pieces, like.shape)
 
 
 class ScheduledStep:
@@ -391,7 +401,8 @@ class ScheduledStep:
         in pieces rebuilt whole)."""
         params = list(self.model.parameters())
         layout = unit_layout(self.model, self.spec.update_chunk_bytes)
-        values = [self._joined(layout.of_param(j), layout, p) for j, p in enumerate(params)]
+        values = [joined_value(self.state, self.device, units, [layout.units[u][1] for u in units], p)
+                  for units, p in ((layout.of_param(j), p) for j, p in enumerate(params))]
         base = len(layout.units)
         values += [state_value(self.state, self.device, base + i, b) for i, b in enumerate(self.model.buffers())]
         with torch.no_grad():
@@ -410,21 +421,12 @@ class ScheduledStep:
         for j, (p, train) in enumerate(zip(self.model.parameters(), trainable(self.model))):
             if train:
                 units = layout.of_param(j)
-                out.append({k: self._joined([at[u] + m for u in units], layout, p, units) if k != "step" else
+                spans = [layout.units[u][1] for u in units]
+                out.append({k: joined_value(self.state, self.device, [at[u] + m for u in units], spans, p)
+                            if k != "step" else
                             state_value(self.state, self.device, at[units[0]] + m, torch.zeros(()))
                             for m, k in enumerate(keys)})
         return out
-
-    def _joined(self, positions: list[int], layout: UnitLayout, like: torch.Tensor,
-                units: list[int] | None = None) -> torch.Tensor:
-        """The state at ``positions`` (one whole tensor, or the pieces of one: those of
-        ``units``, by default the positions themselves) as one tensor shaped like ``like``."""
-        if len(positions) == 1:
-            return state_value(self.state, self.device, positions[0], like)
-        spans = [layout.units[u][1] for u in (units or positions)]
-        pieces = [state_value(self.state, self.device, i, torch.empty(b - a, dtype=like.dtype, device="meta"))
-                  for i, (a, b) in zip(positions, spans)]
-        return join(pieces, like.shape)
 
     def close(self) -> None:
         """Stop the copy threads; the job's account in the device ledger closes (call it
