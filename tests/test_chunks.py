@@ -186,3 +186,9 @@ def test_vgg_sized_fc_layer_is_bit_identical():
     assert_same(state_of(sched), state_of(eager))
     mine, theirs = runner.optimizer_state()[0], eager_runner.optimizer.state[eager[0].weight]
     assert_same([mine["exp_avg"], mine["exp_avg_sq"]], [theirs["exp_avg"], theirs["exp_avg_sq"]])
+
+
+def test_module_doctests():
+    import doctest
+    from dbml.scheduler.graph import chunks
+    assert doctest.testmod(chunks).failed == 0

@@ -34,7 +34,9 @@ Analyses written into ``node.meta`` (see :func:`annotate`):
 ``dbml_mutates``  whether the op writes into an input (BatchNorm's running statistics)
 ``dbml_kind``     for placeholders, the :class:`~.sequence.TensorKind`
 ``dbml_key``      for placeholders, what it holds: ``("param", name)``,
-                  ``("buffer", name)``, ``("state", param name, state key)``, ``("batch", "x")``
+                  ``("buffer", name)``, ``("state", param name, state key)``, ``("batch", "x")``;
+                  a parameter's piece adds its span: ``("param", name, (start, stop))``,
+                  ``("state", param name, state key, (start, stop))``
 
 Random numbers: the graph keeps eager's random ops (dropout's ``bernoulli`` on CPU) in
 eager's order, and tracing on fake tensors draws nothing, so running the graph consumes

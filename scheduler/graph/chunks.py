@@ -18,9 +18,10 @@ each piece's gradient is a slice of the rebuilt parameter's gradient, and the up
 per piece. Every other parameter is one unit, itself, as before.
 
 This module owns the layout (:class:`UnitLayout`: which unit is which parameter's piece)
-and moving between the model's tensors and units: the executor's initial state
-(:func:`graph_state`) and, back, the trained parameters and optimizer state
-(:func:`join`). It never imports the capture.
+and moving between the model's tensors and units (:func:`unit_tensors`, the executor's
+initial state through ``capture.graph_state``) and back (:func:`join`: the trained
+parameters and optimizer state, ``ScheduledStep.finish`` / ``optimizer_state``). It
+never imports the capture, which imports it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["Span", "UnitLayout", "unit_layout", "chunk_spans", "split", "join", "CHUNK_ALIGN"]
+__all__ = ["Span", "UnitLayout", "unit_layout", "chunk_spans", "split", "join", "unit_tensors", "CHUNK_ALIGN"]
 
 Span = tuple[int, int]          # [start, stop) in the parameter's flat elements
 
@@ -46,7 +47,7 @@ def chunk_spans(numel: int, itemsize: int, chunk_bytes: int | None) -> tuple[Spa
     ``chunk_bytes`` (up to the alignment), or None when it fits one piece.
 
     >>> chunk_spans(10_000, 4, 16_384)
-    ((0, 3072), (3072, 6144), (6144, 9216), (9216, 10000))
+    ((0, 4096), (4096, 8192), (8192, 10000))
     >>> chunk_spans(10, 4, 1 << 20) is None
     True
     """
