@@ -10,7 +10,8 @@ import dataclasses
 import pytest
 import torch
 
-from dbml.scheduler.execute.runner import ScheduledStep, initial_state
+from dbml.scheduler.execute.jobstate import initial_state
+from dbml.scheduler.execute.runner import ScheduledStep
 from dbml.scheduler.execute.step import EagerStep
 from dbml.scheduler.graph.access import build_sequence
 from dbml.scheduler.graph.capture import capture
@@ -192,3 +193,21 @@ def test_module_doctests():
     import doctest
     from dbml.scheduler.graph import chunks
     assert doctest.testmod(chunks).failed == 0
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "16MiB"])
+def test_spec_rejects_a_bad_chunk_size(bad):
+    with pytest.raises(ValueError, match="update_chunk_bytes must be a positive int or None"):
+        OptimizerSpec("adam", update_chunk_bytes=bad)
+
+
+@pytest.mark.slow
+def test_the_chunk_size_identifies_a_shared_capture():
+    """Jobs that differ only in the setting must not share a captured graph."""
+    from dbml.scheduler.graph.graphs import GraphCache
+    torch.manual_seed(0)
+    model = Net()
+    x, y = batches(1)[0]
+    chunked = GraphCache(model, loss_fn, OptimizerSpec("sgd", update_chunk_bytes=CHUNK), share="net").get(x, y)
+    whole = GraphCache(model, loss_fn, OptimizerSpec("sgd", update_chunk_bytes=None), share="net").get(x, y)
+    assert len(chunked.input_keys) > len(whole.input_keys)

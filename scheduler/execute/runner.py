@@ -58,8 +58,7 @@ import torch
 
 from .. import config
 from ..graph.access import build_sequence
-from ..graph.capture import CapturedStep, graph_state, state_keys, trainable
-from ..graph.chunks import join, unit_layout
+from ..graph.capture import CapturedStep
 from ..graph.graphs import GraphCache
 from ..graph.optim import OptimizerSpec
 from ..graph.sequence import AccessSequence, EventKind, Plan
@@ -67,8 +66,9 @@ from ..latency.estimate import LatencyModel, RooflineModel
 from ..multijob.ledger import DeviceLedger, JobAccount
 from ..plan.planner import PlanSettings
 from ..plan.vdnn import vdnn_plan
-from .devices import Device, as_view, make_device
-from .executor import ExecState, Executor, Program
+from .devices import Device, make_device
+from .executor import Executor, Program
+from .jobstate import initial_state, model_values, optimizer_states
 from .planners import ExternalPlanner, FixedPlanner, LocalPlanner, as_planner
 from .policies import PlanCounts, Planning, make_policy
 from .step import LossFn
@@ -171,35 +171,6 @@ class GraphSchedule:
         self.executor, self.plan, self.seq, self.tracker = executor, plan, seq, tracker
         self.passive = passive                  # no plan yet, evicting on demand
         self.pending: tuple[Plan, AccessSequence] | None = None
-
-
-def initial_state(model: torch.nn.Module, spec: OptimizerSpec) -> ExecState:
-    """The job's state as the executor holds it: parameters (a large one in pieces:
-    ``spec.update_chunk_bytes``), buffers, optimizer state (per piece)."""
-    return ExecState(graph_state(model, spec))
-
-
-def state_value(state: ExecState, device: Device, i: int, like: torch.Tensor) -> torch.Tensor:
-    """State ``i`` as a device tensor (brought back from the host store if there)."""
-    v = state.values[i]
-    if v is None:
-        host = state.host.pop(i)
-        flat = device.alloc(host.numel())
-        flat.copy_(host)
-        device.free_host(host)
-        v = as_view(flat, like.dtype, tuple(like.shape), tuple(like.stride()), 0)
-        state.values[i] = v
-    return v
-
-
-def joined_value(state: ExecState, device: Device, positions: list[int], spans: list, like: torch.Tensor) -> torch.Tensor:
-    """The state at ``positions`` as one tensor shaped like ``like``: one whole tensor,
-    or the pieces (of ``spans``, :mod:`..graph.chunks`) of one, rebuilt."""
-    if len(positions) == 1:
-        return state_value(state, device, positions[0], like)
-    pieces = [state_value(state, device, i, torch.empty(b - a, dtype=like.dtype, device="meta"))
-              for i, (a, b) in zip(positions, spans)]
-    return join(pieces, like.shape)
 
 
 class ScheduledStep:
@@ -398,35 +369,17 @@ class ScheduledStep:
 
     def finish(self) -> None:
         """Write the trained parameters and buffers back into the model (a parameter held
-        in pieces rebuilt whole)."""
-        params = list(self.model.parameters())
-        layout = unit_layout(self.model, self.spec.update_chunk_bytes)
-        values = [joined_value(self.state, self.device, units, [layout.units[u][1] for u in units], p)
-                  for units, p in ((layout.of_param(j), p) for j, p in enumerate(params))]
-        base = len(layout.units)
-        values += [state_value(self.state, self.device, base + i, b) for i, b in enumerate(self.model.buffers())]
+        in pieces joined whole)."""
+        tensors = list(self.model.parameters()) + list(self.model.buffers())
+        values = model_values(self.state, self.device, self.model, self.spec)
         with torch.no_grad():
-            for t, v in zip(params + list(self.model.buffers()), values):
+            for t, v in zip(tensors, values):
                 if v.data_ptr() != t.data_ptr() or v.shape != t.shape:
                     t.data = v
 
     def optimizer_state(self) -> list[dict[str, torch.Tensor]]:
-        """Per trainable parameter, its optimizer state (as torch.optim would hold it;
-        a parameter's pieces' states rebuilt whole, their equal ``step`` once)."""
-        layout = unit_layout(self.model, self.spec.update_chunk_bytes)
-        keys = state_keys(self.spec)
-        base = len(layout.units) + len(list(self.model.buffers()))
-        at = {u: base + j * len(keys) for j, u in enumerate(layout.trained)}   # unit -> its first state
-        out = []
-        for j, (p, train) in enumerate(zip(self.model.parameters(), trainable(self.model))):
-            if train:
-                units = layout.of_param(j)
-                spans = [layout.units[u][1] for u in units]
-                out.append({k: joined_value(self.state, self.device, [at[u] + m for u in units], spans, p)
-                            if k != "step" else
-                            state_value(self.state, self.device, at[units[0]] + m, torch.zeros(()))
-                            for m, k in enumerate(keys)})
-        return out
+        """Per trainable parameter, its optimizer state (as torch.optim would hold it)."""
+        return optimizer_states(self.state, self.device, self.model, self.spec)
 
     def close(self) -> None:
         """Stop the copy threads; the job's account in the device ledger closes (call it
