@@ -180,7 +180,7 @@ def initial_states(spec: OptimizerSpec, model: torch.nn.Module, params=None) -> 
     after, by default the model's own)."""
     params = list(model.parameters()) if params is None else list(params)
     layout = unit_layout(model, spec.update_chunk_bytes)
-    units = unit_tensors(layout, params)
+    units = unit_tensors(layout, params, copy=False)
     return [t for u in layout.trained for t in init_state(spec, units[u]).values()]
 
 

@@ -113,10 +113,11 @@ def join(pieces: Sequence[torch.Tensor], shape: Sequence[int]) -> torch.Tensor:
     return torch.cat([p.reshape(-1) for p in pieces]).view(tuple(shape))
 
 
-def unit_tensors(layout: UnitLayout, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Per unit, its tensor cut from ``params`` (whole ones detached, not copied)."""
+def unit_tensors(layout: UnitLayout, params: Sequence[torch.Tensor], copy: bool = True) -> list[torch.Tensor]:
+    """Per unit, its tensor cut from ``params`` (whole ones detached, not copied; pieces
+    copied, or with ``copy=False`` views, e.g. to shape fresh state after)."""
     out = []
     for p_index, span in layout.units:
         p = params[p_index].detach()
-        out.append(p if span is None else split(p, [span])[0])
+        out.append(p if span is None else split(p, [span])[0] if copy else p.reshape(-1)[span[0]:span[1]])
     return out
