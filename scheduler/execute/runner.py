@@ -58,7 +58,7 @@ import torch
 
 from .. import config
 from ..graph.access import build_sequence
-from ..graph.capture import CapturedStep, initial_states, state_keys, trainable
+from ..graph.capture import CapturedStep
 from ..graph.graphs import GraphCache
 from ..graph.optim import OptimizerSpec
 from ..graph.sequence import AccessSequence, EventKind, Plan
@@ -66,8 +66,9 @@ from ..latency.estimate import LatencyModel, RooflineModel
 from ..multijob.ledger import DeviceLedger, JobAccount
 from ..plan.planner import PlanSettings
 from ..plan.vdnn import vdnn_plan
-from .devices import Device, as_view, make_device
-from .executor import ExecState, Executor, Program
+from .devices import Device, make_device
+from .executor import Executor, Program
+from .jobstate import initial_state, model_values, optimizer_states
 from .planners import ExternalPlanner, FixedPlanner, LocalPlanner, as_planner
 from .policies import PlanCounts, Planning, make_policy
 from .step import LossFn
@@ -170,26 +171,6 @@ class GraphSchedule:
         self.executor, self.plan, self.seq, self.tracker = executor, plan, seq, tracker
         self.passive = passive                  # no plan yet, evicting on demand
         self.pending: tuple[Plan, AccessSequence] | None = None
-
-
-def initial_state(model: torch.nn.Module, spec: OptimizerSpec) -> ExecState:
-    """The job's state as the executor holds it: parameters, buffers, optimizer state."""
-    params = [p.detach() for p in model.parameters()]
-    buffers = [b.detach() for b in model.buffers()]
-    return ExecState(params + buffers + initial_states(spec, model))
-
-
-def state_value(state: ExecState, device: Device, i: int, like: torch.Tensor) -> torch.Tensor:
-    """State ``i`` as a device tensor (brought back from the host store if there)."""
-    v = state.values[i]
-    if v is None:
-        host = state.host.pop(i)
-        flat = device.alloc(host.numel())
-        flat.copy_(host)
-        device.free_host(host)
-        v = as_view(flat, like.dtype, tuple(like.shape), tuple(like.stride()), 0)
-        state.values[i] = v
-    return v
 
 
 class ScheduledStep:
@@ -387,25 +368,18 @@ class ScheduledStep:
         return loss.detach()
 
     def finish(self) -> None:
-        """Write the trained parameters and buffers back into the model."""
+        """Write the trained parameters and buffers back into the model (a parameter held
+        in pieces joined whole)."""
         tensors = list(self.model.parameters()) + list(self.model.buffers())
+        values = model_values(self.state, self.device, self.model, self.spec)
         with torch.no_grad():
-            for i, t in enumerate(tensors):
-                v = state_value(self.state, self.device, i, t)
+            for t, v in zip(tensors, values):
                 if v.data_ptr() != t.data_ptr() or v.shape != t.shape:
                     t.data = v
 
     def optimizer_state(self) -> list[dict[str, torch.Tensor]]:
         """Per trainable parameter, its optimizer state (as torch.optim would hold it)."""
-        params = [p for p, t in zip(self.model.parameters(), trainable(self.model)) if t]
-        keys = state_keys(self.spec)
-        base = len(list(self.model.parameters())) + len(list(self.model.buffers()))
-        out = []
-        for j, p in enumerate(params):
-            out.append({k: state_value(self.state, self.device, base + j * len(keys) + m,
-                                       p if k != "step" else torch.zeros(()))
-                        for m, k in enumerate(keys)})
-        return out
+        return optimizer_states(self.state, self.device, self.model, self.spec)
 
     def close(self) -> None:
         """Stop the copy threads; the job's account in the device ledger closes (call it

@@ -8,7 +8,10 @@ path :func:`~.optim.make_optimizer` uses in eager), so executing the graph op by
 CPU reproduces eager ``loss.backward(); optimizer.step()`` bit for bit.
 
 Graph inputs (placeholders, in this order): parameters, buffers, optimizer state, then
-the batch ``x``, ``y``. A tied tensor (an embedding that is also the LM head's weight, a
+the batch ``x``, ``y`` (:func:`graph_state` builds the inputs before the batch). With
+``OptimizerSpec.update_chunk_bytes`` set, a trainable parameter above that size is
+several inputs, its pieces, each with its own optimizer state, and the update runs piece
+by piece (:mod:`.chunks`: results unchanged, bit for bit). A tied tensor (an embedding that is also the LM head's weight, a
 module registered twice) is one input under its first name, as ``named_parameters()``
 deduplicates: its gradient is the sum of its uses (:func:`tensor_slots`).
 Functionalization turns every in-place update of an input into a trailing
@@ -31,7 +34,9 @@ Analyses written into ``node.meta`` (see :func:`annotate`):
 ``dbml_mutates``  whether the op writes into an input (BatchNorm's running statistics)
 ``dbml_kind``     for placeholders, the :class:`~.sequence.TensorKind`
 ``dbml_key``      for placeholders, what it holds: ``("param", name)``,
-                  ``("buffer", name)``, ``("state", param name, state key)``, ``("batch", "x")``
+                  ``("buffer", name)``, ``("state", param name, state key)``, ``("batch", "x")``;
+                  a parameter's piece adds its span: ``("param", name, (start, stop))``,
+                  ``("state", param name, state key, (start, stop))``
 
 Random numbers: the graph keeps eager's random ops (dropout's ``bernoulli`` on CPU) in
 eager's order, and tracing on fake tensors draws nothing, so running the graph consumes
@@ -59,12 +64,13 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from .chunks import unit_layout, unit_tensors
 from .optim import OptimizerSpec, make_optimizer
 from .sequence import Phase, TensorKind
 from ..errors import CaptureError
 
 __all__ = ["CapturedStep", "CaptureError", "capture", "annotate", "state_keys",
-           "init_state", "initial_states", "trainable", "batch_signature", "tensor_slots"]
+           "init_state", "initial_states", "graph_state", "trainable", "batch_signature", "tensor_slots"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -169,11 +175,21 @@ def trainable(model: torch.nn.Module) -> list[bool]:
 
 
 def initial_states(spec: OptimizerSpec, model: torch.nn.Module, params=None) -> list[torch.Tensor]:
-    """Fresh optimizer state of every trainable parameter, flat, in graph input order
-    (``params``: the tensors to shape it after, by default the model's own)."""
+    """Fresh optimizer state of every trained unit (a trainable parameter, or a piece of
+    one: :mod:`.chunks`), flat, in graph input order (``params``: the tensors to shape it
+    after, by default the model's own)."""
     params = list(model.parameters()) if params is None else list(params)
-    return [t for p, train in zip(params, trainable(model)) if train
-            for t in init_state(spec, p.detach()).values()]
+    layout = unit_layout(model, spec.update_chunk_bytes)
+    units = unit_tensors(layout, params, copy=False)
+    return [t for u in layout.trained for t in init_state(spec, units[u]).values()]
+
+
+def graph_state(model: torch.nn.Module, spec: OptimizerSpec) -> list[torch.Tensor]:
+    """The graph's inputs before the batch, as an executor holds them: the parameters'
+    units (a whole parameter is the model's own tensor, detached; a piece a copy),
+    the buffers, the fresh optimizer state."""
+    units = unit_tensors(unit_layout(model, spec.update_chunk_bytes), list(model.parameters()))
+    return units + [b.detach() for b in model.buffers()] + initial_states(spec, model)
 
 
 def tensor_slots(model: torch.nn.Module) -> dict[str, str]:
@@ -202,22 +218,23 @@ def _make_step_fn(model, loss_fn, spec, names, buffer_names, marks):
     slots = tensor_slots(model)
     keys = state_keys(spec)
     mark = _phase_marker(marks)
-    train = [i for i, t in enumerate(trainable(model)) if t]
+    layout = unit_layout(model, spec.update_chunk_bytes)
+    train = layout.trained
 
-    def step(params, buffers, flat_states, x, y):
-        def loss_of(trained, all_params, bs):
-            ps = list(all_params)
-            for i, p in zip(train, trained):
-                ps[i] = p
-            tensors = dict(zip(names, ps))
+    def step(units, buffers, flat_states, x, y):
+        def loss_of(trained, all_units, bs):
+            us = list(all_units)
+            for i, u in zip(train, trained):
+                us[i] = u
+            tensors = dict(zip(names, layout.assemble(us)))
             tensors.update(zip(buffer_names, bs))  # an argument: BatchNorm updates it in place
             bound = {slot: tensors[name] for slot, name in slots.items()}
             loss = loss_fn(torch.func.functional_call(model, bound, (x,), tie_weights=False), y)
             mark()  # forward ends here
             return loss
 
-        trained = [params[i] for i in train]
-        grads, loss = torch.func.grad_and_value(loss_of, argnums=0)(trained, list(params), list(buffers))
+        trained = [units[i] for i in train]   # a piece's gradient: a slice of its parameter's
+        grads, loss = torch.func.grad_and_value(loss_of, argnums=0)(trained, list(units), list(buffers))
         mark()  # backward ends here
         states = [dict(zip(keys, flat_states[j * len(keys):(j + 1) * len(keys)]))
                   for j in range(len(train))]
@@ -233,15 +250,20 @@ def _fake_inputs(model, spec, x, y):
     params = [fake_mode.from_tensor(p.detach()) for p in model.parameters()]
     buffers = [fake_mode.from_tensor(b) for b in model.buffers()]
     with fake_mode:
+        units = unit_tensors(unit_layout(model, spec.update_chunk_bytes), params)
         states = initial_states(spec, model, params)
-    return fake_mode, params, buffers, states, fake_mode.from_tensor(x), fake_mode.from_tensor(y)
+    return fake_mode, units, buffers, states, fake_mode.from_tensor(x), fake_mode.from_tensor(y)
 
 
 def _input_keys(model, spec) -> list[tuple]:
+    """Per graph input, its dbml_key; a parameter's piece (:mod:`.chunks`) and its state
+    carry the piece's span last: ``("param", name, span)``, ``("state", name, key, span)``."""
     names = [n for n, _ in model.named_parameters()]
-    keys = [("param", n) for n in names]
+    layout = unit_layout(model, spec.update_chunk_bytes)
+    piece = [() if span is None else (span,) for _, span in layout.units]
+    keys = [("param", names[p], *piece[u]) for u, (p, _) in enumerate(layout.units)]
     keys += [("buffer", n) for n, _ in model.named_buffers()]
-    keys += [("state", n, k) for n, t in zip(names, trainable(model)) if t for k in state_keys(spec)]
+    keys += [("state", names[layout.units[u][0]], k, *piece[u]) for u in layout.trained for k in state_keys(spec)]
     return keys + [("batch", "x"), ("batch", "y")]
 
 
@@ -281,11 +303,11 @@ def capture(model: torch.nn.Module, loss_fn: LossFn, optimizer_spec: OptimizerSp
     buffer_names = [n for n, _ in model.named_buffers()]
     marks: list[int] = []
     originals = _named_tensors(model)
-    fake_mode, params, buffers, states, fx_, fy = _fake_inputs(model, optimizer_spec, x, y)
+    fake_mode, units, buffers, states, fx_, fy = _fake_inputs(model, optimizer_spec, x, y)
     step = _make_step_fn(model, loss_fn, optimizer_spec, names, buffer_names, marks)
     try:
         with _TRACE_LOCK:
-            gm = make_fx(torch.func.functionalize(step), tracing_mode="fake")(params, buffers, states, fx_, fy)
+            gm = make_fx(torch.func.functionalize(step), tracing_mode="fake")(units, buffers, states, fx_, fy)
     except Exception as e:  # noqa: BLE001 - re-raised with the job's context
         raise CaptureError(f"job {job!r}: could not capture the training step of "
                            f"{type(model).__name__}: {type(e).__name__}: {e}") from e

@@ -1,0 +1,80 @@
+"""A job's state between iterations and the model it belongs to, mapped both ways.
+
+The executor holds parameters, buffers and optimizer state by graph input position
+(:class:`~.iteration.ExecState`), a large parameter in pieces (:mod:`..graph.chunks`).
+This module builds that state from a model (:func:`initial_state`) and reads it back as
+the model's parameters and buffers (:func:`model_values`) and as torch.optim's
+per-parameter state (:func:`optimizer_states`), pieces joined whole.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..graph.capture import graph_state, state_keys, trainable
+from ..graph.chunks import join, unit_layout
+from ..graph.optim import OptimizerSpec
+from .devices import Device, as_view
+from .iteration import ExecState
+
+__all__ = ["initial_state", "state_value", "model_values", "optimizer_states"]
+
+
+def initial_state(model: torch.nn.Module, spec: OptimizerSpec) -> ExecState:
+    """The job's state as the executor holds it: parameters (a large one in pieces:
+    ``spec.update_chunk_bytes``), buffers, optimizer state (per piece)."""
+    return ExecState(graph_state(model, spec))
+
+
+def state_value(state: ExecState, device: Device, i: int, like: torch.Tensor) -> torch.Tensor:
+    """State ``i`` as a device tensor (brought back from the host store if there)."""
+    v = state.values[i]
+    if v is None:
+        host = state.host.pop(i)
+        flat = device.alloc(host.numel())
+        flat.copy_(host)
+        device.free_host(host)
+        v = as_view(flat, like.dtype, tuple(like.shape), tuple(like.stride()), 0)
+        state.values[i] = v
+    return v
+
+
+def _joined(state: ExecState, device: Device, positions: list[int], spans: list, like: torch.Tensor) -> torch.Tensor:
+    """The state at ``positions`` as one tensor shaped like ``like``: one whole tensor,
+    or the pieces (of ``spans``) of one, rebuilt."""
+    if len(positions) == 1:
+        return state_value(state, device, positions[0], like)
+    pieces = [state_value(state, device, i, torch.empty(b - a, dtype=like.dtype, device="meta"))
+              for i, (a, b) in zip(positions, spans)]
+    return join(pieces, like.shape)
+
+
+def model_values(state: ExecState, device: Device, model: torch.nn.Module, spec: OptimizerSpec) -> list[torch.Tensor]:
+    """Per parameter then per buffer of ``model``, its value in ``state``."""
+    layout = unit_layout(model, spec.update_chunk_bytes)
+    values = []
+    for j, p in enumerate(model.parameters()):
+        units = layout.of_param(j)
+        values.append(_joined(state, device, units, [layout.units[u][1] for u in units], p))
+    base = len(layout.units)
+    return values + [state_value(state, device, base + i, b) for i, b in enumerate(model.buffers())]
+
+
+def optimizer_states(state: ExecState, device: Device, model: torch.nn.Module,
+                     spec: OptimizerSpec) -> list[dict[str, torch.Tensor]]:
+    """Per trainable parameter, its optimizer state as torch.optim would hold it (a
+    parameter's pieces' states joined whole, their equal ``step`` once)."""
+    layout = unit_layout(model, spec.update_chunk_bytes)
+    keys = state_keys(spec)
+    base = len(layout.units) + len(list(model.buffers()))
+    at = {u: base + j * len(keys) for j, u in enumerate(layout.trained)}   # unit -> its first state
+    out = []
+    for j, (p, train) in enumerate(zip(model.parameters(), trainable(model))):
+        if not train:
+            continue
+        units = layout.of_param(j)
+        spans = [layout.units[u][1] for u in units]
+        out.append({k: _joined(state, device, [at[u] + m for u in units], spans, p) if k != "step"
+                    else state_value(state, device, at[units[0]] + m, torch.zeros(()))
+                    for m, k in enumerate(keys)})
+    return out
