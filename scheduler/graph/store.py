@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from .capture import CapturedStep
@@ -298,7 +299,9 @@ def decode(doc: Any, spec: OptimizerSpec, signature: tuple, job: str) -> Capture
     if set(values) != known:
         raise StoreError(f"step fields {sorted(values)}, expected {sorted(known)}")
     graph.lint()
-    gm = fx.GraphModule(torch.nn.Module(), graph)
+    # generates the module's Python code on its first call only: no stage calls it, and
+    # the code of DenseNet-121's graph takes a second to generate and compile
+    gm = _LazyGraphModule(torch.nn.Module(), graph)
     return CapturedStep(gm=gm, spec=spec, signature=signature, job=job, **values)
 
 
