@@ -113,6 +113,7 @@ def test_loaded_step_equals_capture_and_trains_like_eager(cache, case, kind):
     loaded = second.get(*data[0])
     assert second.disk_hits == 1 and loaded is not fresh
     assert_same_graph(fresh, loaded)
+    assert loaded.gm.code.split("def forward")[1] == fresh.gm.code.split("def forward")[1]  # same code, on demand
     assert build_sequence(fresh, ROOFLINE) == build_sequence(loaded, ROOFLINE)
 
     eager = copy.deepcopy(model)
