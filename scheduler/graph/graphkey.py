@@ -116,6 +116,8 @@ def _value(v: Any, depth: int = 0) -> Any:
     if isinstance(v, enum.Enum):
         return ["enum", _class_id(type(v)), repr(v.value)]
     if isinstance(v, torch.Tensor):
+        if v.device.type == "meta":
+            raise Undescribable("a tensor attribute on the meta device (no data to describe)")
         return ["tensor", _tensor(v), hashlib.sha256(v.detach().cpu().contiguous().view(-1)
                                                     .view(torch.uint8).numpy().tobytes()).hexdigest()[:16]]
     if isinstance(v, torch.nn.Module):

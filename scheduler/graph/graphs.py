@@ -79,6 +79,8 @@ class GraphCache:
                 path = directory / f"{key}.json"
             except Undescribable as e:
                 self.uncached = f"not cached: {e}"
+            except Exception as e:  # noqa: BLE001 - a description that fails costs the cache, not the job
+                self.uncached = f"not cached: describing the model failed: {type(e).__name__}: {e}"
         if path is not None and path.exists():
             t0 = time.perf_counter()
             try:
