@@ -101,6 +101,8 @@ def _value(v: Any, depth: int = 0) -> Any:
     if depth > MAX_DEPTH:
         raise Undescribable("attributes nested too deep")
     depth += 1
+    if isinstance(v, enum.Enum):   # before str and int: str and int enums are both
+        return ["enum", _class_id(type(v)), repr(v.value)]
     if v is None or isinstance(v, (bool, int, str)):
         return v
     if isinstance(v, float):
@@ -113,8 +115,6 @@ def _value(v: Any, depth: int = 0) -> Any:
         return ["dict", sorted([json.dumps(_value(k, depth)), _value(x, depth)] for k, x in v.items())]
     if isinstance(v, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
         return ["torch", str(v)]
-    if isinstance(v, enum.Enum):
-        return ["enum", _class_id(type(v)), repr(v.value)]
     if isinstance(v, torch.Tensor):
         if v.device.type == "meta":
             raise Undescribable("a tensor attribute on the meta device (no data to describe)")

@@ -69,6 +69,10 @@ class StoreError(ValueError):
 
 def _enc(v: Any, index: dict[fx.Node, int]) -> Any:
     """A constant or node reference as JSON data; tagged one-key dicts for non-JSON types."""
+    if isinstance(v, Phase):    # str enums: before str, or they come back as plain text
+        return {"phase": v.value}
+    if isinstance(v, TensorKind):
+        return {"kind": v.value}
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
     if isinstance(v, fx.Node):
@@ -79,10 +83,6 @@ def _enc(v: Any, index: dict[fx.Node, int]) -> Any:
         return {"size": [_enc(x, index) for x in v]}
     if isinstance(v, tuple):
         return {"tuple": [_enc(x, index) for x in v]}
-    if isinstance(v, Phase):
-        return {"phase": v.value}
-    if isinstance(v, TensorKind):
-        return {"kind": v.value}
     if isinstance(v, dict) and all(isinstance(k, (str, int)) for k in v):
         return {"dict": [[_enc(k, index), _enc(x, index)] for k, x in v.items()]}
     if isinstance(v, torch.dtype):
