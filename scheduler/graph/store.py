@@ -96,10 +96,16 @@ def _enc(v: Any, index: dict[fx.Node, int]) -> Any:
     raise StoreError(f"cannot store a value of type {type(v).__qualname__}: {v!r:.80}")
 
 
+# dtypes, layouts and memory formats by name, from torch's namespace as it is now: a name
+# from a file is looked up here, never with getattr (which may import torch submodules)
+_TORCH_CONSTANTS = {kind: {str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, kind)}
+                    for kind in (torch.dtype, torch.layout, torch.memory_format)}
+
+
 def _torch_attr(name: Any, kind: type) -> Any:
     """``torch.<name>`` if it is a ``kind`` (a dtype, layout, memory format), else refused."""
-    value = getattr(torch, name, None) if isinstance(name, str) and name.isidentifier() else None
-    if not isinstance(value, kind):
+    value = _TORCH_CONSTANTS[kind].get(name) if isinstance(name, str) else None
+    if value is None:
         raise StoreError(f"not a torch {kind.__name__}: {name!r:.80}")
     return value
 
