@@ -232,7 +232,7 @@ class _Fakes:
 
 def _dec_val(v: Any, node: fx.Node, sid: Any, fakes: _Fakes) -> Any:
     """``node``'s fake value: tensors on their storage (``sid``, a tuple for a multi-output
-    node), symbols recomputed through a Python operator or fresh, constants as they are."""
+    node), symbols unbacked (see below), constants as they are."""
     if not isinstance(v, dict) or len(v) != 1:
         raise StoreError(f"not an encoded value: {v!r:.80}")
     (tag, x), = v.items()
