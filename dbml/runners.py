@@ -27,7 +27,8 @@ from .columns import MEMORY_FIELDS
 from .errors import InvalidArgument
 from .scheduler import config as scheduler_config
 from .scheduler.graph.access import build_sequence
-from .scheduler.graph.capture import capture, state_keys
+from .scheduler.graph.capture import state_keys
+from .scheduler.graph.graphs import GraphCache
 from .scheduler.latency.estimate import RooflineModel
 from .scheduler.plan.planner import plan
 from .scheduler.multijob.registry import device_ledger, shared_scheduler
@@ -156,7 +157,7 @@ def check_plan_fits(cfg: models.ModelConfig, loss_fn, spec, device: str, rows: i
         batch = (models.sample_input(cfg, rows), torch.empty(rows, dtype=label))
     estimator, _ = latency_model(spec.latency_model, device, spec.torch_threads)
     estimator = estimator or RooflineModel(device=str(torch.device(device)))
-    captured = capture(model, loss_fn, spec.optimizer_spec(), batch, job=spec.model)
+    captured = GraphCache(model, loss_fn, spec.optimizer_spec(), job=spec.model).get(*batch)
     plan(build_sequence(captured, estimator, spec.model), budget)
 
 

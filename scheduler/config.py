@@ -10,7 +10,10 @@ variable                         default     effect
 ===============================  ==========  =============================================
 ``DBML_NO_SCHEDULER``            off         run every job unscheduled (policy ``none``)
 ``DBML_DEBUG``                   off         print one summary line per plan to stderr
-``DBML_CACHE_DIR``               see below   where the latency predictor is cached
+``DBML_CACHE_DIR``               see below   where the latency predictor and captured
+                                             graphs are cached
+``DBML_GRAPH_CACHE``             1           ``0``: capture every graph afresh, neither
+                                             reading nor writing ``<cache>/graphs``
 ``DBML_COPY_BANDWIDTH``          measured    host<->device copy bandwidth, bytes/s
 ``DBML_UTIL_WINDOW``             0.05        seconds of the CPU-utilisation sample
 ``DBML_PREDICTOR_STEPS``         3000        training steps of the latency predictor
@@ -29,14 +32,15 @@ import os
 from pathlib import Path
 
 __all__ = ["ENVIRONMENT", "scheduler_disabled", "debug", "cache_dir", "copy_bandwidth_override",
-           "util_window", "predictor_steps", "predictor_extrapolates_with_baseline",
+           "util_window", "graph_cache_dir", "predictor_steps", "predictor_extrapolates_with_baseline",
            "predictor_residual", "env_flag"]
 
 # name -> (default as text, one-line description): the README's table is checked against it
 ENVIRONMENT = {
     "DBML_NO_SCHEDULER": ("", "run every job unscheduled (policy none)"),
     "DBML_DEBUG": ("", "print one summary line per plan to stderr"),
-    "DBML_CACHE_DIR": ("", "where the latency predictor is cached"),
+    "DBML_CACHE_DIR": ("", "where the latency predictor and captured graphs are cached"),
+    "DBML_GRAPH_CACHE": ("1", "0: capture every graph afresh, without the on-disk graph cache"),
     "DBML_COPY_BANDWIDTH": ("", "host-device copy bandwidth in bytes/s, instead of measuring it"),
     "DBML_UTIL_WINDOW": ("0.05", "seconds of the CPU-utilisation sample"),
     "DBML_PREDICTOR_STEPS": ("3000", "training steps of the latency predictor"),
@@ -67,6 +71,12 @@ def cache_dir() -> Path:
         return Path(_get("DBML_CACHE_DIR"))
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "dbml"
+
+
+def graph_cache_dir() -> Path | None:
+    """Where captured graphs are cached across processes, or None when switched off."""
+    value = _get("DBML_GRAPH_CACHE").lower()
+    return None if value in ("", "0", "false", "no") else cache_dir() / "graphs"
 
 
 def copy_bandwidth_override() -> float | None:
