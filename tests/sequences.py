@@ -130,21 +130,37 @@ def replay(seq: AccessSequence, plan_: Plan, margin: float = 0.0) -> int:
 
 
 def _steps(seq, plan_, gen):
-    """The compute channel: (kind, op or event, start, end) per op and recompute stall."""
-    rec = {}
+    """The compute channel: (kind, op or event, start, end) per op and recompute stall.
+    Planned waits (peak.py's rule 7, written out again here): op b is entered after the
+    copies of the SWAP_OUTs with ``before == b`` end, and starts after its SWAP_INs' end."""
+    rec, outs, ins = {}, {}, {}
     for e in plan_.events:
         if e.kind is RC:
             assert e.trigger == e.before - 1 and e.delay == 0, e
             rec.setdefault(e.before, []).append(e)
+        elif e.kind is SO and e.before >= 0:
+            assert e.trigger < e.before, e
+            outs.setdefault(e.before, []).append(e)
+        elif e.kind is SI:
+            ins.setdefault(e.before, []).append(e)
     steps, t, step_of, end = [], 0.0, {}, {-1: 0.0}
+    copied = lambda e: end[e.trigger] + e.delay + seq.tensors[e.tensor].nbytes / seq.copy_bandwidth
     for op in seq.ops:
+        t = _wait(t, [copied(e) for e in outs.get(op.index, [])])
         for e in rec.get(op.index, []):
             lat = seq.ops[gen[e.tensor]].latency
             steps.append(("rec", e, t, t + lat)); t += lat
+        t = _wait(t, [copied(e) for e in ins.get(op.index, [])])
         step_of[op.index] = len(steps)
         steps.append(("op", op, t, t + op.latency)); t += op.latency
         end[op.index] = t
     return steps, step_of, end
+
+
+def _wait(t, ends):
+    """Wait for the latest copy end, unless it is late by float rounding only."""
+    latest = max(ends, default=t)
+    return latest if latest > t + 1e-12 else t
 
 
 def _actions(seq, plan_, gen, steps, step_of, end):

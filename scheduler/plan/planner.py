@@ -1,18 +1,28 @@
-"""Complete scheduling (TENSILE Algorithm 3): access sequences + budget -> plans.
+"""Complete scheduling (TENSILE Algorithm 3, and beyond): access sequences + budget -> plans.
 
 Activity analysis first (liveness.py), then, while the global peak (the sum of the
-jobs' peaks) exceeds the budget: swap the largest tensor at any job's peak
-(swap.py); once no swap can be placed, recompute the tensor with the highest MSPS
-at any job's peak (recompute.py) until none qualifies. ``stop_when_fits=False``
-restores the paper's loop, which swaps until nothing more can be swapped and
-recomputes only while the peak exceeds the budget; ``resume_swapping=True`` goes back
-to swapping after each recompute. No step raises the peak, so when the budget cannot
-be met the peak the loop ended at is the least budget it can meet
+jobs' peaks) exceeds the budget, one change per round at some job's peak:
+
+* a swap that makes nothing wait (swap.py), the largest tensor first: it costs no time;
+* when none fits the copy channel (``choice="cost"``, the default), the option with the
+  least added time per byte freed among the largest tensors at the peak: a swap with
+  planned waits (stalls.py; ``stalls``) or a recompute (recompute.py: its generating
+  op's latency; MSPS is the same order). Each round tries a stall-free swap again first.
+* ``choice="paper"`` keeps the paper's order: swap until no swap fits, then recompute
+  by MSPS until none qualifies (``resume_swapping=True`` goes back to swapping after
+  each recompute), then, with ``stalls``, the cheapest option as above.
+
+``PlanSettings(stalls=False, choice="paper")`` is the paper's algorithm: no planned swap
+may make compute wait. ``stop_when_fits=False`` restores the paper's loop, which swaps
+until nothing more can be swapped and recomputes only while the peak exceeds the budget.
+No step raises the peak (a change that would is undone), so when the budget cannot be
+met the peak the loop ended at is the least budget it can meet
 (``InfeasibleBudget.min_budget``).
 
 The passes read one job's PlanState (state.py) and return a Proposal: swap.py's
-``propose_swap`` / ``propose_later_swap``, recompute.py's ``propose_recompute``. The loop
-here, :func:`schedule`, is the only code that commits one (or undoes a recompute).
+``propose_swap`` / ``propose_later_swap``, stalls.py's ``propose_stalling_swap``,
+recompute.py's ``propose_recompute``. The loop here, :func:`schedule`, is the only code
+that commits one (or undoes one that moved ops).
 
 >>> from dbml.scheduler.graph.sequence import AccessSequence, TensorInfo, TensorKind, Op, Phase
 >>> t = (TensorInfo(0, "x", 4, TensorKind.BATCH), TensorInfo(1, "y", 4, TensorKind.ACTIVATION))
@@ -29,15 +39,17 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from .channel import Channel
-from .gaps import CROSS, candidates
+from .gaps import CROSS, RECOMPUTED, candidates
 from .liveness import analyse_liveness
 from .recompute import propose_recompute, recompute_candidates
+from .stalls import propose_stalling_swap
 from .state import PlanState, Proposal
 from .swap import propose_later_swap, propose_swap
 from ..errors import InfeasibleBudget, PlanningError, SchedulerError
 from ..graph.sequence import AccessSequence, Plan
 
 PLAN_POLICIES = ("tensile", "none")
+CHOICES = ("cost", "paper")
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,23 @@ class PlanSettings:
     # than `min_gain` of it (bounds planning time on long plateaus).
     patience: int = 100
     min_gain: float = 0.0005
+    # When no swap fits without making compute wait, plan one that does (least added
+    # time); False = the paper's rule: no planned swap may delay compute.
+    stalls: bool = True
+    # "cost": once no stall-free swap fits, each round takes the option with the least
+    # added time per byte freed (stalling swap or recompute); "paper": swap, then
+    # recompute by MSPS, then (with stalls) the cheapest.
+    choice: str = "cost"
+    # How many of the largest tensors at the peak (and of the best recomputes) are
+    # priced per round: bounds planning time on graphs with thousands of tensors.
+    priced: int = 12
+
+    def __post_init__(self) -> None:
+        if self.choice not in CHOICES:
+            raise ValueError(f"PlanSettings: unknown choice {self.choice!r}; use one of {CHOICES}")
+
+
+PAPER = dict(stalls=False, choice="paper")   # PlanSettings(**PAPER): the paper's algorithm
 
 
 def plan(seq: AccessSequence, budget_bytes: int, policy: str = "tensile",
@@ -102,21 +131,34 @@ def schedule(seqs: Sequence[AccessSequence], budget: int, settings: PlanSettings
     if policy == "none":
         return jobs
     history = [_global_peak(jobs)]
-    swapping, recomputing = True, settings.recompute
-    while swapping or recomputing:
+    phase = _SWAP
+    while phase is not None:
         peak = history[-1]
-        if peak <= budget and (settings.stop_when_fits or not swapping):
+        if peak <= budget and (settings.stop_when_fits or phase is not _SWAP):
             break
-        if swapping:
-            swapping = _swap_round(jobs, settings)
-        elif not _recompute_round(jobs, peak):
-            break
-        else:
-            swapping = settings.resume_swapping   # the peak moved: swaps may fit again
+        if phase is _SWAP:
+            if not _swap_round(jobs, settings):
+                phase = _RECOMPUTE if settings.choice == "paper" and settings.recompute else _after_paper(settings)
+        elif phase is _RECOMPUTE:
+            if not _recompute_round(jobs, peak):
+                phase = _after_paper(settings)
+            elif settings.resume_swapping:
+                phase = _SWAP   # the peak moved: swaps may fit again
+        elif not (_swap_round(jobs, settings) or _cheapest_round(jobs, settings, peak)):
+            phase = None
         history.append(_global_peak(jobs))
         if _stalled(history, settings):
             break
     return jobs
+
+
+_SWAP, _RECOMPUTE, _CHEAPEST = "swap", "recompute", "cheapest"   # the loop's phases
+
+
+def _after_paper(settings: PlanSettings) -> str | None:
+    """Where the loop goes when the paper's phases have nothing left to place."""
+    cheapest = settings.stalls or (settings.choice == "cost" and settings.recompute)
+    return _CHEAPEST if cheapest else None
 
 
 def _global_peak(jobs: list[PlanState]) -> int:
@@ -149,6 +191,10 @@ def _swap_round(jobs: list[PlanState], settings: PlanSettings) -> bool:
 def _commit_swap(state: PlanState, proposal: Proposal, settings: PlanSettings) -> None:
     """Commit a swap and, with ``swap_later_accesses``, the same tensor's later gaps."""
     state.commit(proposal)
+    _commit_later_swaps(state, proposal, settings)
+
+
+def _commit_later_swaps(state: PlanState, proposal: Proposal, settings: PlanSettings) -> None:
     gap = proposal.gap
     if state.gaps.kind[gap] == CROSS or not settings.swap_later_accesses:
         return
@@ -192,6 +238,64 @@ def _recompute_round(jobs: list[PlanState], peak: int) -> bool:
                 state.undo(proposal)   # its stall's other outputs raised the peak
         state.rejected[gap] = True     # never tried again: it only gets worse
     return False
+
+
+def _cheapest_round(jobs: list[PlanState], settings: PlanSettings, peak: int) -> bool:
+    """Commit the option with the least added seconds per byte freed at some job's peak
+    (a stalling swap, a recompute) that keeps the global peak from rising."""
+    options = []
+    for j, state in enumerate(jobs):
+        with _context(state, "cheapest options"):
+            options += [(cost, -nbytes, j, n, p) for n, (cost, nbytes, p) in enumerate(_priced(state, settings))]
+    for _, _, j, _, p in sorted(options, key=lambda o: o[:4]):
+        state = jobs[j]
+        with _context(state, "recompute" if p.status == RECOMPUTED else "stalling swap", p.gap):
+            if state.commit(p):
+                if _global_peak(jobs) <= peak:
+                    if p.status != RECOMPUTED:
+                        _commit_later_swaps(state, p, settings)
+                    return True
+                state.undo(p)   # its waits or its stall's outputs raised the peak
+        _reject(state, p)
+    return False
+
+
+def _priced(state: PlanState, settings: PlanSettings) -> list[tuple[float, int, Proposal]]:
+    """(seconds per byte, bytes, proposal) for the job's options at its peak: stalling
+    swaps of its largest tensors there, and its best recomputes."""
+    out = []
+    key, op = state.peak_key(), state.peak_op()
+    if settings.stalls and _may_swap(state, settings):
+        gaps = candidates(state.gaps, state.gap_keys(), key)
+        gaps = gaps[(state.stall_t[gaps] != key[0]) | (state.stall_r[gaps] != key[1])]
+        if not settings.cross_iteration:
+            gaps = gaps[state.gaps.kind[gaps] != CROSS]
+        for gap in map(int, gaps[:settings.priced]):
+            p = propose_stalling_swap(state, gap, key, op)
+            if p is None:
+                state.stall_t[gap], state.stall_r[gap] = key
+            else:
+                nbytes = int(state.gaps.nbytes[gap])
+                out.append((p.cost / max(nbytes, 1), nbytes, p))
+    if settings.recompute:
+        for _, gap in sorted(recompute_candidates(state), reverse=True)[:settings.priced]:
+            p = propose_recompute(state, gap)
+            if p is None:
+                state.rejected[gap] = True
+                continue
+            nbytes = int(state.gaps.nbytes[gap])
+            t = int(state.gaps.tensor[gap])
+            out.append((float(state.regen_latency[t]) / max(nbytes, 1), nbytes, p))
+    return out
+
+
+def _reject(state: PlanState, p: Proposal) -> None:
+    """A proposal that could not be committed, or raised the peak: not tried again
+    (a recompute: ever; a stalling swap: at this peak point)."""
+    if p.status == RECOMPUTED:
+        state.rejected[p.gap] = True
+    else:
+        state.stall_t[p.gap], state.stall_r[p.gap] = state.peak_key()
 
 
 _BUGS = (PlanningError, AssertionError, IndexError, KeyError, TypeError, ValueError)

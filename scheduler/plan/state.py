@@ -16,11 +16,11 @@ from functools import cached_property
 
 import numpy as np
 
-from .channel import Channel
+from .channel import TOL, Channel
 from .gaps import CROSS, PINNED, RECOMPUTED, SWAPPED, GapKeys, Gaps, find_gaps, gap_keys
 from .liveness import Liveness, analyse_liveness, release_events
 from .peak import (FIRST, START_RANK, PeakKey, Timeline, analyse_peak, build_timeline, event_arrays,
-                   event_rank, event_time, host_at_start, static_ledger)
+                   event_rank, event_time, host_at_start, op_at, static_ledger)
 from ..errors import PlanningError
 from ..graph.sequence import AccessSequence, Event, EventKind, Plan, event_order
 
@@ -29,12 +29,22 @@ from ..graph.sequence import AccessSequence, Event, EventKind, Plan, event_order
 class Proposal:
     """Take gap ``gap``'s tensor off the device with ``events``; the gap becomes ``status``
     (SWAPPED or RECOMPUTED) and the gaps in ``pins`` PINNED (a recompute's inputs, which
-    must stay resident)."""
+    must stay resident). ``cost``: the seconds it is expected to add to the iteration (a
+    recompute's stall, a stalling swap's waits). ``stalls``: a swap planned by stalls.py,
+    whose events may make ops wait."""
 
     gap: int
     events: tuple[Event, ...]
     status: int
     pins: tuple[int, ...] = ()
+    cost: float = 0.0
+    stalls: bool = False
+
+    @property
+    def moves_ops(self) -> bool:
+        """It may delay ops (a recompute, a stalling swap): the curve is rebuilt when it
+        is committed, and it can be undone."""
+        return self.status == RECOMPUTED or self.stalls
 
 
 def recomputable(seq: AccessSequence, live: Liveness, t: int) -> bool:
@@ -67,12 +77,14 @@ class PlanState:
         # recompute is not tried for again (their inputs only ever get scarcer).
         self.failed_t = np.full(len(self.gaps.tensor), np.nan)
         self.failed_r = np.full(len(self.gaps.tensor), np.nan)
+        self.stall_t = np.full(len(self.gaps.tensor), np.nan)   # ... and where a stalling swap did
+        self.stall_r = np.full(len(self.gaps.tensor), np.nan)
         self.rejected = np.zeros(len(self.gaps.tensor), dtype=bool)
         # caches: gap keys until a stall moves the ops; RELEASE/SWAP event arrays converted
         # so far (count, arrays); the gaps' statuses before the last recompute commit
         self._gap_keys: GapKeys | None = None
         self._arrays_cache: tuple = (0, None)
-        self._undo_status: np.ndarray | None = None
+        self._undo: tuple | None = None   # what the last commit that moved ops changed
 
     # --- reading ----------------------------------------------------------------------
 
@@ -81,6 +93,10 @@ class PlanState:
 
     def peak_key(self) -> PeakKey:
         return self.curve.key(self.curve.peak_index())
+
+    def peak_op(self) -> int:
+        """The last op started at or before the peak (-1: none)."""
+        return op_at(self.curve, self.curve.peak_index())
 
     def op_end(self, op: int) -> float:
         return float(self.curve.op_end[op]) if op >= 0 else 0.0
@@ -105,43 +121,78 @@ class PlanState:
     def plan(self, policy: str) -> Plan:
         events = tuple(sorted(self.events, key=event_order))
         peak = analyse_peak(self.seq, events)
+        # recompute stalls, then the planned waits (summed apart: a plan without waits
+        # keeps exactly the figure it always had)
         extra = sum(self.seq.ops[self.live.gen[e.tensor]].latency
                     for e in events if e.kind is EventKind.RECOMPUTE)
-        return Plan(self.seq.job, events, peak.bytes, self.vanilla_peak, extra, policy,
-                    host_at_start(self.seq, events))
+        waited = self.curve.waited
+        return Plan(self.seq.job, events, peak.bytes, self.vanilla_peak, extra + waited if waited else extra,
+                    policy, host_at_start(self.seq, events))
 
     # --- committing -------------------------------------------------------------------
 
     def commit(self, p: Proposal) -> bool:
-        """Apply a proposal. A swap always applies; a recompute only if the curve can be
-        rebuilt with its stall (False, changing nothing, if it cannot)."""
-        if p.status == RECOMPUTED:
-            return self._commit_recompute(p)
-        if p.status != SWAPPED:
+        """Apply a proposal. A swap that delays nothing always applies, incrementally; one
+        that moves ops (a recompute, a stalling swap) only if the curve can be rebuilt
+        with it (False, changing nothing, if it cannot)."""
+        if p.status not in (SWAPPED, RECOMPUTED):
             raise PlanningError(f"a proposal for gap {p.gap} has status {p.status}")
+        if p.moves_ops:
+            return self._commit_moving(p)
         self._commit_swap(p)
         return True
 
     def undo(self, p: Proposal) -> None:
-        """Take back the recompute ``p``, the last proposal committed."""
-        if p.status != RECOMPUTED or self._undo_status is None or self.recomputes[-1:] != [_recompute(p)]:
-            raise PlanningError(f"undo of gap {p.gap}, not the last recompute committed")
-        self.gaps.status[[p.gap, *p.pins]] = self._undo_status
-        self._undo_status = None
+        """Take back ``p``, the last proposal committed, one that moved ops."""
+        if self._undo is None or self._undo[0] is not p:
+            raise PlanningError(f"undo of gap {p.gap}, not the last proposal that moved ops")
+        _, status, host_ready, swapped, on_host = self._undo
+        self._undo = None
+        self.gaps.status[[p.gap, *p.pins]] = status
+        for t, ready in host_ready.items():
+            if ready is None:
+                self.host_ready.pop(t, None)
+            else:
+                self.host_ready[t] = ready
+        self.swapped -= swapped
+        self.on_host -= on_host
         self._pop_events(len(p.events))
-        self.recomputes.pop()
+        if p.status == RECOMPUTED:
+            self.recomputes.pop()
         self.rebuild()
 
-    def _commit_recompute(self, p: Proposal) -> bool:
+    def _commit_moving(self, p: Proposal) -> bool:
+        tensors = {e.tensor for e in p.events}
+        self._undo = (p, self.gaps.status[[p.gap, *p.pins]].copy(),
+                      {t: self.host_ready.get(t) for t in tensors}, set(), set())
         self.events += p.events
-        self.recomputes.append(_recompute(p))
-        self._undo_status = self.gaps.status[[p.gap, *p.pins]].copy()
-        self.gaps.status[p.gap] = RECOMPUTED
+        self.gaps.status[p.gap] = p.status
         self.gaps.status[list(p.pins)] = PINNED
+        if p.status == RECOMPUTED:
+            self.recomputes.append(_recompute(p))
+        else:
+            self._note_swap(p)
         if self.rebuild():
             return True
         self.undo(p)
         return False
+
+    def _note_swap(self, p: Proposal) -> None:
+        """The host copies and host-at-start tensors a stalling swap makes (its times
+        are taken from the curve it is planned on: the waits it adds come after them)."""
+        _, _, _, swapped, on_host = self._undo
+        for e in p.events:
+            if e.kind is EventKind.SWAP_OUT:
+                self.host_ready[e.tensor] = event_time(e, self.curve.op_end) + self.seq.copy_time(e.tensor)
+                if e.tensor not in self.swapped:
+                    swapped.add(e.tensor)
+                    self.swapped.add(e.tensor)
+        if self.gaps.kind[p.gap] == CROSS:
+            o = int(self.gaps.other[p.gap])
+            self.host_ready[o] = 0.0
+            if o not in self.on_host:
+                on_host.add(o)
+                self.on_host.add(o)
 
     def _commit_swap(self, p: Proposal) -> None:
         """Add a gap's events; take the tensor off the curve and put its copies on the channel."""
@@ -179,17 +230,23 @@ class PlanState:
         self.copies.append((start, end))
 
     def rebuild(self) -> bool:
-        """Recompute the curve and this job's copies from the events (after a recompute
-        stall moved them); False, changing nothing, if the copies now collide with
-        another job's on a shared channel."""
+        """Recompute the curve and this job's copies from the events (after a stall or a
+        wait moved them); False, changing nothing, if the copies now collide."""
         curve = build_timeline(self.seq, tuple(self.recomputes), self.static,
                                frozenset(self.on_host), self._event_arrays())
         swaps = [e for e in self.events[self.first_swap:] if e.kind in (EventKind.SWAP_IN, EventKind.SWAP_OUT)]
         copies = [(t0, t0 + self.seq.copy_time(e.tensor)) for e in swaps for t0 in [event_time(e, curve.op_end)]]
-        if not self.shared:   # own channel: a stall keeps the copies apart (all shift alike)
+        ready = {e.tensor: c[1] for e, c in zip(swaps, copies) if e.kind is EventKind.SWAP_OUT}
+        if not self.shared:
+            # own channel: a recompute stall shifts every later copy alike, but a new wait
+            # can shorten a later one (the op waited for a copy that now ends in time),
+            # moving copies issued after it less than copies issued before: check
             copies.sort()
+            if any(b[0] < a[1] - TOL for a, b in zip(copies, copies[1:])):
+                return False
             self.channel.replace(copies)
             self.curve, self.copies, self._gap_keys = curve, copies, None
+            self.host_ready.update(ready)   # a stall moved the swap-outs after it
             return True
         for c in self.copies:
             self.channel.remove(*c)
@@ -198,6 +255,7 @@ class PlanState:
                 self.channel.add(*c)
             return False
         self.curve, self.copies, self._gap_keys = curve, [], None
+        self.host_ready.update(ready)
         for c in copies:
             self._copy(*c)
         return True
