@@ -39,10 +39,10 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from .channel import Channel
-from .gaps import CROSS, RECOMPUTED, candidates
+from .gaps import CROSS, RECOMPUTED, SWAPPED, candidates
 from .liveness import analyse_liveness
 from .recompute import propose_recompute, recompute_candidates
-from .stalls import propose_stalling_swap
+from .stalls import propose_again, propose_stalling_swap, resident_at_peak
 from .state import PlanState, Proposal
 from .swap import propose_later_swap, propose_swap
 from ..errors import InfeasibleBudget, PlanningError, SchedulerError
@@ -144,11 +144,13 @@ def schedule(seqs: Sequence[AccessSequence], budget: int, settings: PlanSettings
                 phase = _after_paper(settings)
             elif settings.resume_swapping:
                 phase = _SWAP   # the peak moved: swaps may fit again
-        elif not (_swap_round(jobs, settings) or _cheapest_round(jobs, settings, peak)):
+        elif not (_swap_round(jobs, settings, settings.min_gain * peak) or _cheapest_round(jobs, settings, peak)):
             phase = None
         history.append(_global_peak(jobs))
         if _stalled(history, settings):
-            break
+            if phase is _CHEAPEST or _after_paper(settings) is None:
+                break
+            phase, history = _CHEAPEST, history[-1:]   # small swaps only: price the big ones
     return jobs
 
 
@@ -174,9 +176,11 @@ def _stalled(history: list[int], settings: PlanSettings) -> bool:
     return history[-settings.patience - 1] - history[-1] < settings.min_gain * history[-1]
 
 
-def _swap_round(jobs: list[PlanState], settings: PlanSettings) -> bool:
-    """Swap the largest tensor at any job's peak that can be swapped; False if none can."""
-    streams = [_swap_options(j, state, settings) for j, state in enumerate(jobs) if _may_swap(state, settings)]
+def _swap_round(jobs: list[PlanState], settings: PlanSettings, min_bytes: float = 0) -> bool:
+    """Swap the largest tensor at any job's peak that can be swapped (of ``min_bytes`` at
+    least); False if none can."""
+    streams = [_swap_options(j, state, settings, min_bytes) for j, state in enumerate(jobs)
+               if _may_swap(state, settings)]
     for _, j, gap, p_t, p_r in heapq.merge(*streams):
         state = jobs[j]
         with _context(state, "swap", gap):
@@ -205,10 +209,12 @@ def _commit_later_swaps(state: PlanState, proposal: Proposal, settings: PlanSett
             state.commit(p)
 
 
-def _swap_options(j: int, state: PlanState, settings: PlanSettings):
+def _swap_options(j: int, state: PlanState, settings: PlanSettings, min_bytes: float = 0):
     """(-bytes, job, gap, peak time, peak rank) for the job's candidates, largest first."""
     p_t, p_r = state.peak_key()
     gaps = candidates(state.gaps, state.gap_keys(), (p_t, p_r))
+    if min_bytes:
+        gaps = gaps[state.gaps.nbytes[gaps] >= min_bytes]
     # the channel only fills up: what failed at this very peak point fails again
     gaps = gaps[(state.failed_t[gaps] != p_t) | (state.failed_r[gaps] != p_r)]
     for gap in map(int, gaps):   # lazily: the first usually succeeds
@@ -247,7 +253,10 @@ def _cheapest_round(jobs: list[PlanState], settings: PlanSettings, peak: int) ->
     for j, state in enumerate(jobs):
         with _context(state, "cheapest options"):
             options += [(cost, -nbytes, j, n, p) for n, (cost, nbytes, p) in enumerate(_priced(state, settings))]
-    for _, _, j, _, p in sorted(options, key=lambda o: o[:4]):
+    # tensors too small to count as progress (``min_gain``) only when nothing else is left:
+    # a free swap of 4 bytes is cheapest per byte, and does nothing for the peak
+    material = [o for o in options if -o[1] >= settings.min_gain * peak]
+    for _, _, j, _, p in sorted(material or options, key=lambda o: o[:4]):
         state = jobs[j]
         with _context(state, "recompute" if p.status == RECOMPUTED else "stalling swap", p.gap):
             if state.commit(p):
@@ -277,6 +286,8 @@ def _priced(state: PlanState, settings: PlanSettings) -> list[tuple[float, int, 
             else:
                 nbytes = int(state.gaps.nbytes[gap])
                 out.append((p.cost / max(nbytes, 1), nbytes, p))
+    if settings.stalls and len(state.gap_events):
+        out += _priced_again(state, settings, key, op)
     if settings.recompute:
         for _, gap in sorted(recompute_candidates(state), reverse=True)[:settings.priced]:
             p = propose_recompute(state, gap)
@@ -286,6 +297,23 @@ def _priced(state: PlanState, settings: PlanSettings) -> list[tuple[float, int, 
             nbytes = int(state.gaps.nbytes[gap])
             t = int(state.gaps.tensor[gap])
             out.append((float(state.regen_latency[t]) / max(nbytes, 1), nbytes, p))
+    return out
+
+
+def _priced_again(state: PlanState, settings: PlanSettings, key, op: int) -> list:
+    """Swapped gaps whose tensor is still on the device at the peak, planned again."""
+    gaps = candidates(state.gaps, state.gap_keys(), key, SWAPPED)
+    gaps = gaps[(state.stall_t[gaps] != key[0]) | (state.stall_r[gaps] != key[1])]
+    resident = resident_at_peak(state)
+    held = resident[state.gaps.tensor[gaps]] | ((state.gaps.other[gaps] >= 0) & resident[state.gaps.other[gaps]])
+    out = []
+    for gap in map(int, gaps[held][:settings.priced]):
+        p = propose_again(state, gap, key, op)
+        if p is None:
+            state.stall_t[gap], state.stall_r[gap] = key
+        else:
+            nbytes = int(state.gaps.nbytes[gap])
+            out.append((p.cost / max(nbytes, 1), nbytes, p))
     return out
 
 

@@ -25,6 +25,7 @@ end before the peak or the iteration's end, the old tensor's swap-in late if it 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -34,7 +35,7 @@ from .state import PlanState, Proposal
 from .swap import event_at
 from ..graph.sequence import Event, EventKind
 
-__all__ = ["propose_stalling_swap"]
+__all__ = ["propose_stalling_swap", "propose_again", "resident_at_peak"]
 
 INF = math.inf
 
@@ -54,10 +55,54 @@ def propose_stalling_swap(state: PlanState, gap: int, peak: PeakKey, peak_op: in
         if placed is None:
             return None
         out, free_from, in_lo, out_wait = placed
-    swap_in, in_wait = _swap_in(state, t, max(free_from, peak[0]), in_lo, hi, -1 if in_lo == lo else in_lo)
+    # not before the op at the peak has ended: a copy started during it is held beside it
+    in_lo = max(in_lo, min(peak_op, hi - 1))
+    swap_in, in_wait = _swap_in(state, t, max(free_from, peak[0]), in_lo, hi, in_lo)
     if not _after(state, swap_in, peak):
         return None
     return Proposal(gap, (out, swap_in), SWAPPED, cost=out_wait + in_wait, stalls=True)
+
+
+def propose_again(state: PlanState, gap: int, peak: PeakKey, peak_op: int) -> Proposal | None:
+    """A swapped gap whose tensor is still on the device at the peak (its swap-out ends
+    after the peak, or its swap-in starts before it, planned when the peak was elsewhere):
+    plan it again, with waits where needed. The new events replace the old (``drop``)."""
+    old = state.gap_events.get(gap)
+    if old is None:
+        return None
+    copies = [(t0, t0 + state.seq.copy_time(e.tensor)) for e in old
+              if e.kind in (EventKind.SWAP_IN, EventKind.SWAP_OUT) for t0 in [event_time(e, state.curve.op_end)]]
+    own_copy = {e.tensor for e in old if e.kind is EventKind.SWAP_OUT}
+    ready = {t: state.host_ready.pop(t) for t in own_copy if t in state.host_ready}
+    removed = []
+    try:   # propose as if the old swap were not there (the state is restored below)
+        for c in copies:
+            state.channel.remove(*c)
+            removed.append(c)
+        p = propose_stalling_swap(state, gap, peak, peak_op)
+    except Exception:   # noqa: BLE001 - a copy not where the events say: do not replan it
+        p = None
+    finally:
+        for c in removed:
+            state.channel.add(*c)
+        state.host_ready.update(ready)
+    if p is None or set(p.events) == set(old):
+        return None
+    return replace(p, drop=old)
+
+
+def resident_at_peak(state: PlanState) -> np.ndarray:
+    """Per tensor: on the device at the job's peak point (after the change that makes it)."""
+    tl = state.curve
+    i = tl.peak_index()
+    tensors, deltas = tl.tensors[:i + 1], tl.deltas[:i + 1]
+    keep = tensors >= 0
+    tensors, deltas = tensors[keep][::-1], deltas[keep][::-1]
+    resident = np.zeros(len(state.seq.tensors), dtype=bool)
+    if len(tensors):
+        seen, last = np.unique(tensors, return_index=True)   # each tensor's last change
+        resident[seen] = deltas[last] > 0
+    return resident
 
 
 def _swap_out(state: PlanState, t: int, lo: int, hi: int, peak: PeakKey, peak_op: int):
@@ -117,10 +162,11 @@ def _propose_cross(state: PlanState, gap: int, peak: PeakKey, peak_op: int) -> P
     else:
         out = event_at(state, x, EventKind.SWAP_OUT, n, lo, n_ops)
     before_hi = lex_lt(*peak, float(state.curve.op_start[hi]), float(state.curve.op_step[hi]) * 2 + 1)
-    start = peak[0] if before_hi and not frees_before else 0.0
+    in_lo = min(peak_op, hi - 1) if before_hi and not frees_before else -1
+    start = peak[0] if in_lo >= 0 else 0.0
     state.channel.add(x, x + d_n)   # the swap-in must not overlap the swap-out just placed
     try:
-        swap_in, in_wait = _swap_in(state, o, start, -1, hi, -1)
+        swap_in, in_wait = _swap_in(state, o, start, in_lo, hi, in_lo)
     finally:
         state.channel.remove(x, x + d_n)
     if not (frees_before or _after(state, swap_in, peak)):

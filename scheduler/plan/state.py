@@ -39,6 +39,7 @@ class Proposal:
     pins: tuple[int, ...] = ()
     cost: float = 0.0
     stalls: bool = False
+    drop: tuple[Event, ...] = ()   # events of the gap's earlier swap that these replace
 
     @property
     def moves_ops(self) -> bool:
@@ -85,6 +86,7 @@ class PlanState:
         self._gap_keys: GapKeys | None = None
         self._arrays_cache: tuple = (0, None)
         self._undo: tuple | None = None   # what the last commit that moved ops changed
+        self.gap_events: dict[int, tuple[Event, ...]] = {}   # a swapped gap -> its events
 
     # --- reading ----------------------------------------------------------------------
 
@@ -156,26 +158,43 @@ class PlanState:
                 self.host_ready[t] = ready
         self.swapped -= swapped
         self.on_host -= on_host
-        self._pop_events(len(p.events))
+        if p.drop:
+            self._replace_events(p.events, p.drop)
+            self.gap_events[p.gap] = p.drop
+        else:
+            self._pop_events(len(p.events))
+            self.gap_events.pop(p.gap, None)
         if p.status == RECOMPUTED:
             self.recomputes.pop()
         self.rebuild()
 
     def _commit_moving(self, p: Proposal) -> bool:
-        tensors = {e.tensor for e in p.events}
+        tensors = {e.tensor for e in p.events + p.drop}
         self._undo = (p, self.gaps.status[[p.gap, *p.pins]].copy(),
                       {t: self.host_ready.get(t) for t in tensors}, set(), set())
-        self.events += p.events
+        if p.drop:
+            self._replace_events(p.drop, p.events)
+        else:
+            self.events += p.events
         self.gaps.status[p.gap] = p.status
         self.gaps.status[list(p.pins)] = PINNED
         if p.status == RECOMPUTED:
             self.recomputes.append(_recompute(p))
         else:
+            self.gap_events[p.gap] = p.events
             self._note_swap(p)
         if self.rebuild():
             return True
         self.undo(p)
         return False
+
+    def _replace_events(self, old: tuple[Event, ...], new: tuple[Event, ...]) -> None:
+        """Swap a gap's events for others (a swap planned again), converting the event
+        arrays afresh at the next rebuild."""
+        for e in old:
+            self.events.remove(e)
+        self.events += new
+        self._arrays_cache = (0, None)
 
     def _note_swap(self, p: Proposal) -> None:
         """The host copies and host-at-start tensors a stalling swap makes (its times
@@ -198,6 +217,7 @@ class PlanState:
         """Add a gap's events; take the tensor off the curve and put its copies on the channel."""
         self.events += p.events
         self.gaps.status[p.gap] = SWAPPED
+        self.gap_events[p.gap] = p.events
         removal, addition = None, None
         for e in p.events:
             t0 = event_time(e, self.curve.op_end)
