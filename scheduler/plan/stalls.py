@@ -30,7 +30,7 @@ from dataclasses import replace
 import numpy as np
 
 from .gaps import CROSS, SWAPPED, lex_lt
-from .peak import FIRST, PeakKey, event_rank, event_time, issued_rank
+from .peak import FIRST, PeakKey, end_rank, event_rank, event_time, issued_rank
 from .state import PlanState, Proposal
 from .swap import event_at
 from ..graph.sequence import Event, EventKind
@@ -55,8 +55,8 @@ def propose_stalling_swap(state: PlanState, gap: int, peak: PeakKey, peak_op: in
         if placed is None:
             return None
         out, free_from, in_lo, out_wait = placed
-    # not before the op at the peak has ended: a copy started during it is held beside it
-    in_lo = max(in_lo, min(peak_op, hi - 1))
+    # not before the step at the peak has ended: a copy started during it is held beside it
+    in_lo = max(in_lo, min(_peak_step(state, peak, peak_op), hi - 1))
     swap_in, in_wait = _swap_in(state, t, max(free_from, peak[0]), in_lo, hi, in_lo)
     if not _after(state, swap_in, peak):
         return None
@@ -162,7 +162,7 @@ def _propose_cross(state: PlanState, gap: int, peak: PeakKey, peak_op: int) -> P
     else:
         out = event_at(state, x, EventKind.SWAP_OUT, n, lo, n_ops)
     before_hi = lex_lt(*peak, float(state.curve.op_start[hi]), float(state.curve.op_step[hi]) * 2 + 1)
-    in_lo = min(peak_op, hi - 1) if before_hi and not frees_before else -1
+    in_lo = min(_peak_step(state, peak, peak_op), hi - 1) if before_hi and not frees_before else -1
     start = peak[0] if in_lo >= 0 else 0.0
     state.channel.add(x, x + d_n)   # the swap-in must not overlap the swap-out just placed
     try:
@@ -172,6 +172,16 @@ def _propose_cross(state: PlanState, gap: int, peak: PeakKey, peak_op: int) -> P
     if not (frees_before or _after(state, swap_in, peak)):
         return None
     return Proposal(gap, (out, swap_in), SWAPPED, cost=out_wait + in_wait, stalls=True)
+
+
+def _peak_step(state: PlanState, peak: PeakKey, peak_op: int) -> int:
+    """The op whose end closes the stretch of compute holding the peak: the op at the
+    peak, or the next one when the peak lies after its end (in a wait or a recompute
+    stall before the next op)."""
+    if peak_op < 0:
+        return 0
+    end = (float(state.curve.op_end[peak_op]), float(end_rank(state.curve.op_step[peak_op])))
+    return peak_op if lex_lt(*peak, *end) else peak_op + 1
 
 
 def _issued_at(state: PlanState, x: float, kind: EventKind, t: int, lo: int, w: int) -> Event:
