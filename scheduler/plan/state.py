@@ -148,30 +148,21 @@ class PlanState:
         """Take back ``p``, the last proposal committed, one that moved ops."""
         if self._undo is None or self._undo[0] is not p:
             raise PlanningError(f"undo of gap {p.gap}, not the last proposal that moved ops")
-        _, status, host_ready, swapped, on_host = self._undo
+        _, status, events, gap_events, host_ready, swapped, on_host = self._undo
         self._undo = None
         self.gaps.status[[p.gap, *p.pins]] = status
-        for t, ready in host_ready.items():
-            if ready is None:
-                self.host_ready.pop(t, None)
-            else:
-                self.host_ready[t] = ready
-        self.swapped -= swapped
-        self.on_host -= on_host
-        if p.drop:
-            self._replace_events(p.events, p.drop)
-            self.gap_events[p.gap] = p.drop
+        self.gap_events, self.host_ready, self.swapped, self.on_host = gap_events, host_ready, swapped, on_host
+        if len(events) == len(self.events) - len(p.events) and not p.drop and self._arrays_cache[0] <= len(self.events):
+            self._pop_events(len(p.events))   # nothing was repaired: keep the converted arrays
         else:
-            self._pop_events(len(p.events))
-            self.gap_events.pop(p.gap, None)
+            self.events, self._arrays_cache = events, (0, None)
         if p.status == RECOMPUTED:
             self.recomputes.pop()
         self.rebuild()
 
     def _commit_moving(self, p: Proposal) -> bool:
-        tensors = {e.tensor for e in p.events + p.drop}
-        self._undo = (p, self.gaps.status[[p.gap, *p.pins]].copy(),
-                      {t: self.host_ready.get(t) for t in tensors}, set(), set())
+        self._undo = (p, self.gaps.status[[p.gap, *p.pins]].copy(), list(self.events), dict(self.gap_events),
+                      dict(self.host_ready), set(self.swapped), set(self.on_host))
         if p.drop:
             self._replace_events(p.drop, p.events)
         else:
@@ -183,7 +174,7 @@ class PlanState:
         else:
             self.gap_events[p.gap] = p.events
             self._note_swap(p)
-        if self.rebuild():
+        if self.rebuild(repair=True):
             return True
         self.undo(p)
         return False
@@ -197,21 +188,15 @@ class PlanState:
         self._arrays_cache = (0, None)
 
     def _note_swap(self, p: Proposal) -> None:
-        """The host copies and host-at-start tensors a stalling swap makes (its times
-        are taken from the curve it is planned on: the waits it adds come after them)."""
-        _, _, _, swapped, on_host = self._undo
+        """The tensors a stalling swap puts on the host (its host copies' times are set
+        by the rebuild that follows)."""
         for e in p.events:
             if e.kind is EventKind.SWAP_OUT:
-                self.host_ready[e.tensor] = event_time(e, self.curve.op_end) + self.seq.copy_time(e.tensor)
-                if e.tensor not in self.swapped:
-                    swapped.add(e.tensor)
-                    self.swapped.add(e.tensor)
+                self.swapped.add(e.tensor)
         if self.gaps.kind[p.gap] == CROSS:
             o = int(self.gaps.other[p.gap])
             self.host_ready[o] = 0.0
-            if o not in self.on_host:
-                on_host.add(o)
-                self.on_host.add(o)
+            self.on_host.add(o)
 
     def _commit_swap(self, p: Proposal) -> None:
         """Add a gap's events; take the tensor off the curve and put its copies on the channel."""
@@ -249,21 +234,33 @@ class PlanState:
         self.channel.add(start, end)
         self.copies.append((start, end))
 
-    def rebuild(self) -> bool:
+    def rebuild(self, repair: bool = False) -> bool:
         """Recompute the curve and this job's copies from the events (after a stall or a
-        wait moved them); False, changing nothing, if the copies now collide."""
-        curve = build_timeline(self.seq, tuple(self.recomputes), self.static,
-                               frozenset(self.on_host), self._event_arrays())
-        swaps = [e for e in self.events[self.first_swap:] if e.kind in (EventKind.SWAP_IN, EventKind.SWAP_OUT)]
-        copies = [(t0, t0 + self.seq.copy_time(e.tensor)) for e in swaps for t0 in [event_time(e, curve.op_end)]]
-        ready = {e.tensor: c[1] for e, c in zip(swaps, copies) if e.kind is EventKind.SWAP_OUT}
-        if not self.shared:
-            # own channel: a recompute stall shifts every later copy alike, but a new wait
-            # can shorten a later one (the op waited for a copy that now ends in time),
-            # moving copies issued after it less than copies issued before: check
-            copies.sort()
-            if any(b[0] < a[1] - TOL for a, b in zip(copies, copies[1:])):
+        wait moved them); False if the copies now collide (the caller undoes).
+
+        On a job's own channel a recompute stall shifts every later copy alike, but a new
+        wait can shorten a later one (the op waited for a copy that now ends in time),
+        moving copies issued after it less than copies issued before. With ``repair``, a
+        copy that now overlaps an earlier one is issued later, and the curve rebuilt."""
+        for _ in range(REPAIRS if repair and not self.shared else 1):
+            curve = build_timeline(self.seq, tuple(self.recomputes), self.static,
+                                   frozenset(self.on_host), self._event_arrays())
+            at = [i for i in range(self.first_swap, len(self.events))
+                  if self.events[i].kind in (EventKind.SWAP_IN, EventKind.SWAP_OUT)]
+            copies = [(t0, t0 + self.seq.copy_time(self.events[i].tensor), i)
+                      for i in at for t0 in [event_time(self.events[i], curve.op_end)]]
+            late = _overlaps(sorted(copies))
+            if not late:
+                return self._take(curve, copies)
+            if self.shared or not repair:
                 return False
+            self._delay_events(late)
+        return False
+
+    def _take(self, curve: Timeline, copies: list) -> bool:
+        ready = {self.events[i].tensor: end for _, end, i in copies if self.events[i].kind is EventKind.SWAP_OUT}
+        copies = sorted((start, end) for start, end, _ in copies)
+        if not self.shared:
             self.channel.replace(copies)
             self.curve, self.copies, self._gap_keys = curve, copies, None
             self.host_ready.update(ready)   # a stall moved the swap-outs after it
@@ -279,6 +276,17 @@ class PlanState:
         for c in copies:
             self._copy(*c)
         return True
+
+    def _delay_events(self, late: dict[int, float]) -> None:
+        """Issue the events at these positions later by these seconds."""
+        changed = {}
+        for i, extra in late.items():
+            e = self.events[i]
+            self.events[i] = changed[e] = Event(e.trigger, e.delay + extra, e.kind, e.tensor, e.before)
+        for gap, evs in self.gap_events.items():
+            if any(e in changed for e in evs):
+                self.gap_events[gap] = tuple(changed.get(e, e) for e in evs)
+        self._arrays_cache = (0, None)
 
     def _pop_events(self, k: int) -> None:
         """Drop the last ``k`` events (an undone recompute), keeping the array cache."""
@@ -298,6 +306,21 @@ class PlanState:
         arrays = new if arrays is None else tuple(np.concatenate(p) for p in zip(arrays, new))
         self._arrays_cache = (len(self.events), arrays)
         return arrays
+
+
+REPAIRS = 6   # rebuilds a commit may take to move its copies apart again
+
+
+def _overlaps(copies: list) -> dict[int, float]:
+    """For sorted (start, end, event position) copies: position -> seconds to issue it
+    later so that no copy overlaps the one before it."""
+    late, busy = {}, -np.inf
+    for start, end, i in copies:
+        if start < busy - TOL:
+            late[i] = busy - start
+            end += busy - start
+        busy = max(busy, end)
+    return late
 
 
 def _recompute(p: Proposal) -> Event:
