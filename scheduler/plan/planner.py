@@ -353,13 +353,16 @@ class _context:
 
 def tensor_granularity_floor(seq: AccessSequence) -> int:
     """The least peak any plan at tensor granularity can reach: workspace plus, at the
-    busiest op, its inputs and outputs together (an in-place update counted once) and the
-    graph outputs generated before it that no plan moves (the loss: not an update)."""
+    busiest op, its inputs and outputs together (an in-place update counted once), the
+    graph outputs no plan moves there (the loss after its last read: not an update, no
+    gap left) and the tensors the caller holds (the batch: never moved)."""
     live = analyse_liveness(seq)
     kept = [t for t in seq.outputs - set(seq.updates) if live.gen[t] >= 0]
+    held_by_caller = {t.id for t in seq.tensors if t.caller_held}
     best = 0
     for op in seq.ops:
-        held = set(op.inputs) | set(op.outputs) | {t for t in kept if live.gen[t] < op.index}
+        done = {t for t in kept if live.gen[t] < op.index and live.last_access(t) < op.index}
+        held = set(op.inputs) | set(op.outputs) | done | held_by_caller
         held -= {live.in_place[n] for n in op.outputs if n in live.in_place}
         best = max(best, sum(seq.tensors[t].nbytes for t in held))
     return best + seq.workspace

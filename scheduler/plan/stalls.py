@@ -48,7 +48,8 @@ def propose_stalling_swap(state: PlanState, gap: int, peak: PeakKey, peak_op: in
     t, lo, hi = int(state.gaps.tensor[gap]), int(state.gaps.lo[gap]), int(state.gaps.hi[gap])
     d = state.seq.copy_time(t)
     lo_time = state.op_end(lo)
-    if state.host_ready.get(t, INF) <= lo_time and lo >= 0:   # the host copy is still valid
+    # the host copy is still valid (a graph output is never released: swapped out again)
+    if state.host_ready.get(t, INF) <= lo_time and lo >= 0 and t not in state.seq.outputs:
         out, free_from, in_lo, out_wait = Event(lo, 0.0, EventKind.RELEASE, t), lo_time, lo, 0.0
     else:
         placed = _swap_out(state, t, lo, hi, peak, peak_op)
