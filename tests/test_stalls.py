@@ -93,6 +93,7 @@ def test_paper_choice_recomputes_by_msps_after_swapping():
 
 # --- reach -------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_ops, seed, bandwidth", [(60, 1, 12e9), (200, 2, 12e9), (300, 5, 2e9)])
 def test_stalls_reach_smaller_budgets_than_the_paper(n_ops, seed, bandwidth):
     seq = synthetic.training_sequence("j", n_ops, seed=seed, bandwidth=bandwidth)
@@ -136,6 +137,7 @@ def _cnn():
                                torch.nn.Flatten(), torch.nn.Linear(8 * 8 * 8, 10))
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_executor_runs_a_plan_with_stalls_bit_identically_within_its_peak():
     loss_fn, spec = torch.nn.functional.cross_entropy, OptimizerSpec("adam", lr=1e-2)

@@ -275,7 +275,7 @@ class Executor:
             else:
                 self._recompute(sid, before)
             if self.log_enabled:
-                self.event_log.append(EventRecord(kind.value, k, sid))
+                self.event_log.append(EventRecord(WAIT if kind is WAIT else kind.value, k, sid))
 
     def _service(self, k: int) -> None:
         """Install finished swap-ins; perform deferred releases that are due."""
