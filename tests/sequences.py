@@ -118,7 +118,9 @@ def replay(seq: AccessSequence, plan_: Plan, margin: float = 0.0) -> int:
     assert on_host <= set(seq.updates.values())
     ledger = _Ledger(seq, gen, on_host, margin)
     peak = ledger.used
-    for time_, _, _, _, (what, kind, x, t0) in sorted(actions, key=lambda a: a[:4]):
+    # times equal up to float rounding (the planner's and this replay's sums differ in
+    # their last bits) are equal: then the ranks order the changes
+    for time_, _, _, _, (what, kind, x, t0) in sorted(actions, key=lambda a: (round(a[0], 9),) + a[1:4]):
         ledger.apply(time_, what, kind, x, t0)
         peak = max(peak, ledger.used)
     resident = ledger.resident

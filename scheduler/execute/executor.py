@@ -213,8 +213,7 @@ class Executor:
         return self.budget if self.budget is not None else self.plan.peak_bytes
 
     def _make_room(self, nbytes: int, k: int, keep: tuple = ()) -> None:
-        """Adding ``nbytes`` before op ``k`` would pass the limit: wait for swap-outs in
-        flight, then, in passive mode, swap tensors out on demand."""
+        """Adding ``nbytes`` before op ``k`` would pass the limit: wait for swap-outs, then evict."""
         mem, inflight_out = self.mem, self.transfers.inflight_out
         if inflight_out:
             mem.wait_for_room(nbytes, self.budget, inflight_out)

@@ -280,7 +280,7 @@ def _priced(state: PlanState, settings: PlanSettings) -> list[tuple[float, int, 
         if not settings.cross_iteration:
             gaps = gaps[state.gaps.kind[gaps] != CROSS]
         for gap in map(int, gaps[:settings.priced]):
-            p = propose_stalling_swap(state, gap, key, op)
+            p = propose_stalling_swap(state, gap, key, op, settings.swap_in_margin)
             if p is None:
                 state.stall_t[gap], state.stall_r[gap] = key
             else:
@@ -308,7 +308,7 @@ def _priced_again(state: PlanState, settings: PlanSettings, key, op: int) -> lis
     held = resident[state.gaps.tensor[gaps]] | ((state.gaps.other[gaps] >= 0) & resident[state.gaps.other[gaps]])
     out = []
     for gap in map(int, gaps[held][:settings.priced]):
-        p = propose_again(state, gap, key, op)
+        p = propose_again(state, gap, key, op, settings.swap_in_margin)
         if p is None:
             state.stall_t[gap], state.stall_r[gap] = key
         else:

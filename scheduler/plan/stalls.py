@@ -40,11 +40,12 @@ __all__ = ["propose_stalling_swap", "propose_again", "resident_at_peak"]
 INF = math.inf
 
 
-def propose_stalling_swap(state: PlanState, gap: int, peak: PeakKey, peak_op: int) -> Proposal | None:
+def propose_stalling_swap(state: PlanState, gap: int, peak: PeakKey, peak_op: int,
+                          margin: float = 0.0) -> Proposal | None:
     """Take the gap's tensor off the device across the peak point, making compute wait
     where the channel has no room; None if even that cannot cover the peak."""
     if state.gaps.kind[gap] == CROSS:
-        return _propose_cross(state, gap, peak, peak_op)
+        return _propose_cross(state, gap, peak, peak_op, margin)
     t, lo, hi = int(state.gaps.tensor[gap]), int(state.gaps.lo[gap]), int(state.gaps.hi[gap])
     d = state.seq.copy_time(t)
     lo_time = state.op_end(lo)
@@ -58,13 +59,13 @@ def propose_stalling_swap(state: PlanState, gap: int, peak: PeakKey, peak_op: in
         out, free_from, in_lo, out_wait = placed
     # not before the step at the peak has ended: a copy started during it is held beside it
     in_lo = max(in_lo, min(_peak_step(state, peak, peak_op), hi - 1))
-    swap_in, in_wait = _swap_in(state, t, max(free_from, peak[0]), in_lo, hi, in_lo)
+    swap_in, in_wait = _swap_in(state, t, max(free_from, peak[0]), in_lo, hi, in_lo, margin)
     if not _after(state, swap_in, peak):
         return None
     return Proposal(gap, (out, swap_in), SWAPPED, cost=out_wait + in_wait, stalls=True)
 
 
-def propose_again(state: PlanState, gap: int, peak: PeakKey, peak_op: int) -> Proposal | None:
+def propose_again(state: PlanState, gap: int, peak: PeakKey, peak_op: int, margin: float = 0.0) -> Proposal | None:
     """A swapped gap whose tensor is still on the device at the peak (its swap-out ends
     after the peak, or its swap-in starts before it, planned when the peak was elsewhere):
     plan it again, with waits where needed. The new events replace the old (``drop``)."""
@@ -80,7 +81,7 @@ def propose_again(state: PlanState, gap: int, peak: PeakKey, peak_op: int) -> Pr
         for c in copies:
             state.channel.remove(*c)
             removed.append(c)
-        p = propose_stalling_swap(state, gap, peak, peak_op)
+        p = propose_stalling_swap(state, gap, peak, peak_op, margin)
     except Exception:   # noqa: BLE001 - a copy not where the events say: do not replan it
         p = None
     finally:
@@ -121,22 +122,23 @@ def _swap_out(state: PlanState, t: int, lo: int, hi: int, peak: PeakKey, peak_op
     return e, x + d, w, max(0.0, x + d - float(state.curve.op_entry[w]))
 
 
-def _swap_in(state: PlanState, t: int, start: float, lo: int, hi: int, floor_trigger: int):
+def _swap_in(state: PlanState, t: int, start: float, lo: int, hi: int, floor_trigger: int, margin: float):
     """(event, wait): ``t`` back for op ``hi``, starting no earlier than ``start`` and
-    issued after op ``lo`` (when ``floor_trigger`` >= 0, its end bounds the start too)."""
+    issued after op ``lo`` (when ``floor_trigger`` >= 0, its end bounds the start too);
+    in time means ``margin`` seconds before op ``hi``, else op ``hi`` waits for it."""
     d = state.seq.copy_time(t)
     if floor_trigger >= 0:
         start = max(start, state.op_end(floor_trigger))
     deadline = float(state.curve.op_start[hi])
-    x = state.channel.latest(start, deadline, d)
+    x = state.channel.latest(start, deadline - margin, d)
     wait = 0.0
     if x is None:
-        x = state.channel.earliest(start, INF, d)
-        wait = x + d - deadline
+        x = state.channel.earliest(max(start, deadline - d), INF, d)
+        wait = max(0.0, x + d - deadline)
     return event_at(state, x, EventKind.SWAP_IN, t, lo, hi), wait
 
 
-def _propose_cross(state: PlanState, gap: int, peak: PeakKey, peak_op: int) -> Proposal | None:
+def _propose_cross(state: PlanState, gap: int, peak: PeakKey, peak_op: int, margin: float) -> Proposal | None:
     """The updated tensor ``n`` leaves after its last access, the old ``o`` comes back
     for its first access next iteration; waits where the channel is full."""
     n, o = int(state.gaps.tensor[gap]), int(state.gaps.other[gap])
@@ -167,7 +169,7 @@ def _propose_cross(state: PlanState, gap: int, peak: PeakKey, peak_op: int) -> P
     start = peak[0] if in_lo >= 0 else 0.0
     state.channel.add(x, x + d_n)   # the swap-in must not overlap the swap-out just placed
     try:
-        swap_in, in_wait = _swap_in(state, o, start, in_lo, hi, in_lo)
+        swap_in, in_wait = _swap_in(state, o, start, in_lo, hi, in_lo, margin)
     finally:
         state.channel.remove(x, x + d_n)
     if not (frees_before or _after(state, swap_in, peak)):
