@@ -128,6 +128,8 @@ def schedule(seqs: Sequence[AccessSequence], budget: int, settings: PlanSettings
     shared = Channel()
     jobs = [PlanState(s, shared if settings.shared_channel else Channel(), settings.shared_channel)
             for s in seqs]
+    for state in jobs:
+        state.margin = settings.swap_in_margin
     if policy == "none":
         return jobs
     history = [_global_peak(jobs)]

@@ -86,7 +86,9 @@ class PlanState:
         self._gap_keys: GapKeys | None = None
         self._arrays_cache: tuple = (0, None)
         self._undo: tuple | None = None   # what the last commit that moved ops changed
+        self._repaired = False            # ... and whether its rebuild issued copies later
         self.gap_events: dict[int, tuple[Event, ...]] = {}   # a swapped gap -> its events
+        self.margin = 0.0   # PlanSettings.swap_in_margin: a swap-in ends this early, or is waited for
 
     # --- reading ----------------------------------------------------------------------
 
@@ -152,8 +154,8 @@ class PlanState:
         self._undo = None
         self.gaps.status[[p.gap, *p.pins]] = status
         self.gap_events, self.host_ready, self.swapped, self.on_host = gap_events, host_ready, swapped, on_host
-        if len(events) == len(self.events) - len(p.events) and not p.drop and self._arrays_cache[0] <= len(self.events):
-            self._pop_events(len(p.events))   # nothing was repaired: keep the converted arrays
+        if not (p.drop or self._repaired):
+            self._pop_events(len(p.events))   # keep the converted arrays
         else:
             self.events, self._arrays_cache = events, (0, None)
         if p.status == RECOMPUTED:
@@ -163,6 +165,7 @@ class PlanState:
     def _commit_moving(self, p: Proposal) -> bool:
         self._undo = (p, self.gaps.status[[p.gap, *p.pins]].copy(), list(self.events), dict(self.gap_events),
                       dict(self.host_ready), set(self.swapped), set(self.on_host))
+        self._repaired = False
         if p.drop:
             self._replace_events(p.drop, p.events)
         else:
@@ -173,7 +176,7 @@ class PlanState:
             self.recomputes.append(_recompute(p))
         else:
             self.gap_events[p.gap] = p.events
-            self._note_swap(p)
+            _note_swap(self, p)
         if self.rebuild(repair=True):
             return True
         self.undo(p)
@@ -186,17 +189,6 @@ class PlanState:
             self.events.remove(e)
         self.events += new
         self._arrays_cache = (0, None)
-
-    def _note_swap(self, p: Proposal) -> None:
-        """The tensors a stalling swap puts on the host (its host copies' times are set
-        by the rebuild that follows)."""
-        for e in p.events:
-            if e.kind is EventKind.SWAP_OUT:
-                self.swapped.add(e.tensor)
-        if self.gaps.kind[p.gap] == CROSS:
-            o = int(self.gaps.other[p.gap])
-            self.host_ready[o] = 0.0
-            self.on_host.add(o)
 
     def _commit_swap(self, p: Proposal) -> None:
         """Add a gap's events; take the tensor off the curve and put its copies on the channel."""
@@ -250,6 +242,8 @@ class PlanState:
             copies = [(t0, t0 + self.seq.copy_time(self.events[i].tensor), i)
                       for i in at for t0 in [event_time(self.events[i], curve.op_end)]]
             late = _overlaps(sorted(copies))
+            if self.margin and not late:
+                late = _within_margin(self.events, curve, copies, self.margin)
             if not late:
                 return self._take(curve, copies)
             if self.shared or not repair:
@@ -283,6 +277,7 @@ class PlanState:
         for i, extra in late.items():
             e = self.events[i]
             self.events[i] = changed[e] = Event(e.trigger, e.delay + extra, e.kind, e.tensor, e.before)
+        self._repaired = True
         for gap, evs in self.gap_events.items():
             if any(e in changed for e in evs):
                 self.gap_events[gap] = tuple(changed.get(e, e) for e in evs)
@@ -309,6 +304,29 @@ class PlanState:
 
 
 REPAIRS = 6   # rebuilds a commit may take to move its copies apart again
+
+
+def _note_swap(state: PlanState, p: Proposal) -> None:
+    """The tensors a stalling swap puts on the host (its host copies' times are set by
+    the rebuild that follows)."""
+    state.swapped.update(e.tensor for e in p.events if e.kind is EventKind.SWAP_OUT)
+    if state.gaps.kind[p.gap] == CROSS:
+        o = int(state.gaps.other[p.gap])
+        state.host_ready[o] = 0.0
+        state.on_host.add(o)
+
+
+def _within_margin(events: list[Event], curve: Timeline, copies: list, margin: float) -> dict[int, float]:
+    """Swap-ins that a shorter wait left ending less than ``margin`` before their op:
+    issued later, to end as it starts (it waits for them, exactly as planned)."""
+    late = {}
+    for _, end, i in copies:
+        e = events[i]
+        if e.kind is EventKind.SWAP_IN:
+            start = float(curve.op_start[e.before])
+            if start - margin < end < start - TOL:
+                late[i] = start - end
+    return late
 
 
 def _overlaps(copies: list) -> dict[int, float]:
