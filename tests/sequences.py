@@ -118,7 +118,9 @@ def replay(seq: AccessSequence, plan_: Plan, margin: float = 0.0) -> int:
     assert on_host <= set(seq.updates.values())
     ledger = _Ledger(seq, gen, on_host, margin)
     peak = ledger.used
-    for time_, _, _, _, (what, kind, x, t0) in sorted(actions, key=lambda a: a[:4]):
+    # times equal up to float rounding (the planner's and this replay's sums differ in
+    # their last bits) are equal: then the ranks order the changes
+    for time_, _, _, _, (what, kind, x, t0) in sorted(actions, key=lambda a: (round(a[0], 9),) + a[1:4]):
         ledger.apply(time_, what, kind, x, t0)
         peak = max(peak, ledger.used)
     resident = ledger.resident
@@ -130,21 +132,37 @@ def replay(seq: AccessSequence, plan_: Plan, margin: float = 0.0) -> int:
 
 
 def _steps(seq, plan_, gen):
-    """The compute channel: (kind, op or event, start, end) per op and recompute stall."""
-    rec = {}
+    """The compute channel: (kind, op or event, start, end) per op and recompute stall.
+    Planned waits (peak.py's rule 7, written out again here): op b is entered after the
+    copies of the SWAP_OUTs with ``before == b`` end, and starts after its SWAP_INs' end."""
+    rec, outs, ins = {}, {}, {}
     for e in plan_.events:
         if e.kind is RC:
             assert e.trigger == e.before - 1 and e.delay == 0, e
             rec.setdefault(e.before, []).append(e)
+        elif e.kind is SO and e.before >= 0:
+            assert e.trigger < e.before, e
+            outs.setdefault(e.before, []).append(e)
+        elif e.kind is SI:
+            ins.setdefault(e.before, []).append(e)
     steps, t, step_of, end = [], 0.0, {}, {-1: 0.0}
+    copied = lambda e: end[e.trigger] + e.delay + seq.tensors[e.tensor].nbytes / seq.copy_bandwidth
     for op in seq.ops:
+        t = _wait(t, [copied(e) for e in outs.get(op.index, [])])
         for e in rec.get(op.index, []):
             lat = seq.ops[gen[e.tensor]].latency
             steps.append(("rec", e, t, t + lat)); t += lat
+        t = _wait(t, [copied(e) for e in ins.get(op.index, [])])
         step_of[op.index] = len(steps)
         steps.append(("op", op, t, t + op.latency)); t += op.latency
         end[op.index] = t
     return steps, step_of, end
+
+
+def _wait(t, ends):
+    """Wait for the latest copy end, unless it is late by float rounding only."""
+    latest = max(ends, default=t)
+    return latest if latest > t + 1e-12 else t
 
 
 def _actions(seq, plan_, gen, steps, step_of, end):
@@ -223,7 +241,8 @@ class _Ledger:
         resident = self.resident
         for t in op.inputs:
             assert t in resident, f"op {op.index} reads non-resident tensor {t}"
-            assert resident[t] <= t0 - self.margin + TOL, f"op {op.index} waits for tensor {t}'s swap-in"
+            waited = abs(resident[t] - t0) <= TOL   # a planned late swap-in: the op waited for it
+            assert waited or resident[t] <= t0 - self.margin + TOL, f"op {op.index} waits for tensor {t}'s swap-in"
         for n in op.outputs:
             if n in self.in_place:
                 assert self.in_place[n] in resident, f"in-place target {self.in_place[n]} not resident"

@@ -19,7 +19,7 @@ from dbml.scheduler import synthetic
 from dbml.scheduler.plan import planner
 from dbml.scheduler.plan.liveness import analyse_liveness, release_events
 from dbml.scheduler.plan.peak import analyse_peak, build_timeline
-from dbml.scheduler.plan.planner import (InfeasibleBudget, PlanSettings, plan, plan_jobs,
+from dbml.scheduler.plan.planner import (PAPER, InfeasibleBudget, PlanSettings, plan, plan_jobs,
                                          tensor_granularity_floor)
 from dbml.scheduler.errors import PlanningError
 from dbml.scheduler.graph.sequence import AccessSequence, Event, Plan
@@ -143,10 +143,11 @@ def test_plan_swaps_largest_tensor_to_fit():
 
 def test_infeasible_budget_names_and_carries_the_minimum():
     seq = chain(bandwidth=1.0)   # copies take 100 s: nothing can be swapped
+    paper = PlanSettings(**PAPER, recompute=False)   # no planned stalls (test_stalls.py: with them)
     with pytest.raises(InfeasibleBudget, match=r"smallest feasible budget is 121 bytes") as info:
-        plan(seq, 110, settings=PlanSettings(recompute=False))
+        plan(seq, 110, settings=paper)
     assert info.value.min_budget == 121
-    plan(seq, info.value.min_budget, settings=PlanSettings(recompute=False))
+    plan(seq, info.value.min_budget, settings=paper)
 
 
 def test_recompute_when_swapping_cannot_help():
@@ -161,8 +162,11 @@ def test_random_tensor_is_never_recomputed():
     seq = make_seq([1, 100, 1, 10, 10, 10, 1, 1, 1], [0], ops, outputs={8}, bandwidth=1.0,
                    random_tensors={1})
     with pytest.raises(InfeasibleBudget) as info:
-        plan(seq, 110)
+        plan(seq, 110, settings=PlanSettings(**PAPER))
     assert info.value.min_budget == 121
+    p = plan(seq, 110)   # with planned stalls: a swap that makes op 7 wait, never a recompute
+    check_plan(seq, p, 110)
+    assert p.count(RC) == 0 and p.count(SO) == 1 and p.extra_time > 0
 
 
 def test_stop_when_fits_does_less_than_swapping_to_exhaustion():
@@ -214,9 +218,9 @@ def test_resume_swapping_after_a_recompute():
                    bandwidth=40.0, random_tensors={5})
     assert plan(seq, 1 << 40, policy="none").peak_bytes == 132
     with pytest.raises(InfeasibleBudget) as info:
-        plan(seq, 110)
+        plan(seq, 110, settings=PlanSettings(**PAPER))
     assert info.value.min_budget == 122
-    p = plan(seq, 110, settings=PlanSettings(resume_swapping=True))
+    p = plan(seq, 110, settings=PlanSettings(**PAPER, resume_swapping=True))
     check_plan(seq, p, 110)
     assert p.count(RC) == 1 and {e.tensor for e in p.events if e.kind is SO} >= {5}
 
@@ -280,7 +284,8 @@ def test_training_shaped_sequence_at_half_budget():
 
 plan_settings = st.builds(PlanSettings, stop_when_fits=st.booleans(), swap_later_accesses=st.booleans(),
                           cross_iteration=st.booleans(), swap_in_margin=st.sampled_from([0.0, 0.25]),
-                          resume_swapping=st.booleans())
+                          resume_swapping=st.booleans(), stalls=st.booleans(),
+                          choice=st.sampled_from(["cost", "paper"]))
 
 
 @pytest.mark.slow
@@ -369,9 +374,12 @@ def test_passes_propose_and_only_the_planner_commits():
 # --- golden plans ---------------------------------------------------------------------
 
 GOLDEN = pathlib.Path(__file__).with_name("golden_plans.json")
-_KNOBS = (PlanSettings(), PlanSettings(stop_when_fits=False), PlanSettings(resume_swapping=True),
-          PlanSettings(swap_in_margin=0.25, swap_later_accesses=False),
-          PlanSettings(cross_iteration=False, recompute=False), PlanSettings(max_swap_rate=0.2))
+# The golden plans pin the paper's algorithm (no planned stalls, swap then recompute):
+# the defaults (stalls, recompute by cost) are checked by test_stalls.py's invariants.
+_KNOBS = tuple(PlanSettings(**PAPER, **k) for k in (
+    {}, dict(stop_when_fits=False), dict(resume_swapping=True),
+    dict(swap_in_margin=0.25, swap_later_accesses=False), dict(cross_iteration=False, recompute=False),
+    dict(max_swap_rate=0.2)))
 
 
 def _fingerprint(p: Plan) -> dict:
@@ -401,14 +409,14 @@ def golden_plans() -> dict:
              "slow_copies_resume": ([ts("j", 300, seed=5, bandwidth=2e9)], 0.6, _KNOBS[2]),
              "two_jobs": ([ts(f"job{i}", 200, seed=i) for i in range(2)], 0.85, _KNOBS[0]),
              "two_jobs_shared": ([ts(f"job{i}", 200, seed=i) for i in range(2)], 0.7,
-                                 PlanSettings(shared_channel=True))}
+                                 PlanSettings(**PAPER, shared_channel=True))}
     for k, knobs in enumerate(_KNOBS):
         cases[f"training_{k}"] = ([ts("j", 300, seed=3)], 0.8, knobs)
     for seed in range(60):
         cases[f"random_{seed}"] = ([seeded_sequence(seed)], (0.3, 0.6, 0.9)[seed % 3], _KNOBS[seed % len(_KNOBS)])
     for seed in range(10):
         seqs = [seeded_sequence(100 + 3 * seed + i, job=f"job{i}") for i in range(2 + seed % 2)]
-        cases[f"random_jobs_{seed}"] = (seqs, 0.5, PlanSettings(shared_channel=bool(seed % 2)))
+        cases[f"random_jobs_{seed}"] = (seqs, 0.5, PlanSettings(**PAPER, shared_channel=bool(seed % 2)))
     return {name: _golden_case(*case) for name, case in cases.items()}
 
 

@@ -7,6 +7,8 @@ and between ops it performs the plan's events and nothing else:
 * RELEASE drops the executor's references to the storage;
 * SWAP_OUT and SWAP_IN go through the copy channel (:class:`~.transfers.Transfers`);
 * RECOMPUTE re-runs the generating node before the op named by ``before``;
+* a SWAP_OUT with ``before >= 0`` is synchronous: op ``before`` waits until its copy
+  has ended (a planned stall); a swap-in planned to end late is waited for like any;
 * an updated parameter or state whose old value is not read afterwards is written in
   place (the op's ``out=`` variant), as liveness and the peak analysis assume;
 * a pointwise op may write into a released buffer of its output's size
@@ -49,6 +51,7 @@ from .pool import BufferPool
 from .replay import Replay
 from .program import PLAIN, SKIP, Program, Reuse
 from .transfers import Transfers
+from ..plan.peak import build_timeline
 
 __all__ = ["Executor", "ExecState", "ExecutionError", "Program", "check_event_log"]
 
@@ -210,8 +213,7 @@ class Executor:
         return self.budget if self.budget is not None else self.plan.peak_bytes
 
     def _make_room(self, nbytes: int, k: int, keep: tuple = ()) -> None:
-        """Adding ``nbytes`` before op ``k`` would pass the limit: wait for swap-outs in
-        flight, then, in passive mode, swap tensors out on demand."""
+        """Adding ``nbytes`` before op ``k`` would pass the limit: wait for swap-outs, then evict."""
         mem, inflight_out = self.mem, self.transfers.inflight_out
         if inflight_out:
             mem.wait_for_room(nbytes, self.budget, inflight_out)
@@ -267,10 +269,12 @@ class Executor:
                 self.transfers.swap_out(sid, now + delay)
             elif kind is EventKind.SWAP_IN:
                 self.transfers.swap_in(sid, now + delay, self.budget)
+            elif kind is WAIT:
+                self.transfers.wait_out(sid)
             else:
                 self._recompute(sid, before)
             if self.log_enabled:
-                self.event_log.append(EventRecord(kind.value, k, sid))
+                self.event_log.append(EventRecord(WAIT if kind is WAIT else kind.value, k, sid))
 
     def _service(self, k: int) -> None:
         """Install finished swap-ins; perform deferred releases that are due."""
@@ -317,8 +321,7 @@ def event_table(plan: Plan, timing: AccessSequence, prog: Program) -> list[tuple
         raise ExecutionError(f"job {job!r}: the plan's sequence has {len(timing.ops)} ops, "
                              f"the program {n_ops}")
     after: list[list] = [[] for _ in range(n_ops + 1)]
-    starts = [op.start for op in timing.ops]
-    ends = [op.end for op in timing.ops]
+    starts, ends = _planned_times(plan, timing)
     for e in sorted(plan.events, key=event_order):
         if not -1 <= e.trigger < n_ops:
             raise ExecutionError(f"job {job!r}: event {e} has no trigger op")
@@ -326,7 +329,24 @@ def event_table(plan: Plan, timing: AccessSequence, prog: Program) -> list[tuple
         if e.kind is EventKind.SWAP_IN and delay > 0:
             slot, delay = _swap_in_slot(e, starts, ends)
         after[slot].append((e.kind, e.tensor, delay, e.before))
-    return [tuple(sorted(a, key=lambda ev: EVENT_RANK[ev[0]])) for a in after]
+        if e.kind is EventKind.SWAP_OUT and e.before >= 0:   # synchronous: op `before` waits for it
+            after[e.before].append((WAIT, e.tensor, 0.0, e.before))
+    return [tuple(sorted(a, key=lambda ev: _RANK[ev[0]])) for a in after]
+
+
+# A planned wait for a synchronous swap-out (peak.py's rule 7): performed where op
+# ``before`` is entered, after that slot's swap-ins are issued and before its recomputes.
+WAIT = "wait"
+_RANK = {**EVENT_RANK, WAIT: EVENT_RANK[EventKind.SWAP_IN] + 0.5}
+
+
+def _planned_times(plan: Plan, timing: AccessSequence) -> tuple[list[float], list[float]]:
+    """Op start and end times as planned: the sequence's, moved by the plan's recompute
+    stalls and waits (a plan that has neither keeps the sequence's times)."""
+    if not plan.extra_time:
+        return [op.start for op in timing.ops], [op.end for op in timing.ops]
+    tl = build_timeline(timing, plan.events)
+    return tl.op_start.tolist(), tl.op_end.tolist()
 
 
 def _swap_in_slot(e, starts, ends) -> tuple[int, float]:

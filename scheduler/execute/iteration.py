@@ -27,7 +27,7 @@ __all__ = ["ExecState", "Account", "NullAccount", "IterationLedger", "IterationS
 # where "iterations" counts the iterations run; it stays 0 in one iteration's counts)
 COUNTS = ("swap_outs", "swap_ins", "releases", "recomputes", "passive_swaps", "late_swap_ins",
           "passive_recomputes", "setup_swaps", "budget_waits", "passive_swap_outs",
-          "reused_buffers", "refresh_swaps", "iterations")
+          "reused_buffers", "refresh_swaps", "planned_waits", "iterations")
 
 
 @dataclass

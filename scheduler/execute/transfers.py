@@ -178,6 +178,16 @@ class Transfers:
         it.counts["swap_outs"] += 1
         self.channel.submit(at, job)
 
+    def wait_out(self, sid: int) -> None:
+        """A planned stall: compute waits until the swap-out of ``sid`` has ended (its
+        device bytes are free)."""
+        cv = self.ledger.cv
+        with cv:
+            if sid in self.inflight_out:
+                self.it.counts["planned_waits"] += 1
+            while sid in self.inflight_out:
+                cv.wait()
+
     def copy_bandwidth(self) -> float | None:
         """Bytes per second copied in the last iteration (None: nothing copied)."""
         nbytes, seconds = self.copied

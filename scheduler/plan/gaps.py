@@ -88,12 +88,13 @@ def gap_keys(gaps: Gaps, curve: Timeline) -> GapKeys:
     return lo_t, lo_r, curve.op_start[hi], start_rank(curve.op_step[hi])
 
 
-def candidates(gaps: Gaps, keys: GapKeys, peak: PeakKey) -> np.ndarray:
-    """Open gaps that hold the peak point, largest tensor first (ties: gap order)."""
+def candidates(gaps: Gaps, keys: GapKeys, peak: PeakKey, status: int = OPEN) -> np.ndarray:
+    """Gaps of ``status`` (open ones by default) that hold the peak point, largest tensor
+    first (ties: gap order)."""
     lo_t, lo_r, hi_t, hi_r = keys
     p_t, p_r = peak
     after_lo = lex_lt(lo_t, lo_r, p_t, p_r)
     before_hi = lex_lt(p_t, p_r, hi_t, hi_r)
     holds = np.where(gaps.kind == INNER, after_lo & before_hi, after_lo | before_hi)
     order = gaps.by_size
-    return order[(holds & (gaps.status == OPEN))[order]]
+    return order[(holds & (gaps.status == status))[order]]

@@ -26,6 +26,12 @@ Ledger rules (bytes of ``seq.tensors[t].nbytes``):
    plans this is always the copy's end.
 6. RELEASE: - at its time: after op ``trigger`` ends (``delay`` 0), before the next op
    or stall starts.
+7. Planned waits (stalls the planner chose, ``PlanSettings.stalls``): op ``b`` is
+   *entered* (before its recompute stalls) no earlier than the copy end of every
+   SWAP_OUT with ``before == b`` (a synchronous swap-out: its bytes are free before op
+   ``b``), and *starts* no earlier than the copy end of every SWAP_IN with
+   ``before == b`` (a late swap-in: op ``b`` waits for it). A wait delays op ``b`` and
+   everything after it, as a recompute stall does.
 
 Order of changes at one instant: copy completions (SWAP_OUT frees) first; then, step
 by step along the compute channel, a step's start (+) before its end (-); events
@@ -94,7 +100,7 @@ class Peak:
     time: float                # seconds from iteration start (stalls included)
     op: int                    # last op started at or before the peak (the paper's LUA); -1 if none
     resident: frozenset[int]   # tensors on the device at the peak
-    duration: float            # iteration time including recompute stalls
+    duration: float            # iteration time including recompute stalls and waits
 
 
 @dataclass
@@ -109,6 +115,8 @@ class Timeline:
     op_start: np.ndarray       # effective op start/end (stalls included)
     op_end: np.ndarray
     op_step: np.ndarray        # compute-step index of each op (ops and recomputes)
+    op_entry: np.ndarray       # when each op is entered: after its swap-out waits, before its recompute stalls
+    waited: float = 0.0        # seconds of planned waits (rule 7) in total
 
     def peak_index(self) -> int:
         return int(np.argmax(self.usage)) if len(self.usage) else 0
@@ -225,12 +233,14 @@ def static_ledger(seq: AccessSequence) -> Static:
 
 
 def event_arrays(seq: AccessSequence, events) -> tuple[np.ndarray, ...]:
-    """(trigger, delay, tensor, kind as EVENT_RANK, hold) of the RELEASE/SWAP events, for the ledger."""
+    """(trigger, delay, tensor, kind as EVENT_RANK, hold, before) of the RELEASE/SWAP events,
+    for the ledger."""
     ev = [e for e in events if e.kind is not EventKind.RECOMPUTE]
     n = len(ev)
     return (np.fromiter((e.trigger for e in ev), np.int64, n), np.fromiter((e.delay for e in ev), float, n),
             np.fromiter((e.tensor for e in ev), np.int64, n),
-            np.fromiter((EVENT_RANK[e.kind] for e in ev), np.int64, n), _swap_out_holds(seq, ev, events))
+            np.fromiter((EVENT_RANK[e.kind] for e in ev), np.int64, n), _swap_out_holds(seq, ev, events),
+            np.fromiter((e.before for e in ev), np.int64, n))
 
 
 def _swap_out_holds(seq: AccessSequence, ev, events) -> np.ndarray:
@@ -263,16 +273,18 @@ def build_timeline(seq: AccessSequence, events: tuple[Event, ...], static: Stati
     static = static or static_ledger(seq)
     on_host = host_at_start(seq, events) if on_host is None else on_host
     recomputes = sorted(e for e in events if e.kind is EventKind.RECOMPUTE)
-    op_start, op_end, op_step, stall_changes = _compute_steps(seq, recomputes, static)
+    arrays = event_arrays(seq, events) if arrays is None else arrays
+    steps = _compute_steps(seq, recomputes, static, arrays)
+    op_start, op_end, op_step = steps.op_start, steps.op_end, steps.op_step
     op_changes = (op_start[static.change_op], start_rank(op_step[static.change_op]),
                   static.change_delta, static.change_tensor)
-    arrays = event_arrays(seq, events) if arrays is None else arrays
-    changes = [stall_changes, _initial_change(seq, on_host, static), op_changes,
-               _event_changes(seq, arrays, op_end, op_step, static.nbytes)]
+    changes = [steps.stall_changes, _initial_change(seq, on_host, static), op_changes,
+               _event_changes(seq, arrays, op_end, op_step, static.nbytes, steps.op_entry)]
     times, ranks, deltas, tensors = (np.concatenate(c) for c in zip(*changes))
     order = np.lexsort((deltas, ranks, times))  # simultaneous changes: frees first
     times, ranks, deltas, tensors = times[order], ranks[order], deltas[order], tensors[order]
-    return Timeline(times, ranks, deltas, tensors, np.cumsum(deltas), op_start, op_end, op_step)
+    return Timeline(times, ranks, deltas, tensors, np.cumsum(deltas), op_start, op_end, op_step,
+                    steps.op_entry, steps.waited)
 
 
 def _arrays(rows):
@@ -290,8 +302,19 @@ def _initial_change(seq, on_host, static):
     return np.zeros(len(tensors)), np.full(len(tensors), START_RANK), deltas, tensors
 
 
-def _compute_steps(seq, recomputes, static):
-    """Effective op times with recompute stalls, and the stalls' ledger changes."""
+@dataclass(frozen=True)
+class _Steps:
+    op_entry: np.ndarray
+    op_start: np.ndarray
+    op_end: np.ndarray
+    op_step: np.ndarray
+    stall_changes: tuple
+    waited: float
+
+
+def _compute_steps(seq, recomputes, static, arrays) -> _Steps:
+    """Effective op times with recompute stalls and planned waits (rule 7), and the
+    stalls' ledger changes."""
     live = analyse_liveness(seq)
     n = len(seq.ops)
     by_before: dict[int, list[Event]] = {}
@@ -307,17 +330,71 @@ def _compute_steps(seq, recomputes, static):
         count[b] = len(es)
     shift = np.cumsum(stall)
     op_start, op_end = static.op_start + shift, static.op_end + shift
+    wait_entry, wait_start = _waits(seq, arrays, op_start, op_end, stall, static.nbytes)
+    waited = 0.0
+    if wait_entry is not None:
+        waits = wait_entry + wait_start
+        waited = float(waits.sum())
+        moved = np.cumsum(waits)
+        op_start, op_end = op_start + moved, op_end + moved
+    op_entry = op_start - stall - (wait_start if wait_entry is not None else 0.0)
+    if n > 1:   # never before the previous op's end (float rounding of the subtraction)
+        op_entry[1:] = np.maximum(op_entry[1:], op_end[:-1])
     op_step = np.arange(n, dtype=np.int64) + np.cumsum(count)
     rows = []
     for b, es in by_before.items():
-        t0 = op_start[b] - stall[b]
+        t0 = float(op_entry[b])
         for m, e in enumerate(es):
             g = seq.ops[live.gen[e.tensor]]
             s = op_step[b] - len(es) + m
             rows += [(t0, start_rank(s), seq.tensors[o].nbytes, o) for o in g.outputs]
             t0 += g.latency
             rows += [(t0, end_rank(s), -seq.tensors[o].nbytes, o) for o in g.outputs if o != e.tensor]
-    return op_start, op_end, op_step, _arrays(rows)
+    return _Steps(op_entry, op_start, op_end, op_step, _arrays(rows), waited)
+
+
+WAIT_TOL = 1e-12   # seconds: a copy ending this little after its op's start is on time (rounding)
+
+
+def _waits(seq, arrays, op_start, op_end, stall, nbytes):
+    """Rule 7: per op, the wait before its entry (synchronous swap-outs) and before its
+    start (late swap-ins); (None, None) if nothing waits. Waits only delay later ops, so
+    a copy on time without them stays on time: only the late ones are walked, in op order."""
+    trig, delay, tensor, kind, _, before = arrays
+    waiting = (before >= 0) & ((kind == _SWAP_IN) | (kind == _SWAP_OUT))
+    if not waiting.any():
+        return None, None
+    b = np.where(waiting, before, 0)
+    ends = np.where(trig >= 0, op_end[np.maximum(trig, 0)], 0.0) + delay + nbytes[tensor] / seq.copy_bandwidth
+    is_in = kind == _SWAP_IN
+    need = np.where(is_in, op_start[b], op_start[b] - stall[b])
+    late = np.flatnonzero(waiting & (ends > need + WAIT_TOL))
+    if not len(late):
+        return None, None
+    n = len(op_start)
+    wait_entry, wait_start = np.zeros(n), np.zeros(n)
+    ops_w: list[int] = []       # ops that wait so far, ascending
+    total: list[float] = []     # waits at ops up to and including ops_w[i]
+    for i in sorted(late.tolist(), key=lambda i: (before[i], bool(is_in[i]))):
+        op, k = int(before[i]), int(trig[i])
+        j = bisect.bisect_right(ops_w, k)
+        end = ends[i] + (total[j - 1] if j and k >= 0 else 0.0)
+        j = bisect.bisect_right(ops_w, op - 1)
+        moved = total[j - 1] if j else 0.0
+        if is_in[i]:
+            wait = end - (need[i] + moved + wait_entry[op] + wait_start[op])
+            if wait > WAIT_TOL:
+                wait_start[op] += wait
+        else:
+            wait = end - (need[i] + moved + wait_entry[op])
+            if wait > WAIT_TOL:
+                wait_entry[op] += wait
+        if ops_w and ops_w[-1] == op:
+            total[-1] = moved + wait_entry[op] + wait_start[op]
+        elif wait_entry[op] or wait_start[op]:
+            ops_w.append(op)
+            total.append(moved + wait_entry[op] + wait_start[op])
+    return wait_entry, wait_start
 
 
 def event_time(e: Event, op_end: np.ndarray) -> float:
@@ -332,8 +409,8 @@ def event_rank(e: Event, op_step: np.ndarray, adds: bool) -> float:
     return issued_rank(step, e.kind)
 
 
-def _event_changes(seq, arrays, op_end, op_step, nbytes):
-    trig, delay, tensor, kind, hold = arrays   # kind: EVENT_RANK of RELEASE, SWAP_OUT, SWAP_IN
+def _event_changes(seq, arrays, op_end, op_step, nbytes, op_entry):
+    trig, delay, tensor, kind, hold, before = arrays   # kind: EVENT_RANK of RELEASE, SWAP_OUT, SWAP_IN
     issued = np.where(trig >= 0, op_end[np.maximum(trig, 0)], 0.0) + delay
     step = np.where(trig >= 0, op_step[np.maximum(trig, 0)], -1)
     swap_in, swap_out = kind == _SWAP_IN, kind == _SWAP_OUT
@@ -342,6 +419,9 @@ def _event_changes(seq, arrays, op_end, op_step, nbytes):
     copied = issued + b / seq.copy_bandwidth
     held = op_end[np.maximum(hold, 0)]
     waits = swap_out & (hold >= 0) & (held > copied)   # still read after the copy ends
+    # a synchronous swap-out frees by the time its op is entered (they differ by rounding only)
+    synchronous = swap_out & (before >= 0)
+    copied = np.where(synchronous, np.minimum(copied, op_entry[np.where(synchronous, before, 0)]), copied)
     times = np.where(swap_out, np.where(waits, held, copied), issued)
     # a swap-out that waits for a read frees as a RELEASE issued after that read would
     held_rank = issued_rank(op_step[np.maximum(hold, 0)], EventKind.RELEASE)

@@ -1,18 +1,28 @@
-"""Complete scheduling (TENSILE Algorithm 3): access sequences + budget -> plans.
+"""Complete scheduling (TENSILE Algorithm 3, and beyond): access sequences + budget -> plans.
 
 Activity analysis first (liveness.py), then, while the global peak (the sum of the
-jobs' peaks) exceeds the budget: swap the largest tensor at any job's peak
-(swap.py); once no swap can be placed, recompute the tensor with the highest MSPS
-at any job's peak (recompute.py) until none qualifies. ``stop_when_fits=False``
-restores the paper's loop, which swaps until nothing more can be swapped and
-recomputes only while the peak exceeds the budget; ``resume_swapping=True`` goes back
-to swapping after each recompute. No step raises the peak, so when the budget cannot
-be met the peak the loop ended at is the least budget it can meet
+jobs' peaks) exceeds the budget, one change per round at some job's peak:
+
+* a swap that makes nothing wait (swap.py), the largest tensor first: it costs no time;
+* when none fits the copy channel (``choice="cost"``, the default), the option with the
+  least added time per byte freed among the largest tensors at the peak: a swap with
+  planned waits (stalls.py; ``stalls``) or a recompute (recompute.py: its generating
+  op's latency; MSPS is the same order). Each round tries a stall-free swap again first.
+* ``choice="paper"`` keeps the paper's order: swap until no swap fits, then recompute
+  by MSPS until none qualifies (``resume_swapping=True`` goes back to swapping after
+  each recompute), then, with ``stalls``, the cheapest option as above.
+
+``PlanSettings(stalls=False, choice="paper")`` is the paper's algorithm: no planned swap
+may make compute wait. ``stop_when_fits=False`` restores the paper's loop, which swaps
+until nothing more can be swapped and recomputes only while the peak exceeds the budget.
+No step raises the peak (a change that would is undone), so when the budget cannot be
+met the peak the loop ended at is the least budget it can meet
 (``InfeasibleBudget.min_budget``).
 
 The passes read one job's PlanState (state.py) and return a Proposal: swap.py's
-``propose_swap`` / ``propose_later_swap``, recompute.py's ``propose_recompute``. The loop
-here, :func:`schedule`, is the only code that commits one (or undoes a recompute).
+``propose_swap`` / ``propose_later_swap``, stalls.py's ``propose_stalling_swap``,
+recompute.py's ``propose_recompute``. The loop here, :func:`schedule`, is the only code
+that commits one (or undoes one that moved ops).
 
 >>> from dbml.scheduler.graph.sequence import AccessSequence, TensorInfo, TensorKind, Op, Phase
 >>> t = (TensorInfo(0, "x", 4, TensorKind.BATCH), TensorInfo(1, "y", 4, TensorKind.ACTIVATION))
@@ -29,15 +39,17 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from .channel import Channel
-from .gaps import CROSS, candidates
+from .gaps import CROSS, RECOMPUTED, SWAPPED, candidates
 from .liveness import analyse_liveness
 from .recompute import propose_recompute, recompute_candidates
+from .stalls import propose_again, propose_stalling_swap, resident_at_peak
 from .state import PlanState, Proposal
 from .swap import propose_later_swap, propose_swap
 from ..errors import InfeasibleBudget, PlanningError, SchedulerError
 from ..graph.sequence import AccessSequence, Plan
 
 PLAN_POLICIES = ("tensile", "none")
+CHOICES = ("cost", "paper")
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,23 @@ class PlanSettings:
     # than `min_gain` of it (bounds planning time on long plateaus).
     patience: int = 100
     min_gain: float = 0.0005
+    # When no swap fits without making compute wait, plan one that does (least added
+    # time); False = the paper's rule: no planned swap may delay compute.
+    stalls: bool = True
+    # "cost": once no stall-free swap fits, each round takes the option with the least
+    # added time per byte freed (stalling swap or recompute); "paper": swap, then
+    # recompute by MSPS, then (with stalls) the cheapest.
+    choice: str = "cost"
+    # How many of the largest tensors at the peak (and of the best recomputes) are
+    # priced per round: bounds planning time on graphs with thousands of tensors.
+    priced: int = 12
+
+    def __post_init__(self) -> None:
+        if self.choice not in CHOICES:
+            raise ValueError(f"PlanSettings: unknown choice {self.choice!r}; use one of {CHOICES}")
+
+
+PAPER = dict(stalls=False, choice="paper")   # PlanSettings(**PAPER): the paper's algorithm
 
 
 def plan(seq: AccessSequence, budget_bytes: int, policy: str = "tensile",
@@ -99,24 +128,41 @@ def schedule(seqs: Sequence[AccessSequence], budget: int, settings: PlanSettings
     shared = Channel()
     jobs = [PlanState(s, shared if settings.shared_channel else Channel(), settings.shared_channel)
             for s in seqs]
+    for state in jobs:
+        state.margin = settings.swap_in_margin
     if policy == "none":
         return jobs
     history = [_global_peak(jobs)]
-    swapping, recomputing = True, settings.recompute
-    while swapping or recomputing:
+    phase = _SWAP
+    while phase is not None:
         peak = history[-1]
-        if peak <= budget and (settings.stop_when_fits or not swapping):
+        if peak <= budget and (settings.stop_when_fits or phase is not _SWAP):
             break
-        if swapping:
-            swapping = _swap_round(jobs, settings)
-        elif not _recompute_round(jobs, peak):
-            break
-        else:
-            swapping = settings.resume_swapping   # the peak moved: swaps may fit again
+        if phase is _SWAP:
+            if not _swap_round(jobs, settings):
+                phase = _RECOMPUTE if settings.choice == "paper" and settings.recompute else _after_paper(settings)
+        elif phase is _RECOMPUTE:
+            if not _recompute_round(jobs, peak):
+                phase = _after_paper(settings)
+            elif settings.resume_swapping:
+                phase = _SWAP   # the peak moved: swaps may fit again
+        elif not (_swap_round(jobs, settings, settings.min_gain * peak) or _cheapest_round(jobs, settings, peak)):
+            phase = None
         history.append(_global_peak(jobs))
         if _stalled(history, settings):
-            break
+            if phase is _CHEAPEST or _after_paper(settings) is None:
+                break
+            phase, history = _CHEAPEST, history[-1:]   # small swaps only: price the big ones
     return jobs
+
+
+_SWAP, _RECOMPUTE, _CHEAPEST = "swap", "recompute", "cheapest"   # the loop's phases
+
+
+def _after_paper(settings: PlanSettings) -> str | None:
+    """Where the loop goes when the paper's phases have nothing left to place."""
+    cheapest = settings.stalls or (settings.choice == "cost" and settings.recompute)
+    return _CHEAPEST if cheapest else None
 
 
 def _global_peak(jobs: list[PlanState]) -> int:
@@ -132,9 +178,11 @@ def _stalled(history: list[int], settings: PlanSettings) -> bool:
     return history[-settings.patience - 1] - history[-1] < settings.min_gain * history[-1]
 
 
-def _swap_round(jobs: list[PlanState], settings: PlanSettings) -> bool:
-    """Swap the largest tensor at any job's peak that can be swapped; False if none can."""
-    streams = [_swap_options(j, state, settings) for j, state in enumerate(jobs) if _may_swap(state, settings)]
+def _swap_round(jobs: list[PlanState], settings: PlanSettings, min_bytes: float = 0) -> bool:
+    """Swap the largest tensor at any job's peak that can be swapped (of ``min_bytes`` at
+    least); False if none can."""
+    streams = [_swap_options(j, state, settings, min_bytes) for j, state in enumerate(jobs)
+               if _may_swap(state, settings)]
     for _, j, gap, p_t, p_r in heapq.merge(*streams):
         state = jobs[j]
         with _context(state, "swap", gap):
@@ -149,6 +197,10 @@ def _swap_round(jobs: list[PlanState], settings: PlanSettings) -> bool:
 def _commit_swap(state: PlanState, proposal: Proposal, settings: PlanSettings) -> None:
     """Commit a swap and, with ``swap_later_accesses``, the same tensor's later gaps."""
     state.commit(proposal)
+    _commit_later_swaps(state, proposal, settings)
+
+
+def _commit_later_swaps(state: PlanState, proposal: Proposal, settings: PlanSettings) -> None:
     gap = proposal.gap
     if state.gaps.kind[gap] == CROSS or not settings.swap_later_accesses:
         return
@@ -159,10 +211,12 @@ def _commit_swap(state: PlanState, proposal: Proposal, settings: PlanSettings) -
             state.commit(p)
 
 
-def _swap_options(j: int, state: PlanState, settings: PlanSettings):
+def _swap_options(j: int, state: PlanState, settings: PlanSettings, min_bytes: float = 0):
     """(-bytes, job, gap, peak time, peak rank) for the job's candidates, largest first."""
     p_t, p_r = state.peak_key()
     gaps = candidates(state.gaps, state.gap_keys(), (p_t, p_r))
+    if min_bytes:
+        gaps = gaps[state.gaps.nbytes[gaps] >= min_bytes]
     # the channel only fills up: what failed at this very peak point fails again
     gaps = gaps[(state.failed_t[gaps] != p_t) | (state.failed_r[gaps] != p_r)]
     for gap in map(int, gaps):   # lazily: the first usually succeeds
@@ -194,6 +248,86 @@ def _recompute_round(jobs: list[PlanState], peak: int) -> bool:
     return False
 
 
+def _cheapest_round(jobs: list[PlanState], settings: PlanSettings, peak: int) -> bool:
+    """Commit the option with the least added seconds per byte freed at some job's peak
+    (a stalling swap, a recompute) that keeps the global peak from rising."""
+    options = []
+    for j, state in enumerate(jobs):
+        with _context(state, "cheapest options"):
+            options += [(cost, -nbytes, j, n, p) for n, (cost, nbytes, p) in enumerate(_priced(state, settings))]
+    # tensors too small to count as progress (``min_gain``) only when nothing else is left:
+    # a free swap of 4 bytes is cheapest per byte, and does nothing for the peak
+    material = [o for o in options if -o[1] >= settings.min_gain * peak]
+    for _, _, j, _, p in sorted(material or options, key=lambda o: o[:4]):
+        state = jobs[j]
+        with _context(state, "recompute" if p.status == RECOMPUTED else "stalling swap", p.gap):
+            if state.commit(p):
+                if _global_peak(jobs) <= peak:
+                    if p.status != RECOMPUTED:
+                        _commit_later_swaps(state, p, settings)
+                    return True
+                state.undo(p)   # its waits or its stall's outputs raised the peak
+        _reject(state, p)
+    return False
+
+
+def _priced(state: PlanState, settings: PlanSettings) -> list[tuple[float, int, Proposal]]:
+    """(seconds per byte, bytes, proposal) for the job's options at its peak: stalling
+    swaps of its largest tensors there, and its best recomputes."""
+    out = []
+    key, op = state.peak_key(), state.peak_op()
+    if settings.stalls and _may_swap(state, settings):
+        gaps = candidates(state.gaps, state.gap_keys(), key)
+        gaps = gaps[(state.stall_t[gaps] != key[0]) | (state.stall_r[gaps] != key[1])]
+        if not settings.cross_iteration:
+            gaps = gaps[state.gaps.kind[gaps] != CROSS]
+        for gap in map(int, gaps[:settings.priced]):
+            p = propose_stalling_swap(state, gap, key, op, settings.swap_in_margin)
+            if p is None:
+                state.stall_t[gap], state.stall_r[gap] = key
+            else:
+                nbytes = int(state.gaps.nbytes[gap])
+                out.append((p.cost / max(nbytes, 1), nbytes, p))
+    if settings.stalls and len(state.gap_events):
+        out += _priced_again(state, settings, key, op)
+    if settings.recompute:
+        for _, gap in sorted(recompute_candidates(state), reverse=True)[:settings.priced]:
+            p = propose_recompute(state, gap)
+            if p is None:
+                state.rejected[gap] = True
+                continue
+            nbytes = int(state.gaps.nbytes[gap])
+            t = int(state.gaps.tensor[gap])
+            out.append((float(state.regen_latency[t]) / max(nbytes, 1), nbytes, p))
+    return out
+
+
+def _priced_again(state: PlanState, settings: PlanSettings, key, op: int) -> list:
+    """Swapped gaps whose tensor is still on the device at the peak, planned again."""
+    gaps = candidates(state.gaps, state.gap_keys(), key, SWAPPED)
+    gaps = gaps[(state.stall_t[gaps] != key[0]) | (state.stall_r[gaps] != key[1])]
+    resident = resident_at_peak(state)
+    held = resident[state.gaps.tensor[gaps]] | ((state.gaps.other[gaps] >= 0) & resident[state.gaps.other[gaps]])
+    out = []
+    for gap in map(int, gaps[held][:settings.priced]):
+        p = propose_again(state, gap, key, op, settings.swap_in_margin)
+        if p is None:
+            state.stall_t[gap], state.stall_r[gap] = key
+        else:
+            nbytes = int(state.gaps.nbytes[gap])
+            out.append((p.cost / max(nbytes, 1), nbytes, p))
+    return out
+
+
+def _reject(state: PlanState, p: Proposal) -> None:
+    """A proposal that could not be committed, or raised the peak: not tried again
+    (a recompute: ever; a stalling swap: at this peak point)."""
+    if p.status == RECOMPUTED:
+        state.rejected[p.gap] = True
+    else:
+        state.stall_t[p.gap], state.stall_r[p.gap] = state.peak_key()
+
+
 _BUGS = (PlanningError, AssertionError, IndexError, KeyError, TypeError, ValueError)
 
 
@@ -221,13 +355,16 @@ class _context:
 
 def tensor_granularity_floor(seq: AccessSequence) -> int:
     """The least peak any plan at tensor granularity can reach: workspace plus, at the
-    busiest op, its inputs and outputs together (an in-place update counted once) and the
-    graph outputs generated before it that no plan moves (the loss: not an update)."""
+    busiest op, its inputs and outputs together (an in-place update counted once), the
+    graph outputs no plan moves there (the loss after its last read: not an update, no
+    gap left) and the tensors the caller holds (the batch: never moved)."""
     live = analyse_liveness(seq)
     kept = [t for t in seq.outputs - set(seq.updates) if live.gen[t] >= 0]
+    held_by_caller = {t.id for t in seq.tensors if t.caller_held}
     best = 0
     for op in seq.ops:
-        held = set(op.inputs) | set(op.outputs) | {t for t in kept if live.gen[t] < op.index}
+        done = {t for t in kept if live.gen[t] < op.index and live.last_access(t) < op.index}
+        held = set(op.inputs) | set(op.outputs) | done | held_by_caller
         held -= {live.in_place[n] for n in op.outputs if n in live.in_place}
         best = max(best, sum(seq.tensors[t].nbytes for t in held))
     return best + seq.workspace

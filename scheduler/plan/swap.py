@@ -93,8 +93,8 @@ def propose_later_swap(state: PlanState, gap: int, t: int, after: int,
     """Tensor ``t``, swapped out in a gap that closes at op ``after``, off the device again
     in a later open gap ``gap`` of its own (release, swap in from the host copy)."""
     lo, hi = int(state.gaps.lo[gap]), int(state.gaps.hi[gap])
-    if state.gaps.kind[gap] != INNER or state.gaps.status[gap] != OPEN or lo < after:
-        return None
+    if state.gaps.kind[gap] != INNER or state.gaps.status[gap] != OPEN or lo < after or t in state.seq.outputs:
+        return None   # (a graph output is never released)
     deadline = float(state.curve.op_start[hi]) - swap_in_margin
     x = state.channel.latest(max(state.op_end(lo), state.host_ready[t]), deadline, state.seq.copy_time(t))
     if x is None:
