@@ -48,7 +48,7 @@ __all__ = ["Predictor", "Samples", "OpReport", "PredictorReport", "fit_predictor
            "fingerprint", "cache_dir", "predictor_path", "split_heldout", "fit_baseline", "r2_score",
            "median_relative_error", "predictions", "heldout_report"]
 
-FORMAT = 2                     # bump when features or architecture change: old caches go stale
+FORMAT = 3                     # bump when features or architecture change: old caches go stale
 HIDDEN = (128, 128, 64)        # four weight layers, as the paper's "four layers MLP"
 BATCH = 256
 LEARNING_RATE = 3e-3
@@ -188,9 +188,17 @@ class Predictor:
         self._util_read = (-math.inf, 0.0)
         self._cache: dict[tuple, float] = {}
         self.samples: Samples | None = None
+        # measured iteration / sum of unscaled predictions on calibration networks (.iteration)
+        self.iteration_scale: float = meta.get("iteration_scale", 1.0)
 
     # LatencyModel
     def predict(self, node: fx.Node) -> float:
+        """The node's share of a whole iteration: its latency as an op timed on its own,
+        times :attr:`iteration_scale` (see :mod:`.iteration`)."""
+        return self.iteration_scale * self.predict_op(node)
+
+    def predict_op(self, node: fx.Node) -> float:
+        """The node's latency timed on its own, as calibration timed ops."""
         kind = op_kind(node)
         if kind is None:
             return self.fallback.predict(node)

@@ -58,6 +58,11 @@ class Workload:
     y: Callable[[], torch.Tensor]
     optimizer: str
     describe: str
+    # A runner of the real training step (the executor's iteration), for the iteration
+    # scale (.iteration): ``iteration()`` returns ``run()``, called once per timing, and
+    # ``run.close()``. Where given, the step is captured under the shared graph name
+    # ("dbml-calibration", describe), so that the runner's capture is a cache hit.
+    iteration: Callable[[], Callable[[], None]] | None = None
 
 
 CLASSES = 10
