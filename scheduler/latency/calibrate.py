@@ -53,7 +53,8 @@ from .estimate import Machine, synchronizer
 from .opfeatures import LOG_FLOPS, op_features, op_kind
 from ..graph.optim import OptimizerSpec
 from .predictor import Predictor, Samples, fit_predictor, load_predictor
-from .iteration import StepTiming, fit_iteration_scale, step_ratios
+from .samples import typical_bandwidth
+from .iteration import StepTiming, fit_iteration_scale, step_points
 from .workloads import PLANS, CalibrationPlan, ConvLayer, ConvProbes, Workload, workloads
 from .utilisation import device_utilisation
 
@@ -422,12 +423,13 @@ def calibrate(device: str | torch.device = "cpu", quick: bool = False, progress:
     report(1 + len(work) * plan.passes, "training the predictor")
     left = max(1.0, plan.seconds - (time.perf_counter() - t0) - 1.0)
     predictor = fit_predictor(samples, device, machine_from(samples, copies), copies, steps=plan.steps,
-                              seconds=left, seed=seed,
+                              seconds=left, seed=seed, fallback_bandwidth=typical_bandwidth(samples),
                               progress=lambda d, n: report(1 + len(work) * plan.passes + TRAIN_TICKS * d // n,
                                                            "training"))
-    ratios = step_ratios(predictor, samples.steps)
-    predictor.iteration_scale = fit_iteration_scale([r for _, r in ratios])
-    predictor.meta.update(iteration_scale=predictor.iteration_scale, step_ratios=ratios,
+    points = step_points(predictor, samples.steps)
+    predictor.iteration_scale, predictor.node_overhead = fit_iteration_scale(points)
+    predictor.meta.update(iteration_scale=predictor.iteration_scale, node_overhead=predictor.node_overhead,
+                          step_points=points,
                           calibration_seconds=time.perf_counter() - t0, samples=len(samples),
                           plan=name if plan is PLANS[name] else "custom",
                           models=samples.workloads, probe_samples=sum(samples.probe),

@@ -8,14 +8,15 @@ land in memory first touched now, and every node (views and ``getitem`` included
 an interpreter step. Measured on the zoo's networks before this scale existed, the sum of
 the predicted op times was 0.08-0.59x of a whole iteration.
 
-So calibration also runs each captured workload's step end to end (its GraphModule on
-real inputs: the executor calls the same kernels in the same order, within a few per
-cent), and :func:`fit_iteration_scale` learns one factor: the geometric mean over those
-networks of ``measured / sum of predictions``. The predictor multiplies every node's
-prediction by it, so that a sequence's op times add up to an iteration (the planner
-places swaps against those times). One global factor, not one per op kind: with a
-dozen networks per calibration, per-kind factors would be fitted on a handful of
-points each and would fit the networks' mix rather than the ops.
+So calibration also runs the zoo networks' steps end to end, as a job runs them (the
+runtime passes in a runner per network: ``Workload.iteration``; the scheduler package
+does not build jobs), and :func:`fit_iteration_scale` learns two numbers over those
+networks: ``measured ~ scale * sum of op predictions + per_node * call nodes``. The
+predictor returns ``scale * op latency + per_node`` for every node, so that a
+sequence's op times add up to an iteration (the planner places swaps against those
+times). Two global numbers, not a factor per op kind: with a handful of networks per
+calibration, per-kind factors would be fitted on a few points each and would fit the
+networks' mix rather than the ops.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ import math
 import statistics
 from dataclasses import dataclass
 
+import torch
 import torch.fx as fx
 
-__all__ = ["StepTiming", "predicted_step_seconds", "step_ratios", "fit_iteration_scale", "SCALE_RANGE"]
+__all__ = ["StepTiming", "predicted_step_seconds", "step_points", "fit_iteration_scale", "SCALE_RANGE"]
 
 # The factor is clamped to this range: a guard against a calibration whose step timings
 # were all spoiled (measured: 1.7x to 12x on a shared 2-core CPU).
@@ -49,25 +51,41 @@ def predicted_step_seconds(predict, graph: fx.GraphModule) -> float:
     return sum(predict(n) for n in graph.graph.nodes if n.op == "call_function")
 
 
-def step_ratios(predictor, timings: list[StepTiming]) -> list[tuple[str, float]]:
-    """(workload, measured / predicted) per timing: the predictor's unscaled op
-    latencies (``predict_op``) at the load each step was timed under."""
+def step_points(predictor, timings: list[StepTiming]) -> list[tuple[str, float, int, float]]:
+    """(workload, predicted seconds, call nodes, measured seconds) per timing: the sum of
+    the predictor's unscaled op latencies (``predict_op``) at the load each step was
+    timed under."""
     pinned = predictor.utilisation
     out = []
     try:
         for t in timings:
             predictor.utilisation = t.util
-            predicted = predicted_step_seconds(predictor.predict_op, t.graph)
-            out.append((t.describe, t.seconds / max(predicted, 1e-9)))
+            nodes = sum(n.op == "call_function" for n in t.graph.graph.nodes)
+            out.append((t.describe, predicted_step_seconds(predictor.predict_op, t.graph), nodes, t.seconds))
     finally:
         predictor.utilisation = pinned
     return out
 
 
-def fit_iteration_scale(ratios: list[float]) -> float:
-    """The geometric mean of ``ratios`` (1.0 where there are none), clamped to
-    :data:`SCALE_RANGE`: a ratio's error is multiplicative."""
-    if not ratios:
-        return 1.0
-    mean_log = statistics.fmean(math.log(r) for r in ratios)
-    return min(SCALE_RANGE[1], max(SCALE_RANGE[0], math.exp(mean_log)))
+def fit_iteration_scale(points: list[tuple[str, float, int, float]]) -> tuple[float, float]:
+    """(scale, seconds per node) of ``measured ~ scale * predicted + per_node * nodes``,
+    least squares in relative error over ``points`` (from :func:`step_points`): each
+    network counts alike, whatever its size. The per-node term is what every node costs
+    in an iteration beyond its kernel (the executor's bookkeeping, the dispatcher): it
+    dominates a small network's step. Where the fit would make either term negative
+    (too few or too alike networks), the scale alone: the geometric mean of the ratios.
+    No points: (1.0, 0.0). The scale is clamped to :data:`SCALE_RANGE`."""
+    if not points:
+        return 1.0, 0.0
+    a = [[p / m, n / m] for _, p, n, m in points]
+    if len(points) >= 3:
+        solution = torch.linalg.lstsq(torch.tensor(a, dtype=torch.float64),
+                                      torch.ones(len(a), 1, dtype=torch.float64)).solution.flatten().tolist()
+        scale, per_node = solution
+        if scale > 0 and per_node >= 0:
+            return _clamp(scale), per_node
+    return _clamp(math.exp(statistics.fmean(math.log(m / max(p, 1e-12)) for _, p, _, m in points))), 0.0
+
+
+def _clamp(scale: float) -> float:
+    return min(SCALE_RANGE[1], max(SCALE_RANGE[0], scale))

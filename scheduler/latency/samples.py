@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -13,7 +14,7 @@ import torch
 from .opfeatures import LOG_BYTES, LOG_FLOPS
 
 __all__ = ["Samples", "split_heldout", "r2_score", "median_relative_error", "fit_baseline",
-           "baseline_log", "HELDOUT_FRACTION"]
+           "baseline_log", "HELDOUT_FRACTION", "typical_bandwidth"]
 
 HELDOUT_FRACTION = 0.25        # share of each op kind's distinct shapes kept out of training
 
@@ -69,6 +70,20 @@ def split_heldout(samples: Samples, fraction: float = HELDOUT_FRACTION,
     train = [i for i in range(len(samples)) if samples.shape_key(i) not in held]
     test = [i for i in range(len(samples)) if samples.shape_key(i) in held]
     return train, test
+
+
+TYPICAL_MIN_BYTES = 1 << 20   # ops this large are bandwidth-bound, not overhead-bound
+
+
+def typical_bandwidth(samples: Samples) -> float | None:
+    """Median bytes/s of the FLOP-less ops (elementwise, reductions, copies) of at least
+    :data:`TYPICAL_MIN_BYTES` timed without load: what the roofline fallback assumes for
+    an op kind calibration never saw. None where calibration timed no such op."""
+    quiet = min(samples.level, default=0.0)
+    rates = [(2 ** samples.features[i][LOG_BYTES] - 1) / samples.latency[i] for i in range(len(samples))
+             if samples.level[i] == quiet and samples.features[i][LOG_FLOPS] == 0
+             and 2 ** samples.features[i][LOG_BYTES] > TYPICAL_MIN_BYTES]
+    return statistics.median(rates) if rates else None
 
 
 # -- metrics and the least-squares baseline --------------------------------------------
