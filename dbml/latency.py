@@ -99,7 +99,7 @@ def _zoo_iteration(model, x, y, describe: str):
 
         def run() -> None:
             runner.step(*batch)
-        run.close = runner.close
+        run.close, run.runner = runner.close, runner
         return run
     return factory
 
