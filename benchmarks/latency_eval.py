@@ -16,8 +16,9 @@ the captured step, at the device utilisation read just before the measurement. M
   family: its zoo networks are left out of calibration (``dbml.latency.ZOO_FAMILIES``;
   VGG, ResNet, DenseNet, Inception v3+v4, transformer, MLP), so every figure is on a
   held-out architecture. One calibration per family and plan serves its workloads.
-* ``predictor-synthetic`` (``--synthetic``): calibrated on the synthetic models alone, as
-  before the zoo's networks were added (no iteration scale): the figures to compare with.
+* ``predictor-synthetic`` (``--synthetic``, quick plan): calibrated on the synthetic
+  models alone, as before the zoo's networks were added (no iteration scale): the
+  figures to compare with (one calibration serves every workload).
 
 Each row: predicted and measured seconds, their ratio, the ratio before the iteration
 scale, the op kinds that fell back to the roofline, and whether the ratio is within the
@@ -89,6 +90,7 @@ def _row(m: dict, model: str, plan: str, predicted: float, unscaled: float, fall
             "held_out": m["family"] if model.startswith("predictor") else None,
             "predicted_s": predicted, "measured_s": m["measured_s"], "ratio": ratio,
             "unscaled_ratio": unscaled / m["measured_s"], "fallback_kinds": dict(fallbacks),
+            "times_s": m["times"], "util": m["util"],
             "within_goal": None if goal is None else abs(ratio - 1) <= goal, **(extra or {})}
 
 
@@ -127,7 +129,7 @@ def run(workloads: tuple[str, ...] = tuple(WORKLOADS), plans: tuple[str, ...] = 
     rows = [_row(m, "roofline", "-", m["roofline_s"], m["roofline_s"], Counter()) for m in measured]
     progress(format_rows(rows))
     for plan in plans:
-        for alone in (False, True) if synthetic else (False,):
+        for alone in (False, True) if synthetic and plan == "quick" else (False,):
             new = _predictor_rows(measured, plan, device, synthetic=alone)
             progress(format_rows(new))
             rows += new
@@ -149,7 +151,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated (default: all)")
     p.add_argument("--plans", default="quick,full", help="calibration plans: quick, full or both")
-    p.add_argument("--iterations", type=int, default=3, help="timed iterations per workload (median)")
+    p.add_argument("--iterations", type=int, default=5, help="timed iterations per workload (median)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="PyTorch threads (default: all cores)")
     p.add_argument("--synthetic", action="store_true", help="also calibrate on the synthetic models alone")
     args = p.parse_args(argv)
