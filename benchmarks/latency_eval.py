@@ -94,7 +94,7 @@ def _row(m: dict, model: str, plan: str, predicted: float, unscaled: float, fall
             "within_goal": None if goal is None else abs(ratio - 1) <= goal, **(extra or {})}
 
 
-def _predictor_rows(measured: list[dict], plan: str, device: str, synthetic: bool) -> list[dict]:
+def _predictor_rows(measured: list[dict], plan: str, device: str, synthetic: bool, progress) -> list[dict]:
     """Calibrate once per family of ``measured`` without it (``synthetic``: once, on the
     synthetic models alone, which hold no family); predict its workloads."""
     rows = []
@@ -113,6 +113,7 @@ def _predictor_rows(measured: list[dict], plan: str, device: str, synthetic: boo
                              Counter(predictor.fallbacks), {"iteration_scale": predictor.iteration_scale,
                                                             "node_overhead_s": predictor.node_overhead,
                                                             "calibration_s": seconds}))
+        progress(format_rows([r for r in rows if r["held_out"] == family or synthetic]))
     return rows
 
 
@@ -130,9 +131,7 @@ def run(workloads: tuple[str, ...] = tuple(WORKLOADS), plans: tuple[str, ...] = 
     progress(format_rows(rows))
     for plan in plans:
         for alone in (False, True) if synthetic and plan == "quick" else (False,):
-            new = _predictor_rows(measured, plan, device, synthetic=alone)
-            progress(format_rows(new))
-            rows += new
+            rows += _predictor_rows(measured, plan, device, alone, progress)
     return rows
 
 

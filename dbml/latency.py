@@ -124,7 +124,7 @@ def calibration_work(device: str, quick: bool, exclude: tuple[str, ...] = (), se
     work = workloads(PLANS["quick" if quick else "full"], device, seed)
     zoo = zoo_workloads("quick" if quick else "full", exclude)
     for i, w in enumerate(zoo):
-        work.insert(round(i * len(work) / len(zoo)) + i, w)
+        work.insert(round(i * len(work) / (2 * len(zoo))) + i, w)   # in the first half: a deadline cuts the end
     return work
 
 

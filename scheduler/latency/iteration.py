@@ -72,19 +72,37 @@ def fit_iteration_scale(points: list[tuple[str, float, int, float]]) -> tuple[fl
     least squares in relative error over ``points`` (from :func:`step_points`): each
     network counts alike, whatever its size. The per-node term is what every node costs
     in an iteration beyond its kernel (the executor's bookkeeping, the dispatcher): it
-    dominates a small network's step. Where the fit would make either term negative
-    (too few or too alike networks), the scale alone: the geometric mean of the ratios.
-    No points: (1.0, 0.0). The scale is clamped to :data:`SCALE_RANGE`."""
+    dominates a small network's step. Constrained to ``scale >= 1`` (ops in sequence are
+    not faster than alone) and ``per_node >= 0``: calibration's networks are small, so
+    the two terms are nearly collinear and, on a loaded machine, the free fit swung from
+    a negative scale to 7x. Where the free fit breaks a constraint, the better (in
+    relative error) of the two fits on the boundary: scale 1 with a per-node cost, or a
+    scale alone. No points: (1.0, 0.0). The scale is clamped to :data:`SCALE_RANGE`."""
     if not points:
         return 1.0, 0.0
-    a = [[p / m, n / m] for _, p, n, m in points]
+    candidates = [_scale_only(points), _overhead_only(points)]
     if len(points) >= 3:
-        solution = torch.linalg.lstsq(torch.tensor(a, dtype=torch.float64),
-                                      torch.ones(len(a), 1, dtype=torch.float64)).solution.flatten().tolist()
-        scale, per_node = solution
-        if scale > 0 and per_node >= 0:
-            return _clamp(scale), per_node
-    return _clamp(math.exp(statistics.fmean(math.log(m / max(p, 1e-12)) for _, p, _, m in points))), 0.0
+        a = torch.tensor([[p / m, n / m] for _, p, n, m in points], dtype=torch.float64)
+        scale, per_node = torch.linalg.lstsq(a, torch.ones(len(points), 1, dtype=torch.float64)).solution.flatten().tolist()
+        if scale >= 1 and per_node >= 0:
+            candidates.append((scale, per_node))
+    best = min(candidates, key=lambda c: _relative_error(points, *c))
+    return _clamp(best[0]), best[1]
+
+
+def _scale_only(points) -> tuple[float, float]:
+    return max(1.0, math.exp(statistics.fmean(math.log(m / max(p, 1e-12)) for _, p, _, m in points))), 0.0
+
+
+def _overhead_only(points) -> tuple[float, float]:
+    """scale 1: per_node minimising the relative squared error (closed form)."""
+    num = sum((n / m) * (1 - p / m) for _, p, n, m in points)
+    den = sum((n / m) ** 2 for _, p, n, m in points)
+    return 1.0, max(0.0, num / den) if den > 0 else 0.0
+
+
+def _relative_error(points, scale: float, per_node: float) -> float:
+    return sum(((scale * p + per_node * n) / m - 1) ** 2 for _, p, n, m in points)
 
 
 def _clamp(scale: float) -> float:
