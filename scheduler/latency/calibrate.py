@@ -29,7 +29,9 @@ layers drawn as the CNNs draw them, called forward and backward as a step calls 
 * Copies: host->device and device->host bandwidth (pinned host memory on CUDA).
 * A time budget per plan: a busy machine gets fewer samples, not a longer calibration.
 
-``calibrate(quick=True)`` takes about 20 s on a 2-core CPU, the full one about 2.5 min.
+``calibrate(quick=True)`` takes about 30 s on a 2-core CPU, the full one about 4 min (the
+plans' budgets). Workloads with an ``iteration`` runner (the zoo's networks, passed in by
+the runtime) are also run end to end for the iteration scale (:mod:`.iteration`).
 """
 
 from __future__ import annotations
