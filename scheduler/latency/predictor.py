@@ -74,8 +74,8 @@ EXTRAPOLATION_MARGIN = 1.0
 STD_FLOOR = 0.25
 # Predictions are clamped to [1 ns, 1000 s]: a guard, never reached by sane inputs.
 LOG_LATENCY_RANGE = (math.log(1e-9), math.log(1e3))
-# No op is predicted faster than the roofline of the calibrated machine (the highest
-# FLOP/s and copy bandwidth calibration measured): beyond the sizes calibration timed,
+# No op is predicted faster than its FLOPs at the highest FLOP/s calibration measured, or
+# its bytes at the copy bandwidth (the calibrated machine's roofline): beyond the sizes calibration timed,
 # a kind's power law fitted on overhead-bound small shapes grows too slowly (held-out
 # transformer, batch 16: its ops summed to a fifth of the roofline's estimate).
 ROOFLINE_FLOOR = True
@@ -189,9 +189,11 @@ class Predictor:
         # Kinds calibration never saw: the roofline at the bandwidth FLOP-less ops typically
         # reach (elementwise kernels with transcendentals run far below a copy's bandwidth);
         # every kind: no faster than the calibrated machine's roofline (ROOFLINE_FLOOR).
-        self.floor = RooflineModel(self.machine)
+        # The floor without the fixed cost per op: small ops are the network's to predict
+        # (their fixed cost is what it learns best; the machine's is one fastest sample).
+        self.floor = RooflineModel(replace(self.machine, op_overhead=0.0))
         typical = meta.get("fallback_bandwidth")
-        self.fallback = RooflineModel(replace(self.machine, memory_bandwidth=typical)) if typical else self.floor
+        self.fallback = RooflineModel(replace(self.machine, memory_bandwidth=typical or self.machine.memory_bandwidth))
         self.fallbacks: Counter[str] = Counter()
         self.extrapolated: Counter[str] = Counter()
         self.utilisation: float | None = None   # set to pin the load; None reads the device
