@@ -29,7 +29,9 @@ layers drawn as the CNNs draw them, called forward and backward as a step calls 
 * Copies: host->device and device->host bandwidth (pinned host memory on CUDA).
 * A time budget per plan: a busy machine gets fewer samples, not a longer calibration.
 
-``calibrate(quick=True)`` takes about 20 s on a 2-core CPU, the full one about 2.5 min.
+``calibrate(quick=True)`` takes about 30 s on a 2-core CPU, the full one about 4 min (the
+plans' budgets). Workloads with an ``iteration`` runner (the zoo's networks, passed in by
+the runtime) are also run end to end for the iteration scale (:mod:`.iteration`).
 """
 
 from __future__ import annotations
@@ -47,11 +49,14 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ..graph.capture import capture, init_state
+from ..graph.capture import init_state
+from ..graph.graphs import GraphCache
 from .estimate import Machine, synchronizer
 from .opfeatures import LOG_FLOPS, op_features, op_kind
 from ..graph.optim import OptimizerSpec
 from .predictor import Predictor, Samples, fit_predictor, load_predictor
+from .samples import typical_bandwidth
+from .iteration import StepTiming, fit_iteration_scale, step_points
 from .workloads import PLANS, CalibrationPlan, ConvLayer, ConvProbes, Workload, workloads
 from .utilisation import device_utilisation
 
@@ -188,6 +193,8 @@ class _Prepared:
     calls: Callable[[], list[tuple]]            # -> (target, args, kwargs) per node
     blocks: dict[tuple[int, float], int]        # (node index, level) -> calls per block
     probe: bool = False
+    step: Callable[[], object] | None = None    # the whole captured step (the iteration scale)
+    graph: fx.GraphModule | None = None
 
 
 def _prepare(w: Workload | ConvProbes, device: torch.device, seen: set) -> _Prepared:
@@ -197,12 +204,19 @@ def _prepare(w: Workload | ConvProbes, device: torch.device, seen: set) -> _Prep
     model = w.model().to(device)
     x, y = w.x().to(device), w.y().to(device)
     spec = OptimizerSpec(w.optimizer)
-    step = capture(model, torch.nn.functional.cross_entropy, spec, (x, y), job=f"calibrate {w.describe}")
+    share = ("dbml-calibration", w.describe) if w.iteration is not None else None
+    step = GraphCache(model, torch.nn.functional.cross_entropy, spec, job=f"calibrate {w.describe}",
+                      share=share).get(x, y)
     params = [p.detach().clone() for p in model.parameters()]
     inputs = params + [b.detach().clone() for b in model.buffers()]
     inputs += [t for p in params for t in init_state(spec, p).values()] + [x, y]
     new = [(node, key) for node in step.gm.graph.nodes if (key := _new_shape(node, seen)) is not None]
-    return _Prepared(w.describe, [key for _, key in new], lambda: _calls(step.gm, inputs, [n for n, _ in new]), {})
+    run = None
+    if w.iteration is not None:
+        run = w.iteration()
+        run()   # untimed: the runner's first step builds its executor
+    return _Prepared(w.describe, [key for _, key in new], lambda: _calls(step.gm, inputs, [n for n, _ in new]), {},
+                     step=run, graph=step.gm)
 
 
 def _new_shape(node: fx.Node, seen: set) -> tuple[str, list[float]] | None:
@@ -319,6 +333,7 @@ def collect_samples(device: str | torch.device = "cpu", plan: CalibrationPlan = 
     work = work if work is not None else workloads(plan, device)
     preps: list[_Prepared] = []
     times: dict[tuple[int, int, float], list[float]] = defaultdict(list)   # (prep, node, level) -> blocks
+    # (prep, -1, level) -> whole-step runs
     utils: dict[tuple[int, float], list[float]] = defaultdict(list)        # (prep, level) -> readings
     seen: set = set()
     total = len(work) * plan.passes
@@ -334,8 +349,14 @@ def collect_samples(device: str | torch.device = "cpu", plan: CalibrationPlan = 
                     _time_pass(preps[i], i, load, plan, times, utils, first=p % len(plan.levels))
                 if progress is not None:
                     progress(p * len(work) + i + 1, total, f"pass {p + 1}/{plan.passes}: {w.describe}")
+    for prep in preps:
+        getattr(prep.step, "close", lambda: None)()
     samples = Samples(workloads=sum(not p.probe for p in preps))
     for (i, j, level), blocks in sorted(times.items()):
+        if j < 0:
+            samples.steps.append(StepTiming(preps[i].describe, preps[i].graph, statistics.median(utils[i, level]),
+                                            _quantile(blocks, LATENCY_QUANTILE)))
+            continue
         kind, f = preps[i].nodes[j]
         samples.add(kind, f, statistics.median(utils[i, level]), _quantile(blocks, LATENCY_QUANTILE), level,
                     probe=preps[i].probe)
@@ -370,6 +391,8 @@ def _time_pass(prep: _Prepared, i: int, load: LoadGenerator, plan: CalibrationPl
                 fn(*args, **kwargs)
             n = prep.blocks[j, level]
             times[i, j, level].extend(_block(fn, args, kwargs, n, load.device) for _ in range(plan.blocks))
+        if prep.step is not None:   # once per pass and level: ops and their step see alike loads
+            times[i, -1, level].append(_block(prep.step, (), {}, 1, load.device))
 
 
 def machine_from(samples: Samples, copies: dict[str, float]) -> Machine:
@@ -402,10 +425,14 @@ def calibrate(device: str | torch.device = "cpu", quick: bool = False, progress:
     report(1 + len(work) * plan.passes, "training the predictor")
     left = max(1.0, plan.seconds - (time.perf_counter() - t0) - 1.0)
     predictor = fit_predictor(samples, device, machine_from(samples, copies), copies, steps=plan.steps,
-                              seconds=left, seed=seed,
+                              seconds=left, seed=seed, fallback_bandwidth=typical_bandwidth(samples),
                               progress=lambda d, n: report(1 + len(work) * plan.passes + TRAIN_TICKS * d // n,
                                                            "training"))
-    predictor.meta.update(calibration_seconds=time.perf_counter() - t0, samples=len(samples),
+    points = step_points(predictor, samples.steps)
+    predictor.iteration_scale, predictor.node_overhead = fit_iteration_scale(points)
+    predictor.meta.update(iteration_scale=predictor.iteration_scale, node_overhead=predictor.node_overhead,
+                          step_points=points,
+                          calibration_seconds=time.perf_counter() - t0, samples=len(samples),
                           plan=name if plan is PLANS[name] else "custom",
                           models=samples.workloads, probe_samples=sum(samples.probe),
                           workloads_planned=sum(isinstance(w, Workload) for w in work))

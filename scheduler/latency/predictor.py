@@ -31,7 +31,7 @@ import os
 import platform
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -48,7 +48,7 @@ __all__ = ["Predictor", "Samples", "OpReport", "PredictorReport", "fit_predictor
            "fingerprint", "cache_dir", "predictor_path", "split_heldout", "fit_baseline", "r2_score",
            "median_relative_error", "predictions", "heldout_report"]
 
-FORMAT = 2                     # bump when features or architecture change: old caches go stale
+FORMAT = 3                     # bump when features or architecture change: old caches go stale
 HIDDEN = (128, 128, 64)        # four weight layers, as the paper's "four layers MLP"
 BATCH = 256
 LEARNING_RATE = 3e-3
@@ -74,6 +74,11 @@ EXTRAPOLATION_MARGIN = 1.0
 STD_FLOOR = 0.25
 # Predictions are clamped to [1 ns, 1000 s]: a guard, never reached by sane inputs.
 LOG_LATENCY_RANGE = (math.log(1e-9), math.log(1e3))
+# No op is predicted faster than its FLOPs at the highest FLOP/s calibration measured, or
+# its bytes at the copy bandwidth (the calibrated machine's roofline): beyond the sizes calibration timed,
+# a kind's power law fitted on overhead-bound small shapes grows too slowly (held-out
+# transformer, batch 16: its ops summed to a fifth of the roofline's estimate).
+ROOFLINE_FLOOR = True
 UTIL_TTL_S = 1.0               # re-read device utilisation at most once a second
 
 
@@ -181,23 +186,40 @@ class Predictor:
         self.net.eval()
         self.machine = Machine(**meta["machine"])
         self.copy_bandwidth: dict[str, float] = meta["copy_bandwidth"]
-        self.fallback = RooflineModel(self.machine)
+        # Kinds calibration never saw: the roofline at the bandwidth FLOP-less ops typically
+        # reach (elementwise kernels with transcendentals run far below a copy's bandwidth);
+        # every kind: no faster than the calibrated machine's roofline (ROOFLINE_FLOOR).
+        # The floor without the fixed cost per op: small ops are the network's to predict
+        # (their fixed cost is what it learns best; the machine's is one fastest sample).
+        self.floor = RooflineModel(replace(self.machine, op_overhead=0.0))
+        typical = meta.get("fallback_bandwidth")
+        self.fallback = RooflineModel(replace(self.machine, memory_bandwidth=typical or self.machine.memory_bandwidth))
         self.fallbacks: Counter[str] = Counter()
         self.extrapolated: Counter[str] = Counter()
         self.utilisation: float | None = None   # set to pin the load; None reads the device
         self._util_read = (-math.inf, 0.0)
         self._cache: dict[tuple, float] = {}
         self.samples: Samples | None = None
+        # an iteration ~ iteration_scale * its ops' latencies + node_overhead per node (.iteration)
+        self.iteration_scale: float = meta.get("iteration_scale", 1.0)
+        self.node_overhead: float = meta.get("node_overhead", 0.0)
 
     # LatencyModel
     def predict(self, node: fx.Node) -> float:
+        """The node's share of a whole iteration: its latency as an op timed on its own,
+        times :attr:`iteration_scale`, plus :attr:`node_overhead` (see :mod:`.iteration`)."""
+        return self.iteration_scale * self.predict_op(node) + self.node_overhead
+
+    def predict_op(self, node: fx.Node) -> float:
+        """The node's latency timed on its own, as calibration timed ops."""
         kind = op_kind(node)
         if kind is None:
             return self.fallback.predict(node)
         if kind not in self.vocab:
             self.fallbacks[kind] += 1
             return self.fallback.predict(node)
-        return self.predict_features(kind, op_features(node), self.current_utilisation())
+        predicted = self.predict_features(kind, op_features(node), self.current_utilisation())
+        return max(predicted, self.floor.predict(node)) if ROOFLINE_FLOOR else predicted
 
     def current_utilisation(self) -> float:
         if self.utilisation is not None:
@@ -335,9 +357,11 @@ def _kind_max(samples: Samples, rows: list[int]) -> dict[str, list[float]]:
 def fit_predictor(samples: Samples, device: str | torch.device, machine: Machine,
                   copy_bandwidth: dict[str, float], *, steps: int | None = None, seconds: float = math.inf,
                   hidden: tuple[int, ...] = HIDDEN, seed: int = 0, residual: bool | None = None,
-                  progress: Callable[[int, int], None] | None = None) -> Predictor:
+                  progress: Callable[[int, int], None] | None = None,
+                  fallback_bandwidth: float | None = None) -> Predictor:
     """Train on the training shapes of ``samples`` (at most ``steps`` steps or
-    ``seconds``); evaluate on the held-out shapes. ``steps`` and ``residual`` default
+    ``seconds``); evaluate on the held-out shapes. ``fallback_bandwidth``: bytes/s the
+    roofline fallback assumes for kinds calibration never saw (default the machine's). ``steps`` and ``residual`` default
     to the environment's (``config.predictor_steps``, ``config.predictor_residual``)."""
     steps = config.predictor_steps() if steps is None else steps
     residual = config.predictor_residual() if residual is None else residual
@@ -363,7 +387,8 @@ def fit_predictor(samples: Samples, device: str | torch.device, machine: Machine
             "fingerprint": fingerprint(device),
             "vocab": vocab, "hidden": list(hidden), "residual": residual, "machine": machine.__dict__,
             "copy_bandwidth": copy_bandwidth, "kind_max": _kind_max(samples, train),
-            "train_rows": len(train), "heldout_rows": len(test), "report": []}
+            "train_rows": len(train), "heldout_rows": len(test), "report": [],
+            "fallback_bandwidth": fallback_bandwidth}
     predictor = Predictor(tensors, meta)
     meta["report"] = [list(r) for r in heldout_report(predictor, samples, test)]
     predictor.samples = samples  # in memory only, for benchmarks and tests

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -13,7 +14,7 @@ import torch
 from .opfeatures import LOG_BYTES, LOG_FLOPS
 
 __all__ = ["Samples", "split_heldout", "r2_score", "median_relative_error", "fit_baseline",
-           "baseline_log", "HELDOUT_FRACTION"]
+           "baseline_log", "HELDOUT_FRACTION", "typical_bandwidth"]
 
 HELDOUT_FRACTION = 0.25        # share of each op kind's distinct shapes kept out of training
 
@@ -31,6 +32,7 @@ class Samples:
     level: list[float] = field(default_factory=list)     # load generator level
     probe: list[bool] = field(default_factory=list)      # timed on its own, not in a captured step
     workloads: int = 0                                   # models whose steps were timed
+    steps: list = field(default_factory=list)            # iteration.StepTiming: whole steps run
 
     def add(self, kind: str, features: list[float], util: float, latency: float, level: float,
             probe: bool = False) -> None:
@@ -70,6 +72,20 @@ def split_heldout(samples: Samples, fraction: float = HELDOUT_FRACTION,
     return train, test
 
 
+TYPICAL_MIN_BYTES = 1 << 20   # ops this large are bandwidth-bound, not overhead-bound
+
+
+def typical_bandwidth(samples: Samples) -> float | None:
+    """Median bytes/s of the FLOP-less ops (elementwise, reductions, copies) of at least
+    :data:`TYPICAL_MIN_BYTES` timed without load: what the roofline fallback assumes for
+    an op kind calibration never saw. None where calibration timed no such op."""
+    quiet = min(samples.level, default=0.0)
+    rates = [(2 ** samples.features[i][LOG_BYTES] - 1) / samples.latency[i] for i in range(len(samples))
+             if samples.level[i] == quiet and samples.features[i][LOG_FLOPS] == 0
+             and 2 ** samples.features[i][LOG_BYTES] > TYPICAL_MIN_BYTES]
+    return statistics.median(rates) if rates else None
+
+
 # -- metrics and the least-squares baseline --------------------------------------------
 
 def r2_score(y: torch.Tensor, pred: torch.Tensor) -> float:
@@ -87,20 +103,36 @@ def _baseline_design(features: torch.Tensor, util: torch.Tensor) -> torch.Tensor
     return torch.stack([ones, features[:, LOG_FLOPS], features[:, LOG_BYTES], util], dim=1)
 
 
+# Each kind's slopes are shrunk toward the slopes pooled over all kinds with this weight
+# (per row, in units of the design's squared log2 sizes). A kind seen at two or three
+# shapes, or only at shapes of one size, leaves its slopes undetermined: with the tiny
+# ridge this replaced, layer_norm_backward's bytes slope came out so steep that a shape
+# just outside the calibrated ones was predicted at 1.4 s (measured: 60 us).
+SHRINK = 1.0
+
+
+def _solve(a: torch.Tensor, y: torch.Tensor, prior: torch.Tensor, weight: float) -> torch.Tensor:
+    """Least squares ``a @ coef ~ y`` with ``weight * rows * |coef[1:] - prior[1:]|^2``
+    added (the intercept is free)."""
+    penalty = weight * len(y) * torch.eye(a.shape[1], dtype=torch.float64)
+    penalty[0, 0] = 0.0
+    return torch.linalg.solve(a.T @ a + penalty, a.T @ y + penalty @ prior)
+
+
 def fit_baseline(kinds: list[str], features: torch.Tensor, util: torch.Tensor,
                  log_latency: torch.Tensor, vocab: dict[str, int]) -> torch.Tensor:
     """Per kind, least squares ``log t ~ a + b log FLOPs + c log bytes + d util``:
-    a (len(vocab), 4) tensor of coefficients (tiny ridge: constant columns are common)."""
+    a (len(vocab), 4) tensor of coefficients, each kind's slopes shrunk toward the
+    slopes of all kinds pooled (:data:`SHRINK`)."""
     coef = torch.zeros(len(vocab), 4, dtype=torch.float64)
     design = _baseline_design(features, util).double()
+    y_all = log_latency.double()
+    pooled = _solve(design, y_all, torch.zeros(4, dtype=torch.float64), 1e-6) if len(kinds) else coef[0]
     for kind, k in vocab.items():
         rows = torch.tensor([i for i, s in enumerate(kinds) if s == kind], dtype=torch.long)
         if len(rows) == 0:
             continue
-        a, y = design[rows], log_latency[rows].double()
-        ridge = 1e-6 * torch.eye(4, dtype=torch.float64)
-        ridge[0, 0] = 0.0
-        coef[k] = torch.linalg.solve(a.T @ a + ridge * len(rows), a.T @ y)
+        coef[k] = _solve(design[rows], y_all[rows], pooled, SHRINK)
     return coef.float()
 
 
