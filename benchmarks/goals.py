@@ -118,7 +118,7 @@ def latency_estimates(rows, within: float = 0.20, quick_within: float = 0.35) ->
         if r.get("section") != "latency" or not r.get("held_out") or r.get("ratio") is None:
             continue
         bound = quick_within if r.get("calibration") == "quick" else within
-        out.append(Goal(f"iteration estimate within +-{bound:.0%} ({r.get('model')}, {r.get('calibration')})",
+        out.append(Goal(f"iteration estimate within +-{bound:.0%} ({r.get('latency_model')}, {r.get('calibration')})",
                         r["workload"], f"predicted / measured {r['ratio']:.2f}", abs(r["ratio"] - 1) <= bound))
     return out
 

@@ -41,6 +41,8 @@ __all__ = ["main", "run", "parser", "RESULTS"]
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BATCH_METHODS = ("eager", "dbml-tensile@50%", "checkpoint", "offload")
+SECTIONS = ("single", "coldstart", "planning", "concurrent", "mixed", "batch", "latency", "fastpath")
+NOT_QUICK = ("latency",)   # held-out calibrations: half an hour
 
 
 def parser() -> argparse.ArgumentParser:
@@ -53,8 +55,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--emulate", default="a6000",
                    help=f"GPU profiles to emulate, comma-separated, or 'none' ({', '.join(emulate.PROFILES)})")
     p.add_argument("--iters", type=int, help="timed iterations per method (default 3; quick 2)")
-    p.add_argument("--sections", default="single,coldstart,planning,concurrent,mixed,batch",
-                   help="which sections to run")
+    p.add_argument("--sections", help=f"which sections to run (default {','.join(SECTIONS)}; "
+                                       f"--quick leaves out {','.join(NOT_QUICK)})")
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -156,7 +158,8 @@ def run(args) -> dict:
     if unknown:
         raise SystemExit(f"--methods: unknown {', '.join(sorted(unknown))}; methods are {', '.join(ALL_METHODS)}")
     profiles = [] if args.emulate in ("", "none") else [emulate.profile(p) for p in args.emulate.split(",")]
-    sections = set(args.sections.split(","))
+    sections = set(args.sections.split(",") if args.sections else
+                   [s for s in SECTIONS if not (args.quick and s in NOT_QUICK)])
     lm, lm_name = latency_model(threads)
     iters = args.iters or (2 if args.quick else 3)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731 - progress lines
@@ -190,6 +193,8 @@ def run(args) -> dict:
         rows += _coldstart(rows)
     _checkpoint(results, args)
     _multi(args, sections, ctx, rows, log)
+    if "latency" in sections:
+        rows += _latency(names, iters, log)
     if "batch" in sections:
         w = workload("mlp" if args.quick else "resnet50")
         for b in ((8, 32) if args.quick else (4, 8, 16, 32, 64)):
@@ -200,6 +205,17 @@ def run(args) -> dict:
     results["load_average"]["after"] = list(os.getloadavg())
     results["seconds"] = time.time() - started
     return results
+
+
+def _latency(names: list[str], iters: int, log) -> list[dict]:
+    """Whole-iteration estimates on held-out architectures (:mod:`.latency_eval`)."""
+    from . import latency_eval
+    log("latency: held-out calibrations (quick and full plans)")
+    rows = latency_eval.run(tuple(names), plans=("quick", "full"), iterations=iters, progress=log)
+    bulky = ("times_s", "util", "fallback_kinds")
+    return [{**{k: v for k, v in r.items() if k not in bulky}, "section": "latency", "mode": "cpu",
+             "architecture": r["family"], "family": "dbml", "method": f"{r['latency_model']}/{r['calibration']}",
+             "fallbacks": len(r["fallback_kinds"])} for r in rows]
 
 
 def _checkpoint(results: dict, args) -> None:
