@@ -66,6 +66,7 @@ from ..latency.estimate import LatencyModel, RooflineModel
 from ..multijob.ledger import DeviceLedger, JobAccount
 from ..plan.planner import PlanSettings
 from ..plan.vdnn import vdnn_plan
+from .codegen import fast_path_for
 from .devices import Device, as_view, make_device
 from .executor import ExecState, Executor, Program
 from .planners import ExternalPlanner, FixedPlanner, LocalPlanner, as_planner
@@ -290,6 +291,7 @@ class ScheduledStep:
         self._reserve(seq, start.plan)
         executor = Executor(Program(captured, seq), start.plan, self.device, log=self.log,
                             budget_bytes=start.limit, evict=start.passive, account=self.account)
+        executor.fast = fast_path_for(executor)
         return GraphSchedule(executor, start.plan, seq, LatencyTracker(seq, self.update), start.passive)
 
     def _reserve(self, seq: AccessSequence, plan: Plan) -> None:
@@ -347,6 +349,7 @@ class ScheduledStep:
         self._reserve(seq, plan)
         g.executor.set_plan(plan, seq, budget_bytes=self._policy.limit(plan))
         g.executor.settle(self.state)   # hold no more than the new plan allows before saying so
+        g.executor.fast = fast_path_for(g.executor, g.executor.fast)   # None: the plan binds something
         g.plan, g.seq, g.passive = plan, seq, False
         g.tracker.rebase(seq)
         self.plan_changes += 1
@@ -379,7 +382,9 @@ class ScheduledStep:
         self._boundary(g)
         self.iteration_plans.append(g.plan)
         loss = executor.run(self.state, x, y)
-        offer = self._policy.after_iteration(executor, g.seq, g.tracker, g.passive)
+        # a fast iteration measures op latencies in some iterations only: fold in those
+        measured = executor.fast is None or executor.fast.measured(executor)
+        offer = self._policy.after_iteration(executor, g.seq, g.tracker, g.passive) if measured else None
         if offer is not None:   # it waits in g.pending for the next boundary
             self._offer(g, *offer)
         if len(self._graphs) != fresh:

@@ -1,0 +1,140 @@
+"""Per-step overhead of the scheduler when there is nothing to schedule.
+
+For each workload, three runners train the same model on the same batch, interleaved
+step by step in one process: eager PyTorch, ``ScheduledStep(policy="none")`` and
+``ScheduledStep(policy="tensile")`` with a budget far above the model's peak (a plan
+with no swap or recompute). The figure is the median step time of each, after warm-up,
+and the ratio to eager's. Issue 13's goal: at most 1.05x eager, the small MLP included.
+
+``python -m dbml.bench.fastpath`` (or ``python benchmarks/fastpath.py``) prints a table;
+:func:`run` returns its rows (one dict per workload and runner).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from dbml.scheduler.execute.runner import ScheduledStep
+from dbml.scheduler.execute.step import EagerStep
+from dbml.scheduler.execute.updating import UpdateSettings
+from dbml.scheduler.graph.optim import OptimizerSpec
+from dbml.scheduler.latency.estimate import RooflineModel
+
+__all__ = ["run", "CASES", "Case"]
+
+SPEC = OptimizerSpec("adam", lr=1e-3)
+loss_fn = torch.nn.functional.cross_entropy
+LARGE_BUDGET = 1 << 40   # binds nothing
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    build: object         # () -> (model, x, y), seeded
+
+    def make(self):
+        torch.manual_seed(0)
+        return self.build()
+
+
+def _tabular(features: int, hidden: tuple[int, ...], classes: int, batch: int):
+    def build():
+        from dbml.zoo import Inputs, build as zoo_build
+        model = zoo_build("mlp", Inputs("tabular", features=features), classes, {"hidden": hidden})
+        g = torch.Generator().manual_seed(1)
+        return model, torch.randn(batch, features, generator=g), torch.randint(0, classes, (batch,), generator=g)
+    return build
+
+
+def _workload(name: str):
+    def build():
+        from .workloads import workload
+        w = workload(name)
+        model = w.model()
+        return (model, *w.batch_tensors())
+    return build
+
+
+CASES = {c.name: c for c in (
+    Case("tabular-20x64x64-b256", _tabular(20, (64, 64), 2, 256)),
+    Case("dbml-default-mlp-b64", _tabular(20, (64, 64), 2, 64)),   # train()'s defaults: arch auto, batch 64
+    Case("mlp", _workload("mlp")),
+    Case("transformer", _workload("transformer")),
+)}
+
+
+def _runners(model):
+    lm = RooflineModel()
+    return {
+        "eager": EagerStep(copy.deepcopy(model), loss_fn, SPEC, measured_steps=0),
+        "none": ScheduledStep(copy.deepcopy(model), loss_fn, SPEC, policy="none", latency_model=lm),
+        "tensile": ScheduledStep(copy.deepcopy(model), loss_fn, SPEC, policy="tensile", budget_bytes=LARGE_BUDGET,
+                                 latency_model=lm, update=UpdateSettings(max_plan_share=0.05)),
+    }
+
+
+def measure(case: Case, steps: int, warmup: int = 5) -> list[dict]:
+    """Median step seconds of each runner over ``steps`` interleaved steps."""
+    model, x, y = case.make()
+    runners = _runners(model)
+    times: dict[str, list[float]] = {k: [] for k in runners}
+    names = list(runners)
+    for i in range(warmup + steps):
+        order = names[i % len(names):] + names[:i % len(names)]   # rotate: nobody always runs first
+        for name in order:
+            t0 = time.perf_counter()
+            runners[name].step(x, y)
+            dt = time.perf_counter() - t0
+            if i >= warmup:
+                times[name].append(dt)
+    rows = []
+    eager = statistics.median(times["eager"])
+    for name, r in runners.items():
+        med = statistics.median(times[name])
+        row = {"workload": case.name, "runner": name, "steps": steps, "median_ms": med * 1e3,
+               "ratio_to_eager": med / eager, "threads": torch.get_num_threads(),
+               "load_average": os.getloadavg()[0]}
+        if isinstance(r, ScheduledStep):
+            st = r.stats()
+            row.update(fast_iterations=st.get("fast_iterations"), iterations=st["iterations"],
+                       swaps=st["swaps"], recomputes=st["recomputes"])
+            r.close()
+        rows.append(row)
+    return rows
+
+
+def run(cases=None, steps: int = 200, threads: int | None = None) -> list[dict]:
+    """Rows for each case (default: every case in :data:`CASES`) and runner."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    out = []
+    for name in cases or CASES:
+        case = CASES[name]
+        n = steps if "mlp" not in name or "tabular" in name or "default" in name else max(20, steps // 4)
+        if name == "transformer":
+            n = max(10, steps // 10)
+        out.extend(measure(case, n))
+    return out
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cases", nargs="*", default=None, help=f"of {', '.join(CASES)}")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--threads", type=int, default=1)
+    a = p.parse_args(argv)
+    print(f"load average before: {os.getloadavg()}")
+    for r in run(a.cases, a.steps, a.threads):
+        print(f"{r['workload']:24} {r['runner']:8} {r['median_ms']:9.3f} ms  x{r['ratio_to_eager']:.3f}  "
+              f"n={r['steps']} load={r['load_average']:.2f} fast={r.get('fast_iterations')}")
+
+
+if __name__ == "__main__":
+    main()

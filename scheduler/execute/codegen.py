@@ -1,0 +1,313 @@
+"""The fast path: one generated Python function for a plan that binds nothing.
+
+A plan whose only events are releases at the end of an op (no swap, no recompute, no
+delayed release, nothing on the host at the start) leaves the executor nothing to do
+between ops but drop references. For it, :func:`fast_path_for` generates one function
+for the whole iteration from the :class:`~.program.Program`: straight-line code over
+locals, one statement per op (the same call the executor's closure makes: its ``out=``
+variants for in-place updates and overwrites included), and ``del`` of the values
+viewing a storage where the plan releases it. Per op there is only the aten call.
+
+The books stay true without per-op work, because with no events the executor's ledger
+is a fixed sequence of additions and releases: :func:`static_ledger` replays the
+executor's rules once (an op's outputs added before it runs, an in-place update adding
+new minus old, a release freeing a resident tensor) and the fast path reports that
+iteration's peak, its releases and what it holds at the end, as the executor would
+have measured them. The reuse pool is not used (eager PyTorch has none either; its
+buffers are given back when the fast path takes over).
+
+The job's account in the device ledger hears of every change, as from the executor,
+when other jobs hold device memory (one generated variant calls it per op); a job
+alone on the device reports its iteration's peak at the start and what it holds at the
+end, which gives the same global peak for no per-op cost.
+
+Op latencies for plan updating are measured in some iterations only (a timed variant
+of the function): the first :data:`MEASURE_FIRST` fast iterations after a plan is
+taken, then one in :data:`MEASURE_EVERY`; the runner folds in only those
+(:meth:`FastStep.measured`).
+
+The executor runs a fast iteration when its ``fast`` attribute holds a
+:class:`FastStep` that accepts the iteration (:meth:`FastStep.accepts`: made for the
+plan in effect, the state all resident). The runner sets it when a plan is taken,
+always at an iteration boundary; a plan with events gets None, and the executor's
+interpreter runs again from the next iteration. ``DBML_NO_FASTPATH=1`` turns it off.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .. import config
+from ..errors import ExecutionError
+from ..graph.sequence import EventKind
+from .iteration import COUNTS, ExecState, NullAccount
+from .program import MULTI, SKIP, Program, call_source
+
+__all__ = ["FastStep", "StaticLedger", "fast_path_for", "release_slots", "static_ledger", "generate",
+           "MEASURE_FIRST", "MEASURE_EVERY"]
+
+MEASURE_FIRST = 3    # fast iterations timed after a plan is taken (the tracker starts from them)
+MEASURE_EVERY = 10   # then one iteration in this many is timed
+
+
+@dataclass(frozen=True)
+class StaticLedger:
+    """The executor's ledger over one iteration of a plan with releases only."""
+
+    start: int                 # held when the first op runs: state, batch, workspace
+    peak: int                  # the iteration's peak (the executor's ``iteration_peak``)
+    end: int                   # held after it: the resident state
+    releases: int              # releases that freed a resident tensor (``counts["releases"]``)
+    added: tuple[int, ...]     # per op, bytes added before it runs
+    freed: tuple[int, ...]     # per slot (0: the start, k + 1: after op k), bytes released
+
+
+def release_slots(after: list[tuple]) -> tuple[tuple[int, ...], ...] | None:
+    """The tensors released in each slot of an event table (``Executor.after``), or None
+    when the table has any other event, or a delayed release: the plan binds something."""
+    slots = []
+    for events in after:
+        if any(kind is not EventKind.RELEASE or delay > 0 for kind, _, delay, _ in events):
+            return None
+        slots.append(tuple(sid for _, sid, _, _ in events))
+    return tuple(slots)
+
+
+def static_ledger(prog: Program, slots: tuple[tuple[int, ...], ...]) -> StaticLedger:
+    """Replay the executor's ledger rules for a plan releasing ``slots`` (see the module
+    docstring): the figures its interpreter would measure, exactly."""
+    nbytes = prog.nbytes
+    res = [False] * len(nbytes)
+    for s in prog.ph_sid:
+        res[s] = True
+    total = sum(nbytes[s] for s in prog.ph_sid) + prog.seq.workspace
+    start = peak = total
+    added, freed, releases = [0] * len(prog.op_nodes), [0] * len(slots), 0
+    for slot, sids in enumerate(slots):
+        if slot:
+            k = slot - 1
+            if prog.kind[k] != SKIP:
+                added[k] = prog.add_bytes[k]
+                total += added[k]
+                peak = max(peak, total)
+                for s in prog.outputs[k]:
+                    res[s] = True
+                if k in prog.in_place:
+                    res[prog.in_place[k][1]] = False
+        for sid in sids:
+            if res[sid]:
+                res[sid] = False
+                total -= nbytes[sid]
+                freed[slot] += nbytes[sid]
+                releases += 1
+    end = sum(nbytes[prog.nodes[p].meta["dbml_storage"]] for p in _state_sources(prog))
+    return StaticLedger(start, peak, end, releases, tuple(added), tuple(freed))
+
+
+def _state_sources(prog: Program) -> list[int]:
+    """Per state value (placeholders but the batch), the node holding it at the end."""
+    source = {ph: o for o, ph in prog.updates.items()}
+    return [prog.out_pos[source[i]] if i in source else p for i, p in enumerate(prog.placeholders[:-2])]
+
+
+class _Unbound(Exception):
+    """The generated code would read a value the executor would not hold there."""
+
+
+class _Writer:
+    """Source lines of the generated function, the locals bound so far, and per line the op."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.line_op: list[int] = []   # per line (1-based minus one), the op it computes (-1: none)
+        self.bound: set[int] = set()
+
+    def emit(self, text: str, op: int = -1) -> None:
+        self.lines.append("    " + text)
+        self.line_op.append(op)
+
+    def ref(self, p: int) -> str:
+        if p not in self.bound:
+            raise _Unbound(p)
+        return f"v{p}"
+
+    def unbind(self, positions) -> None:
+        names = [f"v{p}" for p in positions if p in self.bound]
+        self.bound.difference_update(positions)
+        if names:
+            self.emit(f"del {', '.join(names)}")
+
+
+def generate(prog: Program, slots, ledger: StaticLedger, *, timed: bool, accounted: bool) -> tuple[str, dict, list]:
+    """The source of ``step(S, x, y, L, A, P)`` for a plan releasing ``slots``, its
+    namespace and its line -> op map. ``S``: the state values (taken over, given back
+    updated), ``L``: per-op latencies (written when ``timed``, with the clock ``P``),
+    ``A``: the account's ``add`` (called per change when ``accounted``). Raises
+    :class:`_Unbound` where the plan would read a released value."""
+    ns: dict = {}
+    w = _Writer()
+    n_state = len(prog.placeholders) - 2
+    state = prog.placeholders[:n_state]
+    if state:
+        w.emit(f"{''.join(f'v{p}, ' for p in state)}= S")
+        w.emit(f"S[:] = {(None,) * n_state!r}")   # the iteration holds them now, as the executor does
+    w.emit(f"v{prog.placeholders[-2]}, v{prog.placeholders[-1]} = x, y")
+    w.bound.update(prog.placeholders)
+    _emit_releases(w, prog, slots[0], ledger.freed[0], accounted)
+    for k in range(len(prog.op_nodes)):
+        if prog.kind[k] != SKIP:
+            _emit_op(w, prog, ns, k, ledger.added[k], timed, accounted)
+        _emit_releases(w, prog, slots[k + 1], ledger.freed[k + 1], accounted)
+    for i, p in enumerate(_state_sources(prog)):
+        w.emit(f"S[{i}] = {w.ref(p)}")
+    w.emit(f"return {w.ref(prog.out_pos[0])}")
+    return "def step(S, x, y, L, A, P):\n" + "\n".join(w.lines) + "\n", ns, [-1] + w.line_op
+
+
+def _emit_op(w: _Writer, prog: Program, ns: dict, k: int, added: int, timed: bool, accounted: bool) -> None:
+    target, out_pos, copy_into = prog.call_spec[k]
+    call = call_source(prog.op_nodes[k], prog.pos, w.ref, ns, target, out_pos, copy_into)
+    if accounted and added:
+        w.emit(f"A({added})")
+    if timed:
+        w.emit("t0 = P()")
+    if prog.kind[k] == MULTI:
+        w.emit(f"t = {call}", k)
+        got = [p for _, p in prog.distribute[k]]
+        if timed:
+            w.emit(f"L[{k}] = P() - t0")
+        for idx, p in prog.distribute[k]:
+            w.emit(f"v{p} = t[{idx}]")
+        w.emit("del t")
+    else:
+        w.emit(f"v{prog.op_pos[k]} = {call}", k)
+        got = [prog.op_pos[k]]
+        if timed:
+            w.emit(f"L[{k}] = P() - t0")
+    w.bound.update(got)
+    if k in prog.in_place:   # the old value's storage is the new one's now
+        w.unbind([a.pos for a in prog.alias[prog.in_place[k][1]] if a.pos not in got])
+
+
+def _emit_releases(w: _Writer, prog: Program, sids, freed: int, accounted: bool) -> None:
+    for sid in sids:
+        w.unbind([a.pos for a in prog.alias[sid]])
+    if accounted and freed:
+        w.emit(f"A({-freed})")
+
+
+class FastStep:
+    """The generated iteration of one program under plans releasing ``slots``. ``plan``:
+    the plan it runs for now (the executor's plan must be it)."""
+
+    def __init__(self, prog: Program, slots, ledger: StaticLedger, plan):
+        self.prog, self.slots, self.ledger, self.plan = prog, slots, ledger, plan
+        self.n_state = len(prog.placeholders) - 2
+        self._variants: dict[tuple[bool, bool], tuple[Callable, list]] = {}
+        self.runs = 0                  # fast iterations since the plan was taken
+        self.unmeasured_iteration = 0  # the executor's iteration count after the last untimed run
+        self.counts = dict.fromkeys(COUNTS, 0)
+        self.counts["releases"] = ledger.releases
+        self.variant(timed=False, accounted=False)   # fails here, not in the first iteration
+
+    def variant(self, *, timed: bool, accounted: bool) -> tuple[Callable, list]:
+        key = (timed, accounted)
+        if key not in self._variants:
+            src, ns, line_op = generate(self.prog, self.slots, self.ledger, timed=timed, accounted=accounted)
+            code = compile(src, f"<dbml fast path {self.prog.job}>", "exec")
+            exec(code, ns)  # noqa: S102 - generated from the captured graph
+            self._variants[key] = (ns["step"], line_op)
+        return self._variants[key]
+
+    def accepts(self, executor, state: ExecState) -> bool:
+        """This iteration can run here: the executor's plan is the one it was made for,
+        the whole state is resident, and the limit (if any) is not below the peak."""
+        return executor.plan is self.plan and not state.host and len(state.values) == self.n_state \
+            and (executor.budget is None or executor.budget >= self.ledger.peak)
+
+    def measured(self, executor) -> bool:
+        """False when the executor's last iteration was a fast one whose op latencies
+        were not measured (``op_latencies()`` still holds an earlier iteration's)."""
+        return self.unmeasured_iteration != executor.totals["iterations"]
+
+    def run(self, executor, state: ExecState, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One iteration in place of :meth:`~.executor.Executor.run`, with the same books."""
+        self.runs += 1
+        timed = self.runs <= MEASURE_FIRST or self.runs % MEASURE_EVERY == 0
+        led, mem = self.ledger, executor.mem
+        if executor.pool.bytes:
+            executor.release_pool()
+        mem.hold(led.start)
+        add, accounted = _account_mode(mem.account, led)
+        fn, line_op = self.variant(timed=timed, accounted=accounted)
+        try:
+            with torch.no_grad():
+                loss = fn(state.values, x, y, executor.latency, add, time.perf_counter)
+        except (ExecutionError, KeyboardInterrupt):
+            raise
+        except Exception as e:  # noqa: BLE001 - re-raised with the graph context, as the executor does
+            raise _with_context(e, self.prog, line_op) from e
+        mem.peak = executor.iteration_peak = led.peak
+        executor.peak_bytes = max(executor.peak_bytes, led.peak)
+        executor.it.counts = dict(self.counts)
+        totals = executor.totals
+        totals["releases"] += led.releases
+        totals["iterations"] += 1
+        if not timed:
+            self.unmeasured_iteration = totals["iterations"]
+        mem.hold(led.end)
+        return loss
+
+
+def _account_mode(account, led: StaticLedger) -> tuple[Callable | None, bool]:
+    """(the ``add`` the generated code calls, whether it calls it per change). Alone on
+    the device (no other account holds memory), the account hears the iteration's peak
+    at its start: the global peak is then the same as with every change reported."""
+    if isinstance(account, NullAccount):
+        return None, False
+    ledger = getattr(account, "ledger", None)
+    if ledger is not None and ledger.current_bytes == account.bytes and len(ledger.accounts()) == 1:
+        account.add(led.peak - led.start)
+        return None, False
+    return account.add, True
+
+
+def _with_context(e: Exception, prog: Program, line_op: list) -> ExecutionError:
+    """The executor's error for a failed op, found from the generated code's line."""
+    k = -1
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.startswith("<dbml fast path"):
+            k = line_op[tb.tb_lineno - 1] if tb.tb_lineno - 1 < len(line_op) else -1
+        tb = tb.tb_next
+    node = prog.op_nodes[k].format_node() if k >= 0 else "(iteration start)"
+    return ExecutionError(f"job {prog.job!r}: op {k} failed: {node}: {type(e).__name__}: {e}")
+
+
+def fast_path_for(executor, previous: FastStep | None = None) -> FastStep | None:
+    """The fast path for the executor's plan in effect, or None where it needs the
+    interpreter: a plan with events other than releases at op ends, the event log, passive
+    mode, ``DBML_NO_FASTPATH``, or a value the plan would read after releasing it.
+    ``previous``: the executor's last one, reused when it releases the same tensors."""
+    if config.fast_path_disabled() or executor.log_enabled or executor.evictor is not None \
+            or executor.plan.host_at_start:
+        return None
+    slots = release_slots(executor.after)
+    if slots is None:
+        return None
+    if previous is not None and previous.prog is executor.prog and previous.slots == slots:
+        fast = previous
+        fast.plan, fast.runs = executor.plan, 0
+    else:
+        try:
+            fast = FastStep(executor.prog, slots, static_ledger(executor.prog, slots), executor.plan)
+        except _Unbound:
+            return None
+    if executor.budget is not None and executor.budget < fast.ledger.peak:
+        return None
+    executor.transfers.reset()   # no copies: no copy bandwidth measured from now on
+    return fast
