@@ -13,6 +13,7 @@ and the ratio to eager's. Issue 13's goal: at most 1.05x eager, the small MLP in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import os
 import statistics
@@ -70,28 +71,53 @@ CASES = {c.name: c for c in (
 )}
 
 
-def _runners(model):
-    lm = RooflineModel()
-    return {
-        "eager": EagerStep(copy.deepcopy(model), loss_fn, SPEC, measured_steps=0),
-        "none": ScheduledStep(copy.deepcopy(model), loss_fn, SPEC, policy="none", latency_model=lm),
-        "tensile": ScheduledStep(copy.deepcopy(model), loss_fn, SPEC, policy="tensile", budget_bytes=LARGE_BUDGET,
-                                 latency_model=lm, update=UpdateSettings(max_plan_share=0.05)),
-    }
+def _scheduled(model, policy: str) -> ScheduledStep:
+    budget = LARGE_BUDGET if policy == "tensile" else None
+    return ScheduledStep(copy.deepcopy(model), loss_fn, SPEC, policy=policy, budget_bytes=budget,
+                         latency_model=RooflineModel(), update=UpdateSettings(max_plan_share=0.05))
 
 
-def measure(case: Case, steps: int, warmup: int = 5) -> list[dict]:
+def _runners(model, interpreted: bool = True) -> dict:
+    """eager, none, tensile (fast path), and with ``interpreted`` the same two with the
+    fast path off (``DBML_NO_FASTPATH``: every iteration through the executor's loop)."""
+    out = {"eager": EagerStep(copy.deepcopy(model), loss_fn, SPEC, measured_steps=0),
+           "none": _scheduled(model, "none"), "tensile": _scheduled(model, "tensile")}
+    if interpreted:
+        out.update({"none-interpreted": _scheduled(model, "none"), "tensile-interpreted": _scheduled(model, "tensile")})
+    return out
+
+
+@contextlib.contextmanager
+def _interpreted(name: str):
+    """The fast path off while an ``*-interpreted`` runner steps (the switch is read when
+    a plan is taken: at the first step and at each new plan)."""
+    if not name.endswith("-interpreted"):
+        yield
+        return
+    old = os.environ.get("DBML_NO_FASTPATH")
+    os.environ["DBML_NO_FASTPATH"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["DBML_NO_FASTPATH"]
+        else:
+            os.environ["DBML_NO_FASTPATH"] = old
+
+
+def measure(case: Case, steps: int, warmup: int = 5, interpreted: bool = True) -> list[dict]:
     """Median step seconds of each runner over ``steps`` interleaved steps."""
     model, x, y = case.make()
-    runners = _runners(model)
+    runners = _runners(model, interpreted)
     times: dict[str, list[float]] = {k: [] for k in runners}
     names = list(runners)
     for i in range(warmup + steps):
         order = names[i % len(names):] + names[:i % len(names)]   # rotate: nobody always runs first
         for name in order:
-            t0 = time.perf_counter()
-            runners[name].step(x, y)
-            dt = time.perf_counter() - t0
+            with _interpreted(name):
+                t0 = time.perf_counter()
+                runners[name].step(x, y)
+                dt = time.perf_counter() - t0
             if i >= warmup:
                 times[name].append(dt)
     rows = []
@@ -103,8 +129,9 @@ def measure(case: Case, steps: int, warmup: int = 5) -> list[dict]:
                "load_average": os.getloadavg()[0]}
         if isinstance(r, ScheduledStep):
             st = r.stats()
-            row.update(fast_iterations=st.get("fast_iterations"), iterations=st["iterations"],
-                       swaps=st["swaps"], recomputes=st["recomputes"])
+            row.update(fast_iterations=sum(e.totals.get("fast_iterations", 0) for e in r.executors()),
+                       iterations=st["iterations"], swaps=st["swaps"], recomputes=st["recomputes"],
+                       replans=st["replans"], measured_peak_bytes=st["measured_peak_bytes"])
             r.close()
         rows.append(row)
     return rows
@@ -132,7 +159,7 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     print(f"load average before: {os.getloadavg()}")
     for r in run(a.cases, a.steps, a.threads):
-        print(f"{r['workload']:24} {r['runner']:8} {r['median_ms']:9.3f} ms  x{r['ratio_to_eager']:.3f}  "
+        print(f"{r['workload']:24} {r['runner']:20} {r['median_ms']:9.3f} ms  x{r['ratio_to_eager']:.3f}  "
               f"n={r['steps']} load={r['load_average']:.2f} fast={r.get('fast_iterations')}")
 
 

@@ -257,6 +257,7 @@ class FastStep:
         totals = executor.totals
         totals["releases"] += led.releases
         totals["iterations"] += 1
+        totals["fast_iterations"] = totals.get("fast_iterations", 0) + 1   # not in COUNTS: the executor never counts it
         if not timed:
             self.unmeasured_iteration = totals["iterations"]
         mem.hold(led.end)
