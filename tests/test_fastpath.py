@@ -110,7 +110,8 @@ def test_op_latencies_are_measured_in_sampled_iterations(monkeypatch):
     monkeypatch.setattr(LatencyTracker, "observe", lambda self, m, b=None: observed.append(list(m)) or observe(self, m, b))
     spec, model = OptimizerSpec("sgd", lr=0.01), seeded(mlp)
     n = MEASURE_FIRST + 2 * MEASURE_EVERY + 1
-    runner, _ = train(model, spec, batches(n, 32, (32,)), budget_bytes=LARGE, update=UpdateSettings(enabled=False))
+    runner, _ = train(model, spec, batches(n, 32, (32,)), planner=unbound_planner,
+                      update=UpdateSettings(enabled=False))
     want = MEASURE_FIRST + sum(1 for r in range(MEASURE_FIRST + 1, n + 1) if r % MEASURE_EVERY == 0)
     assert fast_iterations(runner) == n and len(observed) == want
     prog = runner.executors()[0].prog
@@ -126,9 +127,18 @@ class ConstModel:
         return L
 
 
-def test_plan_updating_works_from_the_sampled_latencies(monkeypatch):
+def unbound_planner(seq):
+    """A planner from outside (as a shared scheduler's): its plans may change with the
+    latencies, so the runner keeps them up to date."""
+    return planner_mod.plan(seq, LARGE)
+
+
+@pytest.mark.parametrize("planner, budget, replans", [(unbound_planner, None, 1), (None, LARGE, 0)],
+                         ids=["from_outside", "alone"])
+def test_plan_updating_works_from_the_sampled_latencies(monkeypatch, planner, budget, replans):
     """An op slows from the third iteration: the drift is seen in a measured iteration,
-    the job replans, and the new plan (binding nothing too) runs fast from the next."""
+    the job replans, and the new plan (binding nothing too) runs fast from the next. A
+    job planning alone does not replan: its plan binds nothing whatever the latencies."""
     def op_latencies(self):
         out = [L] * self.n_ops
         if self.totals["iterations"] >= 3:
@@ -137,15 +147,17 @@ def test_plan_updating_works_from_the_sampled_latencies(monkeypatch):
     monkeypatch.setattr(Executor, "op_latencies", op_latencies)
     spec, model, data = OptimizerSpec("adam", lr=0.01), seeded(mlp), batches(8, 32, (32,))
     want, _ = eager_state(model, spec, data)
-    runner = ScheduledStep(copy.deepcopy(model), loss_fn, spec, budget_bytes=LARGE, latency_model=ConstModel())
+    runner = ScheduledStep(copy.deepcopy(model), loss_fn, spec, budget_bytes=budget, planner=planner,
+                           latency_model=ConstModel())
     torch.manual_seed(1)
     for x, y in data:
         runner.step(x, y)
     runner.finish()
     plans = runner.iteration_plans
-    assert [i + 1 for i in range(1, len(plans)) if plans[i] is not plans[i - 1]] == [4]
-    assert runner.stats()["replans"] == 1 and fast_iterations(runner) == len(data)
-    assert next(iter(runner.sequences.values())).ops[0].latency > 0.85 * runner.executors()[0].n_ops * L
+    assert [i + 1 for i in range(1, len(plans)) if plans[i] is not plans[i - 1]] == [4] * replans
+    assert runner.stats()["replans"] == replans and fast_iterations(runner) == len(data)
+    slowed = next(iter(runner.sequences.values())).ops[0].latency > 0.85 * runner.executors()[0].n_ops * L
+    assert slowed == bool(replans)
     assert_same(state_of(runner.model), want)
 
 

@@ -22,9 +22,8 @@ alone on the device reports its iteration's peak at the start and what it holds 
 end, which gives the same global peak for no per-op cost.
 
 Op latencies for plan updating are measured in some iterations only (a timed variant
-of the function): the first :data:`MEASURE_FIRST` fast iterations after a plan is
-taken, then one in :data:`MEASURE_EVERY`; the runner folds in only those
-(:meth:`FastStep.measured`).
+of the function): the first :data:`MEASURE_FIRST` fast iterations, then one in
+:data:`MEASURE_EVERY`; the runner folds in only those (:meth:`FastStep.measured`).
 
 The executor runs a fast iteration when its ``fast`` attribute holds a
 :class:`FastStep` that accepts the iteration (:meth:`FastStep.accepts`: made for the
@@ -50,7 +49,7 @@ from .program import MULTI, SKIP, Program, call_source
 __all__ = ["FastStep", "StaticLedger", "fast_path_for", "release_slots", "static_ledger", "generate",
            "MEASURE_FIRST", "MEASURE_EVERY"]
 
-MEASURE_FIRST = 3    # fast iterations timed after a plan is taken (the tracker starts from them)
+MEASURE_FIRST = 3    # the first fast iterations are timed (the tracker starts from them)
 MEASURE_EVERY = 10   # then one iteration in this many is timed
 
 
@@ -208,7 +207,7 @@ class FastStep:
         self.prog, self.slots, self.ledger, self.plan = prog, slots, ledger, plan
         self.n_state = len(prog.placeholders) - 2
         self._variants: dict[tuple[bool, bool], tuple[Callable, list]] = {}
-        self.runs = 0                  # fast iterations since the plan was taken
+        self.runs = 0                  # fast iterations run
         self.unmeasured_iteration = 0  # the executor's iteration count after the last untimed run
         self.counts = dict.fromkeys(COUNTS, 0)
         self.counts["releases"] = ledger.releases
@@ -301,8 +300,8 @@ def fast_path_for(executor, previous: FastStep | None = None) -> FastStep | None
     if slots is None:
         return None
     if previous is not None and previous.prog is executor.prog and previous.slots == slots:
-        fast = previous
-        fast.plan, fast.runs = executor.plan, 0
+        fast = previous   # the same code; its sampling goes on (a drift replan need not time anew)
+        fast.plan = executor.plan
     else:
         try:
             fast = FastStep(executor.prog, slots, static_ledger(executor.prog, slots), executor.plan)

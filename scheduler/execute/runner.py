@@ -355,6 +355,15 @@ class ScheduledStep:
         self.plan_changes += 1
         self._debug(lambda: f"new plan: {self.runner_stats().summary}")
 
+    def _fold(self, g: GraphSchedule) -> bool:
+        """Whether the last iteration's op latencies go to plan updating: not from a fast
+        iteration that did not time its ops (codegen.py), nor while the job plans alone a
+        plan binding nothing: the peak after last-use release does not depend on latencies,
+        so every drift replan would give the same plan."""
+        fast = g.executor.fast
+        return fast is None or (fast.measured(g.executor) and not (
+            isinstance(self.planner, LocalPlanner) and getattr(self.planning.settings, "stop_when_fits", True)))
+
     def _debug(self, message: Callable[[], str]) -> None:
         if config.debug():
             print(f"dbml.scheduler[{self.job}]: {message()}", file=sys.stderr)
@@ -382,9 +391,7 @@ class ScheduledStep:
         self._boundary(g)
         self.iteration_plans.append(g.plan)
         loss = executor.run(self.state, x, y)
-        # a fast iteration measures op latencies in some iterations only: fold in those
-        measured = executor.fast is None or executor.fast.measured(executor)
-        offer = self._policy.after_iteration(executor, g.seq, g.tracker, g.passive) if measured else None
+        offer = self._policy.after_iteration(executor, g.seq, g.tracker, g.passive) if self._fold(g) else None
         if offer is not None:   # it waits in g.pending for the next boundary
             self._offer(g, *offer)
         if len(self._graphs) != fresh:
