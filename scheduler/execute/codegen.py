@@ -13,8 +13,10 @@ is a fixed sequence of additions and releases: :func:`static_ledger` replays the
 executor's rules once (an op's outputs added before it runs, an in-place update adding
 new minus old, a release freeing a resident tensor) and the fast path reports that
 iteration's peak, its releases and what it holds at the end, as the executor would
-have measured them. The reuse pool is not used (eager PyTorch has none either; its
-buffers are given back when the fast path takes over).
+have measured them. The executor's reuse pool is used as the interpreter uses it (a
+released buffer offered to it, a pointwise output written into a pooled buffer of its
+size, buffers given back past the limit), with the ledger's totals as constants: it
+keeps a large model's allocations from faulting in fresh pages every iteration.
 
 The job's account in the device ledger hears of every change, as from the executor,
 when other jobs hold device memory (one generated variant calls it per op); a job
@@ -62,7 +64,10 @@ class StaticLedger:
     end: int                   # held after it: the resident state
     releases: int              # releases that freed a resident tensor (``counts["releases"]``)
     added: tuple[int, ...]     # per op, bytes added before it runs
-    freed: tuple[int, ...]     # per slot (0: the start, k + 1: after op k), bytes released
+    total: tuple[int, ...]     # per op, the ledger's total once they are added
+    # per slot (0: the start, k + 1: after op k), the resident tensors it releases, each
+    # with the total after its release
+    freed: tuple[tuple[tuple[int, int], ...], ...]
 
 
 def release_slots(after: list[tuple]) -> tuple[tuple[int, ...], ...] | None:
@@ -85,7 +90,8 @@ def static_ledger(prog: Program, slots: tuple[tuple[int, ...], ...]) -> StaticLe
         res[s] = True
     total = sum(nbytes[s] for s in prog.ph_sid) + prog.seq.workspace
     start = peak = total
-    added, freed, releases = [0] * len(prog.op_nodes), [0] * len(slots), 0
+    n_ops = len(prog.op_nodes)
+    added, totals, freed = [0] * n_ops, [0] * n_ops, []
     for slot, sids in enumerate(slots):
         if slot:
             k = slot - 1
@@ -97,14 +103,16 @@ def static_ledger(prog: Program, slots: tuple[tuple[int, ...], ...]) -> StaticLe
                     res[s] = True
                 if k in prog.in_place:
                     res[prog.in_place[k][1]] = False
+            totals[k] = total
+        here = []
         for sid in sids:
             if res[sid]:
                 res[sid] = False
                 total -= nbytes[sid]
-                freed[slot] += nbytes[sid]
-                releases += 1
+                here.append((sid, total))
+        freed.append(tuple(here))
     end = sum(nbytes[prog.nodes[p].meta["dbml_storage"]] for p in _state_sources(prog))
-    return StaticLedger(start, peak, end, releases, tuple(added), tuple(freed))
+    return StaticLedger(start, peak, end, sum(map(len, freed)), tuple(added), tuple(totals), tuple(freed))
 
 
 def _state_sources(prog: Program) -> list[int]:
@@ -120,7 +128,9 @@ class _Unbound(Exception):
 class _Writer:
     """Source lines of the generated function, the locals bound so far, and per line the op."""
 
-    def __init__(self):
+    def __init__(self, prog: Program, ns: dict, timed: bool, accounted: bool):
+        self.prog, self.ns, self.timed, self.accounted = prog, ns, timed, accounted
+        self.pooled = bool(prog.reuse_demand)   # the executor's reuse pool is used as it would use it
         self.lines: list[str] = []
         self.line_op: list[int] = []   # per line (1-based minus one), the op it computes (-1: none)
         self.bound: set[int] = set()
@@ -142,61 +152,89 @@ class _Writer:
 
 
 def generate(prog: Program, slots, ledger: StaticLedger, *, timed: bool, accounted: bool) -> tuple[str, dict, list]:
-    """The source of ``step(S, x, y, L, A, P)`` for a plan releasing ``slots``, its
+    """The source of ``step(S, x, y, L, A, P, Q, X, M)`` for a plan releasing ``slots``, its
     namespace and its line -> op map. ``S``: the state values (taken over, given back
-    updated), ``L``: per-op latencies (written when ``timed``, with the clock ``P``),
-    ``A``: the account's ``add`` (called per change when ``accounted``). Raises
+    updated); ``L``: per-op latencies (written when ``timed``, with the clock ``P``);
+    ``A``: the account's ``add`` (called per change when ``accounted``); ``Q``: the
+    executor's reuse pool, ``X`` its take (counting the reuse), ``M`` its limit. Raises
     :class:`_Unbound` where the plan would read a released value."""
     ns: dict = {}
-    w = _Writer()
+    w = _Writer(prog, ns, timed, accounted)
     n_state = len(prog.placeholders) - 2
     state = prog.placeholders[:n_state]
     if state:
         w.emit(f"{''.join(f'v{p}, ' for p in state)}= S")
         w.emit(f"S[:] = {(None,) * n_state!r}")   # the iteration holds them now, as the executor does
     w.emit(f"v{prog.placeholders[-2]}, v{prog.placeholders[-1]} = x, y")
+    w.emit("F = Q.free")
     w.bound.update(prog.placeholders)
-    _emit_releases(w, prog, slots[0], ledger.freed[0], accounted)
+    _emit_releases(w, ledger.freed[0])
     for k in range(len(prog.op_nodes)):
         if prog.kind[k] != SKIP:
-            _emit_op(w, prog, ns, k, ledger.added[k], timed, accounted)
-        _emit_releases(w, prog, slots[k + 1], ledger.freed[k + 1], accounted)
+            _emit_op(w, k, ledger.added[k], ledger.total[k])
+        _emit_releases(w, ledger.freed[k + 1])
     for i, p in enumerate(_state_sources(prog)):
         w.emit(f"S[{i}] = {w.ref(p)}")
     w.emit(f"return {w.ref(prog.out_pos[0])}")
-    return "def step(S, x, y, L, A, P):\n" + "\n".join(w.lines) + "\n", ns, [-1] + w.line_op
+    return "def step(S, x, y, L, A, P, Q, X, M):\n" + "\n".join(w.lines) + "\n", ns, [-1] + w.line_op
 
 
-def _emit_op(w: _Writer, prog: Program, ns: dict, k: int, added: int, timed: bool, accounted: bool) -> None:
+def _emit_op(w: _Writer, k: int, added: int, total: int) -> None:
+    """Op ``k`` as the executor runs it: its bytes added (the pool giving buffers back
+    past the limit), its call (into a pooled buffer where one of its size is free)."""
+    prog = w.prog
     target, out_pos, copy_into = prog.call_spec[k]
-    call = call_source(prog.op_nodes[k], prog.pos, w.ref, ns, target, out_pos, copy_into)
-    if accounted and added:
+    call = call_source(prog.op_nodes[k], prog.pos, w.ref, w.ns, target, out_pos, copy_into)
+    if w.accounted and added:
         w.emit(f"A({added})")
-    if timed:
+    if w.pooled and added:
+        w.emit(f"if Q.bytes: Q.hold_within({total}, M)")
+    if w.timed:
         w.emit("t0 = P()")
+    r = prog.reuse[k]
     if prog.kind[k] == MULTI:
         w.emit(f"t = {call}", k)
         got = [p for _, p in prog.distribute[k]]
-        if timed:
-            w.emit(f"L[{k}] = P() - t0")
-        for idx, p in prog.distribute[k]:
-            w.emit(f"v{p} = t[{idx}]")
-        w.emit("del t")
+    elif r is not None:   # as the executor: into a pooled buffer of its size if there is one
+        reuse = call_source(prog.op_nodes[k], prog.pos, w.ref, w.ns, r.target, out_arg=True)
+        w.ns[f"R{k}"] = r
+        w.emit(f"if F.get({r.nbytes}):")
+        w.emit(f"    o = X(R{k})")
+        w.emit(f"    v{prog.op_pos[k]} = {reuse}", k)
+        w.emit("    del o")
+        w.emit("else:")
+        w.emit(f"    v{prog.op_pos[k]} = {call}", k)
+        got = [prog.op_pos[k]]
     else:
         w.emit(f"v{prog.op_pos[k]} = {call}", k)
         got = [prog.op_pos[k]]
-        if timed:
-            w.emit(f"L[{k}] = P() - t0")
+    if w.timed:
+        w.emit(f"L[{k}] = P() - t0")
+    if prog.kind[k] == MULTI:
+        for idx, p in prog.distribute[k]:
+            w.emit(f"v{p} = t[{idx}]")
+        w.emit("del t")
     w.bound.update(got)
     if k in prog.in_place:   # the old value's storage is the new one's now
         w.unbind([a.pos for a in prog.alias[prog.in_place[k][1]] if a.pos not in got])
 
 
-def _emit_releases(w: _Writer, prog: Program, sids, freed: int, accounted: bool) -> None:
-    for sid in sids:
-        w.unbind([a.pos for a in prog.alias[sid]])
-    if accounted and freed:
-        w.emit(f"A({-freed})")
+def _emit_releases(w: _Writer, freed) -> None:
+    """Releases as the executor performs them: the values dropped, the bytes freed, the
+    buffer offered to the reuse pool when it wants one of that size."""
+    prog = w.prog
+    for sid, total in freed:
+        n = prog.nbytes[sid]
+        bound = [a.pos for a in prog.alias[sid] if a.pos in w.bound]
+        want = prog.reuse_demand.get(n, 0)
+        if want and bound:
+            w.emit(f"b = v{bound[0]} if len(F.get({n}, ())) < {want} else None")
+        w.unbind(bound)
+        if w.accounted:
+            w.emit(f"A({-n})")
+        if want and bound:
+            w.emit(f"if b is not None: Q.recycle(b, {n}, {total}, M)")
+            w.emit("del b")
 
 
 class FastStep:
@@ -238,23 +276,24 @@ class FastStep:
         self.runs += 1
         timed = self.runs <= MEASURE_FIRST or self.runs % MEASURE_EVERY == 0
         led, mem = self.ledger, executor.mem
-        if executor.pool.bytes:
-            executor.release_pool()
         mem.hold(led.start)
         add, accounted = _account_mode(mem.account, led)
         fn, line_op = self.variant(timed=timed, accounted=accounted)
+        executor.it.counts = counts = dict(self.counts)   # the pool's takes count their reuse here
+        limit = executor.budget if executor.budget is not None else executor.plan.peak_bytes   # the pool's
         try:
             with torch.no_grad():
-                loss = fn(state.values, x, y, executor.latency, add, time.perf_counter)
+                loss = fn(state.values, x, y, executor.latency, add, time.perf_counter, executor.pool,
+                          executor._from_pool, limit)
         except (ExecutionError, KeyboardInterrupt):
             raise
         except Exception as e:  # noqa: BLE001 - re-raised with the graph context, as the executor does
             raise _with_context(e, self.prog, line_op) from e
         mem.peak = executor.iteration_peak = led.peak
         executor.peak_bytes = max(executor.peak_bytes, led.peak)
-        executor.it.counts = dict(self.counts)
         totals = executor.totals
         totals["releases"] += led.releases
+        totals["reused_buffers"] += counts["reused_buffers"]
         totals["iterations"] += 1
         totals["fast_iterations"] = totals.get("fast_iterations", 0) + 1   # not in COUNTS: the executor never counts it
         if not timed:

@@ -43,6 +43,7 @@ class Reuse(NamedTuple):
     size: tuple
     stride: tuple
     call: Callable      # (env, out) -> value: the op's ``out=`` variant
+    target: Any = None  # that variant (the fast path renders the same call over locals)
 
 
 def call_source(node: fx.Node, pos: dict, ref: Callable[[int], str], ns: dict, target=None,
@@ -245,7 +246,7 @@ class Program:
             if out_op is None or nbytes != val.numel() * val.element_size() or nbytes < MIN_REUSE_BYTES:
                 continue
             self.reuse[k] = Reuse(nbytes, val.dtype, tuple(val.shape), tuple(val.stride()),
-                                  _compile(node, pos, ns, target=out_op, out_arg=True))
+                                  _compile(node, pos, ns, target=out_op, out_arg=True), out_op)
         # how many buffers of each size are worth keeping: as many as ops that take one
         self.reuse_demand: dict[int, int] = {}
         for r in self.reuse:
