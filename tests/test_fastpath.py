@@ -22,6 +22,7 @@ from dbml.scheduler.execute.updating import LatencyTracker, UpdateSettings
 from dbml.scheduler.graph.optim import OptimizerSpec
 from dbml.scheduler.latency.estimate import RooflineModel
 from dbml.scheduler.multijob.ledger import DeviceLedger
+from dbml.scheduler.multijob.scheduler import MemoryScheduler
 from dbml.scheduler.plan import planner as planner_mod
 from helpers import assert_same, batches, cnn, eager_state, mlp, state_of
 
@@ -137,12 +138,17 @@ def unbound_planner(seq):
     return planner_mod.plan(seq, LARGE)
 
 
-@pytest.mark.parametrize("planner, budget, replans", [(unbound_planner, None, 1), (None, LARGE, 0)],
-                         ids=["from_outside", "alone"])
+def shared_alone():
+    return MemoryScheduler(LARGE).planner_for("job")
+
+
+@pytest.mark.parametrize("planner, budget, replans", [(lambda: unbound_planner, None, 1), (lambda: None, LARGE, 0),
+                                                      (shared_alone, None, 0)],
+                         ids=["from_outside", "alone", "alone_on_a_shared_device"])
 def test_plan_updating_works_from_the_sampled_latencies(monkeypatch, planner, budget, replans):
     """An op slows from the third iteration: the drift is seen in a measured iteration,
     the job replans, and the new plan (binding nothing too) runs fast from the next. A
-    job planning alone does not replan: its plan binds nothing whatever the latencies."""
+    job planned alone does not replan: its plan binds nothing whatever the latencies."""
     def op_latencies(self):
         out = [L] * self.n_ops
         if self.totals["iterations"] >= 3:
@@ -151,7 +157,7 @@ def test_plan_updating_works_from_the_sampled_latencies(monkeypatch, planner, bu
     monkeypatch.setattr(Executor, "op_latencies", op_latencies)
     spec, model, data = OptimizerSpec("adam", lr=0.01), seeded(mlp), batches(8, 32, (32,))
     want, _ = eager_state(model, spec, data)
-    runner = ScheduledStep(copy.deepcopy(model), loss_fn, spec, budget_bytes=budget, planner=planner,
+    runner = ScheduledStep(copy.deepcopy(model), loss_fn, spec, budget_bytes=budget, planner=planner(),
                            latency_model=ConstModel())
     torch.manual_seed(1)
     for x, y in data:

@@ -357,12 +357,14 @@ class ScheduledStep:
 
     def _fold(self, g: GraphSchedule) -> bool:
         """Whether the last iteration's op latencies go to plan updating: not from a fast
-        iteration that did not time its ops (codegen.py), nor while the job plans alone a
-        plan binding nothing: the peak after last-use release does not depend on latencies,
-        so every drift replan would give the same plan."""
-        fast = g.executor.fast
+        iteration that did not time its ops (codegen.py), nor while the job is planned alone
+        (its own budget, or the only job on a shared planner's device) a plan binding
+        nothing: the peak after last-use release does not depend on latencies, so every
+        drift replan would give the same plan (another job's arrival replans anyway)."""
+        fast, ledger = g.executor.fast, self.planner.ledger
+        alone = isinstance(self.planner, LocalPlanner) or (ledger is not None and list(ledger.accounts()) == [self.job])
         return fast is None or (fast.measured(g.executor) and not (
-            isinstance(self.planner, LocalPlanner) and getattr(self.planning.settings, "stop_when_fits", True)))
+            alone and getattr(self.planning.settings, "stop_when_fits", True)))
 
     def _debug(self, message: Callable[[], str]) -> None:
         if config.debug():
