@@ -172,7 +172,8 @@ def test_plan_updating_works_from_the_sampled_latencies(monkeypatch, planner, bu
 
 
 def test_the_device_ledger_sees_the_interpreters_global_peak(monkeypatch):
-    """Alone on the device, and two jobs interleaved (every change reported)."""
+    """Alone on the device, and two jobs interleaved (every change reported): the same
+    global peak, the same ledger + pool peak, the same bytes held after."""
     spec = OptimizerSpec("adam", lr=0.01)
     models = {"a": seeded(mlp), "b": torch.nn.Sequential(torch.nn.Linear(32, 512), torch.nn.ReLU(),
                                                          torch.nn.Linear(512, 10))}
@@ -187,12 +188,14 @@ def test_the_device_ledger_sees_the_interpreters_global_peak(monkeypatch):
             solo.step(x, y)
             for j in jobs:
                 j.step(x, y)
-        return alone.peak_bytes, both.peak_bytes, fast_iterations(solo) + sum(fast_iterations(j) for j in jobs)
+        reused = solo.executors()[0].totals["reused_buffers"]
+        return (alone.peak_bytes, alone.reserved_peak_bytes, both.peak_bytes, both.reserved_peak_bytes, reused,
+                alone.current_bytes, both.current_bytes), fast_iterations(solo) + sum(fast_iterations(j) for j in jobs)
 
-    alone, both, fast = global_peaks()
-    assert fast == 3 * len(data)
+    books, fast = global_peaks()
+    assert fast == 3 * len(data) and books[4] > 0   # the reuse pool was used
     monkeypatch.setenv("DBML_NO_FASTPATH", "1")
-    assert global_peaks() == (alone, both, 0)
+    assert global_peaks() == (books, 0)
 
 
 def test_a_failing_op_names_the_node_as_the_interpreter_does(monkeypatch):

@@ -277,18 +277,24 @@ class FastStep:
         timed = self.runs <= MEASURE_FIRST or self.runs % MEASURE_EVERY == 0
         led, mem = self.ledger, executor.mem
         mem.hold(led.start)
-        add, accounted = _account_mode(mem.account, led)
+        account = mem.account
+        alone = _alone_begin(executor.pool, account, led.peak - led.start) \
+            if not isinstance(account, NullAccount) and _alone(account) else None
+        accounted = alone is None and not isinstance(account, NullAccount)
         fn, line_op = self.variant(timed=timed, accounted=accounted)
         executor.it.counts = counts = dict(self.counts)   # the pool's takes count their reuse here
         limit = executor.budget if executor.budget is not None else executor.plan.peak_bytes   # the pool's
         try:
             with torch.no_grad():
-                loss = fn(state.values, x, y, executor.latency, add, time.perf_counter, executor.pool,
+                loss = fn(state.values, x, y, executor.latency, account.add, time.perf_counter, executor.pool,
                           executor._from_pool, limit)
         except (ExecutionError, KeyboardInterrupt):
             raise
         except Exception as e:  # noqa: BLE001 - re-raised with the graph context, as the executor does
             raise _with_context(e, self.prog, line_op) from e
+        finally:
+            if alone is not None:
+                executor.pool.account = account
         mem.peak = executor.iteration_peak = led.peak
         executor.peak_bytes = max(executor.peak_bytes, led.peak)
         totals = executor.totals
@@ -298,21 +304,42 @@ class FastStep:
         totals["fast_iterations"] = totals.get("fast_iterations", 0) + 1   # not in COUNTS: the executor never counts it
         if not timed:
             self.unmeasured_iteration = totals["iterations"]
-        mem.hold(led.end)
+        if alone is not None:
+            _alone_end(executor.pool, account, alone, mem, led)
+        else:
+            mem.hold(led.end)
         return loss
 
 
-def _account_mode(account, led: StaticLedger) -> tuple[Callable | None, bool]:
-    """(the ``add`` the generated code calls, whether it calls it per change). Alone on
-    the device (no other account holds memory), the account hears the iteration's peak
-    at its start: the global peak is then the same as with every change reported."""
-    if isinstance(account, NullAccount):
-        return None, False
+# The job's account in the device ledger. With other jobs on the device, the generated
+# code reports every change (the accounted variant). Alone, it reports none: the account
+# hears the iteration's peak at its start, and the largest ledger + pool (which the pool
+# itself tracks: only allocations and recycled buffers raise it) at its end, which gives
+# the device ledger the same peaks as every change reported, for no per-op cost.
+_QUIET = NullAccount()
+
+
+def _alone(account) -> bool:
+    """No other account is open on the job's device ledger, nor holds memory."""
     ledger = getattr(account, "ledger", None)
-    if ledger is not None and ledger.current_bytes == account.bytes and len(ledger.accounts()) == 1:
-        account.add(led.peak - led.start)
-        return None, False
-    return account.add, True
+    return ledger is not None and ledger.current_bytes == account.bytes and len(ledger.accounts()) == 1
+
+
+def _alone_begin(pool, account, rise: int) -> int:
+    """Report the iteration's peak now, the pool at the end; returns the pool's reserved peak so far."""
+    account.add_pool(-pool.bytes)
+    account.add(rise)
+    pool.account, reserved_so_far, pool.reserved_peak = _QUIET, pool.reserved_peak, 0
+    return reserved_so_far
+
+
+def _alone_end(pool, account, alone: int, mem, led: StaticLedger) -> None:
+    """``alone``: the pool's reserved peak before the iteration."""
+    reserved = max(pool.reserved_peak, led.peak)   # this iteration's largest ledger + pool
+    pool.reserved_peak = max(alone, pool.reserved_peak)
+    account.add_pool(reserved - led.peak)          # the device ledger's reserved peak sees it
+    mem.hold(led.end)
+    account.add_pool(pool.bytes - (reserved - led.peak))   # what the pool holds now
 
 
 def _with_context(e: Exception, prog: Program, line_op: list) -> ExecutionError:
