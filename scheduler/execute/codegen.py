@@ -19,9 +19,9 @@ size, buffers given back past the limit), with the ledger's totals as constants:
 keeps a large model's allocations from faulting in fresh pages every iteration.
 
 The job's account in the device ledger hears of every change, as from the executor,
-when other jobs hold device memory (one generated variant calls it per op); a job
-alone on the device reports its iteration's peak at the start and what it holds at the
-end, which gives the same global peak for no per-op cost.
+when other jobs are on the device (one generated variant calls it per op); a job alone
+reports its iteration's peak at the start and, at the end, its largest ledger + pool and
+what it holds: the same global and reserved peaks for no per-op cost.
 
 Op latencies for plan updating are measured in some iterations only (a timed variant
 of the function): the first :data:`MEASURE_FIRST` fast iterations, then one in
