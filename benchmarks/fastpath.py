@@ -6,8 +6,9 @@ step by step in one process: eager PyTorch, ``ScheduledStep(policy="none")`` and
 with no swap or recompute). The figure is the median step time of each, after warm-up,
 and the ratio to eager's. Issue 13's goal: at most 1.05x eager, the small MLP included.
 
-``python -m dbml.bench.fastpath`` (or ``python benchmarks/fastpath.py``) prints a table;
-:func:`run` returns its rows (one dict per workload and runner).
+``python -m dbml.bench.fastpath`` prints a table; :func:`run` returns its rows (one dict
+per workload and runner). ``--train`` (:func:`run_train`) measures ``train()`` end to end
+from SQL on a small table instead: where a small job's time goes besides its steps.
 """
 
 from __future__ import annotations
@@ -152,13 +153,78 @@ def run(cases=None, steps: int = 200, threads: int | None = None) -> list[dict]:
     return out
 
 
+def _timed(owner, name: str, into: dict, key: str, result=None) -> None:
+    """Wrap ``owner.name`` to add its wall seconds to ``into[key]`` (``result(value)``: more figures)."""
+    original = getattr(owner, name)
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            value = original(*args, **kwargs)
+        finally:
+            into[key] = into.get(key, 0.0) + time.perf_counter() - t0
+        if result is not None:
+            result(value)
+        return value
+    setattr(owner, name, timed)
+
+
+def run_train(rows: int = 20000, epochs: int = 3, batch: int = 64, repeats: int = 3,
+              policies=("eager", "none", "tensile", "none-interpreted", "tensile-interpreted")) -> list[dict]:
+    """``train()`` end to end from SQL on a 20-feature table (arch auto: 64-64 MLP), where a
+    small job's time goes: setup and storing, the runner's steps, progress, waiting for
+    data, and the rest of the training loop (batch iteration, the loss's finiteness check
+    and sum). Policies run in turn, ``repeats`` times; medians. Patches dbml's training
+    module for the measurement (run it in a process of its own)."""
+    import numpy as np
+    import pyarrow as pa
+    import dbml
+    from dbml import training
+    acc: dict = {}
+    for owner in (ScheduledStep, EagerStep):
+        _timed(owner, "step", acc, "runner")
+    _timed(training.TrainLoop, "step", acc, "loop")
+    _timed(training, "_run_epochs", acc, "epochs",
+           lambda out: acc.__setitem__("wait", acc.get("wait", 0.0) + sum(h["wait_seconds"] for h in out[0])))
+    g = np.random.default_rng(0)
+    x = g.standard_normal((rows, 20)).astype(np.float32)
+    con = dbml.connect(latency_model="roofline")
+    con.register("src", pa.table({**{f"f{i}": x[:, i] for i in range(20)}, "y": (x[:, 0] + x[:, 1] > 0).astype(np.int64)}))
+    con.sql("CREATE TABLE t AS SELECT * FROM src")
+    figures: dict = {p: [] for p in policies}
+    for rep in range(repeats):
+        for policy in policies:
+            acc.clear()
+            with _interpreted(policy):
+                t0 = time.perf_counter()
+                con.sql(f"SELECT train('m{rep}_{policy.replace('-', '_')}', 't', label := 'y', epochs := {epochs}, "
+                        f"batch_size := {batch}, policy := '{policy.split('-')[0]}')").fetchall()
+                acc["total"] = time.perf_counter() - t0
+            figures[policy].append(dict(acc))
+    steps = epochs * -(-int(rows * 0.9) // batch)
+    out = []
+    for policy, runs in figures.items():
+        med = {k: statistics.median(r.get(k, 0.0) for r in runs) for k in ("total", "epochs", "runner", "loop", "wait")}
+        out.append({"policy": policy, "steps": steps, "train_seconds": med["total"],
+                    "setup_and_store_seconds": med["total"] - med["epochs"], "step_us": med["runner"] / steps * 1e6,
+                    "progress_us": (med["loop"] - med["runner"]) / steps * 1e6, "data_wait_us": med["wait"] / steps * 1e6,
+                    "loop_rest_us": (med["epochs"] - med["loop"] - med["wait"]) / steps * 1e6,
+                    "load_average": os.getloadavg()[0]})
+    return out
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", nargs="*", default=None, help=f"of {', '.join(CASES)}")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--train", action="store_true", help="train() end to end from SQL instead (run_train)")
     a = p.parse_args(argv)
     print(f"load average before: {os.getloadavg()}")
+    if a.train:
+        for r in run_train():
+            print("  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()))
+        return
     for r in run(a.cases, a.steps, a.threads):
         print(f"{r['workload']:22} {r['runner']:20} median {r['median_ms']:9.3f} ms x{r['ratio_to_eager']:.3f}  "
               f"min {r['min_ms']:9.3f} ms x{r['min_ratio_to_eager']:.3f}  n={r['steps']} "
