@@ -10,6 +10,8 @@ variable                         default     effect
 ===============================  ==========  =============================================
 ``DBML_NO_SCHEDULER``            off         run every job unscheduled (policy ``none``)
 ``DBML_DEBUG``                   off         print one summary line per plan to stderr
+``DBML_NO_FASTPATH``             off         interpret every iteration, also of plans that
+                                             bind nothing (no generated fast path)
 ``DBML_CACHE_DIR``               see below   where the latency predictor and captured
                                              graphs are cached
 ``DBML_GRAPH_CACHE``             1           ``0``: capture every graph afresh, neither
@@ -31,7 +33,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["ENVIRONMENT", "scheduler_disabled", "debug", "cache_dir", "copy_bandwidth_override",
+__all__ = ["ENVIRONMENT", "scheduler_disabled", "fast_path_disabled", "debug", "cache_dir", "copy_bandwidth_override",
            "util_window", "graph_cache_dir", "predictor_steps", "predictor_extrapolates_with_baseline",
            "predictor_residual", "env_flag"]
 
@@ -39,6 +41,7 @@ __all__ = ["ENVIRONMENT", "scheduler_disabled", "debug", "cache_dir", "copy_band
 ENVIRONMENT = {
     "DBML_NO_SCHEDULER": ("", "run every job unscheduled (policy none)"),
     "DBML_DEBUG": ("", "print one summary line per plan to stderr"),
+    "DBML_NO_FASTPATH": ("", "interpret every iteration, also of plans that bind nothing"),
     "DBML_CACHE_DIR": ("", "where the latency predictor and captured graphs are cached"),
     "DBML_GRAPH_CACHE": ("1", "0: capture every graph afresh, without the on-disk graph cache"),
     "DBML_COPY_BANDWIDTH": ("", "host-device copy bandwidth in bytes/s, instead of measuring it"),
@@ -60,6 +63,10 @@ def env_flag(name: str) -> bool:
 
 def scheduler_disabled() -> bool:
     return env_flag("DBML_NO_SCHEDULER")
+
+
+def fast_path_disabled() -> bool:
+    return env_flag("DBML_NO_FASTPATH")
 
 
 def debug() -> bool:

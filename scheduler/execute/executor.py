@@ -64,6 +64,8 @@ class Executor:
     coordinator: the ledger ``mem``, the values ``it``, ``transfers``, ``pool``,
     ``replay`` and, in passive mode only, ``evictor`` each own their fields."""
 
+    fast = None   # a codegen.FastStep: the runner's generated iteration for a plan binding nothing
+
     def __init__(self, program: Program, plan: Plan, device: Device, *, log: bool = False,
                  budget_bytes: int | None = None, evict: bool = False, account: Account | None = None):
         self.prog, self.device, self.log_enabled = program, device, log
@@ -107,10 +109,9 @@ class Executor:
     def close(self) -> None:
         self.channel.close()
 
-    def __del__(self):
-        channel = getattr(self, "channel", None)   # None: __init__ failed before making it
-        if channel is not None:
-            channel.close(wait=False)   # its thread ends; nothing waits for it here
+    def __del__(self):   # the copy thread ends; nothing waits for it (no channel: __init__ failed first)
+        if getattr(self, "channel", None) is not None:
+            self.channel.close(wait=False)
 
     def release_pool(self) -> None:
         """Give back the buffers kept for reuse (another executor is about to run)."""
@@ -127,12 +128,12 @@ class Executor:
 
     counts = property(lambda self: self.it.counts)   # what the last (or current) iteration counted
 
-    @property
-    def reserved_peak(self) -> int:   # largest ledger + reuse pool (like CUDA's reserved bytes)
-        return self.pool.reserved_peak
+    reserved_peak = property(lambda self: self.pool.reserved_peak)   # largest ledger + pool (CUDA's reserved)
 
     # -- one iteration ---------------------------------------------------------------
     def run(self, state: ExecState, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.fast is not None and self.fast.accepts(self, state):
+            return self.fast.run(self, state, x, y)
         self._begin(state, x, y)
         if self.after[0]:
             self._perform(self.after[0], -1)

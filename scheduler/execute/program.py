@@ -23,7 +23,7 @@ from ..graph.capture import HIDDEN_MUTATIONS, CapturedStep
 from ..graph.sequence import AccessSequence
 from ..plan.liveness import analyse_liveness
 
-__all__ = ["Program", "Alias", "Reuse", "PLAIN", "MULTI", "SKIP", "SPECIAL"]
+__all__ = ["Program", "Alias", "Reuse", "PLAIN", "MULTI", "SKIP", "SPECIAL", "call_source"]
 
 
 class Alias(NamedTuple):
@@ -43,15 +43,18 @@ class Reuse(NamedTuple):
     size: tuple
     stride: tuple
     call: Callable      # (env, out) -> value: the op's ``out=`` variant
+    target: Any = None  # that variant (the fast path renders the same call over locals)
 
 
-def _compile(node: fx.Node, pos: dict, ns: dict, target=None, out_pos: int | None = None,
-             copy_into: int | None = None, out_arg: bool = False):
-    """A closure ``env -> value`` computing ``node`` from the flat value list ``env``
-    (``(env, out) -> value`` with ``out_arg``: an ``out=`` variant writing into ``out``)."""
+def call_source(node: fx.Node, pos: dict, ref: Callable[[int], str], ns: dict, target=None,
+                out_pos: int | None = None, copy_into: int | None = None, out_arg: bool = False) -> str:
+    """The Python expression computing ``node``: the value of the node at position
+    ``pos[n]`` is ``ref(pos[n])``; a constant other than None, a bool or an int is a name
+    bound in ``ns``. Shared by the executor's per-node closures and the fast path's
+    generated function (:mod:`.codegen`)."""
     def render(a) -> str:
         if isinstance(a, fx.Node):
-            return f"e[{pos[a]}]"
+            return ref(pos[a])
         if isinstance(a, list):
             return "[" + ", ".join(render(x) for x in a) + "]"
         if isinstance(a, tuple):
@@ -68,12 +71,24 @@ def _compile(node: fx.Node, pos: dict, ns: dict, target=None, out_pos: int | Non
     ns[fn] = target._op if isinstance(target, torch._ops.OpOverload) else target
     parts = [render(a) for a in node.args] + [f"{k}={render(v)}" for k, v in node.kwargs.items()]
     if out_pos is not None:
-        parts.append(f"out=e[{out_pos}]")
+        parts.append(f"out={ref(out_pos)}")
     if out_arg:
         parts.append("out=o")
     call = f"{fn}({', '.join(parts)})"
     if copy_into is not None:
-        call = f"e[{copy_into}].copy_({call})"
+        call = f"{ref(copy_into)}.copy_({call})"
+    return call
+
+
+def _env_ref(p: int) -> str:   # the executor's closures: a value is ``e[p]`` of the flat value list
+    return f"e[{p}]"
+
+
+def _compile(node: fx.Node, pos: dict, ns: dict, target=None, out_pos: int | None = None,
+             copy_into: int | None = None, out_arg: bool = False):
+    """A closure ``env -> value`` computing ``node`` from the flat value list ``env``
+    (``(env, out) -> value`` with ``out_arg``: an ``out=`` variant writing into ``out``)."""
+    call = call_source(node, pos, _env_ref, ns, target, out_pos, copy_into, out_arg)
     return eval(f"lambda e{', o' if out_arg else ''}: {call}", ns)  # noqa: S307 - built from the graph
 
 
@@ -182,12 +197,16 @@ class Program:
     def _compile_all(self, pos) -> None:
         ns: dict[str, Any] = {}
         self.kind, self.calls, self.distribute = [], [], []
+        # per op, how its call is made: (target, out_pos, copy_into) as _compile takes them
+        # (None: a SKIP); the fast path renders the same call over locals (codegen.py)
+        self.call_spec: list[tuple | None] = []
         self.in_place: dict[int, tuple[int, int]] = {}   # op -> (new sid, old sid)
         for k, node in enumerate(self.op_nodes):
             val = node.meta.get("val")
             if node.target is operator.getitem and isinstance(node.args[0].meta.get("val"), (list, tuple)):
                 self.kind.append(SKIP)
                 self.calls.append(None)
+                self.call_spec.append(None)
                 self.distribute.append(())
                 continue
             multi = isinstance(val, (list, tuple))
@@ -195,6 +214,7 @@ class Program:
             self.distribute.append(tuple((u.args[1], pos[u]) for u in node.users
                                          if u.target is operator.getitem) if multi else ())
             self.calls.append(_compile(node, pos, ns))
+            self.call_spec.append((None, None, None))
         self.replay_calls = list(self.calls)
         self.mutated = {k: _written_storages(node) for k, node in enumerate(self.op_nodes)
                         if node.meta.get("dbml_mutates")}
@@ -226,7 +246,7 @@ class Program:
             if out_op is None or nbytes != val.numel() * val.element_size() or nbytes < MIN_REUSE_BYTES:
                 continue
             self.reuse[k] = Reuse(nbytes, val.dtype, tuple(val.shape), tuple(val.stride()),
-                                  _compile(node, pos, ns, target=out_op, out_arg=True))
+                                  _compile(node, pos, ns, target=out_op, out_arg=True), out_op)
         # how many buffers of each size are worth keeping: as many as ops that take one
         self.reuse_demand: dict[int, int] = {}
         for r in self.reuse:
@@ -257,6 +277,7 @@ class Program:
                 out_op = _out_variant(target)
                 if out_op is not None:
                     self.calls[k] = _compile(node, pos, ns, target=out_op, out_pos=pos[arg])
+                    self.call_spec[k] = (out_op, pos[arg], None)
                     self.reuse[k] = None
                     self.overwrites += 1
                 break
@@ -277,6 +298,8 @@ class Program:
             reads_old = old in self.inputs[k]
             if out_op is not None and (not reads_old or torch.Tag.pointwise in target.tags):
                 self.calls[k] = _compile(node, pos, ns, target=out_op, out_pos=old_pos)
+                self.call_spec[k] = (out_op, old_pos, None)
             else:
                 self.calls[k] = _compile(node, pos, ns, copy_into=old_pos)
+                self.call_spec[k] = (None, None, old_pos)
             self.in_place[k] = (new, old)   # Liveness counts op k as an access of old

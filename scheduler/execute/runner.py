@@ -66,6 +66,7 @@ from ..latency.estimate import LatencyModel, RooflineModel
 from ..multijob.ledger import DeviceLedger, JobAccount
 from ..plan.planner import PlanSettings
 from ..plan.vdnn import vdnn_plan
+from .codegen import fast_path_for
 from .devices import Device, make_device
 from .executor import Executor, Program
 from .jobstate import initial_state, model_values, optimizer_states
@@ -271,6 +272,7 @@ class ScheduledStep:
         self._reserve(seq, start.plan)
         executor = Executor(Program(captured, seq), start.plan, self.device, log=self.log,
                             budget_bytes=start.limit, evict=start.passive, account=self.account)
+        executor.fast = fast_path_for(executor)
         return GraphSchedule(executor, start.plan, seq, LatencyTracker(seq, self.update), start.passive)
 
     def _reserve(self, seq: AccessSequence, plan: Plan) -> None:
@@ -328,10 +330,22 @@ class ScheduledStep:
         self._reserve(seq, plan)
         g.executor.set_plan(plan, seq, budget_bytes=self._policy.limit(plan))
         g.executor.settle(self.state)   # hold no more than the new plan allows before saying so
+        g.executor.fast = fast_path_for(g.executor, g.executor.fast)   # None: the plan binds something
         g.plan, g.seq, g.passive = plan, seq, False
         g.tracker.rebase(seq)
         self.plan_changes += 1
         self._debug(lambda: f"new plan: {self.runner_stats().summary}")
+
+    def _fold(self, g: GraphSchedule) -> bool:
+        """Whether the last iteration's op latencies go to plan updating: not from a fast
+        iteration that did not time its ops (codegen.py), nor while the job is planned alone
+        (its own budget, or the only job on a shared planner's device) a plan binding
+        nothing: the peak after last-use release does not depend on latencies, so every
+        drift replan would give the same plan (another job's arrival replans anyway)."""
+        fast, ledger = g.executor.fast, self.planner.ledger
+        alone = isinstance(self.planner, LocalPlanner) or (ledger is not None and list(ledger.accounts()) == [self.job])
+        return fast is None or (fast.measured(g.executor) and not (
+            alone and getattr(self.planning.settings, "stop_when_fits", True)))
 
     def _debug(self, message: Callable[[], str]) -> None:
         if config.debug():
@@ -360,7 +374,7 @@ class ScheduledStep:
         self._boundary(g)
         self.iteration_plans.append(g.plan)
         loss = executor.run(self.state, x, y)
-        offer = self._policy.after_iteration(executor, g.seq, g.tracker, g.passive)
+        offer = self._policy.after_iteration(executor, g.seq, g.tracker, g.passive) if self._fold(g) else None
         if offer is not None:   # it waits in g.pending for the next boundary
             self._offer(g, *offer)
         if len(self._graphs) != fresh:
