@@ -127,7 +127,6 @@ class Executor:
         return self.transfers.copy_bandwidth()
 
     counts = property(lambda self: self.it.counts)   # what the last (or current) iteration counted
-
     reserved_peak = property(lambda self: self.pool.reserved_peak)   # largest ledger + pool (CUDA's reserved)
 
     # -- one iteration ---------------------------------------------------------------
