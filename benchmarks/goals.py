@@ -129,7 +129,7 @@ def unbound_overhead(rows, limit: float = 1.05) -> list[Goal]:
     out = []
     for r in rows:
         unbound = (r.get("section") == "single" and r.get("mode") == "cpu" and r.get("method") == "dbml-none") or \
-                  (r.get("section") == "fastpath" and r.get("method") != "eager")
+                  (r.get("section") == "fastpath" and r.get("family") == "dbml" and "interpreted" not in r["method"])
         if unbound and r.get("eor") is not None:
             out.append(Goal(f"unbound job <= {limit} x eager", r["workload"],
                             f"{r['method']}: {r['eor']:.3f} x eager", r["eor"] <= limit))
@@ -140,6 +140,8 @@ def emulated(rows, profile: str = "a6000", first_limit: float = 1.2) -> list[Goa
     """On the emulated GPU: the best CBR above the paper's Table III, and the first
     iteration's EOR at 50 % (planned from the latency model) <= 1.2."""
     mode, out = f"emulated:{profile}", []
+    if not any(r.get("mode") == mode for r in rows):
+        return out
     for w, paper in PAPER_CBR.items():
         ours = [r for r in _dbml(rows, w, mode) if r.get("cbr") is not None]
         best = max(ours, key=lambda r: r["cbr"], default=None)

@@ -193,6 +193,8 @@ def run(args) -> dict:
         rows += _coldstart(rows)
     _checkpoint(results, args)
     _multi(args, sections, ctx, rows, log)
+    if "fastpath" in sections:
+        rows += _fastpath(args.quick, log)
     if "latency" in sections:
         rows += _latency(names, iters, log)
     if "batch" in sections:
@@ -205,6 +207,16 @@ def run(args) -> dict:
     results["load_average"]["after"] = list(os.getloadavg())
     results["seconds"] = time.time() - started
     return results
+
+
+def _fastpath(quick: bool, log) -> list[dict]:
+    """Per-step time of a job whose budget binds nothing against eager (:mod:`.fastpath`)."""
+    from . import fastpath
+    log("fastpath: eager against dbml with nothing to schedule, small MLPs first")
+    rows = fastpath.run(steps=40 if quick else 200)
+    return [{**r, "section": "fastpath", "mode": "cpu", "family": "eager" if r["runner"] == "eager" else "dbml",
+             "method": "eager" if r["runner"] == "eager" else f"dbml-{r['runner']}", "eor": r["ratio_to_eager"],
+             "load_average": round(r["load_average"], 2)} for r in rows]
 
 
 def _latency(names: list[str], iters: int, log) -> list[dict]:

@@ -51,3 +51,7 @@ def test_the_report_says_how_many_goals_were_met():
     text = report.markdown({"rows": rows, "date": "d", "machine": {"name": "m"}})
     assert "## goals (issue 13)" in text
     assert "| unbound job <= 1.05 x eager | resnet50 | dbml-none: 1.200 x eager | **NO** |" in text
+
+
+def test_no_emulated_rows_no_emulated_goals():
+    assert goals.emulated([_row("dbml-tensile@50%", 0.5, 1.5, 50)]) == []
