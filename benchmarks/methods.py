@@ -102,10 +102,10 @@ def eager_entry(model: torch.nn.Module) -> Entry:
 
 
 def dbml_entry(method: str, model: torch.nn.Module, *, policy: str, budget: int | None, share, lm,
-               device="cpu") -> Entry:
+               device="cpu", settings=None) -> Entry:
     try:
         runner = ScheduledStep(copy.deepcopy(model), loss_fn, SPEC, policy=policy, budget_bytes=budget,
-                               latency_model=lm, share_graphs=share, device=device,
+                               latency_model=lm, share_graphs=share, device=device, planner_settings=settings,
                                update=UpdateSettings(max_plan_share=0.05))
     except Exception as e:  # noqa: BLE001 - the row records why the method could not run
         return failed(method, "dbml", f"{type(e).__name__}: {e}", budget)
@@ -122,7 +122,7 @@ def peer_entry(name: str, model: torch.nn.Module, x, y, **kw) -> Entry:
     return Entry(name, "peer", runner, emulable=bool(getattr(runner, "emulable", False)))
 
 
-def smallest_budget(model: torch.nn.Module, x, y, share, lm, device="cpu") -> int:
+def smallest_budget(model: torch.nn.Module, x, y, share, lm, device="cpu", settings=None) -> int:
     """The smallest budget TENSILE's planner can meet for this model and batch (bytes).
 
     The planner's ``min_budget`` (from a probe at 1 byte) is an estimate: planning at it
@@ -131,7 +131,7 @@ def smallest_budget(model: torch.nn.Module, x, y, share, lm, device="cpu") -> in
     budget = 1
     for _ in range(5):
         probe = ScheduledStep(copy.deepcopy(model), loss_fn, SPEC, budget_bytes=budget, latency_model=lm,
-                              share_graphs=share, device=device)
+                              share_graphs=share, device=device, planner_settings=settings)
         try:
             probe.prepare(x, y)
             return budget

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dbml.scheduler.errors import InfeasibleBudget
+from dbml.scheduler.plan.planner import BEYOND, PlanSettings
 
 from . import emulate
 from .methods import (Entry, bit_identical, dbml_entry, eager_entry, failed, peer_entry, smallest_budget)
@@ -34,13 +35,16 @@ from .workloads import Workload
 
 __all__ = ["Context", "ALL_METHODS", "EMULABLE", "run_single", "TENSILE_BUDGETS"]
 
+SETTINGS = {"tensile": None, "stalls": PlanSettings(**BEYOND)}
 MEMORY_SHARE = 0.5   # of this machine's RAM for one group of runners
 TENSILE_BUDGETS = (("75%", 0.75), ("50%", 0.50), ("35%", 0.35), ("min", None))
+# the planner beyond the paper (planned stalls, swap or recompute by cost): not dbml's default yet
+STALLS = tuple(f"dbml-stalls@{b}" for b in ("50%", "35%", "min"))
 PEERS = ("checkpoint", "offload", "compile", "rockmate")
-ALL_METHODS = ("eager", "dbml-none", *(f"dbml-tensile@{b}" for b, _ in TENSILE_BUDGETS), "dbml-capuchin@50%",
+ALL_METHODS = ("eager", "dbml-none", *(f"dbml-tensile@{b}" for b, _ in TENSILE_BUDGETS), *STALLS, "dbml-capuchin@50%",
                "dbml-vdnn", *PEERS)
 # methods that copy to the host, which the GPU-ratio emulation throttles
-EMULABLE = ("eager", *(f"dbml-tensile@{b}" for b, _ in TENSILE_BUDGETS), "dbml-capuchin@50%", "dbml-vdnn",
+EMULABLE = ("eager", *(f"dbml-tensile@{b}" for b, _ in TENSILE_BUDGETS), *STALLS, "dbml-capuchin@50%", "dbml-vdnn",
             "offload")
 
 
@@ -67,26 +71,29 @@ def _build(names, w: Workload, model, x, y, vanilla: int, ctx: Context, mode: st
         return emulate.ThrottledCpuDevice(ctx.bandwidth) if emulated else "cpu"
 
     lm = emulate.EmulatedLatency(ctx.lm, ctx.bandwidth) if emulated else ctx.lm
-    smallest = None
-    if any(n.startswith("dbml-tensile") for n in names):
-        key = (*share, mode)
+    smallest = {}   # per planner: the smallest feasible budget
+
+    def least(kind: str) -> int:
+        key = (*share, mode, kind)
         if key not in ctx.smallest:
-            ctx.smallest[key] = smallest_budget(model, x, y, share, lm, device())
-        smallest = ctx.smallest[key]
+            ctx.smallest[key] = smallest_budget(model, x, y, share, lm, device(), SETTINGS[kind])
+        smallest[kind] = ctx.smallest[key]
+        return smallest[kind]
     entries = []
     for name in names:
         if name == "eager":
             entries.append(eager_entry(model))
         elif name == "dbml-none":
             entries.append(dbml_entry(name, model, policy="none", budget=None, share=share, lm=lm))
-        elif name.startswith("dbml-tensile@"):
-            fraction = dict(TENSILE_BUDGETS)[name.split("@")[1]]
-            budget = smallest if fraction is None else int(fraction * vanilla)
-            if budget < smallest:
+        elif name.startswith(("dbml-tensile@", "dbml-stalls@")):
+            kind, fraction = name[5:].split("@")[0], dict(TENSILE_BUDGETS)[name.split("@")[1]]
+            floor = least(kind)
+            budget = floor if fraction is None else int(fraction * vanilla)
+            if budget < floor:
                 entries.append(failed(name, "dbml", f"infeasible: the smallest feasible budget is "
-                                      f"{smallest / 2**20:.1f} MiB ({smallest / vanilla:.0%} of vanilla)", budget))
+                                      f"{floor / 2**20:.1f} MiB ({floor / vanilla:.0%} of vanilla)", budget))
                 continue
-            entries.append(_tensile(name, model, x, y, budget, fraction is None, share, lm, device))
+            entries.append(_tensile(name, model, x, y, budget, fraction is None, share, lm, device, SETTINGS[kind]))
         elif name == "dbml-capuchin@50%":
             entries.append(dbml_entry(name, model, policy="capuchin", budget=int(0.5 * vanilla), share=share,
                                       lm=lm, device=device()))
@@ -98,16 +105,17 @@ def _build(names, w: Workload, model, x, y, vanilla: int, ctx: Context, mode: st
                 kw["budget_bytes"] = int(0.5 * vanilla)
             entries.append(peer_entry(name, model, x, y, **kw))
     for e in entries:
-        e.smallest = smallest
+        e.smallest = smallest.get("stalls" if e.method.startswith("dbml-stalls") else "tensile")
     return entries
 
 
-def _tensile(name: str, model, x, y, budget: int, smallest: bool, share, lm, device) -> Entry:
+def _tensile(name: str, model, x, y, budget: int, smallest: bool, share, lm, device, settings=None) -> Entry:
     """A tensile entry, planned now. At the smallest budget, the planner's latency model
     can change its mind between two plans (the predictor reads the machine's load), so
     a budget found feasible a moment ago may fail: take the new smallest, a few times."""
     for _ in range(5 if smallest else 1):
-        e = dbml_entry(name, model, policy="tensile", budget=budget, share=share, lm=lm, device=device())
+        e = dbml_entry(name, model, policy="tensile", budget=budget, share=share, lm=lm, device=device(),
+                       settings=settings)
         if not e.ok:
             return e
         try:

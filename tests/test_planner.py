@@ -19,7 +19,7 @@ from dbml.scheduler import synthetic
 from dbml.scheduler.plan import planner
 from dbml.scheduler.plan.liveness import analyse_liveness, release_events
 from dbml.scheduler.plan.peak import analyse_peak, build_timeline
-from dbml.scheduler.plan.planner import (PAPER, InfeasibleBudget, PlanSettings, plan, plan_jobs,
+from dbml.scheduler.plan.planner import (BEYOND, PAPER, InfeasibleBudget, PlanSettings, plan, plan_jobs,
                                          tensor_granularity_floor)
 from dbml.scheduler.errors import PlanningError
 from dbml.scheduler.graph.sequence import AccessSequence, Event, Plan
@@ -164,7 +164,7 @@ def test_random_tensor_is_never_recomputed():
     with pytest.raises(InfeasibleBudget) as info:
         plan(seq, 110, settings=PlanSettings(**PAPER))
     assert info.value.min_budget == 121
-    p = plan(seq, 110)   # with planned stalls: a swap that makes op 7 wait, never a recompute
+    p = plan(seq, 110, settings=PlanSettings(**BEYOND))   # planned stalls: op 7 waits, never a recompute
     check_plan(seq, p, 110)
     assert p.count(RC) == 0 and p.count(SO) == 1 and p.extra_time > 0
 

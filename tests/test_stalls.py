@@ -25,14 +25,15 @@ from dbml.scheduler.graph.sequence import Event, Plan
 from dbml.scheduler.latency.estimate import Machine, RooflineModel
 from dbml.scheduler.plan.liveness import release_events
 from dbml.scheduler.plan.peak import analyse_peak, build_timeline
-from dbml.scheduler.plan.planner import PAPER, InfeasibleBudget, PlanSettings, plan, tensor_granularity_floor
+from dbml.scheduler.plan.planner import BEYOND, PAPER, InfeasibleBudget, PlanSettings, plan, tensor_granularity_floor
 from helpers import assert_identical
 from sequences import RC, SI, SO, check_plan, make_seq, random_sequences, replay
 
 PAPER_SETTINGS = PlanSettings(**PAPER)
+STALLS = PlanSettings(**BEYOND)   # what this file tests (not the default yet)
 
 
-def _min_budget(seq, knobs=None) -> int:
+def _min_budget(seq, knobs=STALLS) -> int:
     try:
         return plan(seq, 0, settings=knobs).peak_bytes
     except InfeasibleBudget as err:
@@ -66,7 +67,7 @@ def test_swap_with_stalls_where_the_paper_cannot_swap():
     seq = make_seq([1, 100, 1, 10, 10, 10, 1, 1, 1], [0], ops, outputs={8}, bandwidth=1.0, random_tensors={1})
     with pytest.raises(InfeasibleBudget):
         plan(seq, 110, settings=PAPER_SETTINGS)
-    p = plan(seq, 110)
+    p = plan(seq, 110, settings=STALLS)
     check_plan(seq, p, 110)
     assert p.count(SO) == 1 and p.count(RC) == 0
     assert p.extra_time == pytest.approx(analyse_peak(seq, p.events).duration - seq.duration)
@@ -77,15 +78,15 @@ def test_recompute_by_cost_beats_a_slow_swap_and_not_a_fast_one():
     # t1 (100) is cheap to recompute (1 s): with copies of 100 s the recompute costs less;
     # with fast copies a stall-free swap costs nothing
     from sequences import chain
-    slow = plan(chain(bandwidth=1.0), 110)
+    slow = plan(chain(bandwidth=1.0), 110, settings=STALLS)
     assert slow.count(RC) == 1 and slow.count(SO) == 0 and slow.extra_time == 1.0
-    fast = plan(chain(bandwidth=100.0), 110)
+    fast = plan(chain(bandwidth=100.0), 110, settings=STALLS)
     assert fast.count(SO) == 1 and fast.count(RC) == 0 and fast.extra_time == 0.0
 
 
 def test_paper_choice_recomputes_by_msps_after_swapping():
     from sequences import chain
-    p = plan(chain(bandwidth=1.0), 110, settings=PlanSettings(choice="paper"))
+    p = plan(chain(bandwidth=1.0), 110, settings=PlanSettings(stalls=True, choice="paper"))
     assert p.count(RC) == 1
     with pytest.raises(ValueError, match="unknown choice 'cheap'"):
         PlanSettings(choice="cheap")
@@ -100,7 +101,7 @@ def test_stalls_reach_smaller_budgets_than_the_paper(n_ops, seed, bandwidth):
     paper, stalls = _min_budget(seq, PAPER_SETTINGS), _min_budget(seq)
     assert stalls < paper
     assert stalls >= tensor_granularity_floor(seq)
-    p = plan(seq, stalls)
+    p = plan(seq, stalls, settings=STALLS)
     check_plan(seq, p, stalls)
     assert p.extra_time > 0
 
@@ -109,7 +110,7 @@ def test_stalls_reach_smaller_budgets_than_the_paper(n_ops, seed, bandwidth):
 @given(seq=random_sequences(), frac=st.floats(0.0, 1.0), choice=st.sampled_from(["cost", "paper"]))
 @pytest.mark.slow
 def test_random_plans_with_stalls_are_exact_ledgers(seq, frac, choice):
-    knobs = PlanSettings(choice=choice)
+    knobs = PlanSettings(stalls=True, choice=choice)
     vanilla = plan(seq, 1 << 40, policy="none").peak_bytes
     budget = int(frac * vanilla)
     try:
@@ -149,7 +150,7 @@ def test_executor_runs_a_plan_with_stalls_bit_identically_within_its_peak():
     seq = build_sequence(captured, RooflineModel(SLOW_COPIES))
     budget = _min_budget(seq)
     assert budget < _min_budget(seq, PAPER_SETTINGS)
-    p = plan(seq, budget)
+    p = plan(seq, budget, settings=STALLS)
     check_plan(seq, p, budget)
     synchronous = [e for e in p.events if e.kind is SO and e.before >= 0]
     assert p.extra_time > 0 and synchronous

@@ -4,7 +4,7 @@ Activity analysis first (liveness.py), then, while the global peak (the sum of t
 jobs' peaks) exceeds the budget, one change per round at some job's peak:
 
 * a swap that makes nothing wait (swap.py), the largest tensor first: it costs no time;
-* when none fits the copy channel (``choice="cost"``, the default), the option with the
+* when none fits the copy channel (``choice="cost"``), the option with the
   least added time per byte freed among the largest tensors at the peak: a swap with
   planned waits (stalls.py; ``stalls``) or a recompute (recompute.py: its generating
   op's latency; MSPS is the same order). Each round tries a stall-free swap again first.
@@ -12,8 +12,9 @@ jobs' peaks) exceeds the budget, one change per round at some job's peak:
   by MSPS until none qualifies (``resume_swapping=True`` goes back to swapping after
   each recompute), then, with ``stalls``, the cheapest option as above.
 
-``PlanSettings(stalls=False, choice="paper")`` is the paper's algorithm: no planned swap
-may make compute wait. ``stop_when_fits=False`` restores the paper's loop, which swaps
+``PlanSettings(stalls=False, choice="paper")`` (``PAPER``, the default) is the paper's
+algorithm: no planned swap may make compute wait; ``PlanSettings(**BEYOND)`` turns on
+planned stalls and the choice by cost. ``stop_when_fits=False`` restores the paper's loop, which swaps
 until nothing more can be swapped and recomputes only while the peak exceeds the budget.
 No step raises the peak (a change that would is undone), so when the budget cannot be
 met the peak the loop ended at is the least budget it can meet
@@ -79,12 +80,13 @@ class PlanSettings:
     patience: int = 100
     min_gain: float = 0.0005
     # When no swap fits without making compute wait, plan one that does (least added
-    # time); False = the paper's rule: no planned swap may delay compute.
-    stalls: bool = True
+    # time); False (the default until its known faults are fixed: see BEYOND) = the paper's
+    # rule: no planned swap may delay compute.
+    stalls: bool = False
     # "cost": once no stall-free swap fits, each round takes the option with the least
     # added time per byte freed (stalling swap or recompute); "paper": swap, then
     # recompute by MSPS, then (with stalls) the cheapest.
-    choice: str = "cost"
+    choice: str = "paper"
     # How many of the largest tensors at the peak (and of the best recomputes) are
     # priced per round: bounds planning time on graphs with thousands of tensors.
     priced: int = 12
@@ -94,7 +96,12 @@ class PlanSettings:
             raise ValueError(f"PlanSettings: unknown choice {self.choice!r}; use one of {CHOICES}")
 
 
-PAPER = dict(stalls=False, choice="paper")   # PlanSettings(**PAPER): the paper's algorithm
+PAPER = dict(stalls=False, choice="paper")   # PlanSettings(**PAPER): the paper's algorithm (the default)
+# PlanSettings(**BEYOND): planned stalls, swap or recompute by cost. Not the default yet: in
+# the suite it once broke a budget at 75 % (the tracker's known ~1 MiB over the ledger, now
+# hit away from the smallest budget) and hypothesis found a plan on zero-latency ops whose
+# replay waits for a swap-in; the benchmark measures it beside the paper's (dbml-stalls@…).
+BEYOND = dict(stalls=True, choice="cost")
 
 
 def plan(seq: AccessSequence, budget_bytes: int, policy: str = "tensile",
