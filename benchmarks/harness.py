@@ -213,7 +213,8 @@ def _fastpath(quick: bool, log) -> list[dict]:
     """Per-step time of a job whose budget binds nothing against eager (:mod:`.fastpath`)."""
     from . import fastpath
     log("fastpath: eager against dbml with nothing to schedule, small MLPs first")
-    rows = fastpath.run(steps=40 if quick else 200)
+    small = ("tabular-20x64x64-b256", "dbml-default-mlp-b64")   # --quick: the small MLPs the goal names
+    rows = fastpath.run(cases=small if quick else None, steps=40 if quick else 200)
     return [{**r, "section": "fastpath", "mode": "cpu", "family": "eager" if r["runner"] == "eager" else "dbml",
              "method": "eager" if r["runner"] == "eager" else f"dbml-{r['runner']}", "eor": r["ratio_to_eager"],
              "load_average": round(r["load_average"], 2)} for r in rows]
