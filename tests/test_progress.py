@@ -1,0 +1,46 @@
+"""dbml.progress: a statement's jobs are shown while it runs, earlier jobs never."""
+
+from __future__ import annotations
+
+import io
+
+from dbml import progress
+
+
+class Recorder:
+    def __init__(self):
+        self.updates, self.closed = [], None
+
+    def update(self, jobs):
+        self.updates.append(jobs)
+
+    def close(self, jobs):
+        self.closed = jobs
+
+
+def test_watching_reports_the_statements_job_until_it_ends(moons_con):
+    moons_con.sql("SELECT train('before', 'moons', label := 'label', epochs := 1)").fetchall()
+    seen = Recorder()
+    with progress.watching(moons_con, seen, interval=0.01):
+        moons_con.sql("SELECT train('m', 'moons', label := 'label', epochs := 4, batch_size := 16)").fetchall()
+    assert seen.updates, "no progress was drawn while the job ran"
+    assert {v.model for views in seen.updates for v in views} == {"m"}
+    assert [v.status for v in seen.closed] == ["finished"] and seen.closed[0].epoch == 4
+    epochs = [views[0].epoch for views in seen.updates]
+    assert epochs == sorted(epochs)
+
+
+def test_line_renderer_draws_one_line_and_clears_it():
+    out = io.StringIO()
+    line = progress.LineRenderer(out, force=True)
+    view = progress.JobView(3, "churn", "running", 2, 10, 0.45, 0.41234, 1234.0)
+    line.update([view])
+    assert out.getvalue() == "\rjob 3 churn  epoch 2/10   45%  loss 0.4123  1,234 rows/s"
+    line.close([view])
+    assert out.getvalue().endswith("\r") and "\n" not in out.getvalue()
+
+
+def test_line_renderer_is_silent_off_a_terminal():
+    out = io.StringIO()
+    progress.LineRenderer(out).update([progress.JobView(1, "m", "running", 0, 1, 0.0, None, None)])
+    assert out.getvalue() == ""
