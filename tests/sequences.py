@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from dbml.scheduler.graph.sequence import (AccessSequence, EventKind, Op, Phase, Plan, TensorInfo,
                                            TensorKind)
-from dbml.scheduler.plan.peak import analyse_peak
+from dbml.scheduler.plan.peak import analyse_peak, build_timeline
 
 R, SO, SI, RC = EventKind.RELEASE, EventKind.SWAP_OUT, EventKind.SWAP_IN, EventKind.RECOMPUTE
 TOL = 1e-9
@@ -209,6 +209,7 @@ class _Ledger:
         self.resident = {t: -1.0 for t in seq.initial - on_host}   # tensor -> swap-in arrival time
         self.host = {t: 0.0 for t in on_host}                       # tensor -> host copy ready
         self.used = seq.workspace + sum(self.size(t) for t in self.resident)
+        self.read = set()   # tensors read since they last arrived: the margin binds the first read only
 
     def size(self, t):
         return self.seq.tensors[t].nbytes
@@ -230,6 +231,7 @@ class _Ledger:
             assert x.tensor not in resident, f"swap-in of a resident tensor: {x}"
             assert self.host.get(x.tensor, float("inf")) <= t0 + TOL, f"swap-in without a host copy: {x}"
             resident[x.tensor] = t0 + size(x.tensor) / seq.copy_bandwidth
+            self.read.discard(x.tensor)
             self.used += size(x.tensor)
         elif what == "release":
             assert x.tensor in resident, f"release of a non-resident tensor: {x}"
@@ -242,7 +244,11 @@ class _Ledger:
         for t in op.inputs:
             assert t in resident, f"op {op.index} reads non-resident tensor {t}"
             waited = abs(resident[t] - t0) <= TOL   # a planned late swap-in: the op waited for it
-            assert waited or resident[t] <= t0 - self.margin + TOL, f"op {op.index} waits for tensor {t}'s swap-in"
+            # a later read of an arrived tensor is on time whatever the margin: an op between
+            # may have stalled for another swap-in (a planned stall), moving this one later
+            on_time = t in self.read or resident[t] <= t0 - self.margin + TOL
+            assert waited or on_time, f"op {op.index} waits for tensor {t}'s swap-in"
+        self.read.update(op.inputs)
         for n in op.outputs:
             if n in self.in_place:
                 assert self.in_place[n] in resident, f"in-place target {self.in_place[n]} not resident"
@@ -265,7 +271,14 @@ class _Ledger:
 def check_plan(seq, p: Plan, budget=None, margin=0.0):
     assert all((a.trigger, a.delay) <= (b.trigger, b.delay) for a, b in zip(p.events, p.events[1:]))
     measured = replay(seq, p, margin)
-    assert analyse_peak(seq, p.events).bytes == measured == p.peak_bytes
+    analysed = analyse_peak(seq, p.events).bytes
+    if build_timeline(seq, p.events).waited > 0:
+        # planned stalls (rule 7) start copies where another copy ends, the two instants
+        # summed along different paths: the planner may order such a float-rounding tie
+        # pessimistically (a swap-in before the swap-out it follows), never optimistically
+        assert analysed == p.peak_bytes >= measured
+    else:
+        assert analysed == measured == p.peak_bytes
     if budget is not None:
         assert p.peak_bytes <= budget
     return measured
