@@ -196,6 +196,9 @@ class Executor:
                         store(k, kk, value)
                         if k in mutated:   # BatchNorm's running statistics: host copies are stale now
                             self.transfers.written(mutated[k])
+                    # the local must not keep the output alive once the plan releases or
+                    # swaps it out (after[k + 1]): the device would hold it into op k + 1
+                    value = None
                 if after[k + 1]:
                     self._perform(after[k + 1], k)
         except (ExecutionError, KeyboardInterrupt):
