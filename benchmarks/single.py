@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dbml.scheduler.errors import InfeasibleBudget
-from dbml.scheduler.plan.planner import BEYOND, PlanSettings
+from dbml.scheduler.plan.planner import BEYOND, PAPER, PlanSettings
 
 from . import emulate
 from .methods import (Entry, bit_identical, dbml_entry, eager_entry, failed, peer_entry, smallest_budget)
@@ -35,10 +35,10 @@ from .workloads import Workload
 
 __all__ = ["Context", "ALL_METHODS", "EMULABLE", "run_single", "TENSILE_BUDGETS"]
 
-SETTINGS = {"tensile": None, "stalls": PlanSettings(**BEYOND)}
+SETTINGS = {"tensile": PlanSettings(**PAPER), "stalls": PlanSettings(**BEYOND)}   # the paper's; dbml's default
 MEMORY_SHARE = 0.5   # of this machine's RAM for one group of runners
 TENSILE_BUDGETS = (("75%", 0.75), ("50%", 0.50), ("35%", 0.35), ("min", None))
-# the planner beyond the paper (planned stalls, swap or recompute by cost): not dbml's default yet
+# dbml's default planner (planned stalls, swap or recompute by cost); dbml-tensile@… is the paper's
 STALLS = tuple(f"dbml-stalls@{b}" for b in ("50%", "35%", "min"))
 PEERS = ("checkpoint", "offload", "compile", "rockmate")
 ALL_METHODS = ("eager", "dbml-none", *(f"dbml-tensile@{b}" for b, _ in TENSILE_BUDGETS), *STALLS, "dbml-capuchin@50%",

@@ -12,7 +12,7 @@ import pytest
 
 from dbml.scheduler.errors import SchedulerError
 from dbml.scheduler.multijob import registry, scheduler as shared, solve
-from dbml.scheduler.plan.planner import InfeasibleBudget, PlanSettings, plan, plan_jobs
+from dbml.scheduler.plan.planner import PAPER, InfeasibleBudget, PlanSettings, plan, plan_jobs
 from dbml.scheduler.graph.sequence import EventKind
 from dbml.scheduler.multijob.registry import shared_scheduler
 from dbml.scheduler.multijob.scheduler import MemoryScheduler, NotAdmitted, graph_key
@@ -318,7 +318,8 @@ def test_second_graph_is_planned_within_the_jobs_share():
 
 
 def test_drifted_latencies_replan_and_an_unfitting_graph_is_refused():
-    ms = MemoryScheduler(115)
+    # the paper's planner: with planned stalls (the default) a slow copy still fits, waiting
+    ms = MemoryScheduler(115, PlanSettings(**PAPER))
     ms.register("a", chain())                 # swaps t1 over op1..op6 at bandwidth 100
     assert ms.plan_for("a").count(SO) == 1
     # the ops now run 10x faster: the copies no longer fit under them, so recompute instead
@@ -335,7 +336,7 @@ def test_drifted_latencies_replan_and_an_unfitting_graph_is_refused():
     # drift that no plan fits: the plan in effect stays (it fits), the failure is counted
     slow = dataclasses.replace(chain(bandwidth=1.0), ops=fast.ops)
     before = ms.plan_for("a")
-    ms2 = MemoryScheduler(115, PlanSettings(recompute=False))
+    ms2 = MemoryScheduler(115, PlanSettings(**PAPER, recompute=False))
     ms2.register("a", chain())
     with pytest.raises(InfeasibleBudget):
         ms2.update("a", slow)
@@ -406,7 +407,7 @@ def test_a_new_job_starts_only_once_the_others_took_their_smaller_plans():
 
 
 def test_a_growing_plan_waits_for_the_jobs_that_make_room():
-    ms = MemoryScheduler(230, PlanSettings(recompute=False))
+    ms = MemoryScheduler(230, PlanSettings(**PAPER, recompute=False))   # a copy that no longer fits is refused
     a, b = ms.planner_for("a"), ms.planner_for("b")
     a(chain())
     t, out = start(b, chain())                 # the tie goes to a: a swaps (103), b does not (121)
@@ -488,7 +489,8 @@ def test_a_drift_replanned_within_the_share_rechecks_the_waiting_jobs():
     slow = dataclasses.replace(a, ops=tuple(dataclasses.replace(o, start=o.start * 4, end=o.end * 4)
                                             for o in a.ops))
     budget, b = 400_000_000, fixed(150_000_000, "b")
-    ms = MemoryScheduler(budget, local_drift=True)
+    # the paper's planner: with planned stalls b would fit beside a's fast ops from the start
+    ms = MemoryScheduler(budget, PlanSettings(**PAPER), local_drift=True)
     ms.register("a", a)
     looks = Looks()
     t, out = start(ms.wait_admission, "b", b, timeout=10, cancelled=looks)

@@ -145,12 +145,10 @@ class Executor:
         return loss
 
     def _run_ops(self) -> None:
-        """The hot loop. It inlines the ledger's ``alloc`` and binds everything it reads
-        to locals: a method call and attribute lookups per op cost more than many small
-        ops take. Reuse entries are indexed (``r[0]`` is ``r.nbytes``, ``r[4]`` is
-        ``r.call``): on a NamedTuple that is about twice as fast as the attribute. The
-        account is always called (a NullAccount's ``add`` does nothing): one no-op call
-        per allocating op, instead of a None check on every path of every component."""
+        """The hot loop: the ledger's ``alloc`` inlined, everything it reads bound to
+        locals (a call per op costs more than many small ops take); Reuse entries indexed
+        (``r[0]``: nbytes, ``r[4]``: call; twice as fast as the attribute); the account
+        always called (a NullAccount's ``add`` is a no-op, cheaper than a None check)."""
         prog, mem, pool = self.prog, self.mem, self.pool
         env, res, calls, kind, req = self.it.env, self.it.res, prog.calls, prog.kind, prog.req
         add_bytes, latency, after, log = prog.add_bytes, self.latency, self.after, self.log_enabled
@@ -196,9 +194,7 @@ class Executor:
                         store(k, kk, value)
                         if k in mutated:   # BatchNorm's running statistics: host copies are stale now
                             self.transfers.written(mutated[k])
-                    # the local must not keep the output alive once the plan releases or
-                    # swaps it out (after[k + 1]): the device would hold it into op k + 1
-                    value = None
+                    value = None   # else the local holds it into op k + 1, though after[k + 1] freed it
                 if after[k + 1]:
                     self._perform(after[k + 1], k)
         except (ExecutionError, KeyboardInterrupt):
