@@ -16,6 +16,9 @@ variable                         default     effect
                                              graphs are cached
 ``DBML_GRAPH_CACHE``             1           ``0``: capture every graph afresh, neither
                                              reading nor writing ``<cache>/graphs``
+``DBML_HOST_MALLOC``             keep        ``system``: leave glibc's malloc as it is (large
+                                             freed blocks go back to the OS; see
+                                             hostmem.py)
 ``DBML_COPY_BANDWIDTH``          measured    host<->device copy bandwidth, bytes/s
 ``DBML_UTIL_WINDOW``             0.05        seconds of the CPU-utilisation sample
 ``DBML_PREDICTOR_STEPS``         3000        training steps of the latency predictor
@@ -34,7 +37,7 @@ import os
 from pathlib import Path
 
 __all__ = ["ENVIRONMENT", "scheduler_disabled", "fast_path_disabled", "debug", "cache_dir", "copy_bandwidth_override",
-           "util_window", "graph_cache_dir", "predictor_steps", "predictor_extrapolates_with_baseline",
+           "util_window", "graph_cache_dir", "host_malloc_kept", "predictor_steps", "predictor_extrapolates_with_baseline",
            "predictor_residual", "env_flag"]
 
 # name -> (default as text, one-line description): the README's table is checked against it
@@ -44,6 +47,7 @@ ENVIRONMENT = {
     "DBML_NO_FASTPATH": ("", "interpret every iteration, also of plans that bind nothing"),
     "DBML_CACHE_DIR": ("", "where the latency predictor and captured graphs are cached"),
     "DBML_GRAPH_CACHE": ("1", "0: capture every graph afresh, without the on-disk graph cache"),
+    "DBML_HOST_MALLOC": ("keep", "system: leave glibc's malloc returning large freed blocks to the OS"),
     "DBML_COPY_BANDWIDTH": ("", "host-device copy bandwidth in bytes/s, instead of measuring it"),
     "DBML_UTIL_WINDOW": ("0.05", "seconds of the CPU-utilisation sample"),
     "DBML_PREDICTOR_STEPS": ("3000", "training steps of the latency predictor"),
@@ -84,6 +88,11 @@ def graph_cache_dir() -> Path | None:
     """Where captured graphs are cached across processes, or None when switched off."""
     value = _get("DBML_GRAPH_CACHE").lower()
     return None if value in ("", "0", "false", "no") else cache_dir() / "graphs"
+
+
+def host_malloc_kept() -> bool:
+    """Whether dbml keeps freed host memory in the process for reuse (hostmem.py)."""
+    return _get("DBML_HOST_MALLOC").lower() != "system"
 
 
 def copy_bandwidth_override() -> float | None:

@@ -57,6 +57,7 @@ from typing import Callable, Hashable, Mapping
 import torch
 
 from .. import config
+from ..hostmem import keep_freed_host_memory
 from ..graph.access import build_sequence
 from ..graph.capture import CapturedStep
 from ..graph.graphs import GraphCache
@@ -208,6 +209,7 @@ class ScheduledStep:
         if policy == "vdnn" and planner is not None:
             raise ValueError("policy 'vdnn' plans alone (a fixed plan): pass no planner")
         self.policy = "none" if config.scheduler_disabled() else policy
+        keep_freed_host_memory()   # large tensors reused, not page-faulted in every step
         self.model, self.loss_fn, self.spec, self.job = model, loss_fn, spec, job
         self.budget_bytes, self.log, self.update = budget_bytes, log, update or UpdateSettings()
         # alone, the job plans within its own budget; policy none has no budget

@@ -13,6 +13,7 @@ from typing import Callable, Protocol
 import torch
 
 from .measure import live_tensors, measure_peak
+from ..hostmem import keep_freed_host_memory
 from ..graph.optim import OptimizerSpec, make_optimizer
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -46,6 +47,7 @@ class EagerStep:
 
     def __init__(self, model: torch.nn.Module, loss_fn: LossFn, spec: OptimizerSpec, measured_steps: int = 2):
         self.model, self.loss_fn = model, loss_fn
+        keep_freed_host_memory()   # as ScheduledStep: the same host allocator for both
         self.optimizer = make_optimizer(spec, model.parameters())
         self.measured_steps = measured_steps
         self.steps = 0

@@ -50,6 +50,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..graph.capture import init_state
+from ..hostmem import keep_freed_host_memory
 from ..graph.graphs import GraphCache
 from .estimate import Machine, synchronizer
 from .opfeatures import LOG_FLOPS, op_features, op_kind
@@ -411,6 +412,7 @@ def calibrate(device: str | torch.device = "cpu", quick: bool = False, progress:
     ``save=False``. ``progress(done, total, stage)`` is called as the work advances
     (``done == total`` once, at the end)."""
     device = torch.device(device)
+    keep_freed_host_memory()   # time ops under the allocator training runs with
     name = "quick" if quick else "full"
     plan = plan or PLANS[name]
     work = work if work is not None else workloads(plan, device, seed)

@@ -1,0 +1,53 @@
+"""Host memory for training on CPU: freed blocks stay in the process for the next step.
+
+glibc's malloc serves a request above its mmap threshold (adaptive, at most 32 MiB on
+64-bit) with a fresh ``mmap`` and unmaps it on free, and trims the heap's top when more
+than 128 KiB is free. A training step frees and reallocates the same large tensors every
+iteration, so each one page-faults in anew: on this project's 2-core machine a 32 MiB
+``torch.add`` took 20.8 ms allocating its output against 4.4 ms writing into an existing
+one, and eager VGG-16 (64², batch 16) stepped in 3.3–4.8 s against 1.7–2.1 s once freed
+memory was kept. That cost is also what the latency model cannot see: calibration times
+ops on warm buffers. PyTorch's CUDA caching allocator keeps GPU memory for the same
+reason; on the host dbml tells malloc to keep it (``mallopt``: no mmap for large blocks,
+no trimming), once per process, when the first training step or calibration starts.
+
+The process's resident memory then stays at its high-water mark instead of shrinking
+between steps. ``DBML_HOST_MALLOC=system`` leaves malloc as it is. Elsewhere than glibc
+(macOS, musl, Windows) nothing changes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import threading
+
+from . import config
+
+__all__ = ["keep_freed_host_memory"]
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3   # glibc's mallopt parameters (malloc.h)
+_MMAP_THRESHOLD_MAX = (1 << 31) - 1              # the largest value mallopt accepts (an int)
+_lock = threading.Lock()
+_state: dict[str, bool] = {}
+
+
+def keep_freed_host_memory() -> bool:
+    """Tell glibc's malloc to keep freed memory for reuse (once per process); whether it
+    is kept now. False when ``DBML_HOST_MALLOC=system`` or the C library is not glibc."""
+    with _lock:
+        if "kept" not in _state:
+            _state["kept"] = config.host_malloc_kept() and _mallopt_keep()
+        return _state["kept"]
+
+
+def _mallopt_keep() -> bool:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+        libc.gnu_get_libc_version   # glibc only: musl has mallopt as a no-op stub
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and \
+        bool(mallopt(_M_TRIM_THRESHOLD, _MMAP_THRESHOLD_MAX))
