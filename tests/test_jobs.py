@@ -15,6 +15,9 @@ import dbml
 from dbml.jobs import Job
 from dbml.scheduler.latency import estimate
 from dbml.scheduler.latency.estimate import Machine
+from dbml.scheduler.multijob import registry
+from dbml.scheduler.multijob.scheduler import MemoryScheduler
+from dbml.scheduler.plan.planner import PAPER, PlanSettings
 
 from helpers import linear, load, moons, wait_until
 
@@ -189,6 +192,11 @@ def slow_copies(monkeypatch):
     2.63 MB together; on a machine whose ops are slow against its copies, under 2.2 MB.)"""
     machine = Machine(peak_flops=5e10, memory_bandwidth=1e10, copy_bandwidth=1e5, op_overhead=5e-6)
     monkeypatch.setattr(estimate, "measure_machine", lambda device="cpu": machine)
+    # ...under the paper's planner, which plans no swap that makes compute wait (dbml's
+    # default would stall for the copies and fit both jobs): a fresh shared scheduler with it
+    monkeypatch.setattr(registry, "_DEFAULTS", {})
+    monkeypatch.setattr(registry, "MemoryScheduler", lambda budget, settings=None, **kw:
+                        MemoryScheduler(budget, settings or PlanSettings(**PAPER), **kw))
 
 
 @pytest.mark.slow
