@@ -104,3 +104,105 @@ def test_quickstart_script_runs_in_the_shell(con):
     assert status == 0, err
     assert "accuracy" in out and "moons_mlp" in out
     assert con.sql("SELECT count(*) FROM dbml_models").fetchall() == [(0,)]  # dropped at the end
+
+
+# --- DuckDB CLI's conventions -----------------------------------------------------------------
+
+def test_every_statement_that_returns_rows_prints_them_and_counts_do_not(con):
+    status, out, err = shell(con, "CREATE TABLE t(a INT, b VARCHAR);\n"
+                                  "INSERT INTO t VALUES (1, 'x'), (2, NULL) RETURNING a * 10 AS tens;\n"
+                                  "INSERT INTO t VALUES (3, 'z');\nUPDATE t SET a = 4 WHERE a = 3;\n"
+                                  "CALL pragma_version();\nPIVOT t ON b USING count(*);\nSHOW TABLES;\n")
+    assert status == 0, err
+    assert "tens" in out and "10" in out and "20" in out             # INSERT ... RETURNING
+    assert "library_version" in out                                   # CALL
+    assert "│ x " in out.replace("│ x      ", "│ x ") and "│ z " in out.replace("│ z      ", "│ z ")   # PIVOT's columns
+    assert "Count" not in out                                         # changed-row counts are not printed
+
+
+def test_modes_print_the_same_rows_each_way(con):
+    con.execute("CREATE TABLE t AS SELECT * FROM (VALUES (1, 'a,b'), (2, NULL)) v(n, s)")
+    outputs = {m: shell(con, f".mode {m}\nSELECT * FROM t ORDER BY n;\n")[1] for m in
+               ("line", "csv", "json", "markdown", "box", "duckbox")}
+    assert outputs["line"].split("\n\n")[0].split() == ["n", "=", "1", "s", "=", "a,b"]
+    assert outputs["csv"].splitlines() == ["n,s", '1,"a,b"', "2,"]
+    assert outputs["json"].strip() == '[{"n": 1, "s": "a,b"}, {"n": 2, "s": null}]'
+    assert outputs["markdown"].splitlines()[:3] == ["| n | s |", "|---|---|", "| 1 | a,b |"]
+    assert "INTEGER" in outputs["duckbox"] and "INTEGER" not in outputs["box"] and "┌" in outputs["box"]
+    _, _, err = shell(con, ".mode yaml\n")
+    assert "unknown mode 'yaml'; modes are duckbox, box, line, csv, json, markdown" in err
+
+
+def test_maxrows_cuts_the_middle_and_says_how_many(con):
+    _, out, _ = shell(con, ".maxrows 4\nSELECT range AS r FROM range(100);\n")
+    body = [line for line in out.splitlines() if line.startswith("│")]
+    assert [c.strip("│ ") for c in body[2:]] == ["0", "1", "·", "98", "99"]
+    assert "100 rows (4 shown)" in out
+
+
+def test_output_once_read_echo_timer_and_schema(con, tmp_path):
+    script = tmp_path / "setup.sql"
+    script.write_text("CREATE TABLE s(id INT);\nINSERT INTO s VALUES (7);\n.tables\n")
+    once, kept = tmp_path / "once.txt", tmp_path / "kept.txt"
+    _, out, err = shell(con, f".read {script}\n.once {once}\nSELECT 1 AS first;\nSELECT 2 AS second;\n"
+                             f".output {kept}\nSELECT 3 AS third;\nSELECT 4 AS fourth;\n.output\n"
+                             ".echo on\n.timer on\nSELECT id FROM s;\n.schema s\n.schema nope\n")
+    assert err.strip() == "Error: no table or view named 'nope'; .tables lists them"
+    assert "first" in once.read_text() and "second" not in once.read_text()
+    assert "third" in kept.read_text() and "fourth" in kept.read_text()
+    assert "first" not in out and "second" in out and "third" not in out
+    assert " s" in out.splitlines()[0] or "s" in out.split()   # .tables from the file
+    assert "SELECT id FROM s;" in out and "Run Time (s): real" in out and "CREATE TABLE s(id INTEGER);" in out
+
+
+def test_bail_stops_at_the_first_error(con):
+    status, out, err = shell(con, ".bail on\nSELECT nope;\nSELECT 'after' AS a;\n")
+    assert status == 1 and "after" not in out and len(err.strip().splitlines()) == 1
+
+
+def test_errors_are_one_line_and_unknown_commands_say_so(con):
+    _, _, err = shell(con, "SELECT * FROM missing_table;\n.frobnicate\n.maxrows lots\n")
+    lines = err.strip().splitlines()
+    assert len(lines) == 3 and all(line.startswith("Error: ") for line in lines), lines
+    assert "missing_table" in lines[0] and ".frobnicate" in lines[1] and ".maxrows 100" in lines[2]
+
+
+def test_a_train_summary_prints_one_field_per_column(con):
+    con.execute("CREATE TABLE pts AS SELECT range::DOUBLE AS x, range % 2 AS y FROM range(200)")
+    _, out, err = shell(con, ".mode line\nSELECT train('m', 'pts', label := 'y', epochs := 1);\n")
+    fields = dict(map(str.strip, line.split(" = ", 1)) for line in out.splitlines() if " = " in line)
+    assert fields["model"] == "m" and fields["status"] == "finished" and fields["epochs"] == "1", err
+
+
+@pytest.mark.slow   # two shells as subprocesses
+def test_c_and_init_on_the_command_line(tmp_path):
+    init = tmp_path / "init.sql"
+    init.write_text("CREATE TABLE greet AS SELECT 'hello' AS word;\n.mode csv\n")
+    db = str(tmp_path / "c.duckdb")
+    r = subprocess.run([sys.executable, "-m", "dbml", "shell", db, "-init", str(init), "-c",
+                        "SELECT word FROM greet; SELECT 2 AS two;"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["word", "hello", "two", "2"]
+    bad = subprocess.run([sys.executable, "-m", "dbml", "shell", db, "-c", "SELECT nope;"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and bad.stderr.startswith("Error: ") and "Traceback" not in bad.stderr
+
+
+@pytest.mark.slow   # shells as subprocesses
+def test_an_unopenable_or_locked_database_is_a_one_line_error(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "dbml", "shell", str(tmp_path / "no" / "such" / "dir.duckdb"),
+                        "-c", "SELECT 1;"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("Error: cannot open ") and len(r.stderr.strip().splitlines()) == 1
+    db = str(tmp_path / "locked.duckdb")
+    holder = subprocess.Popen([sys.executable, "-c", f"import duckdb, sys; c = duckdb.connect({db!r}); "
+                               "print('open', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        r = subprocess.run([sys.executable, "-m", "dbml", "shell", db, "-c", "SELECT 1;"],
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        holder.communicate("", timeout=30)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert r.stderr.startswith(f"Error: cannot open {db!r}: ") and "lock" in r.stderr.lower()
