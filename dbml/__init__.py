@@ -21,7 +21,7 @@ from .errors import (CatalogError, DbmlError, Interrupted, InvalidArgument, Mode
 from .zoo import register_model, unregister_model
 
 __version__ = "0.1.0"
-__all__ = ["connect", "install", "Connection", "DbmlError", "InvalidArgument", "SourceError", "ModelNotFound",
+__all__ = ["connect", "install", "execute", "Connection", "DbmlError", "InvalidArgument", "SourceError", "ModelNotFound",
            "TrainingError", "CatalogError", "Interrupted", "register_model", "unregister_model"]
 
 # SQL files that write the database: skipped on a read-only one (sql/scratch.sql attaches an
@@ -110,6 +110,15 @@ def _install_sql(con: duckdb.DuckDBPyConnection, read_only: bool) -> None:
         if sql.name.endswith(".sql") and not (read_only and sql.name in _WRITING_SQL):
             con.execute(sql.read_text())
     con.execute(train_macro_sql())
+
+
+def execute(con, text: str):
+    """Run a script of SQL statements on ``con``: BigQuery ML statements (``CREATE MODEL``,
+    ``ML.PREDICT``, ``ML.EVALUATE``, ``ML.TRAINING_INFO``, ``DROP MODEL``) rewritten into
+    dbml calls, any other SQL unchanged. Returns the last statement's result (fetch its
+    rows with ``.fetchall()``; None for an empty script)."""
+    from .bigquery import execute as run
+    return run(con, text)
 
 
 def connect(database: str = ":memory:", read_only: bool = False, **settings) -> Connection:
