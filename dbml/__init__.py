@@ -21,7 +21,7 @@ from .errors import (CatalogError, DbmlError, Interrupted, InvalidArgument, Mode
 from .zoo import register_model, unregister_model
 
 __version__ = "0.1.0"
-__all__ = ["connect", "install", "execute", "Connection", "DbmlError", "InvalidArgument", "SourceError", "ModelNotFound",
+__all__ = ["connect", "install", "execute", "export_model", "Connection", "DbmlError", "InvalidArgument", "SourceError", "ModelNotFound",
            "TrainingError", "CatalogError", "Interrupted", "register_model", "unregister_model"]
 
 # SQL files that write the database: skipped on a read-only one (sql/scratch.sql attaches an
@@ -119,6 +119,18 @@ def execute(con, text: str):
     rows with ``.fetchall()``; None for an empty script)."""
     from .bigquery import execute as run
     return run(con, text)
+
+
+def export_model(con, model: str, path: str, version: int | None = None, overwrite: bool = False) -> dict:
+    """Write ``model`` (its latest version, or ``version``) as an ONNX file at ``path``, with
+    its preprocessing folded in (``dbml/export.py`` says what the file takes and returns);
+    as SQL's ``export_model``. Needs ``pip install 'dbml[onnx]'``."""
+    from .export import export_model as export
+    cur = (con.duckdb if isinstance(con, Connection) else con).cursor()
+    try:
+        return export(cur, model, path, version, overwrite)
+    finally:
+        cur.close()
 
 
 def connect(database: str = ":memory:", read_only: bool = False, **settings) -> Connection:

@@ -23,6 +23,10 @@ CREATE OR REPLACE TEMP MACRO evaluate(model, source) AS
 -- interrupt() end the wait (not the job).
 CREATE OR REPLACE TEMP MACRO wait_job(job_id) AS dbml_wait_job(job_id, current_connection_id()::BIGINT);
 
+-- The model (its latest version, or `version`) as an ONNX file with its preprocessing folded in.
+CREATE OR REPLACE TEMP MACRO export_model(model, path, version := NULL, overwrite := false) AS
+    dbml_export_model(model, path, version, overwrite);
+
 -- Every row of a table or SELECT with the model's prediction appended as `prediction`.
 -- query() runs the source on the calling connection (a table function takes no subquery,
 -- so dbml_temp_names() cannot be passed: a TEMP object shadowing a table is read as the

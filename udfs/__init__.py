@@ -21,7 +21,7 @@ from duckdb import sqltypes as t
 from ..inference import ModelCache
 from ..instance import Instance
 from . import functions as f
-from .types import (CALIBRATE_RESULT, DOUBLES, EVALUATE_RESULT, PREDICT_INPUT, JOB_ROWS, MEMORY_ROWS, PREDICTOR_ROWS, TRAIN_ARGS,
+from .types import (CALIBRATE_RESULT, DOUBLES, EVALUATE_RESULT, EXPORT_RESULT, PREDICT_INPUT, JOB_ROWS, MEMORY_ROWS, PREDICTOR_ROWS, TRAIN_ARGS,
                     TRAIN_RESULT, sql)
 
 SQL_FUNCTIONS: dict[str, str] = {
@@ -41,6 +41,9 @@ SQL_FUNCTIONS: dict[str, str] = {
                 "rmse, mae, r2 (regression) on a table or SELECT that holds the label",
     "drop_model": "drop_model(model) -> BIGINT: delete every version of a model and its weights; "
                   "returns how many versions were dropped",
+    "export_model": "export_model(model, path, version := NULL, overwrite := false) -> STRUCT: write the model "
+                    "(its latest version) as an ONNX file with its preprocessing folded in, for onnxruntime or "
+                    "DuckDB's ONNX extensions; needs pip install 'dbml[onnx]'",
     "wait_job": "wait_job(job_id) -> STRUCT: block until a training job started with wait := false ends; "
                 "its summary (the job's error if it failed or was cancelled)",
     "cancel_job": "cancel_job(job_id) -> VARCHAR: stop a training job at its next iteration boundary; "
@@ -50,7 +53,7 @@ SQL_FUNCTIONS: dict[str, str] = {
 }
 
 # Internal functions the macros call; not part of the documented surface.
-INTERNAL_FUNCTIONS = ("dbml_instance_id", "dbml_train", "dbml_wait_job", "dbml_evaluate", "dbml_temp_names",
+INTERNAL_FUNCTIONS = ("dbml_instance_id", "dbml_export_model", "dbml_train", "dbml_wait_job", "dbml_evaluate", "dbml_temp_names",
                       "dbml_predictions_sql", "dbml_infer", "dbml_infer_blob", "dbml_decode_image", "dbml_infer_text", "dbml_infer_ids", "dbml_infer_numbers", "dbml_job_rows",
                       "dbml_calibrate", "dbml_predictor_rows", "dbml_memory_rows")
 
@@ -101,6 +104,7 @@ FUNCTIONS = (
     Function("dbml_evaluate", f.evaluate, (t.VARCHAR, t.VARCHAR, t.VARCHAR, sql("VARCHAR[]")), EVALUATE_RESULT),
     Function("dbml_predictions_sql", f.predictions_sql, (t.VARCHAR, t.VARCHAR, t.VARCHAR), t.VARCHAR),
     Function("drop_model", f.drop_model, (t.VARCHAR,), t.BIGINT),
+    Function("dbml_export_model", f.export_model, (t.VARCHAR, t.VARCHAR, t.INTEGER, t.BOOLEAN), EXPORT_RESULT),
 )
 
 

@@ -152,6 +152,16 @@ def predictions_sql(ctx: Context, model: str, source: str, sources: str | None) 
         cur, ctx.models, model, _checked(cur, source, sources, [], "predictions")))
 
 
+def export_model(ctx: Context, model: str, path: str, version: int | None, overwrite: bool | None) -> dict:
+    if model is None or path is None:
+        raise InvalidArgument("export_model(): model and path must not be NULL, e.g. export_model('churn', 'churn.onnx')")
+    try:
+        from ..export import export_model as export
+    except ImportError as e:   # onnx is an extra
+        raise InvalidArgument(f"export_model(): needs the onnx package ({e.name}); pip install 'dbml[onnx]'") from e
+    return _with_cursor(ctx, lambda cur: export(cur, model, path, version, bool(overwrite)))
+
+
 def drop_model(ctx: Context, model: str) -> int:
     _writable(ctx, "drop_model")
     return _with_cursor(ctx, lambda cur: drop(cur, model))

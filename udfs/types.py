@@ -48,6 +48,8 @@ PREDICTOR_ROWS = rows(columns.PREDICTOR_ROW)
 CALIBRATE_RESULT = struct(columns.CALIBRATE_RESULT)
 EVALUATE_RESULT = struct(columns.EVALUATE_RESULT)
 DOUBLES = sql("DOUBLE[]")
+EXPORT_RESULT = sql("STRUCT(path VARCHAR, bytes BIGINT, version INTEGER, input VARCHAR, outputs VARCHAR[], "
+                    "features VARCHAR[])")
 # predict()'s input: a list of numbers, an image BLOB or a text. A Python UDF cannot be
 # overloaded, but DuckDB casts each of those to this UNION implicitly.
 PREDICT_INPUT = sql("UNION(image BLOB, text VARCHAR, numbers DOUBLE[])")

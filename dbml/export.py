@@ -1,0 +1,154 @@
+"""ONNX export of a stored model, with its preprocessing folded in where it can be.
+
+``export_model(con, model, path)`` (SQL: ``export_model(model, path)``) writes one version
+of a model as an ONNX file that runs where dbml does not (onnxruntime, DuckDB's ONNX
+extensions). What the exported graph takes, per input kind:
+
+* tabular, numeric features: ``features`` FLOAT[batch, k], the raw values in the model's
+  feature order (``input_names`` of the result), NaN for NULL. The standardisation dbml
+  learned at training (and NULL/non-finite → 0) is part of the graph.
+* tabular with categorical features: ``features`` FLOAT[batch, width], the encoded vector
+  (the one-hot encoding of strings is not an ONNX op on a float input); the SQL that builds
+  it is in the file's metadata (``dbml.features_sql``).
+* images: ``image`` FLOAT[batch, channels, height, width], pixels scaled to [0, 1]; the
+  per-channel normalisation is in the graph, decoding and resizing PNG/JPEG are not.
+* text and token ids: ``tokens`` INT64[batch, length], ids as dbml encodes them (text:
+  ``index in the vocabulary + 2``, 1 unknown, 0 padding; the vocabulary is in the
+  metadata, ``dbml.vocab``); tokenisation is not in the graph.
+
+Outputs: classifiers ``logits`` and ``probabilities`` (softmax; class order in the
+metadata, ``dbml.classes``); regressors ``value``, unscaled to the label's units. The batch
+dimension (and the token length) are dynamic. The file is written to a temporary name
+and renamed, so a failed export leaves nothing; an existing file is replaced only with
+``overwrite``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from . import catalog
+from .errors import InvalidArgument
+from .features import FLOAT_MAX
+
+__all__ = ["export_model", "ExportedModel"]
+
+OPSET = 17
+
+
+class ExportedModel(nn.Module):
+    """The stored network with dbml's input scaling before it and its output mapping after."""
+
+    def __init__(self, stored: catalog.StoredModel):
+        super().__init__()
+        prep = stored.preprocessing
+        self.net = stored.module.eval()
+        self.classify = prep.task == "classification"
+        self.kind = prep.input.kind if prep.input is not None else "tabular"
+        mean, std = _input_scaling(prep)
+        self.register_buffer("mean", mean)
+        self.register_buffer("std", std)
+        self.target_mean, self.target_std = float(prep.target_mean), float(prep.target_std)
+
+    def forward(self, x: torch.Tensor):
+        if self.kind in ("tabular", "image"):
+            x = (x - self.mean) / self.std
+            x = torch.where(torch.isfinite(x), x.clamp(-FLOAT_MAX, FLOAT_MAX), torch.zeros_like(x))
+        out = self.net(x)
+        if self.classify:
+            return out, torch.softmax(out, dim=1)
+        return out.squeeze(-1) * self.target_std + self.target_mean
+
+
+def _input_scaling(prep) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (mean, std) the graph applies to its input (identity where dbml does not scale)."""
+    enc = prep.input
+    if enc is not None and enc.kind == "image":
+        c = enc.shape[0]
+        return (torch.tensor(enc.mean, dtype=torch.float32).reshape(1, c, 1, 1),
+                torch.tensor(enc.std, dtype=torch.float32).reshape(1, c, 1, 1))
+    if enc is None and prep.all_numeric:
+        means = [m for f in prep.features for m in (f.means if f.kind == "array" else [f.mean])]
+        stds = [s for f in prep.features for s in (f.stds if f.kind == "array" else [f.std])]
+        return torch.tensor(means, dtype=torch.float32), torch.tensor(stds, dtype=torch.float32)
+    return torch.zeros(1), torch.ones(1)
+
+
+def _example(stored: catalog.StoredModel) -> tuple[str, torch.Tensor, dict]:
+    """The input's name, an example tensor and its dynamic axes."""
+    prep = stored.preprocessing
+    enc = prep.input
+    if enc is None:
+        return "features", torch.zeros(2, prep.width), {0: "batch"}
+    if enc.kind == "image":
+        return "image", torch.zeros(2, *enc.shape), {0: "batch"}
+    if enc.kind in ("text", "tokens"):
+        return "tokens", torch.ones(2, min(8, enc.max_len), dtype=torch.int64), {0: "batch", 1: "length"}
+    raise InvalidArgument(f"export_model(): model {stored.name!r} takes a {enc.kind} column, which the ONNX "
+                          f"export does not cover yet (tabular, image and text models are exported)")
+
+
+def _metadata(stored: catalog.StoredModel, input_name: str) -> dict[str, str]:
+    prep = stored.preprocessing
+    meta = {"dbml.model": stored.name, "dbml.version": str(stored.version), "dbml.task": prep.task,
+            "dbml.input": input_name, "dbml.features": json.dumps(prep.input_names if prep.input is None
+                                                                  else [prep.input.column])}
+    if prep.task == "classification":
+        meta["dbml.classes"] = json.dumps([c if isinstance(c, (int, float, str)) else str(c) for c in prep.classes])
+    if prep.input is None and not prep.all_numeric:
+        meta["dbml.features_sql"] = prep.features_sql()
+    if prep.input is not None and prep.input.kind == "text":
+        meta["dbml.vocab"] = json.dumps(list(prep.input.vocab))
+    return meta
+
+
+def _target(path: str, overwrite: bool) -> Path:
+    if not isinstance(path, str) or not path.strip():
+        raise InvalidArgument("export_model(): path must be a file name, e.g. export_model('m', 'm.onnx')")
+    target = Path(path).expanduser()
+    if target.exists() and not overwrite:
+        raise InvalidArgument(f"export_model(): {path!r} exists; pass overwrite := true to replace it, "
+                              f"or choose another path")
+    if not target.parent.is_dir():
+        raise InvalidArgument(f"export_model(): the folder {str(target.parent)!r} does not exist; create it "
+                              f"or choose another path")
+    if target.exists() and target.is_dir():
+        raise InvalidArgument(f"export_model(): {path!r} is a folder; give a file name such as {path}/model.onnx")
+    return target
+
+
+def export_model(cur, model: str, path: str, version: int | None = None, overwrite: bool = False) -> dict:
+    """Write ``model`` (its latest version, or ``version``) to ``path`` as ONNX; what was written."""
+    import onnx   # the onnx extra: pip install 'dbml[onnx]'
+
+    target = _target(path, overwrite)
+    version = version if version is not None else catalog.latest_version(cur, model, fn="export_model")
+    stored = catalog.load(cur, model, version)
+    wrapper = ExportedModel(stored)
+    input_name, example, axes = _example(stored)
+    outputs = ["logits", "probabilities"] if wrapper.classify else ["value"]
+    fd, tmp = tempfile.mkstemp(suffix=".onnx.tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")   # the TorchScript exporter's deprecation notice
+            torch.onnx.export(wrapper, (example,), tmp, dynamo=False, opset_version=OPSET,
+                              input_names=[input_name], output_names=outputs,
+                              dynamic_axes={input_name: axes, **{o: {0: "batch"} for o in outputs}})
+        proto = onnx.load(tmp)
+        onnx.helper.set_model_props(proto, _metadata(stored, input_name))
+        onnx.checker.check_model(proto)
+        onnx.save(proto, tmp)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return {"path": str(target), "bytes": target.stat().st_size, "version": version, "input": input_name,
+            "outputs": outputs, "features": json.loads(_metadata(stored, input_name)["dbml.features"])}
