@@ -49,6 +49,9 @@ SETTINGS = (
     Setting("torch_threads", "INTEGER", 1, "PyTorch intra-op threads while training (process-wide)"),
     Setting("prefetch_batches", "INTEGER", 4, "record batches fetched ahead of training"),
     Setting("shuffle_window", "INTEGER", 65536, "rows of the shuffle buffer each epoch draws batches from"),
+    Setting("progress", "VARCHAR", "auto",
+            "progress of a running train(): 'auto' (a bar per job in Jupyter or on a terminal), 'bars' (always) or "
+            "'off'"),
     Setting("sources", "VARCHAR", "any",
             "what train(), evaluate() and predictions() sources may read: 'any' (tables, views, files such as read_parquet(...) and "
             "attached databases, as DuckDB's enable_external_access allows) or 'tables' (only this database's "

@@ -46,7 +46,7 @@ def open_database(database: str, read_only: bool = False):
     """A dbml connection to ``database``, or the one-line error that says why not."""
     import dbml
     try:
-        con = dbml.connect(database, read_only=read_only)
+        con = dbml.connect(database, read_only=read_only, progress="off")   # it draws its own line
         con.execute("SET enable_progress_bar = false")   # a running train() draws its own line
         return con, None
     except (duckdb.Error, dbml.DbmlError, OSError) as e:

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from .. import inference, jobs, latency, views
+from .. import inference, jobs, latency, progress, views
 from ..catalog import drop
 from ..errors import InvalidArgument
 from ..inference import ModelCache
 from ..inputs import InputEncoder
+from ..notebook import renderer_for
 from ..instance import Instance
 from ..scheduler.latency.predictor import predictor_path
 from ..scheduler.multijob.registry import device_ledger, existing_scheduler
@@ -55,7 +56,10 @@ def train(ctx: Context, *columns: pa.Array) -> pa.Array:
     for call in calls:
         if call.spec is not None:
             check_not_temp(as_select(call.spec.source, fn="train"), temp_names[0].as_py(), fn="train")
-    return pa.array(jobs.train_all(ctx.instance.jobs, calls, connection[0].as_py()), type=TRAIN_RESULT_ARROW)
+    waiting = [c.spec.progress for c in calls if c.spec is not None and c.wait]
+    with progress.watching(ctx.instance, renderer_for(waiting[0]) if waiting else None):
+        summaries = jobs.train_all(ctx.instance.jobs, calls, connection[0].as_py())
+    return pa.array(summaries, type=TRAIN_RESULT_ARROW)
 
 
 def wait_job(ctx: Context, job_id: int, connection: int) -> dict:
