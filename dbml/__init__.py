@@ -18,10 +18,12 @@ import duckdb
 from . import settings as _settings
 from .errors import (CatalogError, DbmlError, Interrupted, InvalidArgument, ModelNotFound, SourceError,
                      TrainingError)
+from .api import drop_model, evaluate, list_jobs, predictions, train
 from .zoo import register_model, unregister_model
 
 __version__ = "0.1.0"
-__all__ = ["connect", "install", "execute", "export_model", "Connection", "DbmlError", "InvalidArgument", "SourceError", "ModelNotFound",
+__all__ = ["connect", "install", "execute", "export_model", "train", "predictions", "evaluate", "drop_model",
+           "list_jobs", "Connection", "DbmlError", "InvalidArgument", "SourceError", "ModelNotFound",
            "TrainingError", "CatalogError", "Interrupted", "register_model", "unregister_model"]
 
 # SQL files that write the database: skipped on a read-only one (sql/scratch.sql attaches an
@@ -44,6 +46,14 @@ class Connection:
 
     def __getattr__(self, name: str):
         return getattr(self.duckdb, name)
+
+    def sql(self, query, **kwargs):
+        """DuckDB's ``sql`` (lazy: a relation runs when displayed or fetched), except that a
+        SELECT calling a dbml function with effects (``train``, ``drop_model``, ...) runs at
+        most once and keeps its rows (``dbml.api.OnceRelation``): looking at the result of
+        ``con.sql("SELECT train(...)")`` again never trains again."""
+        from .api import sql
+        return sql(self.duckdb, query, **kwargs)
 
     def cursor(self) -> "Connection":
         cur = self.duckdb.cursor()
@@ -110,6 +120,13 @@ def _install_sql(con: duckdb.DuckDBPyConnection, read_only: bool) -> None:
         if sql.name.endswith(".sql") and not (read_only and sql.name in _WRITING_SQL):
             con.execute(sql.read_text())
     con.execute(train_macro_sql())
+
+
+def __getattr__(name: str):
+    if name == "plot":   # dbml.plot.history(...) without importing dbml.plot first (matplotlib is an extra)
+        import importlib
+        return importlib.import_module(".plot", __name__)
+    raise AttributeError(f"module 'dbml' has no attribute {name!r}")
 
 
 def execute(con, text: str):

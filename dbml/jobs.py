@@ -53,6 +53,7 @@ class Job:
     result: dict | None = None
     exception: BaseException | None = field(default=None, repr=False)
     history: list[dict] = field(default_factory=list)
+    schedule: tuple | None = field(default=None, repr=False)   # (plan, access sequence) last run: dbml.plot.memory
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     _done: threading.Event = field(default_factory=threading.Event, repr=False)
     _scheduler: object = field(default=None, repr=False)
@@ -130,6 +131,7 @@ class Job:
     def end_epoch(self, record: dict, memory: dict) -> None:
         self.epoch, self.loss = record["epoch"], record["loss"]
         self.history.append(record)
+        self.schedule = memory.get("schedule") or self.schedule
         for key in ("planned_peak_bytes", "measured_peak_bytes", "swaps", "recomputes", "passive_swaps",
                     "replans"):
             if memory.get(key) is not None:

@@ -184,12 +184,22 @@ class TrainLoop:
         return loss
 
     def end_epoch(self, record: dict) -> None:
-        self.progress.end_epoch(record, self.runner.stats())
+        self.progress.end_epoch(record, {**self.runner.stats(), "schedule": _schedule(self.runner)})
 
     def memory(self) -> dict:
         """The summary's memory figures, once the loop has ended."""
         stats = {**self.runner.stats(), "latency_model": self.runner.latency_source}
         return runners.memory_summary(stats, self.vanilla)
+
+
+def _schedule(runner) -> tuple | None:
+    """The plan the job runs and the access sequence it was made for (what
+    ``dbml.plot.memory`` draws); None for an eager job."""
+    plans, sequences = getattr(runner, "plans", None), getattr(runner, "sequences", None)
+    if not isinstance(plans, dict) or not isinstance(sequences, dict):
+        return None
+    key = next((k for k in plans if k in sequences), None)
+    return None if key is None else (plans[key], sequences[key])
 
 
 def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: int, n_val: int,

@@ -1,0 +1,128 @@
+"""dbml from Python: the SQL functions as Python functions, and relations that train once.
+
+``dbml.train(con, 'churn', 'customers', label='churned', epochs=5)`` runs the SQL
+``train`` with the same arguments and returns its summary (a dict); ``predictions``,
+``evaluate``, ``drop_model`` and ``list_jobs`` (the dbml_jobs view) mirror theirs. They are built on the SQL surface
+(arguments bound as parameters), so both behave alike.
+
+DuckDB's ``con.sql(...)`` is lazy: the relation runs each time it is displayed, fetched or
+converted. For ``SELECT train(...)`` that trained a new version at every look. A dbml
+``Connection``'s ``sql`` returns a :class:`OnceRelation` for a query that calls a dbml
+function with effects (``train``, ``drop_model``, ``calibrate``, ``cancel_job``,
+``export_model``, ``wait_job``): still lazy, but it runs at most once and keeps its rows.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import duckdb
+
+from .errors import InvalidArgument
+
+__all__ = ["train", "predictions", "evaluate", "drop_model", "list_jobs", "OnceRelation", "has_effects"]
+
+EFFECTS = ("train", "drop_model", "calibrate", "cancel_job", "export_model", "wait_job")
+_CALL = re.compile(r"\b(" + "|".join(EFFECTS) + r")\s*\(", re.IGNORECASE)
+_STRING = re.compile(r"'(?:[^']|'')*'")
+
+
+def has_effects(query: str) -> bool:
+    """Whether ``query`` calls one of dbml's functions with effects (outside string literals)."""
+    return bool(_CALL.search(_STRING.sub("''", query)))
+
+
+def require_pandas(what: str) -> None:
+    if importlib.util.find_spec("pandas") is None:
+        raise InvalidArgument(f"{what} needs pandas, which is not installed; pip install 'dbml[notebook]' "
+                              f"(or fetch Arrow instead: .to_arrow_table(), or rows: .fetchall())")
+
+
+class OnceRelation:
+    """A relation over a statement with effects that runs it at most once, at first use,
+    and keeps its rows (an Arrow table behind a DuckDB relation). Every relation method
+    works; ``df()`` checks for pandas before the statement runs."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, query: str, kwargs: dict):
+        self._con, self._query, self._kwargs = con, query, kwargs
+        self._rel: duckdb.DuckDBPyRelation | None = None
+
+    def _relation(self) -> duckdb.DuckDBPyRelation:
+        if self._rel is None:
+            table = self._con.sql(self._query, **self._kwargs).to_arrow_table()   # the one run
+            self._rel = self._con.from_arrow(table)
+        return self._rel
+
+    def df(self, *args, **kwargs):
+        require_pandas("df()")
+        return self._relation().df(*args, **kwargs)
+
+    fetchdf = to_df = df
+
+    def __getattr__(self, name: str):
+        return getattr(self._relation(), name)
+
+    def __len__(self) -> int:
+        return len(self._relation())
+
+    def __repr__(self) -> str:
+        return repr(self._relation())
+
+    def __str__(self) -> str:
+        return str(self._relation())
+
+
+def sql(con: duckdb.DuckDBPyConnection, query, **kwargs):
+    """``con.sql`` for a dbml Connection: a :class:`OnceRelation` for a SELECT with effects."""
+    if isinstance(query, str) and has_effects(query):
+        try:
+            statements = duckdb.extract_statements(query)
+        except duckdb.Error:
+            statements = []
+        if len(statements) == 1 and statements[0].type == duckdb.StatementType.SELECT:
+            return OnceRelation(con, query, kwargs)
+    return con.sql(query, **kwargs)
+
+
+# -- the SQL functions from Python ------------------------------------------------------
+
+def _train_params() -> list[str]:
+    from .spec import TRAIN_PARAMS
+    return [p.name for p in TRAIN_PARAMS]
+
+
+def train(con, model: str, source: str, **arguments) -> dict:
+    """``SELECT train(model, source, name := value, ...)``: trains (waiting for the job) and
+    returns its summary. Arguments are train()'s, by name (``label='y'``, ``epochs=5``)."""
+    names = _train_params()
+    unknown = sorted(set(arguments) - set(names[2:]))
+    if unknown:
+        raise InvalidArgument(f"dbml.train(): unknown argument {unknown[0]!r}; train() takes "
+                              f"{', '.join(names[2:])}")
+    named = "".join(f", {k} := ?" for k in arguments)
+    row = con.execute(f"SELECT train(?, ?{named})", [model, source, *arguments.values()]).fetchall()
+    return row[0][0]
+
+
+def predictions(con, model: str, source: str):
+    """Every row of ``source`` (a table or a SELECT) with the model's ``prediction``, as an
+    Arrow table (``.to_pandas()`` with pandas)."""
+    return con.sql("SELECT * FROM predictions(?, ?)", params=[model, source]).to_arrow_table()
+
+
+def evaluate(con, model: str, source: str) -> dict:
+    """The model's metrics on ``source`` (a table or a SELECT holding the label)."""
+    return con.execute("SELECT evaluate(?, ?)", [model, source]).fetchall()[0][0]
+
+
+def drop_model(con, model: str) -> int:
+    """Drop every version of ``model``; how many there were."""
+    return con.execute("SELECT drop_model(?)", [model]).fetchall()[0][0]
+
+
+def list_jobs(con) -> list[dict]:
+    """The training jobs of this process (the ``dbml_jobs`` view), one dict per job."""
+    cur = con.execute("SELECT * FROM dbml_jobs ORDER BY id")
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]

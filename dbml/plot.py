@@ -1,0 +1,156 @@
+"""Plots for notebooks (matplotlib, from ``pip install 'dbml[notebook]'``).
+
+* :func:`history` — a model's training loss per epoch (``dbml_epochs``), with the
+  validation metric measured after the last epoch.
+* :func:`memory` — one iteration of a training job as its plan lays it out: device memory
+  over time, the budget, the peak measured while it ran, and its swap-out, swap-in and
+  recompute events.
+* :func:`jobs` — the running jobs' shares of the device budget over a few seconds
+  (``dbml_memory``, sampled).
+
+Each returns the matplotlib ``Figure``; the data drawn is also on it as ``fig.dbml`` (a
+dict), for a notebook to print or a test to check.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .errors import InvalidArgument
+
+__all__ = ["history", "memory", "jobs"]
+
+MIB = 2 ** 20
+
+
+def _pyplot():
+    try:
+        import matplotlib
+        if matplotlib.get_backend().lower() in ("", "agg") or not _interactive():
+            matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise InvalidArgument("dbml.plot needs matplotlib, which is not installed; "
+                              "pip install 'dbml[notebook]'") from e
+    return plt
+
+
+def _interactive() -> bool:
+    from .notebook import in_notebook
+    return in_notebook()
+
+
+def history(con, model: str):
+    """Loss per epoch of the latest version of ``model`` and its validation metric."""
+    rows = con.execute("SELECT e.epoch, e.loss FROM dbml_epochs e WHERE e.model = ? AND e.version = "
+                       "(SELECT max(version) FROM dbml_models WHERE name = ?) ORDER BY e.epoch",
+                       [model, model]).fetchall()
+    if not rows:
+        raise InvalidArgument(f"dbml.plot.history(): no model named {model!r}; SELECT name FROM dbml_models "
+                              f"lists them")
+    (name, value), = con.execute("SELECT metrics->>'val_metric_name', (metrics->>'val_metric')::DOUBLE FROM "
+                                 "dbml_models WHERE name = ? ORDER BY version DESC LIMIT 1", [model]).fetchall()
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    epochs, losses = [r[0] for r in rows], [r[1] for r in rows]
+    ax.plot(epochs, losses, marker="o", label="training loss")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("loss")
+    ax.set_title(f"{model}: training")
+    if value is not None:
+        right = ax.twinx()
+        right.plot([epochs[-1]], [value], marker="*", markersize=12, color="tab:green", linestyle="none",
+                   label=f"validation {name}")
+        right.set_ylabel(f"validation {name}")
+        right.legend(loc="center right")
+    ax.legend(loc="upper right")
+    fig.tight_layout()
+    fig.dbml = {"epoch": epochs, "loss": losses, "val_metric_name": name, "val_metric": value}
+    return fig
+
+
+def memory(con, job_id: int):
+    """One iteration of job ``job_id``'s plan: planned device memory over time (its ops'
+    estimated times, planned waits included), the budget, the measured peak, and the
+    plan's swap-out, swap-in and recompute events."""
+    from .scheduler.graph.sequence import EventKind
+    from .scheduler.plan.peak import build_timeline
+
+    job = _job(con, job_id)
+    if job.schedule is None:
+        raise InvalidArgument(f"dbml.plot.memory(): job {job_id} ran no plan (policy 'eager', or it ended before "
+                              f"its first epoch); train with policy := 'tensile'")
+    plan, seq = job.schedule
+    tl = build_timeline(seq, plan.events)
+    ends = {op.index: float(tl.op_end[op.index]) for op in seq.ops}
+    marks = {kind: [ends.get(e.trigger, 0.0) + e.delay for e in plan.events if e.kind is kind]
+             for kind in (EventKind.SWAP_OUT, EventKind.SWAP_IN, EventKind.RECOMPUTE)}
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    times, usage = list(map(float, tl.times)), [int(u) for u in tl.usage]
+    ax.step(times, [u / MIB for u in usage], where="post", label="planned")
+    if job.measured_peak_bytes:
+        ax.axhline(job.measured_peak_bytes / MIB, color="tab:red", linestyle="--", label="measured peak")
+    budget = _budget(con, job)
+    if budget:
+        ax.axhline(budget / MIB, color="black", linestyle=":", label="budget")
+    top = max(usage, default=0) / MIB
+    for (kind, at), colour in zip(marks.items(), ("tab:orange", "tab:purple", "tab:green")):
+        if at:
+            ax.plot(at, [top * 1.02] * len(at), "|", color=colour, markersize=10,
+                    label=f"{kind.value.replace('_', '-')} ({len(at)})")
+    ax.set_xlabel("seconds into the iteration (planned)")
+    ax.set_ylabel("device memory (MiB)")
+    ax.set_title(f"job {job_id} ({job.model}): one iteration")
+    ax.legend(loc="lower right", fontsize="small")
+    fig.tight_layout()
+    fig.dbml = {"times": times, "planned_bytes": usage, "planned_peak_bytes": plan.peak_bytes,
+                "measured_peak_bytes": job.measured_peak_bytes, "budget_bytes": budget,
+                "events": {k.value: len(v) for k, v in marks.items()}}
+    return fig
+
+
+def _job(con, job_id: int):
+    instance = getattr(con, "_instance", None)
+    if instance is None:
+        raise InvalidArgument("dbml.plot.memory(): con must be a dbml connection (dbml.connect(...))")
+    for job in instance.jobs.jobs():
+        if job.id == job_id:
+            return job
+    raise InvalidArgument(f"dbml.plot.memory(): no job {job_id} in this process; SELECT id FROM dbml_jobs lists them")
+
+
+def _budget(con, job) -> int | None:
+    """The job's budget: from dbml_memory while it runs, else as its model's summary stored it."""
+    rows = con.execute("SELECT budget_bytes FROM dbml_memory WHERE job_id = ?", [job.id]).fetchall()
+    if not rows:
+        version = (job.result or {}).get("version")
+        rows = con.execute("SELECT (metrics->'memory'->>'budget_bytes')::BIGINT FROM dbml_models "
+                           "WHERE name = ? AND version = ?", [job.model, version]).fetchall()
+    return rows[0][0] if rows else None
+
+
+def jobs(con, seconds: float = 5.0, interval: float = 0.25):
+    """The running jobs' shares of the device budget (``dbml_memory``), sampled every
+    ``interval`` s for ``seconds`` s or until no job runs, as stacked areas."""
+    samples, t0, seen = [], time.monotonic(), False
+    while True:
+        rows = con.execute("SELECT job_id, model, held_bytes FROM dbml_memory WHERE job_id IS NOT NULL").fetchall()
+        samples.append((time.monotonic() - t0, {f"{r[1]} (job {r[0]})": r[2] or 0 for r in rows}))
+        seen = seen or bool(rows)
+        if (seen and not rows) or time.monotonic() - t0 >= seconds:
+            break
+        time.sleep(interval)
+    names = sorted({n for _, shares in samples for n in shares})
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    x = [t for t, _ in samples]
+    if names:
+        ax.stackplot(x, [[shares.get(n, 0) / MIB for _, shares in samples] for n in names], labels=names)
+        ax.legend(loc="upper right", fontsize="small")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("device memory held (MiB)")
+    ax.set_title("running training jobs")
+    fig.tight_layout()
+    fig.dbml = {"seconds": x, "jobs": {n: [shares.get(n, 0) for _, shares in samples] for n in names}}
+    return fig
