@@ -97,6 +97,7 @@ def test_memory_plots_the_plan_of_a_job_under_a_budget(wide):
         dbml.plot.memory(wide, 999)
 
 
+@pytest.mark.slow   # samples a running job for a second and a half
 def test_jobs_plots_the_shares_of_running_jobs(pts):
     pytest.importorskip("matplotlib")
     pts.execute("CREATE TABLE big AS SELECT (range % 50) / 50.0 AS a, (range % 50 > 25)::INT AS y FROM range(20000)")

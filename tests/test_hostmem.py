@@ -31,6 +31,7 @@ def faults(setting: str) -> int:
     return int(out.stdout.split()[-1])
 
 
+@pytest.mark.slow   # two child processes that import torch
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_a_training_step_keeps_large_freed_blocks_for_reuse():
     kept, system = faults("keep"), faults("system")
