@@ -354,3 +354,19 @@ def test_delayed_swap_in_is_issued_when_its_op_starts():
     assert (slot, delay) == (2, 0.5)          # performed after op 1, i.e. when op 2 starts
     assert _swap_in_slot(Event(0, 0.25, SI, 7, before=4), starts, ends) == (1, 0.25)
     assert _swap_in_slot(Event(0, 9.0, SI, 7, before=3), starts, ends)[0] == 3   # not after its use
+
+
+def test_a_swap_in_never_runs_before_its_delayed_swap_out():
+    """Compute ahead of the plan: a swap-out due 50 ms after its op, and the swap-in of the
+    same tensor issued at the next op, which is due earlier. The channel runs jobs by due
+    time, so the swap-in must wait for the swap-out's copy (it once ran first: KeyError)."""
+    h = Harness()
+    want, _ = h.eager()
+    events = list(release_events(h.seq))
+    t = next(t for t in h.seq.tensors if t.kind is TensorKind.ACTIVATION and t.id not in h.seq.outputs
+             and len(h.live.accesses[t.id]) and h.live.accesses[t.id][-1] - h.live.gen[t.id] >= 3)
+    a, b = h.live.gen[t.id], h.live.accesses[t.id][-1]
+    events += [Event(a, 0.05, SO, t.id), Event(a + 1, 0.0, SI, t.id, before=b)]
+    got, _, ex, _ = h.run(h.plan(events))
+    assert_identical(got, want)
+    assert ex.totals["swap_outs"] == ex.totals["swap_ins"] == len(h.data)

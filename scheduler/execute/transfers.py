@@ -51,6 +51,7 @@ class Transfers:
         self.host_store: dict[int, torch.Tensor] = {}
         self.inflight_in: set[int] = set()
         self.inflight_out: set[int] = set()
+        self.out_at: dict[int, float] = {}   # when each swap-out in flight is due on the channel
         self.done: deque = deque()      # finished swap-ins: (sid, device bytes, marker)
         # written in place since their host copy was made (the executor reads it on
         # every release: a set lookup, not a method call)
@@ -161,6 +162,7 @@ class Transfers:
         holder = [it.bytes_of(sid)]
         it.drop(sid)
         self.inflight_out.add(sid)
+        self.out_at[sid] = at
         marker = self.device.compute_marker()
         nbytes = self.prog.nbytes[sid]
 
@@ -176,7 +178,7 @@ class Transfers:
                 ledger.cv.notify_all()
 
         it.counts["swap_outs"] += 1
-        self.channel.submit(at, job)
+        self.channel.submit(at, self._failing_wakes(job, self.inflight_out, sid))
 
     def wait_out(self, sid: int) -> None:
         """A planned stall: compute waits until the swap-out of ``sid`` has ended (its
@@ -214,6 +216,10 @@ class Transfers:
             it.counts["budget_waits"] += 1
         ledger.alloc(nbytes)
         self.inflight_in.add(sid)
+        if sid in self.inflight_out:
+            # its swap-out may be due later than this (a delayed one, compute ahead of the
+            # plan): the channel runs jobs by due time, and this copy needs that one's result
+            at = max(at, self.out_at[sid])
 
         def job():
             t0 = time.perf_counter()
@@ -226,7 +232,21 @@ class Transfers:
                 ledger.cv.notify_all()
 
         it.counts["swap_ins"] += 1
-        self.channel.submit(at, job)
+        self.channel.submit(at, self._failing_wakes(job, self.inflight_in, sid))
+
+    def _failing_wakes(self, job: Callable[[], None], inflight: set, sid: int) -> Callable[[], None]:
+        """``job``, which on failure also takes ``sid`` off ``inflight`` and wakes compute:
+        an op waiting for that copy goes on (recomputing or failing) instead of waiting
+        forever; the channel hands the error to the next ``drain``."""
+        def guarded() -> None:
+            try:
+                job()
+            except BaseException:
+                with self.ledger.cv:
+                    inflight.discard(sid)
+                    self.ledger.cv.notify_all()
+                raise
+        return guarded
 
     def install(self, sid: int, dst: torch.Tensor, marker, k: int) -> None:
         self.device.use_on_compute(dst, marker)
