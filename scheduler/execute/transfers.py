@@ -178,7 +178,7 @@ class Transfers:
                 ledger.cv.notify_all()
 
         it.counts["swap_outs"] += 1
-        self.channel.submit(at, self._failing_wakes(job, self.inflight_out, sid))
+        self.channel.submit(at, _failing_wakes(job, ledger, self.inflight_out, sid))
 
     def wait_out(self, sid: int) -> None:
         """A planned stall: compute waits until the swap-out of ``sid`` has ended (its
@@ -232,21 +232,7 @@ class Transfers:
                 ledger.cv.notify_all()
 
         it.counts["swap_ins"] += 1
-        self.channel.submit(at, self._failing_wakes(job, self.inflight_in, sid))
-
-    def _failing_wakes(self, job: Callable[[], None], inflight: set, sid: int) -> Callable[[], None]:
-        """``job``, which on failure also takes ``sid`` off ``inflight`` and wakes compute:
-        an op waiting for that copy goes on (recomputing or failing) instead of waiting
-        forever; the channel hands the error to the next ``drain``."""
-        def guarded() -> None:
-            try:
-                job()
-            except BaseException:
-                with self.ledger.cv:
-                    inflight.discard(sid)
-                    self.ledger.cv.notify_all()
-                raise
-        return guarded
+        self.channel.submit(at, _failing_wakes(job, ledger, self.inflight_in, sid))
 
     def install(self, sid: int, dst: torch.Tensor, marker, k: int) -> None:
         self.device.use_on_compute(dst, marker)
@@ -291,3 +277,18 @@ class Transfers:
                 self.it.counts["passive_swaps"] += 1
                 return True
             return False
+
+
+def _failing_wakes(job: Callable[[], None], ledger: IterationLedger, inflight: set, sid: int) -> Callable[[], None]:
+    """``job``, which on failure also takes ``sid`` off ``inflight`` and wakes compute: an
+    op waiting for that copy goes on (recomputing or failing) instead of waiting forever;
+    the channel hands the error to the next ``drain``."""
+    def guarded() -> None:
+        try:
+            job()
+        except BaseException:
+            with ledger.cv:
+                inflight.discard(sid)
+                ledger.cv.notify_all()
+            raise
+    return guarded
