@@ -49,8 +49,9 @@ WRITE_NODES = (exp.Insert, exp.Update, exp.Delete, exp.Merge, exp.Copy, exp.Crea
 # (this module cannot import udfs, which imports it; tests/test_security.py checks the two
 # agree) and the macros that call them.
 DBML_EFFECTFUL = ("dbml_train", "dbml_wait_job", "cancel_job", "dbml_job_rows", "dbml_memory_rows",
-                  "dbml_calibrate", "dbml_predictor_rows", "dbml_evaluate", "dbml_predictions_sql", "drop_model")
-DBML_EFFECTFUL_MACROS = ("train", "calibrate", "wait_job", "evaluate")
+                  "dbml_calibrate", "dbml_predictor_rows", "dbml_evaluate", "dbml_predictions_sql", "drop_model",
+                  "dbml_export_model")
+DBML_EFFECTFUL_MACROS = ("train", "calibrate", "wait_job", "evaluate", "export_model")
 # DuckDB functions with effects, or that run SQL text the checks cannot see: nextval
 # advances a sequence, setseed the session's random state, query() runs a string as SQL.
 DUCKDB_EFFECTFUL = ("nextval", "setseed", "query")
