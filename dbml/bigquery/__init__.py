@@ -27,8 +27,8 @@ from sqlglot.dialects.bigquery import BigQuery
 from sqlglot.errors import ParseError
 from sqlglot.tokens import TokenType
 
-from .errors import InvalidArgument
-from .sqltext import split_statements
+from ..errors import InvalidArgument
+from ..sqltext import split_statements
 
 __all__ = ["OPTIONS", "MODEL_TYPES", "translate", "execute", "is_bigquery_ml"]
 
