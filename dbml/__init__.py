@@ -20,6 +20,7 @@ from .errors import (CatalogError, DbmlError, Interrupted, InvalidArgument, Mode
                      TrainingError)
 from .api import drop_model, evaluate, list_jobs, predictions, train
 from .zoo import register_model, unregister_model
+from . import kinds as _kinds   # registers the dnn, boosted_tree, random_forest and kmeans archs (dbml/kinds/)
 
 __version__ = "0.1.0"
 __all__ = ["connect", "install", "execute", "export_model", "train", "predictions", "evaluate", "drop_model",

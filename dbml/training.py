@@ -27,6 +27,7 @@ from .columns import MEMORY_FIELDS
 from .data import BatchStream, StreamStats
 from .errors import SourceError, TrainingError, scheduler_errors
 from .features import Preprocessing, fit
+from .kinds import FITTERS
 from .runners import JobHandle
 from .scheduler.execute.step import StepRunner
 from .settings import default_budget, resolve_device
@@ -204,6 +205,9 @@ def _schedule(runner) -> tuple | None:
 
 def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: int, n_val: int,
                progress: Progress) -> dict:
+    fitted = FITTERS.get(spec.arch)   # trees, k-means (dbml.kinds): fitted on the scratch table, not stepped
+    if fitted is not None:
+        return fitted(cur, table, prep, spec, n_train, n_val, progress)
     device = resolve_device(spec.device)
     outputs = len(prep.classes) if prep.task == "classification" else 1
     config = models.config(spec.arch, prep.model_inputs(), outputs, spec.options_dict(), hidden=spec.hidden,
