@@ -28,7 +28,7 @@ NOT_SUPPORTED = ("FORECAST", "EXPLAIN_FORECAST", "ARIMA_EVALUATE", "ARIMA_COEFFI
                  "TFDV_VALIDATE", "DESCRIBE_DATA", "EXPLAIN_PREDICT_TEXT", "GENERATE_TABLE")
 
 
-class MLFunction(exp.Func):
+class MLFunction(exp.Expression, exp.Func):
     """``ML.<name>(MODEL m[, arg, ...])``: ``this`` the model's name (a Table), ``expressions``
     the arguments after it."""
     arg_types = {"this": True, "name": True, "expressions": False}
