@@ -342,7 +342,7 @@ def test_a_tampered_input_encoder_is_refused_naming_the_model():
     try:
         table(con, "toks", sequences(100, 11))
         con.sql("SELECT train('tamper', 'SELECT events, churned FROM toks', label := 'churned', epochs := 1)").fetchall()
-        con.execute("UPDATE dbml_models SET preprocessing = json_merge_patch(preprocessing, "
+        con.execute("UPDATE dbml.models SET preprocessing = json_merge_patch(preprocessing, "
                     "'{\"input\": {\"kind\": \"shellcode\"}}')")
         with pytest.raises(duckdb.Error, match=r"model 'tamper' version 1: dbml_models.preprocessing is invalid: "
                                                r"input: the stored input encoder is not valid"):

@@ -110,10 +110,11 @@ def predict_proba(ctx: Context, models: pa.Array, features: pa.Array) -> pa.Arra
     return _predict(ctx, models, features, "proba", "predict_proba")
 
 
-def infer(ctx: Context, models: pa.Array, versions: pa.Array, x: pa.Array) -> pa.Array:
-    """The table form's forward pass (``predictions``): rows already encoded by SQL."""
+def infer(ctx: Context, models: pa.Array, uids: pa.Array, x: pa.Array) -> pa.Array:
+    """The table form's forward pass (``predictions``): rows already encoded by SQL, for
+    the stored model (its catalog uid) the statement was built for."""
     return inference.per_model(models, lambda name, rows: inference.infer_encoded(
-        ctx.models.get(name, versions[rows[0]].as_py(), fn="predictions"), x.take(rows)))
+        ctx.models.get(name, fn="predictions", uid=uids[rows[0]].as_py()), x.take(rows)))
 
 
 def decode_image(ctx: Context, images: pa.Array, encoders: pa.Array) -> pa.Array:
