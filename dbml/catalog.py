@@ -20,7 +20,7 @@ from dataclasses import MISSING, dataclass, fields
 import duckdb
 import torch
 
-from .errors import CatalogError, InvalidArgument, ModelNotFound
+from .errors import CatalogError, InvalidArgument, ModelNotFound, TrainingError
 from .features import TASKS, Feature, Preprocessing
 from .models import ModelConfig, build
 from .zoo import arch as zoo_arch
@@ -107,6 +107,8 @@ def write(cur: duckdb.DuckDBPyConnection, *, name: str, config: ModelConfig, pre
     is rolled back and retried with the version then next. Model row and weights are
     committed together or not at all.
     """
+    stored = prep.to_json()
+    load_preprocessing(stored, name, 0, writing=True)   # what load would refuse is never written
     blob = weights_blob(module)
     row = [config.arch, prep.task, prep.feature_names, prep.label, config.to_json(), prep.to_json(),
            json.dumps(params), json.dumps(metrics), rows]
@@ -216,8 +218,10 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def load_preprocessing(text: str, name: str, version: int) -> Preprocessing:
-    """A stored model's preprocessing, checked against its schema; CatalogError names what is wrong."""
+def load_preprocessing(text: str, name: str, version: int, *, writing: bool = False) -> Preprocessing:
+    """A stored model's preprocessing, checked against its schema; CatalogError names what is wrong.
+    ``writing``: the check before a model is stored (TrainingError: the training data gave
+    statistics no model can be used with)."""
     try:
         problem = _schema_problem(json.loads(text))
         prep = None if problem else Preprocessing.from_json(text)
@@ -225,6 +229,9 @@ def load_preprocessing(text: str, name: str, version: int) -> Preprocessing:
         problem = f"it is not JSON ({str(e)[:80]})"
     except CatalogError as e:   # the input encoder's own check (InputEncoder.from_dict)
         problem = f"input: {e}"
+    if problem and writing:
+        raise TrainingError(f"train(): the statistics fitted on the source cannot be stored ({problem}); nothing "
+                            f"was stored; leave out or clip values beyond FLOAT's range (about 3.4e38)")
     if problem:
         raise CatalogError(f"model {name!r} version {version}: dbml_models.preprocessing is invalid: {problem}; "
                            f"the row was edited or damaged: retrain it with train({name!r}, ...) "

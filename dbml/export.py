@@ -12,9 +12,10 @@ extensions). What the exported graph takes, per input kind:
   it is in the file's metadata (``dbml.features_sql``).
 * images: ``image`` FLOAT[batch, channels, height, width], pixels scaled to [0, 1]; the
   per-channel normalisation is in the graph, decoding and resizing PNG/JPEG are not.
-* text and token ids: ``tokens`` INT64[batch, length], ids as dbml encodes them (text:
-  ``index in the vocabulary + 2``, 1 unknown, 0 padding; the vocabulary is in the
-  metadata, ``dbml.vocab``); tokenisation is not in the graph.
+* text and token ids: ``tokens`` INT64[batch, length], ids as dbml encodes them
+  (``index in the vocabulary + 2``, 1 unknown, 0 padding; the vocabulary is in the
+  metadata: ``dbml.vocab`` for text, ``dbml.token_ids`` for token ids); tokenisation is
+  not in the graph.
 
 Outputs: classifiers ``logits`` and ``probabilities`` (softmax; class order in the
 metadata, ``dbml.classes``); regressors ``value``, unscaled to the label's units. The batch
@@ -106,6 +107,8 @@ def _metadata(stored: catalog.StoredModel, input_name: str) -> dict[str, str]:
         meta["dbml.features_sql"] = prep.features_sql()
     if prep.input is not None and prep.input.kind == "text":
         meta["dbml.vocab"] = json.dumps(list(prep.input.vocab))
+    if prep.input is not None and prep.input.ids:
+        meta["dbml.token_ids"] = json.dumps(list(prep.input.ids))   # a token id's model id: index + 2
     return meta
 
 

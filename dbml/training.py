@@ -229,12 +229,24 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
         finally:
             runner.close()
             progress.release_scheduler()
+    _check_finite(module, spec)
     module.eval()
     memory = loop.memory()
     stored = {"final_loss": history[-1]["loss"], "history": history,
               "fetch_wait_seconds": stream_stats.wait_seconds, "memory": memory}
     stored.update(_validation_metric(cur, table, prep, module, device, n_val))
     return {"config": config, "module": module.cpu(), "metrics": stored, "memory": memory}
+
+
+def _check_finite(module: torch.nn.Module, spec: TrainSpec) -> None:
+    """The weights after the last update: the loss is checked each step, but it is computed
+    before that step's update, which can still make every weight NaN or infinite."""
+    bad = next((name for name, t in module.state_dict().items()
+                if t.is_floating_point() and not bool(torch.isfinite(t).all())), None)
+    if bad is not None:
+        raise TrainingError(f"train(): the weights became NaN or infinite in the last update ({bad}); "
+                            f"nothing was stored; pass a smaller lr := (now {spec.lr}) or weight_decay := "
+                            f"(now {spec.weight_decay})")
 
 
 def _converter(prep: Preprocessing, fn: str):
@@ -249,7 +261,7 @@ def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int
     """Every epoch: stream the training rows, shuffled, through ``step``; return the history.
     ``before()`` runs once the first epoch's stream has started, before its first batch."""
     def epoch_stream(epoch: int) -> BatchStream:
-        rng = np.random.default_rng([spec.seed, epoch])
+        rng = np.random.default_rng([spec.seed % 2**64, epoch])   # any BIGINT seed, negative too
         start = int(rng.integers(n_rows))
         sql = [f"SELECT x, y FROM {table} WHERE NOT is_val AND rowid >= {start}",
                f"SELECT x, y FROM {table} WHERE NOT is_val AND rowid < {start}"]
@@ -269,7 +281,8 @@ def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int
                 loss = step(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
                 if not torch.isfinite(loss):
                     raise TrainingError(f"train(): loss became {loss.item()} in epoch {epoch + 1}; "
-                                        f"nothing was stored; pass a smaller lr := (now {spec.lr})")
+                                        f"nothing was stored; pass a smaller lr := (now {spec.lr}), or look "
+                                        f"for extreme values in the features")
                 total += loss.double().cpu() * len(y)
             stream_stats.add(stream.stats)
             history.append({"epoch": epoch + 1, "loss": total.item() / n_train,

@@ -73,3 +73,37 @@ def test_an_older_catalog_is_moved_into_its_own_schema(tmp_path):
     ro = dbml.connect(path, read_only=True)
     assert ro.execute("SELECT predict('m', [0.5])").fetchall()[0][0] > 0.9
     ro.close()
+
+
+# -- non-finite results are never stored as finished --------------------------------------------
+
+def _models(con) -> int:
+    return con.execute("SELECT count(*) FROM dbml_models").fetchall()[0][0]
+
+
+@pytest.mark.parametrize("args, message", [
+    # one step (a batch larger than the table): the loss is finite, the update is not
+    ("lr := 1e6, weight_decay := 1e38, epochs := 1, batch_size := 1000, optimizer := 'sgd'",
+     "the weights became NaN or infinite"),
+    ("lr := 1e308", r"lr must be a positive number up to 1e\+06, got 1e\+308"),
+    ("weight_decay := 'inf'", r"weight_decay must be a finite number >= 0, got inf"),
+    ("momentum := 'nan', optimizer := 'sgd'", r"momentum must be in \[0, 1\), got nan"),
+])
+def test_non_finite_weights_are_refused_and_nothing_is_stored(con, args, message):
+    _two_lines(con)
+    with pytest.raises(duckdb.Error, match=message):
+        con.execute(f"SELECT train('m', 'a', label := 'y', arch := 'mlp', {args})")
+    assert _models(con) == 0
+
+
+def test_series_values_near_doubles_range_store_finite_statistics(con):
+    con.execute("CREATE TABLE s AS SELECT [1e308, x, x + 1, -1e308]::DOUBLE[] AS s, (x % 2)::INTEGER AS y "
+                "FROM range(60) t(x)")
+    con.execute("SELECT train('s', 's', label := 'y', epochs := 1, policy := 'eager')")
+    assert con.execute("SELECT predict('s', [1.0, 2.0, 1e308])").fetchall()[0][0] in (0.0, 1.0)
+
+
+def test_any_bigint_seed_trains(con):
+    _two_lines(con)
+    assert con.execute("SELECT train('m', 'a', label := 'y', arch := 'linear', epochs := 1, seed := -1)"
+                       ).fetchall()[0][0]["status"] == "finished"

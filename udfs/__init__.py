@@ -95,7 +95,7 @@ FUNCTIONS = (
              nulls=True),
     Function("dbml_infer", f.infer, (t.VARCHAR, t.VARCHAR, sql("FLOAT[]")), t.DOUBLE, arrow=True, effects=False),
     # the same for an image, text or sequence model's raw column (dbml.inference.INFER_FUNCTIONS)
-    Function("dbml_decode_image", f.decode_image, (t.BLOB, t.VARCHAR), t.BLOB, arrow=True, effects=False),
+    Function("dbml_decode_image", f.decode_image, (t.BLOB, t.VARCHAR, t.VARCHAR), t.BLOB, arrow=True, effects=False),
     Function("dbml_infer_blob", f.infer, (t.VARCHAR, t.VARCHAR, t.BLOB), t.DOUBLE, arrow=True, effects=False),
     Function("dbml_infer_text", f.infer, (t.VARCHAR, t.VARCHAR, t.VARCHAR), t.DOUBLE, arrow=True, effects=False),
     Function("dbml_infer_ids", f.infer, (t.VARCHAR, t.VARCHAR, sql("BIGINT[]")), t.DOUBLE, arrow=True, effects=False),

@@ -17,7 +17,7 @@ from .. import inference, jobs, latency, progress, views
 from ..catalog import drop
 from ..errors import InvalidArgument
 from ..inference import ModelCache
-from ..inputs import InputEncoder
+from ..inputs import DECODE_TOKEN, InputEncoder
 from ..notebook import renderer_for
 from ..instance import Instance
 from ..scheduler.latency.predictor import predictor_path
@@ -117,8 +117,12 @@ def infer(ctx: Context, models: pa.Array, uids: pa.Array, x: pa.Array) -> pa.Arr
         ctx.models.get(name, fn="predictions", uid=uids[rows[0]].as_py()), x.take(rows)))
 
 
-def decode_image(ctx: Context, images: pa.Array, encoders: pa.Array) -> pa.Array:
-    """PNG/JPEG BLOBs -> raw pixels, as a job's scratch table stores them (``InputEncoder.scratch_sql``)."""
+def decode_image(ctx: Context, images: pa.Array, encoders: pa.Array, tokens: pa.Array) -> pa.Array:
+    """PNG/JPEG BLOBs -> raw pixels, as a job's scratch table stores them (``InputEncoder.scratch_sql``);
+    only for the SQL dbml writes, which passes this process's ``DECODE_TOKEN``."""
+    if set(tokens.to_pylist()) - {DECODE_TOKEN}:
+        raise InvalidArgument("dbml_decode_image() is dbml's own, for the SQL train() writes; "
+                              "call train() or predict() instead")
     encoder = _encoder(encoders[0].as_py())
     return encoder.decode(images)
 
