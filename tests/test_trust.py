@@ -107,3 +107,44 @@ def test_any_bigint_seed_trains(con):
     _two_lines(con)
     assert con.execute("SELECT train('m', 'a', label := 'y', arch := 'linear', epochs := 1, seed := -1)"
                        ).fetchall()[0][0]["status"] == "finished"
+
+
+# -- a read never writes: statement boundaries ----------------------------------------------------
+
+ESCAPED = r"SELECT 'x\'; DROP TABLE t; SELECT \'' AS tag, * FROM ML.PREDICT(MODEL m, TABLE tab)"
+
+
+def test_a_bigquery_escape_never_splits_one_statement_into_a_drop(con):
+    con.execute("CREATE TABLE t AS SELECT 1 AS a")
+    with pytest.raises(dbml.InvalidArgument, match=r"BigQuery's string rules .* end its statements in different "
+                                                   r"places"):
+        dbml.execute(con, ESCAPED)
+    assert con.execute("SELECT count(*) FROM t").fetchall() == [(1,)]
+
+
+def test_the_shell_refuses_it_too(tmp_path):
+    import subprocess
+    import sys
+    db = str(tmp_path / "x.duckdb")
+    duckdb.connect(db).execute("CREATE TABLE t AS SELECT 1 AS a").close()
+    r = subprocess.run([sys.executable, "-m", "dbml", "shell", db, "-c", ESCAPED], capture_output=True, text=True,
+                       timeout=120)
+    assert "end its statements in different places" in r.stderr and "Traceback" not in r.stderr
+    assert duckdb.connect(db).execute("SELECT count(*) FROM t").fetchall() == [(1,)]
+
+
+@pytest.mark.parametrize("text, statements", [
+    ("SELECT $$a;b$$; SELECT 2", ["SELECT $$a;b$$", "SELECT 2"]),
+    ("SELECT E'a\\';b'; SELECT 2", ["SELECT E'a\\';b'", "SELECT 2"]),
+    ("SELECT 'a'';b' /* ; */; -- ;\nSELECT 2;", ["SELECT 'a'';b' /* ; */", "SELECT 2"]),
+    ('SELECT 1 AS "a;b"; SELECT \'C:\\\'', ['SELECT 1 AS "a;b"', "SELECT 'C:\\'"]),
+])
+def test_statements_split_by_duckdbs_own_string_rules(text, statements):
+    from dbml.sqltext import split_statements, statement_complete
+    assert split_statements(text) == statements
+    assert statement_complete(text + ";")
+
+
+def test_an_unterminated_string_is_an_error_not_a_traceback(con):
+    with pytest.raises(dbml.InvalidArgument, match="ends inside a string"):
+        dbml.execute(con, "SELECT 'abc")
