@@ -29,7 +29,7 @@ from .errors import SourceError, TrainingError, scheduler_errors
 from .features import Preprocessing, fit
 from .runners import JobHandle
 from .scheduler.execute.step import StepRunner
-from .settings import default_budget, resolve_device
+from .settings import resolve_device
 from .source import as_select, check_tables_only, describe
 from .spec import TrainSpec
 
@@ -212,7 +212,7 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
     loss_fn = loss_function(prep)
     label = torch.int64 if prep.task == "classification" else torch.float32
     with scheduler_errors(spec, job_id=progress.id,
-                          device_budget=lambda: spec.device_budget or default_budget(device)):
+                          device_budget=lambda: runners.job_budget(spec, device)):
         runners.check_plan_fits(config, loss_fn, spec, device, min(spec.batch_size, n_train), label)
         module = models.build_seeded(config, spec.seed).to(device)
         # dropout draws from torch's global generator (as in eager PyTorch, which the scheduled

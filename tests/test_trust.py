@@ -148,3 +148,27 @@ def test_statements_split_by_duckdbs_own_string_rules(text, statements):
 def test_an_unterminated_string_is_an_error_not_a_traceback(con):
     with pytest.raises(dbml.InvalidArgument, match="ends inside a string"):
         dbml.execute(con, "SELECT 'abc")
+
+
+# -- a budget is a promise: one connection never re-budgets another's jobs ---------------------
+
+def test_one_connections_budget_never_shrinks_anothers_running_job(tmp_path):
+    from helpers import wait_until
+    from dbml.scheduler.multijob.registry import existing_scheduler
+    path = str(tmp_path / "x.duckdb")
+    big = dbml.connect(path, latency_model="roofline", memory_budget="1GB")
+    small = dbml.connect(path, latency_model="roofline", memory_budget="300MB")
+    big.execute("CREATE TABLE a AS SELECT x / 1000 AS x, (x % 2)::INTEGER AS y FROM range(4000) t(x)")
+    first = big.execute("SELECT train('big', 'a', label := 'y', epochs := 1000, wait := false)").fetchall()[0][0]
+    wait_until(lambda: big.execute(f"SELECT status FROM dbml_jobs WHERE id = {first['job_id']}").fetchall()
+               == [("running",)], timeout=60, what="the first job runs")
+    wait_until(lambda: existing_scheduler("cpu") is not None and existing_scheduler("cpu").jobs(), timeout=60,
+               what="the first job plans")
+    second = small.execute("SELECT train('small', 'a', label := 'y', epochs := 1, wait := false)").fetchall()[0][0]
+    wait_until(lambda: f"job_{second['job_id']}" in existing_scheduler("cpu").waiting(), timeout=30,
+               what="the second job waits for the budget")
+    assert existing_scheduler("cpu").budget_bytes == 10**9          # the running job's budget is kept
+    big.execute(f"SELECT cancel_job({first['job_id']})")
+    done = small.execute(f"SELECT wait_job({second['job_id']})").fetchall()[0][0]
+    assert done["status"] == "finished" and done["budget_bytes"] == 300 * 10**6
+    big.close(), small.close()
