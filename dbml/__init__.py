@@ -97,7 +97,7 @@ def install(con: duckdb.DuckDBPyConnection | Connection, **settings) -> Connecti
     On a database opened read-only the catalog must already exist; ``predict``,
     ``predictions``, ``evaluate`` and the views work, and ``train``, ``drop_model`` and
     ``calibrate`` are refused."""
-    from .catalog import require_catalog
+    from .catalog import migrate, require_catalog
     from .instance import attach
     from .udfs import register
 
@@ -106,6 +106,8 @@ def install(con: duckdb.DuckDBPyConnection | Connection, **settings) -> Connecti
     instance, new = attach(con)
     if new:
         register(instance)
+        if not instance.read_only:
+            migrate(con, resources.files("dbml.sql").joinpath("catalog.sql").read_text())
     if instance.read_only:
         require_catalog(con)
     _install_sql(con, instance.read_only)

@@ -19,7 +19,7 @@ TRAIN_MEMORY = {
     "measured_peak_bytes": "BIGINT", "vanilla_peak_bytes": "BIGINT", "vanilla_source": "VARCHAR",
     "planned_peak_bytes": "BIGINT", "msr": "DOUBLE", "swaps": "BIGINT", "recomputes": "BIGINT",
     "passive_swaps": "BIGINT", "replans": "BIGINT",
-    "plan_seconds": "DOUBLE", "latency_model": "VARCHAR",
+    "plan_seconds": "DOUBLE", "latency_model": "VARCHAR", "budget_bytes": "BIGINT",
 }
 TRAIN_RESULT = {**TRAIN_JOB, **TRAIN_MEMORY}
 MEMORY_FIELDS = tuple(TRAIN_MEMORY)

@@ -1,8 +1,8 @@
 """Using trained models: batched prediction, the table form, and evaluation.
 
-Models are loaded from the catalog once per connection and version (``ModelCache``);
-a retrained or dropped model is noticed at the next call, since every call looks up the
-latest version first.
+Models are loaded from the catalog once per stored model (``ModelCache``, keyed by the
+catalog's uid); a retrained or dropped model is noticed at the next call, since every call
+looks up the uid of the latest version first.
 """
 
 from __future__ import annotations
@@ -24,35 +24,55 @@ from .source import as_select, describe, literal, quote, resolve_column
 
 
 class ModelCache:
-    """The latest version of each model, loaded at most once; safe across DuckDB threads.
+    """Loaded models by their catalog ``uid``, each loaded at most once; safe across
+    DuckDB's threads.
 
-    ``cursor`` gives a connection to the database when the cache needs one (again).
+    A uid names one stored model and no other, ever: a model dropped and trained again
+    under the same name and version is another uid, so a cache keyed by it can never hand
+    out the old weights. Each call looks up the uid of the version asked for (one indexed
+    query, on a cursor of the calling thread's own: lookups never wait for each other);
+    only loading takes the lock. ``cursor`` gives a connection to the database when the
+    cache needs one (again).
     """
 
     def __init__(self, cursor: Callable[[], duckdb.DuckDBPyConnection]):
         self._new_cursor = cursor
-        self._cur: duckdb.DuckDBPyConnection | None = None
+        self._local = threading.local()
         self._lock = threading.Lock()
-        self._models: dict[tuple[str, int], catalog.StoredModel] = {}
+        self._models: dict[str, catalog.StoredModel] = {}
 
-    def get(self, name: str, version: int | None = None, *, fn: str) -> catalog.StoredModel:
+    def get(self, name: str, version: int | None = None, *, fn: str, uid: str | None = None) -> catalog.StoredModel:
+        """Version ``version`` of ``name`` (None: the latest); with ``uid``, that stored model
+        (ModelNotFound if it was dropped or replaced since)."""
+        try:
+            return self._get(name, version, uid, fn)
+        except duckdb.ConnectionException:  # the connection it used was closed
+            self._local.cur = None
+            return self._get(name, version, uid, fn)
+
+    def _cursor(self) -> duckdb.DuckDBPyConnection:
+        cur = getattr(self._local, "cur", None)
+        if cur is None:
+            cur = self._local.cur = self._new_cursor()
+        return cur
+
+    def _get(self, name: str, version: int | None, uid: str | None, fn: str) -> catalog.StoredModel:
+        cached = self._models.get(uid) if uid is not None else None
+        if cached is not None and cached.name == name:
+            return cached
+        cur = self._cursor()
+        if uid is None:
+            version, uid = catalog.identify(cur, name, version, fn=fn)
+            cached = self._models.get(uid)
+            if cached is not None:
+                return cached
         with self._lock:
-            try:
-                return self._get(name, version, fn)
-            except duckdb.ConnectionException:  # the connection it used was closed
-                self._cur = None
-                return self._get(name, version, fn)
-
-    def _get(self, name: str, version: int | None, fn: str) -> catalog.StoredModel:
-        if self._cur is None:
-            self._cur = self._new_cursor()
-        if version is None:
-            version = catalog.latest_version(self._cur, name, fn=fn)
-        key = (name, version)
-        if key not in self._models:
-            self._models = {k: v for k, v in self._models.items() if k[0] != name}
-            self._models[key] = catalog.load(self._cur, name, version)
-        return self._models[key]
+            if uid not in self._models:
+                model = catalog.load(cur, name, version, uid) if version is not None else \
+                    catalog.load_uid(cur, name, uid, fn=fn)
+                self._models = {k: v for k, v in self._models.items() if v.name != name}
+                self._models[uid] = model
+            return self._models[uid]
 
 
 def forward(model: catalog.StoredModel, x: np.ndarray | torch.Tensor) -> torch.Tensor:
@@ -222,7 +242,7 @@ def predictions_sql(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str
     """The query behind ``predictions(model, source)``: every source row plus a ``prediction`` column."""
     model, select_sql, _ = _model_and_source(cur, cache, name, source, "predictions")
     prep = model.preprocessing
-    call = f"{infer_function(prep)}({literal(name)}, {model.version}, {prep.features_sql()})"
+    call = f"{infer_function(prep)}({literal(name)}, {literal(model.uid)}, {prep.features_sql()})"
     if prep.task == "classification":
         classes = ", ".join(literal(c) for c in prep.classes)
         call = f"[{classes}][{call}::INTEGER + 1]"

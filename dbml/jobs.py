@@ -94,8 +94,10 @@ class Job:
         self._scheduler = scheduler
 
     def release_scheduler(self) -> None:
+        """Leave the shared scheduler and give back the budget held there."""
         if self._scheduler is not None:
             self._scheduler.unregister(self.name)
+            self._scheduler.release_budget(self.name)
             self._scheduler = None
 
     def waiting_for_memory(self) -> bool:

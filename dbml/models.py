@@ -70,7 +70,9 @@ def config(arch: str, inputs: Inputs, outputs: int, options: dict | None = None,
             raise InvalidArgument(f"{fn}(): arch {name!r} has no {key}; {fix} (its options: "
                                   f"{', '.join(a.options) or 'none'})")
         options[key] = list(value) if key == "hidden" else value
-    if "hidden" in options and (not options["hidden"] or any(h is None or h <= 0 for h in options["hidden"])):
+    hidden = options.get("hidden")
+    if isinstance(hidden, (list, tuple)) and (not hidden or any(
+            not isinstance(h, (int, float)) or isinstance(h, bool) or h is None or h <= 0 for h in hidden)):
         raise InvalidArgument(f"{fn}(): hidden must list positive layer sizes, e.g. hidden := [64, 64]")
     if "dropout" in options and not 0.0 <= float(options["dropout"]) < 1.0:
         raise InvalidArgument(f"{fn}(): dropout must be in [0, 1), e.g. dropout := 0.1")

@@ -122,7 +122,15 @@ class Shell:
     # -- statements ----------------------------------------------------------------------
     def run_text(self, text: str) -> bool:
         """Run each statement of ``text``; False if one failed."""
-        for sql in split_statements(text):
+        from .errors import InvalidArgument
+        try:
+            statements = split_statements(text)
+        except InvalidArgument as e:      # an unterminated string, an ambiguous BigQuery ML script
+            print(one_line(e), file=self.err)
+            self.status = 1
+            self.stopped = self.stopped or self.bail
+            return False
+        for sql in statements:
             if self.echo:
                 print(sql + ";", file=self.out)
             if not self.run_statement(sql):

@@ -81,6 +81,8 @@ SQL_POLICIES = ("tensile", "none", "eager", "capuchin", "vdnn")
 # raise: a failed or cancelled row makes the statement raise its error (after every job has
 # ended); continue: every row returns its summary, with status and error.
 ON_ERROR = ("raise", "continue")
+# The largest learning rate: an update multiplies by it in FLOAT, and no model learns at more.
+MAX_LR = 1e6
 
 
 class _TrainSpecChecks:
@@ -92,8 +94,9 @@ class _TrainSpecChecks:
             raise InvalidArgument(f"{fn}(): model name is empty; pass a name such as train('churn', ...)")
         _positive_int(self.epochs, "epochs", "epochs := 10")
         _positive_int(self.batch_size, "batch_size", "batch_size := 64")
-        if self.lr is None or not self.lr > 0 or not math.isfinite(self.lr):
-            raise InvalidArgument(f"{fn}(): lr must be a positive number, got {self.lr!r}; pass e.g. lr := 0.01")
+        if self.lr is None or not 0 < self.lr <= MAX_LR:
+            raise InvalidArgument(f"{fn}(): lr must be a positive number up to {MAX_LR:g}, got {self.lr!r}; "
+                                  f"pass e.g. lr := 0.01")
         if self.optimizer not in OPTIMIZERS:
             raise InvalidArgument(f"{fn}(): unknown optimizer {self.optimizer!r}; "
                                   f"pass optimizer := one of {', '.join(map(repr, OPTIMIZERS))}")
@@ -112,8 +115,12 @@ class _TrainSpecChecks:
                                   f"dbml_replan_threshold = {DEFAULTS['replan_threshold']}")
         if self.sources not in SOURCES:
             raise InvalidArgument(f"setting sources is {self.sources!r}; SET VARIABLE dbml_sources = 'any' or 'tables'")
-        if self.weight_decay is None or self.weight_decay < 0:
-            raise InvalidArgument(f"{fn}(): weight_decay must be >= 0; pass e.g. weight_decay := 0.01")
+        if self.weight_decay is None or not 0 <= self.weight_decay < math.inf:
+            raise InvalidArgument(f"{fn}(): weight_decay must be a finite number >= 0, got {self.weight_decay!r}; "
+                                  f"pass e.g. weight_decay := 0.01")
+        if self.momentum is None or not 0 <= self.momentum < 1:
+            raise InvalidArgument(f"{fn}(): momentum must be in [0, 1), got {self.momentum!r}; "
+                                  f"pass e.g. momentum := 0.9")
 
     def options_dict(self) -> dict:
         """``options``, a JSON object, as a dict; InvalidArgument if it is not one."""

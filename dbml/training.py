@@ -30,7 +30,7 @@ from .features import Preprocessing, fit
 from .kinds import FITTERS
 from .runners import JobHandle
 from .scheduler.execute.step import StepRunner
-from .settings import default_budget, resolve_device
+from .settings import resolve_device
 from .source import as_select, check_tables_only, describe
 from .spec import TrainSpec
 
@@ -216,7 +216,7 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
     loss_fn = loss_function(prep)
     label = torch.int64 if prep.task == "classification" else torch.float32
     with scheduler_errors(spec, job_id=progress.id,
-                          device_budget=lambda: spec.device_budget or default_budget(device)):
+                          device_budget=lambda: runners.job_budget(spec, device)):
         runners.check_plan_fits(config, loss_fn, spec, device, min(spec.batch_size, n_train), label)
         module = models.build_seeded(config, spec.seed).to(device)
         # dropout draws from torch's global generator (as in eager PyTorch, which the scheduled
@@ -233,12 +233,24 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
         finally:
             runner.close()
             progress.release_scheduler()
+    _check_finite(module, spec)
     module.eval()
     memory = loop.memory()
     stored = {"final_loss": history[-1]["loss"], "history": history,
               "fetch_wait_seconds": stream_stats.wait_seconds, "memory": memory}
     stored.update(_validation_metric(cur, table, prep, module, device, n_val))
     return {"config": config, "module": module.cpu(), "metrics": stored, "memory": memory}
+
+
+def _check_finite(module: torch.nn.Module, spec: TrainSpec) -> None:
+    """The weights after the last update: the loss is checked each step, but it is computed
+    before that step's update, which can still make every weight NaN or infinite."""
+    bad = next((name for name, t in module.state_dict().items()
+                if t.is_floating_point() and not bool(torch.isfinite(t).all())), None)
+    if bad is not None:
+        raise TrainingError(f"train(): the weights became NaN or infinite in the last update ({bad}); "
+                            f"nothing was stored; pass a smaller lr := (now {spec.lr}) or weight_decay := "
+                            f"(now {spec.weight_decay})")
 
 
 def _converter(prep: Preprocessing, fn: str):
@@ -253,7 +265,7 @@ def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int
     """Every epoch: stream the training rows, shuffled, through ``step``; return the history.
     ``before()`` runs once the first epoch's stream has started, before its first batch."""
     def epoch_stream(epoch: int) -> BatchStream:
-        rng = np.random.default_rng([spec.seed, epoch])
+        rng = np.random.default_rng([spec.seed % 2**64, epoch])   # any BIGINT seed, negative too
         start = int(rng.integers(n_rows))
         sql = [f"SELECT x, y FROM {table} WHERE NOT is_val AND rowid >= {start}",
                f"SELECT x, y FROM {table} WHERE NOT is_val AND rowid < {start}"]
@@ -273,7 +285,8 @@ def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int
                 loss = step(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
                 if not torch.isfinite(loss):
                     raise TrainingError(f"train(): loss became {loss.item()} in epoch {epoch + 1}; "
-                                        f"nothing was stored; pass a smaller lr := (now {spec.lr})")
+                                        f"nothing was stored; pass a smaller lr := (now {spec.lr}), or look "
+                                        f"for extreme values in the features")
                 total += loss.double().cpu() * len(y)
             stream_stats.add(stream.stats)
             history.append({"epoch": epoch + 1, "loss": total.item() / n_train,

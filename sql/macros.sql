@@ -3,6 +3,10 @@
 -- The train() macro is not here: dbml.install() generates it from dbml.spec.TRAIN_PARAMS
 -- and dbml.settings.SETTINGS (dbml.spec.train_macro_sql), the one home of its signature.
 
+-- The catalog (sql/catalog.sql, schema dbml) as users read it.
+CREATE OR REPLACE TEMP VIEW dbml_models AS SELECT * EXCLUDE (uid) FROM dbml.models;
+CREATE OR REPLACE TEMP VIEW dbml_weights AS SELECT * FROM dbml.weights;
+
 -- Calibrate this machine and train the latency predictor (as python -m dbml install).
 CREATE OR REPLACE TEMP MACRO calibrate(quick := false) AS
     dbml_calibrate(quick, getvariable('dbml_device'), getvariable('dbml_torch_threads'));

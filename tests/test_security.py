@@ -164,7 +164,7 @@ def tamper(con, path, value):
     for key in path[:-1]:
         node = node[key]
     node[path[-1]] = value
-    con.execute("UPDATE dbml_models SET preprocessing = ? WHERE name = 'm'", [json.dumps(prep)])
+    con.execute("UPDATE dbml.models SET preprocessing = ? WHERE name = 'm'", [json.dumps(prep)])
 
 
 def injection(target):

@@ -17,7 +17,7 @@ from .. import inference, jobs, latency, progress, views
 from ..catalog import drop
 from ..errors import InvalidArgument
 from ..inference import ModelCache
-from ..inputs import InputEncoder
+from ..inputs import DECODE_TOKEN, InputEncoder
 from ..notebook import renderer_for
 from ..instance import Instance
 from ..scheduler.latency.predictor import predictor_path
@@ -110,14 +110,19 @@ def predict_proba(ctx: Context, models: pa.Array, features: pa.Array) -> pa.Arra
     return _predict(ctx, models, features, "proba", "predict_proba")
 
 
-def infer(ctx: Context, models: pa.Array, versions: pa.Array, x: pa.Array) -> pa.Array:
-    """The table form's forward pass (``predictions``): rows already encoded by SQL."""
+def infer(ctx: Context, models: pa.Array, uids: pa.Array, x: pa.Array) -> pa.Array:
+    """The table form's forward pass (``predictions``): rows already encoded by SQL, for
+    the stored model (its catalog uid) the statement was built for."""
     return inference.per_model(models, lambda name, rows: inference.infer_encoded(
-        ctx.models.get(name, versions[rows[0]].as_py(), fn="predictions"), x.take(rows)))
+        ctx.models.get(name, fn="predictions", uid=uids[rows[0]].as_py()), x.take(rows)))
 
 
-def decode_image(ctx: Context, images: pa.Array, encoders: pa.Array) -> pa.Array:
-    """PNG/JPEG BLOBs -> raw pixels, as a job's scratch table stores them (``InputEncoder.scratch_sql``)."""
+def decode_image(ctx: Context, images: pa.Array, encoders: pa.Array, tokens: pa.Array) -> pa.Array:
+    """PNG/JPEG BLOBs -> raw pixels, as a job's scratch table stores them (``InputEncoder.scratch_sql``);
+    only for the SQL dbml writes, which passes this process's ``DECODE_TOKEN``."""
+    if set(tokens.to_pylist()) - {DECODE_TOKEN}:
+        raise InvalidArgument("dbml_decode_image() is dbml's own, for the SQL train() writes; "
+                              "call train() or predict() instead")
     encoder = _encoder(encoders[0].as_py())
     return encoder.decode(images)
 

@@ -25,6 +25,12 @@ from . import sequence, tabular, vision, vision_inception, vision_resnet, vision
 from .inputs import KINDS, Inputs
 
 MIN_IMAGE_SIDE = 8   # the built-in image models' smallest height / width
+# The built-ins' largest option values: a model is built (on the meta device) before its size
+# is checked against memory, and building a million layers alone takes minutes.
+MAX_LAYERS = 256                 # depth, and the number of hidden layers
+MAX_UNITS = 1 << 20              # a width, a hidden layer's size, heads, ff, kernel
+MAX_FACTOR = 64.0                # a multiplier option (width of the CNNs, hidden_factor, ff_factor)
+LAYER_OPTIONS = ("depth",)
 
 
 @dataclass(frozen=True)
@@ -169,7 +175,23 @@ def _checked(a: Arch, key: str, value, fn: str):
         ok, expect = True, ""
     if not ok:
         raise InvalidArgument(f"{where} must be {expect} (default {_show(default)}), got {value!r}")
+    if a.builtin:
+        _within_limits(key, value, where)
     return value
+
+
+def _within_limits(key: str, value, where: str) -> None:
+    """A built-in's option within MAX_LAYERS / MAX_UNITS / MAX_FACTOR, or InvalidArgument."""
+    if isinstance(value, bool) or isinstance(value, str):
+        return
+    if isinstance(value, tuple):
+        if len(value) > MAX_LAYERS or max(value) > MAX_UNITS:
+            raise InvalidArgument(f"{where} may list at most {MAX_LAYERS} layers of at most {MAX_UNITS} units, "
+                                  f"got {len(value)} layers up to {max(value)}")
+        return
+    limit = MAX_LAYERS if key in LAYER_OPTIONS else MAX_UNITS if isinstance(value, int) else MAX_FACTOR
+    if "dropout" not in key and value > limit:
+        raise InvalidArgument(f"{where} must be at most {limit:g}, got {value!r}")
 
 
 def build(name: str, inputs: Inputs, outputs: int, options: dict | None = None, *, fn: str = "train") -> nn.Module:
