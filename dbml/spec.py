@@ -54,7 +54,8 @@ TRAIN_PARAMS = (
     Param("dropout", "DOUBLE", 0.0),
     Param("options", "VARCHAR", None),       # the arch's options, a JSON object: '{"width": 64}'
     Param("task", "VARCHAR", None),
-    Param("weight_decay", "DOUBLE", 0.0),
+    Param("weight_decay", "DOUBLE", 0.0),    # L2: torch's weight_decay (AdamW: decoupled)
+    Param("l1_reg", "DOUBLE", 0.0),          # L1: l1_reg * sign(w) added to every gradient
     Param("momentum", "DOUBLE", 0.9),
     Param("policy", "VARCHAR", "tensile"),
     Param("memory_budget", "VARCHAR", None, size=True),
@@ -118,6 +119,9 @@ class _TrainSpecChecks:
         if self.weight_decay is None or not 0 <= self.weight_decay < math.inf:
             raise InvalidArgument(f"{fn}(): weight_decay must be a finite number >= 0, got {self.weight_decay!r}; "
                                   f"pass e.g. weight_decay := 0.01")
+        if self.l1_reg is None or not 0 <= self.l1_reg < math.inf:
+            raise InvalidArgument(f"{fn}(): l1_reg must be a finite number >= 0, got {self.l1_reg!r}; "
+                                  f"pass e.g. l1_reg := 0.001")
         if self.momentum is None or not 0 <= self.momentum < 1:
             raise InvalidArgument(f"{fn}(): momentum must be in [0, 1), got {self.momentum!r}; "
                                   f"pass e.g. momentum := 0.9")
@@ -137,7 +141,7 @@ class _TrainSpecChecks:
 
     def optimizer_spec(self) -> OptimizerSpec:
         return OptimizerSpec(kind=self.optimizer, lr=self.lr, momentum=self.momentum,
-                             weight_decay=self.weight_decay)
+                             weight_decay=self.weight_decay, l1=self.l1_reg)
 
 
 _PYTHON_TYPES = {"VARCHAR": "str", "BOOLEAN": "bool", "INTEGER": "int", "BIGINT": "int", "DOUBLE": "float",

@@ -38,7 +38,7 @@ OPTIONS = {
     "min_rel_progress": ALL, "data_split_method": SUPERVISED, "data_split_eval_fraction": SUPERVISED,
     "data_split_col": SUPERVISED, "enable_global_explain": SUPERVISED, "auto_class_weights": SUPERVISED,
     "learn_rate": TORCH + ("boosted_tree",), "ls_init_learn_rate": ("linear",), "learn_rate_strategy": ("linear",),
-    "optimize_strategy": ("linear",), "l2_reg": TORCH + TREES, "l1_reg": TREES, "batch_size": ("dnn",),
+    "optimize_strategy": ("linear",), "l2_reg": TORCH + TREES, "l1_reg": TORCH + TREES, "batch_size": ("dnn",),
     "hidden_units": ("dnn",), "dropout": ("dnn",), "activation_fn": ("dnn",), "optimizer": ("dnn",),
     "booster_type": TREES, "num_parallel_tree": TREES, "tree_method": TREES, "subsample": TREES,
     "max_tree_depth": TREES, "min_split_loss": TREES, "min_tree_child_weight": TREES,
@@ -51,7 +51,17 @@ KIND_OPTIONS = {"max_iterations", "learn_rate", "l1_reg", "l2_reg", "max_tree_de
                 "min_split_loss", "min_tree_child_weight", "colsample_bytree", "colsample_bynode", "booster_type",
                 "num_parallel_tree", "early_stop", "min_rel_progress", "auto_class_weights", "num_clusters",
                 "kmeans_init_method", "distance_type", "standardize_features"}
-OPTIMIZERS = {"adam": "adam", "sgd": "sgd", "adamw": "adamw"}
+# BigQuery's DNN optimizers dbml has (FTRL and RMSPROP it has not)
+OPTIMIZERS = {"adam": "adam", "sgd": "sgd", "adagrad": "adagrad"}
+
+
+# sqlglot names SELECT * EXCEPT's argument "except_" from version 26 on, "except" before
+_EXCEPT = "except_" if "except_" in exp.Star.arg_types else "except"
+
+
+def star_except(*columns: str) -> exp.Star:
+    """``*`` less ``columns`` (DuckDB's ``* EXCLUDE (...)``)."""
+    return exp.Star(**{_EXCEPT: [exp.column(c, quoted=True) for c in columns]})
 
 
 def _value(v) -> exp.Expression:
@@ -129,7 +139,7 @@ def train_arguments(name: str, kind: str, arch: str, task: str, options: dict) -
 def _torch_arguments(name: str, arch: str, options: dict) -> dict:
     args = {}
     plain = {"max_iterations": "epochs", "learn_rate": "lr", "ls_init_learn_rate": "lr", "batch_size": "batch_size",
-             "dropout": "dropout", "l2_reg": "weight_decay"}
+             "dropout": "dropout", "l2_reg": "weight_decay", "l1_reg": "l1_reg"}
     args.update({plain[k]: v for k, v in options.items() if k in plain})
     if "early_stop" in options and _has_param("early_stop"):   # the lead's early stopping, where it has landed
         args["early_stop"] = bool(options["early_stop"])
@@ -171,7 +181,7 @@ def split(name: str, options: dict, query: exp.Select, arch: str) -> tuple[exp.S
             eval_q = sub(query).qualify(held)
         else:
             train_q, eval_q = sub(query).where(exp.Not(this=c.copy())), sub(query).where(c.copy())
-        drop = lambda q: exp.select(exp.Star(**{"except": [exp.column(col, quoted=True)]})).from_(  # noqa: E731
+        drop = lambda q: exp.select(star_except(col)).from_(  # noqa: E731
             exp.Subquery(this=q, alias=exp.TableAlias(this=exp.to_identifier("__dbml_s"))))
         return drop(train_q), drop(eval_q), {"validation": 0.0}
     raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: data_split_method {options['data_split_method']!r} "
@@ -181,19 +191,20 @@ def split(name: str, options: dict, query: exp.Select, arch: str) -> tuple[exp.S
 
 def class_weighted(query: exp.Select, label: str) -> exp.Select:
     """``auto_class_weights`` for the torch models: each row repeated about (largest class / its class)
-    times, so every class weighs alike in the loss."""
+    times, so every class weighs alike in the loss. (Copies of a row hash alike, so the validation
+    split keeps them together.)"""
     lab = exp.column(label, quoted=True)
+    sub = lambda q, alias: exp.Subquery(this=q, alias=exp.TableAlias(this=exp.to_identifier(alias)))  # noqa: E731
     counted = exp.select(exp.Star(), exp.alias_(exp.Window(this=exp.func("count", exp.Star()), partition_by=[lab],
-                                                           over="OVER"), "__dbml_n")).from_(
-        exp.Subquery(this=query, alias=exp.TableAlias(this=exp.to_identifier("__dbml_q"))))
+                                                           over="OVER"), "__dbml_n")).from_(sub(query, "__dbml_q"))
     reps = exp.func("greatest", exp.Literal.number(1), exp.cast(exp.func("round", exp.Div(
         this=exp.Window(this=exp.func("max", exp.column("__dbml_n")), over="OVER"), expression=exp.column("__dbml_n"))),
         "BIGINT"))
-    weighted = exp.select(exp.Star(), exp.alias_(reps, "__dbml_r")).from_(
-        exp.Subquery(this=counted, alias=exp.TableAlias(this=exp.to_identifier("__dbml_c"))))
-    return exp.select(exp.Star(**{"except": [exp.column("__dbml_n"), exp.column("__dbml_r"), exp.column("range")]})).from_(
-        exp.Subquery(this=weighted, alias=exp.TableAlias(this=exp.to_identifier("__dbml_w")))).join(
-        exp.func("range", exp.column("__dbml_r")), join_type="CROSS")
+    weighted = exp.select(exp.Star(), exp.alias_(reps, "__dbml_r")).from_(sub(counted, "__dbml_c"))
+    copies = exp.Table(this=exp.func("range", exp.column("__dbml_r")),
+                       alias=exp.TableAlias(this=exp.to_identifier("__dbml_k"), columns=[exp.to_identifier("__dbml_i")]))
+    return exp.select(star_except("__dbml_n", "__dbml_r", "__dbml_i")).from_(sub(weighted, "__dbml_w")).join(
+        copies, join_type="CROSS")
 
 
 def temporal_as_numbers(con, query: exp.Select) -> exp.Select:
@@ -207,8 +218,16 @@ def temporal_as_numbers(con, query: exp.Select) -> exp.Select:
 
 
 def train_statement(name: str, source: str, args: dict) -> exp.Select:
+    """``SELECT train(name, source, k := v, ...)``, each value cast to its parameter's SQL type
+    (``train``'s, from ``TRAIN_PARAMS``): BigQuery's ``0.1`` is a DECIMAL to DuckDB, and
+    ``max_iterations = 10.0`` must reach ``epochs INTEGER``."""
+    types = {p.name: p.sql_type for p in TRAIN_PARAMS}
+    unknown = [k for k in args if k not in types]
+    if unknown:
+        raise AssertionError(f"BigQuery ML: train() has no parameter {unknown[0]} (create.py maps an option to it)")
     return exp.select(exp.func("train", exp.Literal.string(name), exp.Literal.string(source),
-                               *[exp.Kwarg(this=exp.var(k), expression=_value(v)) for k, v in args.items()]))
+                               *[exp.Kwarg(this=exp.var(k), expression=exp.cast(_value(v), types[k], dialect="duckdb"))
+                                 for k, v in args.items()]))
 
 
 def plan(con, tree: exp.Create) -> dict:

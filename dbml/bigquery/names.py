@@ -5,6 +5,8 @@
   tables whose names start with ``prefix``, each row with its ``_TABLE_SUFFIX``.
 * ``ST_DISTANCE(ST_GEOGPOINT(lon, lat), ST_GEOGPOINT(lon, lat))`` is the haversine distance
   in metres on a sphere of the Earth's mean radius (DuckDB's spatial extension is not needed).
+* ``GENERATE_ARRAY(start, end, step)`` with a fractional argument is BigQuery's FLOAT64 array
+  ``start + i * step`` up to ``end`` (DuckDB's ``generate_series`` takes integers only).
 * ML's preprocessing functions outside ``TRANSFORM`` (``preprocess.py``).
 """
 
@@ -21,12 +23,28 @@ _HAVERSINE = sqlglot.parse_one(
     "2 * :r * asin(sqrt(power(sin(radians(:lat2 - :lat1) / 2), 2) + "
     "cos(radians(:lat1)) * cos(radians(:lat2)) * power(sin(radians(:lon2 - :lon1) / 2), 2)))", read="duckdb")
 
+# (end - start) / step is a count: 1e-9 keeps an end that floating point lands just short of
+_FLOAT_SERIES = sqlglot.parse_one(
+    "list_transform(range(CAST(floor((CAST(:end AS DOUBLE) - :start) / :step + 1e-9) AS BIGINT) + 1), "
+    "__dbml_i -> CAST(:start AS DOUBLE) + __dbml_i * CAST(:step AS DOUBLE))", read="duckdb")
+
 
 def to_duckdb(con, tree: exp.Expression) -> exp.Expression:
     """``tree`` (BigQuery) rewritten so that DuckDB's dialect runs it."""
     tree = tree.transform(lambda node: _table(con, node) if isinstance(node, exp.Table) else node)
     tree = tree.transform(_geography)
+    tree = tree.transform(_float_series)
     return preprocess.live(tree)
+
+
+def _float_series(node: exp.Expression) -> exp.Expression:
+    if not isinstance(node, exp.GenerateSeries) or node.args.get("step") is None:
+        return node
+    parts = [node.args["start"], node.args["end"], node.args["step"]]
+    if not any(isinstance(p, exp.Literal) and not p.is_string and not p.this.lstrip("-").isdigit() for p in parts):
+        return node     # integers: DuckDB's generate_series, as BigQuery's INT64 arrays
+    start, end, step = (p.copy() for p in parts)
+    return exp.replace_placeholders(_FLOAT_SERIES.copy(), start=start, end=end, step=step)
 
 
 def _table(con, table: exp.Table) -> exp.Expression:
