@@ -15,6 +15,7 @@ from sqlglot import exp
 from ..errors import InvalidArgument
 from ..kinds.kmeans import NO_LABEL
 from ..spec import TRAIN_PARAMS
+from ..zoo import arch as zoo_arch
 from . import names, preprocess, store
 from .parse import constant
 
@@ -46,11 +47,6 @@ OPTIONS = {
     "num_clusters": ("kmeans",), "kmeans_init_method": ("kmeans",), "distance_type": ("kmeans",),
     "standardize_features": ("kmeans",), "num_trials": SUPERVISED, "max_parallel_trials": SUPERVISED,
 }
-# options that go into a fitted kind's options JSON under their own name
-KIND_OPTIONS = {"max_iterations", "learn_rate", "l1_reg", "l2_reg", "max_tree_depth", "subsample",
-                "min_split_loss", "min_tree_child_weight", "colsample_bytree", "colsample_bynode", "booster_type",
-                "num_parallel_tree", "early_stop", "min_rel_progress", "auto_class_weights", "num_clusters",
-                "kmeans_init_method", "distance_type", "standardize_features"}
 # BigQuery's DNN optimizers dbml has (FTRL and RMSPROP it has not)
 OPTIMIZERS = {"adam": "adam", "sgd": "sgd", "adagrad": "adagrad"}
 
@@ -129,8 +125,9 @@ def train_arguments(name: str, kind: str, arch: str, task: str, options: dict) -
     args = {"label": label[0] if arch != "kmeans" else NO_LABEL, "arch": arch, "task": task, "text": []}
     if arch in TORCH:
         args.update(_torch_arguments(name, arch, options))
-    else:
-        args["options"] = json.dumps({k: v for k, v in options.items() if k in KIND_OPTIONS})
+    else:   # a fitted kind (dbml/kinds/) takes BigQuery's options under their own names
+        taken = zoo_arch(arch).options
+        args["options"] = json.dumps({k: v for k, v in options.items() if k in taken})
     if arch == "kmeans":
         args["validation"] = 0.0
     return args

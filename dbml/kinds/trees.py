@@ -22,10 +22,17 @@ from .scratch import Clock, read, validation_metric
 BOOSTED_OPTIONS = {"max_iterations": 20, "learn_rate": 0.3, "max_tree_depth": 6, "subsample": 1.0,
                    "min_split_loss": 0.0, "l1_reg": 0.0, "l2_reg": 1.0, "min_tree_child_weight": 1.0,
                    "colsample_bytree": 1.0, "colsample_bynode": 1.0, "booster_type": "gbtree",
-                   "early_stop": True, "min_rel_progress": 0.01, "auto_class_weights": False}
+                   "early_stop": True, "min_rel_progress": 0.01, "auto_class_weights": False,
+                   "num_parallel_tree": 1, "tree_method": "auto"}
+# early_stop and min_rel_progress are taken and have nothing to stop: a forest is one
+# iteration of num_parallel_tree trees (in BigQuery ML too)
 FOREST_OPTIONS = {"num_parallel_tree": 100, "max_tree_depth": 15, "subsample": 0.8, "min_split_loss": 0.0,
                   "l1_reg": 0.0, "l2_reg": 0.0, "min_tree_child_weight": 1.0, "colsample_bytree": 1.0,
-                  "colsample_bynode": 0.8, "auto_class_weights": False}
+                  "colsample_bynode": 0.8, "auto_class_weights": False, "early_stop": False,
+                  "min_rel_progress": 0.01, "tree_method": "auto"}
+# LightGBM always splits on histograms of the features (BigQuery's HIST; AUTO picks it for
+# large data); EXACT and APPROX are other algorithms it does not have
+TREE_METHODS = ("auto", "hist")
 
 
 def _lightgbm():
@@ -97,6 +104,9 @@ FOREST = (_factory, FOREST_OPTIONS, "a random forest (LightGBM's rf mode; pip in
 def params(arch: str, options: dict, prep, seed: int, threads: int) -> tuple[dict, int]:
     """LightGBM's parameters and number of rounds for BigQuery ML's tree options."""
     o = options
+    if str(o["tree_method"]).lower() not in TREE_METHODS:
+        raise InvalidArgument(f"train(): tree_method {o['tree_method']!r} is not supported: LightGBM splits on "
+                              f"histograms; pass 'hist' or 'auto'")
     p = {"max_depth": int(o["max_tree_depth"]), "num_leaves": min(2 ** int(o["max_tree_depth"]), 131072),
          "lambda_l1": o["l1_reg"], "lambda_l2": o["l2_reg"], "min_gain_to_split": o["min_split_loss"],
          "min_sum_hessian_in_leaf": o["min_tree_child_weight"], "feature_fraction": o["colsample_bytree"],
@@ -115,6 +125,9 @@ def params(arch: str, options: dict, prep, seed: int, threads: int) -> tuple[dic
                                   "the rows); pass e.g. options := '{\"subsample\": 0.8}'")
         p.update({"boosting": "rf", "learning_rate": 1.0})
         return p, int(o["num_parallel_tree"])
+    if int(o["num_parallel_tree"]) != 1:
+        raise InvalidArgument(f"train(): num_parallel_tree is {o['num_parallel_tree']} for boosted trees; LightGBM "
+                              f"grows one tree per boosting round: pass 1, or use a random forest")
     boosting = {"gbtree": "gbdt", "dart": "dart"}.get(str(o["booster_type"]).lower())
     if boosting is None:
         raise InvalidArgument(f"train(): booster_type {o['booster_type']!r} is not supported; use 'gbtree' or 'dart'")
