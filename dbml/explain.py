@@ -8,7 +8,8 @@
 The baseline is the all-zero encoded row: every numeric feature at its training mean (dbml
 standardises with the training statistics), every category absent. The explained output is
 the predicted class's logit (classification; trees: the log-odds toward the predicted class)
-or the prediction on the standardised scale (regression, reported in the label's units).
+or the prediction (regression: attributions in the label's units, baseline and prediction
+values of the label).
 Attributions of a categorical feature's one-hot columns (or an array's elements) are summed,
 so there is one attribution per input column. Completeness: the attributions sum to
 ``prediction - baseline`` (``approximation_error`` is what integrated gradients miss).
@@ -25,7 +26,7 @@ from .errors import InvalidArgument
 IG_STEPS = 32
 
 
-def _linear(module: nn.Module) -> nn.Linear | None:
+def linear_layer(module: nn.Module) -> nn.Linear | None:
     if isinstance(module, nn.Linear):
         return module
     if isinstance(module, nn.Sequential) and len(module) == 1 and isinstance(module[0], nn.Linear):
@@ -51,11 +52,12 @@ def encoded(model, x: np.ndarray) -> dict:
     target = out.argmax(1) if prep.task == "classification" else np.zeros(len(x), dtype=np.int64)
     rows = np.arange(len(x))
     scale = 1.0 if prep.task == "classification" else prep.target_std
+    shift = 0.0 if prep.task == "classification" else prep.target_mean
     if hasattr(module, "attributions"):            # trees: TreeSHAP in LightGBM's raw score
         attr, base = module.attributions(x, target)
         pred = base + attr.sum(1)
-        return _result(attr * scale, base * scale, pred * scale, target, np.zeros(len(x)))
-    linear = _linear(module)
+        return _result(attr * scale, base * scale + shift, pred * scale + shift, target, np.zeros(len(x)))
+    linear = linear_layer(module)
     if linear is not None:
         w = linear.weight.detach().double().numpy()[target]
         attr = w * x.astype(np.float64)
@@ -64,7 +66,7 @@ def encoded(model, x: np.ndarray) -> dict:
     base = np.broadcast_to(base_out[0], out.shape)[rows, target]
     pred = out[rows, target]
     error = np.abs(attr.sum(1) - (pred - base))
-    return _result(attr * scale, base * scale, pred * scale, target, error * scale)
+    return _result(attr * scale, base * scale + shift, pred * scale + shift, target, error * scale)
 
 
 def _result(attr, base, pred, target, error) -> dict:

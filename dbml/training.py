@@ -136,11 +136,10 @@ def _materialise(cur, table: str, select_sql: str, prep: Preprocessing, spec: Tr
     reproducible whatever order the source yields rows in. Epochs then stream that order
     from a random starting row through a shuffle buffer (``data.shuffle_windows``).
     """
-    val_cut = int(spec.validation * VALIDATION_BUCKETS)
     cur.execute(f"""
         CREATE TABLE {table} AS
-        SELECT x, y, h % {VALIDATION_BUCKETS} < {val_cut} AS is_val
-        FROM (SELECT x, y, hash(x, y, {int(spec.seed)}) AS h
+        SELECT x, y, {_is_held_out("h", spec.validation)} AS is_val
+        FROM (SELECT x, y, {_split_hash("x", "y", spec.seed)} AS h
               FROM (SELECT {prep.scratch_sql()} AS x, {_label_column(prep)} AS y
                     FROM ({select_sql}) WHERE {prep.label_filter()}))
         ORDER BY h""")
@@ -149,6 +148,23 @@ def _materialise(cur, table: str, select_sql: str, prep: Preprocessing, spec: Tr
         raise SourceError(f"train(): no rows left for training after holding out validation := {spec.validation}; "
                           f"pass a larger source or validation := 0")
     return n_train, n_val
+
+
+def _split_hash(x: str, y: str, seed: int) -> str:
+    """The hash of a row's encoded features and label with the seed: it decides the validation
+    split and the order the scratch table stores the rows in."""
+    return f"hash({x}, {y}, {int(seed)})"
+
+
+def _is_held_out(h: str, validation: float) -> str:
+    return f"{h} % {VALIDATION_BUCKETS} < {int(validation * VALIDATION_BUCKETS)}"
+
+
+def held_out_sql(prep: Preprocessing, seed: int, validation: float) -> str:
+    """Whether a row of the training source (a column per source column) is one ``train`` held
+    out for validation, given the job's ``seed`` and ``validation``: the same rule as
+    ``_materialise``, so ``ML.EVALUATE(MODEL m)`` without input reads exactly those rows."""
+    return _is_held_out(_split_hash(f"({prep.scratch_sql()})", f"({_label_column(prep)})", seed), validation)
 
 
 def _label_column(prep: Preprocessing) -> str:

@@ -26,7 +26,8 @@ from sqlglot import exp
 
 from ..errors import InvalidArgument
 from ..sqltext import split_statements
-from . import create, functions, names, store
+from ..catalog import MODELS
+from . import create, functions, names, store, tuning
 from .create import MODEL_TYPES, OPTIONS, model_name
 from .parse import MLFunction, parse
 
@@ -51,7 +52,7 @@ def looks_like_bigquery(sql: str) -> bool:
 
 def run(con, statement: str):
     """Run one statement: BigQuery (ML) rewritten into dbml and DuckDB, anything else unchanged.
-    Returns DuckDB's result (or a relation over the rows CREATE MODEL's training returned)."""
+    Returns DuckDB's result (``con.execute``'s): rows to fetch, a description of its columns."""
     if not looks_like_bigquery(statement):
         return con.execute(statement)
     tree = parse(statement)
@@ -85,7 +86,7 @@ def execute(con, text: str):
 
 
 def _exists(con, name: str) -> bool:
-    return con.execute("SELECT count(*) FROM dbml_models WHERE name = ?", [name]).fetchall()[0][0] > 0
+    return con.execute(f"SELECT count(*) FROM {MODELS} WHERE name = ?", [name]).fetchall()[0][0] > 0
 
 
 def _create_model(con, tree: exp.Create):
@@ -93,58 +94,56 @@ def _create_model(con, tree: exp.Create):
     name = plan["name"]
     if _exists(con, name):
         if tree.args.get("exists"):
-            return con.execute("SELECT NULL AS model WHERE false")
+            return functions.result(con, pa.table({"model": pa.array([], pa.string())}))
         if not tree.args.get("replace"):
             raise InvalidArgument(f"Already exists: model {name}; use CREATE OR REPLACE MODEL to train a new version")
     if plan["trials"]:
         return _trials(con, plan)
-    summary = con.execute(create.train_statement(name, plan["source"], plan["args"]).sql("duckdb")).to_arrow_table()
-    version = summary.column(0)[0].as_py()["version"]
-    store.record(con, name, version, plan["kind"], plan["query"], plan["held_out"], plan["transform"], None)
-    return con.from_arrow(summary)
+    summary = _train(con, plan, plan["runs"][0][0])
+    _record(con, plan, summary["version"], None)
+    return functions.result(con, pa.Table.from_pylist([summary]))
 
 
-# hyperparameter tuning: trial i takes l2_reg (and, for boosted trees, learn_rate) from these
-L2_CANDIDATES = (0.0, 0.01, 0.1, 1.0, 10.0)
-LR_CANDIDATES = (0.3, 0.1, 0.03)
+def _train(con, plan: dict, args: dict) -> dict:
+    """One ``train`` call of the plan: its summary."""
+    return con.execute(create.train_statement(plan["name"], plan["source"], args).sql("duckdb")).fetchall()[0][0]
+
+
+def _record(con, plan: dict, version: int, trial: dict | None) -> None:
+    store.record(con, plan["name"], version, plan["kind"], plan["query"], plan["held_out"], plan["transform"], trial)
 
 
 def _trials(con, plan: dict):
-    """num_trials versions, each with other hyperparameters; the one with the best validation
-    metric is the optimal trial (what ML.PREDICT and ML.EVALUATE use)."""
-    import json
-    name, results = plan["name"], []
-    for trial in range(1, plan["trials"] + 1):
-        args = dict(plan["args"])
-        l2 = L2_CANDIDATES[(trial - 1) % len(L2_CANDIDATES)]
-        if args.get("arch") in ("linear", "dnn"):
-            args["weight_decay"] = l2
-            hp = {"l2_reg": l2}
-        else:
-            opts = {**json.loads(args.get("options") or "{}"), "l2_reg": l2}
-            args["options"] = json.dumps(opts)
-            hp = {"l2_reg": l2}
-        summary = con.execute(create.train_statement(name, plan["source"], args).sql("duckdb")).fetchall()[0][0]
-        results.append((summary, hp, trial))
-    best = max(results, key=lambda r: -float("inf") if r[0]["val_metric"] is None else r[0]["val_metric"])
-    for summary, hp, trial in results:
-        record = {"trial_id": trial, "hyperparameters": hp,
-                  "hparam_tuning_evaluation_metrics": {summary.get("val_metric_name", "metric") if False else "val_metric": summary["val_metric"]},
+    """``num_trials`` versions, each with other hyperparameters (``tuning``); the one with the best
+    validation metric is the optimal trial (what ML.PREDICT and ML.EVALUATE use)."""
+    summaries = [_train(con, plan, args) for args, _ in plan["runs"]]
+    best = tuning.optimal([(i, s["val_metric"]) for i, s in enumerate(summaries, 1)])
+    rows = []
+    for trial, (summary, (_, hyperparameters)) in enumerate(zip(summaries, plan["runs"]), 1):
+        record = {"trial_id": trial, "hyperparameters": hyperparameters,
+                  "hparam_tuning_evaluation_metrics": {_metric_name(con, plan["name"], summary["version"]):
+                                                       summary["val_metric"]},
                   "training_loss": summary["final_loss"], "eval_loss": None, "status": "SUCCEEDED",
-                  "error_message": None, "is_optimal": trial == best[2]}
-        store.record(con, name, summary["version"], plan["kind"], plan["query"], plan["held_out"], plan["transform"], record)
-    return con.from_arrow(pa.Table.from_pylist([{"trials": len(results), "optimal_trial_id": best[2]}]))
+                  "error_message": None, "is_optimal": trial == best}
+        _record(con, plan, summary["version"], record)
+        rows.append({"trial_id": trial, "version": summary["version"], "val_metric": summary["val_metric"],
+                     "is_optimal": trial == best})
+    return functions.result(con, pa.Table.from_pylist(rows))
+
+
+def _metric_name(con, name: str, version: int) -> str:
+    import json
+    metrics = con.execute(f"SELECT metrics FROM {MODELS} WHERE name = ? AND version = ?", [name, version]).fetchall()
+    return {"r2": "r2_score"}.get(json.loads(metrics[0][0]).get("val_metric_name"), "accuracy")
 
 
 def _drop_model(con, tree: exp.Drop):
-    result = None
+    dropped = 0
     for table in tree.args.get("tables") or [tree.this]:
         name = model_name(table)
         if not _exists(con, name):
             if not tree.args.get("exists"):
                 raise InvalidArgument(f"Not found: model {name}")
-            result = con.execute("SELECT 0 AS versions_dropped")
             continue
-        result = con.execute(exp.select(exp.alias_(exp.func("drop_model", exp.Literal.string(name)),
-                                                    "versions_dropped")).sql("duckdb"))
-    return result
+        dropped += con.execute(exp.select(exp.func("drop_model", exp.Literal.string(name))).sql("duckdb")).fetchall()[0][0]
+    return functions.result(con, pa.table({"versions_dropped": pa.array([dropped], pa.int64())}))

@@ -16,7 +16,7 @@ from ..errors import InvalidArgument
 from ..kinds.kmeans import NO_LABEL
 from ..spec import TRAIN_PARAMS
 from ..zoo import arch as zoo_arch
-from . import names, preprocess, store
+from . import names, preprocess, tuning
 from .parse import constant
 
 # model_type -> (dbml arch, task)
@@ -82,7 +82,8 @@ def given_options(tree: exp.Create) -> tuple[dict, list | None]:
         if isinstance(p, exp.TransformModelProperty):
             transform = list(p.expressions)
         elif isinstance(p, exp.Property):
-            options[p.name.lower()] = constant(p.args["value"], f"option {p.name}")
+            found = tuning.space(p.name.lower(), p.args["value"], model_name(tree.this))
+            options[p.name.lower()] = found if found is not None else constant(p.args["value"], f"option {p.name}")
         else:
             raise InvalidArgument(f"BigQuery ML: CREATE MODEL: {p.sql('bigquery')[:60]} is not supported in dbml")
     return options, transform
@@ -228,7 +229,9 @@ def train_statement(name: str, source: str, args: dict) -> exp.Select:
 
 
 def plan(con, tree: exp.Create) -> dict:
-    """Everything CREATE MODEL will do, checked before anything trains."""
+    """Everything CREATE MODEL will do, checked before anything trains: the ``train`` arguments,
+    the source it trains on (TRANSFORM applied), and what the store keeps (the queries before
+    TRANSFORM, which the model functions apply as to any input)."""
     name = model_name(tree.this)
     if tree.expression is None:
         raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: needs AS <query> (the training data); dbml trains "
@@ -236,29 +239,40 @@ def plan(con, tree: exp.Create) -> dict:
     options, transform = given_options(tree)
     kind, arch, task = model_kind(name, options)
     check_options(name, kind, arch, options)
-    args = train_arguments(name, kind, arch, task, options)
+    trials = int(options.get("num_trials", 0) or 0)
+    spaces = tuning.searched(options, arch) if trials else {}
+    if not trials and spaces:
+        raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: HPARAM_RANGE and HPARAM_CANDIDATES need "
+                              f"num_trials = <number of trials>")
+    runs = [tuning.trial_options(options, spaces, t, not any(isinstance(v, (tuning.Range, tuning.Candidates))
+                                                             for v in options.values()))
+            for t in range(1, trials + 1)] or [(options, None)]
+    # every trial's arguments, checked before any trains
+    runs = [(train_arguments(name, kind, arch, task, o), hp) for o, hp in runs]
+    args = runs[0][0]
     query = names.to_duckdb(con, tree.expression.copy())
     query, held_out, split_args = split(name, options, query, arch)
-    args.update(split_args)
+    for run_args, _ in runs:
+        run_args.update(split_args)
     frozen = None
+    source = query
     if transform is not None:
         frozen = preprocess.freeze(con, [names.to_duckdb(con, e) for e in transform], query.sql("duckdb"))
         for e in frozen:
             if not e.alias_or_name:
                 raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: TRANSFORM's {e.sql('bigquery')[:60]} "
                                       f"needs AS <name>")
-        query = apply_transform(query, frozen)
-    source = query
+        source = apply_transform(query, frozen)
     if arch == "kmeans":
         source = exp.select(exp.Star(), exp.alias_(exp.Literal.number(0.0), NO_LABEL)).from_(
-            exp.Subquery(this=query, alias=exp.TableAlias(this=exp.to_identifier("__dbml_k"))))
+            exp.Subquery(this=source, alias=exp.TableAlias(this=exp.to_identifier("__dbml_k"))))
     source = temporal_as_numbers(con, source)
     if options.get("auto_class_weights") and arch in TORCH:
         source = class_weighted(source, args["label"])
     return {"name": name, "kind": kind, "args": args, "source": source.sql("duckdb"), "query": query.sql("duckdb"),
             "held_out": None if held_out is None else held_out.sql("duckdb"),
             "transform": None if frozen is None else [e.sql("duckdb") for e in frozen],
-            "trials": int(options.get("num_trials", 0) or 0), "options": options}
+            "runs": runs, "trials": trials, "options": options}
 
 
 def apply_transform(query: exp.Expression, frozen: list) -> exp.Select:

@@ -83,27 +83,43 @@ def roc_curve(y: np.ndarray, score: np.ndarray, thresholds=None) -> list[dict]:
     return out
 
 
-def clustering(dist: np.ndarray) -> dict:
-    """Davies-Bouldin index and mean squared distance to the nearest centroid."""
+def clustering(dist: np.ndarray, between: np.ndarray) -> dict:
+    """Davies-Bouldin index and mean squared distance to the nearest centroid, from each row's
+    distance to every centroid (``dist``) and the centroids' distances to each other
+    (``between``), in the model's distance: the mean over clusters of the largest
+    (scatter_i + scatter_j) / distance_ij, a cluster's scatter being its rows' mean distance
+    to its centroid (scikit-learn's davies_bouldin_score, for euclidean distance). Clusters
+    no row falls in are left out; NULL with fewer than two."""
     nearest = dist.argmin(1)
-    k = dist.shape[1]
-    scatter = np.array([dist[nearest == c, c].mean() if (nearest == c).any() else 0.0 for c in range(k)])
-    return {"davies_bouldin_index": None, "mean_squared_distance": float(np.mean(dist.min(1) ** 2)),
-            "mean_cluster_scatter": float(scatter.mean())}
+    used = [c for c in range(dist.shape[1]) if (nearest == c).any()]
+    scatter = {c: float(dist[nearest == c, c].mean()) for c in used}
+    index = None
+    if len(used) >= 2:
+        ratios = [max((scatter[i] + scatter[j]) / between[i, j] if between[i, j] > 0 else np.inf
+                      for j in used if j != i) for i in used]
+        index = float(np.mean(ratios))
+    return {"davies_bouldin_index": index, "mean_squared_distance": float(np.mean(dist.min(1) ** 2)) if len(dist) else None}
 
 
 def weights(model, standardize: bool) -> list[dict]:
     """ML.WEIGHTS of a linear model: one row per input column and ``__INTERCEPT__``; categories'
-    weights in ``category_weights``. Binary classifiers: the positive class's log-odds."""
-    from ..explain import _linear
-    linear = _linear(model.stored.module)
+    weights in ``category_weights``. Binary classifiers: the positive class's log-odds.
+    ``standardize``: the weights of the standardised numeric columns (dbml's own inputs), else
+    per unit of the column (and the intercept at zero rather than at the columns' means)."""
+    from ..errors import InvalidArgument
+    from ..explain import linear_layer
+    linear = linear_layer(model.stored.module)
     if linear is None:
-        raise ValueError_(model)
+        raise InvalidArgument(f"BigQuery ML: ML.WEIGHTS is for linear and logistic regression models; {model.name} "
+                              f"is {model.stored.config.arch} (use ML.GLOBAL_EXPLAIN)")
     w = linear.weight.detach().double().numpy()
     b = linear.bias.detach().double().numpy()
     prep = model.prep
     if prep.task == "classification":
-        w, b = (w[1] - w[0], b[1] - b[0]) if len(prep.classes) == 2 else (w[0], b[0])
+        if len(prep.classes) != 2:
+            raise InvalidArgument(f"BigQuery ML: ML.WEIGHTS of a multiclass model is not supported in dbml "
+                                  f"({model.name} has {len(prep.classes)} classes); use ML.GLOBAL_EXPLAIN")
+        w, b = w[1] - w[0], b[1] - b[0]
     else:
         w, b = w[0] * prep.target_std, b[0] * prep.target_std + prep.target_mean
     out, start, intercept = [], 0, float(b)
@@ -114,29 +130,22 @@ def weights(model, standardize: bool) -> list[dict]:
             if not standardize:
                 intercept -= float(part[0]) * f.mean / f.std
             out.append({"processed_input": f.name, "weight": weight, "category_weights": []})
-        else:
+        elif f.kind == "categorical":
             out.append({"processed_input": f.name, "weight": None,
-                        "category_weights": [{"category": c, "weight": float(v)} for c, v in zip(f.categories, part)]})
+                        "category_weights": [{"category": str(c), "weight": float(v)}
+                                             for c, v in zip(f.categories, part)]})
+        else:
+            raise InvalidArgument(f"BigQuery ML: ML.WEIGHTS: {f.name} is an array column, which dbml's ML.WEIGHTS "
+                                  f"does not report; use ML.GLOBAL_EXPLAIN")
         start += f.width
     out.append({"processed_input": "__INTERCEPT__", "weight": intercept, "category_weights": []})
     return out
 
 
-def ValueError_(model):
-    from ..errors import InvalidArgument
-    return InvalidArgument(f"BigQuery ML: ML.WEIGHTS is for linear and logistic regression models; {model.name} "
-                           f"is {model.stored.config.arch} (use ML.GLOBAL_EXPLAIN)")
-
-
-def feature_info(con, model) -> list[dict]:
-    """Per input column of the training query: min, max, mean, median, stddev, category_count,
-    null_count, dimension."""
-    import sqlglot
+def feature_info(con, model, query) -> list[dict]:
+    """Per input column of the training query (``query``, TRANSFORM applied): min, max, mean,
+    median, stddev, category_count, null_count, dimension."""
     from sqlglot import exp
-    source = model.info.get("source")
-    if source is None:
-        raise InvalidArgument_(model)
-    q = sqlglot.parse_one(source, read="duckdb")
     out = []
     for f in model.prep.features:
         c = exp.column(f.name, quoted=True)
@@ -145,21 +154,15 @@ def feature_info(con, model) -> list[dict]:
                 exp.func("median", c.copy()), exp.func("stddev_samp", c.copy())] if numeric else []
         aggs += [exp.func("count", exp.Distinct(expressions=[c.copy()])),
                  exp.Sub(this=exp.func("count", exp.Star()), expression=exp.func("count", c.copy()))]
-        row = con.execute(exp.select(*aggs).from_(exp.Subquery(this=q.copy(), alias=exp.TableAlias(
+        row = con.execute(exp.select(*aggs).from_(exp.Subquery(this=query.copy(), alias=exp.TableAlias(
             this=exp.to_identifier("src")))).sql("duckdb")).fetchall()[0]
         stats = list(row[:5]) if numeric else [None] * 5
         out.append({"input": f.name, "min": _f(stats[0]), "max": _f(stats[1]), "mean": _f(stats[2]),
                     "median": _f(stats[3]), "stddev": _f(stats[4]),
                     "category_count": None if numeric else int(row[-2]), "null_count": int(row[-1]),
-                    "dimension": None})
+                    "dimension": f.width if f.kind == "array" else None})
     return out
 
 
 def _f(v):
     return None if v is None else float(v)
-
-
-def InvalidArgument_(model):
-    from ..errors import InvalidArgument
-    return InvalidArgument(f"BigQuery ML: ML.FEATURE_INFO reads the training query, which dbml keeps for models "
-                           f"made by CREATE MODEL; {model.name} was trained by train()")

@@ -11,6 +11,7 @@ output columns. The input rows (a ``(SELECT ...)``, which may use the outer quer
 from __future__ import annotations
 
 import itertools
+import json
 import re
 
 import numpy as np
@@ -21,6 +22,7 @@ from sqlglot import exp
 from .. import catalog, explain as attributions
 from ..errors import InvalidArgument
 from ..inference import forward
+from ..training import held_out_sql
 from . import evaluation, names, store
 from .create import apply_transform, model_name, temporal_as_numbers
 from .parse import MLFunction, function_name, settings
@@ -43,6 +45,8 @@ class Model:
             version = chosen[0]
         self.version, self.trials = version, trials
         self.stored = catalog.load(con, self.name, version)
+        self.params = json.loads(con.execute(f"SELECT params FROM {catalog.MODELS} WHERE uid = ?",
+                                             [self.stored.uid]).fetchall()[0][0])
         self.prep = self.stored.preprocessing
         self.info = store.info(con, self.name, version)
         self.is_kmeans = self.stored.config.arch == "kmeans"
@@ -64,8 +68,10 @@ def input_query(con, arg, outer: exp.Expression) -> exp.Select:
     return names.to_duckdb(con, query)
 
 
-def rows(con, model: Model, query: exp.Select, labelled: bool) -> tuple[pa.Table, np.ndarray, np.ndarray | None]:
-    """(the input rows, their encoded features, the label as class index or value) in one read."""
+def rows(con, model: Model, query: exp.Select, labelled: bool,
+         held_out: bool = False) -> tuple[pa.Table, np.ndarray, np.ndarray | None]:
+    """(the input rows, their encoded features, the label as class index or value) in one read;
+    ``held_out``: only the rows ``train`` held out for validation (the training query's)."""
     import sqlglot
     inner = exp.select(exp.alias_(exp.column("__in"), "__dbml_row"), exp.Star()).from_(
         exp.Subquery(this=query, alias=exp.TableAlias(this=exp.to_identifier("__in"))))
@@ -80,10 +86,12 @@ def rows(con, model: Model, query: exp.Select, labelled: bool) -> tuple[pa.Table
         y = model.prep.label_sql() if model.prep.task == "classification" else f"{exp.column(model.prep.label, quoted=True).sql('duckdb')}::DOUBLE"
         outer = outer.select(exp.alias_(sqlglot.parse_one(y, read="duckdb"), "__dbml_y")).where(
             sqlglot.parse_one(model.prep.label_filter(), read="duckdb"))
-    table = con.execute(outer.sql("duckdb")).to_arrow_table()
+    if held_out:
+        outer = outer.where(sqlglot.parse_one(held_out_sql(model.prep, model.params["seed"],
+                                                           model.params["validation"]), read="duckdb"))
+    table = _arrow(con, outer)
     width = model.prep.width
     x = table.column("__dbml_x").combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(np.float32)
-    inputs = pa.Table.from_batches([], schema=pa.schema([])) if table.num_rows == 0 and False else None
     row = table.column("__dbml_row").combine_chunks()
     inputs = pa.Table.from_arrays(row.flatten(), names=[row.type.field(i).name for i in range(row.type.num_fields)])
     y = table.column("__dbml_y").to_numpy() if labelled else None
@@ -143,32 +151,52 @@ def _with_inputs(cols: dict, inputs: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(arrays, names=names_)
 
 
-def _evaluated(con, node, outer, model: Model):
+def stored_query(model: Model, key: str, fn: str) -> exp.Select:
+    """A query the store kept for the model (before TRANSFORM), parsed and checked read-only
+    (the catalog is data: an edited row must not become a write)."""
+    import sqlglot
+    from ..source import as_select
+    text = model.info.get(key)
+    if text is None:
+        raise InvalidArgument(f"BigQuery ML: {fn} reads the training query, which dbml keeps for models made by "
+                              f"CREATE MODEL; {model.name} was trained by train(): pass the rows, e.g. "
+                              f"{fn}(MODEL {model.name}, (SELECT ...))")
+    return sqlglot.parse_one(as_select(text, fn=fn), read="duckdb")
+
+
+def _evaluated(con, node, outer, model: Model, fn: str) -> tuple[exp.Select, list, bool]:
+    """(the rows to evaluate on, the arguments after them, whether only the held-out rows count).
+    Without input: the evaluation rows of the model's data split, as BigQuery ML: SEQ's and
+    CUSTOM's held-out query, else the rows ``train`` held out for validation, else (NO_SPLIT,
+    k-means) the training rows."""
     args = node.expressions
     if args and not isinstance(args[0], exp.Struct):
-        query = input_query(con, args[0], outer)
-        rest = args[1:]
-    else:
-        stored = model.info.get("eval_source") or model.info.get("source")
-        if stored is None:
-            raise InvalidArgument(f"BigQuery ML: ML.EVALUATE(MODEL {model.name}) without input reads the training "
-                                  f"query, which dbml keeps for models made by CREATE MODEL; pass the rows to "
-                                  f"evaluate: ML.EVALUATE(MODEL {model.name}, (SELECT ...))")
-        import sqlglot
-        query = sqlglot.parse_one(stored, read="duckdb")
-        from ..source import as_select
-        as_select(query.sql("duckdb"), fn="ML.EVALUATE")   # a stored query is a source: read-only
-        rest = args
-    return query, rest
+        return input_query(con, args[0], outer), args[1:], False
+    if model.info.get("eval_source") is not None:
+        return stored_query(model, "eval_source", fn), args, False
+    return stored_query(model, "source", fn), args, bool(model.params.get("validation"))
+
+
+def _arrow(con, tree: exp.Expression) -> pa.Table:
+    return getattr(con, "duckdb", con).sql(tree.sql("duckdb")).to_arrow_table()
+
+
+def result(con, table: pa.Table):
+    """``table`` as DuckDB's result of a statement (``con.execute``'s), as every other statement's."""
+    view = f"__dbml_ml_{next(_NAMES)}"
+    con.register(view, table)
+    _forget_old(con, view)
+    return con.execute(exp.select(exp.Star()).from_(exp.to_identifier(view)).sql("duckdb"))
 
 
 def _evaluate(con, node, outer, model: Model) -> pa.Table:
-    query, rest = _evaluated(con, node, outer, model)
+    query, rest, held_out = _evaluated(con, node, outer, model, "ML.EVALUATE")
     opts = settings(rest[0] if rest else None, "ML.EVALUATE")
     if model.is_kmeans:
         _, x, _ = rows(con, model, query, labelled=False)
-        return pa.Table.from_pylist([evaluation.clustering(_outputs(model, x))])
-    _, x, y = rows(con, model, query, labelled=True)
+        return pa.Table.from_pylist([evaluation.clustering(_outputs(model, x),
+                                                        model.stored.module.between_centroids().double().numpy())])
+    _, x, y = rows(con, model, query, labelled=True, held_out=held_out)
     out = _outputs(model, x)
     if model.classes:
         figures = evaluation.classification(y, probabilities(out), predicted(model, out, opts.get("threshold")))
@@ -178,9 +206,9 @@ def _evaluate(con, node, outer, model: Model) -> pa.Table:
 
 
 def _confusion(con, node, outer, model: Model) -> pa.Table:
-    query, rest = _evaluated(con, node, outer, model)
+    query, rest, held_out = _evaluated(con, node, outer, model, "ML.CONFUSION_MATRIX")
     opts = settings(rest[0] if rest else None, "ML.CONFUSION_MATRIX")
-    _, x, y = rows(con, model, query, labelled=True)
+    _, x, y = rows(con, model, query, labelled=True, held_out=held_out)
     pred = predicted(model, _outputs(model, x), opts.get("threshold"))
     table = {"expected_label": [str(c) for c in model.classes]}
     for j, c in enumerate(model.classes):
@@ -190,14 +218,14 @@ def _confusion(con, node, outer, model: Model) -> pa.Table:
 
 
 def _roc(con, node, outer, model: Model) -> pa.Table:
-    query, rest = _evaluated(con, node, outer, model)
+    query, rest, held_out = _evaluated(con, node, outer, model, "ML.ROC_CURVE")
     if len(model.classes) != 2:
         raise InvalidArgument(f"BigQuery ML: ML.ROC_CURVE is for binary classification models; {model.name} has "
                               f"{len(model.classes) or 'no'} classes")
     thresholds = None
     if rest:
         thresholds = con.execute(exp.select(names.to_duckdb(con, rest[0].copy())).sql("duckdb")).fetchall()[0][0]
-    _, x, y = rows(con, model, query, labelled=True)
+    _, x, y = rows(con, model, query, labelled=True, held_out=held_out)
     return pa.Table.from_pylist(evaluation.roc_curve(y, probabilities(_outputs(model, x))[:, 1], thresholds))
 
 
@@ -216,12 +244,8 @@ def _training_info(con, node, outer, model: Model) -> pa.Table:
 
 
 def _training_rows(con, model: Model, fn: str, limit: int = 2000):
-    import sqlglot
-    source = model.info.get("source")
-    if source is None:
-        raise InvalidArgument(f"BigQuery ML: {fn} reads the training query, which dbml keeps for models made by "
-                              f"CREATE MODEL; {model.name} was trained by train()")
-    return rows(con, model, sqlglot.parse_one(source, read="duckdb").limit(limit), labelled=False)
+    """Up to ``limit`` rows of the training query (what GLOBAL_EXPLAIN averages over)."""
+    return rows(con, model, stored_query(model, "source", fn).limit(limit), labelled=False)
 
 
 def _explain_predict(con, node, outer, model: Model) -> pa.Table:
@@ -243,10 +267,9 @@ def _explain_predict(con, node, outer, model: Model) -> pa.Table:
     for r in range(len(x)):
         order = np.argsort(-np.abs(e["attributions"][r]), kind="stable")[:top_k]
         top.append([{"feature": e["features"][i], "attribution": float(e["attributions"][r, i])} for i in order])
-    shift = 0.0 if model.classes else model.prep.target_mean
     cols["top_feature_attributions"] = pa.array(top, pa.list_(pa.struct([("feature", pa.string()), ("attribution", pa.float64())])))
-    cols["baseline_prediction_value"] = pa.array(e["baseline"] + shift)
-    cols["prediction_value"] = pa.array(e["prediction"] + shift)
+    cols["baseline_prediction_value"] = pa.array(e["baseline"])
+    cols["prediction_value"] = pa.array(e["prediction"])
     cols["approximation_error"] = pa.array(e["approximation_error"])
     return _with_inputs(cols, inputs)
 
@@ -287,7 +310,11 @@ def _weights(con, node, outer, model: Model) -> pa.Table:
 
 
 def _feature_info(con, node, outer, model: Model) -> pa.Table:
-    return pa.Table.from_pylist(evaluation.feature_info(con, model))
+    query = stored_query(model, "source", "ML.FEATURE_INFO")
+    transform = model.info.get("transform")
+    if transform:
+        query = apply_transform(query, transform)
+    return pa.Table.from_pylist(evaluation.feature_info(con, model, temporal_as_numbers(con, query)))
 
 
 def _centroids(con, node, outer, model: Model) -> pa.Table:
@@ -328,9 +355,9 @@ def rewrite(con, tree: exp.Expression) -> exp.Expression:
         if name == "PREDICT" and len(node.expressions) > 1:
             trial = settings(node.expressions[1], "ML.PREDICT").get("trial_id")
         model = Model(con, node, f"ML.{name}", trial)
-        result = HANDLERS[name](con, node, tree, model)
+        table_ = HANDLERS[name](con, node, tree, model)
         view = f"__dbml_ml_{next(_NAMES)}"
-        con.register(view, result)
+        con.register(view, table_)
         _forget_old(con, view)
         table = node.parent if isinstance(node.parent, exp.Table) else node
         alias = table.alias if isinstance(table, exp.Table) and table.alias else None

@@ -1,10 +1,13 @@
 """What dbml keeps of a model created by BigQuery ML's CREATE MODEL, beside the catalog:
 its model_type, the training query (what ``ML.EVALUATE(MODEL m)``, ``ML.FEATURE_INFO`` and
 ``ML.GLOBAL_EXPLAIN`` read), the held-out query where the split is BigQuery's own (``SEQ``,
-``CUSTOM``), the frozen ``TRANSFORM`` and the hyperparameter trials.
+``CUSTOM``), the frozen ``TRANSFORM`` and the hyperparameter trial.
 
-One row per (name, version, trained_at) in ``dbml_bigquery_models``: a version dropped and
-trained again by ``train()`` has another ``trained_at``, so a stale row never applies to it.
+One row per stored model in ``dbml.bigquery_models`` (the catalog's schema, out of SHOW
+TABLES), keyed by the model's ``uid``: a version dropped and trained again by ``train()``
+has another uid, so a stale row never applies to it (and is deleted at the next CREATE
+MODEL). The queries are kept before ``TRANSFORM``: the functions apply the model's frozen
+TRANSFORM to them as to any input.
 """
 
 from __future__ import annotations
@@ -13,42 +16,46 @@ import json
 
 from sqlglot import exp
 
+from ..catalog import MODELS
 from ..errors import InvalidArgument, ModelNotFound
 from ..source import EFFECTFUL
 
-TABLE = "dbml_bigquery_models"
+TABLE = "dbml.bigquery_models"
 
 
 def ensure(con) -> None:
-    con.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} (name VARCHAR, version INTEGER, trained_at TIMESTAMP, "
-                f"model_type VARCHAR, source VARCHAR, eval_source VARCHAR, transform VARCHAR[], trial JSON)")
+    con.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} (uid UUID PRIMARY KEY, model_type VARCHAR, source VARCHAR, "
+                f"eval_source VARCHAR, transform VARCHAR[], trial JSON)")
 
 
 def record(con, name: str, version: int, model_type: str, source: str, eval_source: str | None,
            transform: list[str] | None, trial: dict | None) -> None:
     ensure(con)
-    con.execute(f"INSERT INTO {TABLE} SELECT name, version, trained_at, ?, ?, ?, ?, ? FROM dbml_models "
-                f"WHERE name = ? AND version = ?",
-                [model_type, source, eval_source, transform, None if trial is None else json.dumps(trial), name, version])
+    con.execute(f"DELETE FROM {TABLE} WHERE uid NOT IN (SELECT uid FROM {MODELS})")   # dropped models' rows
+    con.execute(f"INSERT INTO {TABLE} SELECT uid, ?, ?, ?, ?, ? FROM {MODELS} WHERE name = ? AND version = ?",
+                [model_type, source, eval_source, transform, None if trial is None else json.dumps(trial), name,
+                 version])
 
 
 def latest(con, name: str, fn: str) -> int:
-    rows = con.execute("SELECT max(version) FROM dbml_models WHERE name = ?", [name]).fetchall()
+    rows = con.execute(f"SELECT max(version) FROM {MODELS} WHERE name = ?", [name]).fetchall()
     if rows[0][0] is None:
         raise ModelNotFound(f"BigQuery ML: Not found: model {name} ({fn}); CREATE MODEL {name} first, or pick one "
                             f"from SELECT name FROM dbml_models")
     return rows[0][0]
 
 
+def _exists(con) -> bool:
+    return con.execute("SELECT count(*) FROM duckdb_tables() WHERE schema_name = 'dbml' AND table_name = ? "
+                       "AND NOT temporary", [TABLE.split(".")[1]]).fetchall()[0][0] > 0
+
+
 def info(con, name: str, version: int) -> dict:
-    """The row of (name, version), or {} for a model trained by train() (or before this table)."""
-    exists = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ? AND NOT temporary",
-                         [TABLE]).fetchall()[0][0]
-    if not exists:
+    """The row of (name, version), or {} for a model trained by train()."""
+    if not _exists(con):
         return {}
     rows = con.execute(f"SELECT b.model_type, b.source, b.eval_source, b.transform, b.trial FROM {TABLE} b "
-                       f"JOIN dbml_models m USING (name, version, trained_at) WHERE name = ? AND version = ?",
-                       [name, version]).fetchall()
+                       f"JOIN {MODELS} m USING (uid) WHERE m.name = ? AND m.version = ?", [name, version]).fetchall()
     if not rows:
         return {}
     model_type, source, eval_source, transform, trial = rows[0]
@@ -58,9 +65,10 @@ def info(con, name: str, version: int) -> dict:
 
 
 def trials(con, name: str) -> list[tuple[int, dict]]:
-    ensure(con)
-    rows = con.execute(f"SELECT b.version, b.trial FROM {TABLE} b JOIN dbml_models m USING (name, version, trained_at) "
-                       f"WHERE name = ? AND b.trial IS NOT NULL ORDER BY b.version", [name]).fetchall()
+    if not _exists(con):
+        return []
+    rows = con.execute(f"SELECT m.version, b.trial FROM {TABLE} b JOIN {MODELS} m USING (uid) "
+                       f"WHERE m.name = ? AND b.trial IS NOT NULL ORDER BY m.version", [name]).fetchall()
     return [(v, json.loads(t)) for v, t in rows]
 
 

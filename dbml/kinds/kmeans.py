@@ -41,6 +41,13 @@ class KMeans(nn.Module):
             return 1 - nn.functional.normalize(x, dim=1) @ nn.functional.normalize(self.centroids, dim=1).T
         return torch.cdist(x, self.centroids)
 
+    def between_centroids(self) -> torch.Tensor:
+        """The centroids' distances to each other, in the distance ``distances`` takes."""
+        c = self.centroids
+        if self.distance_type == "cosine":
+            return 1 - nn.functional.normalize(c, dim=1) @ nn.functional.normalize(c, dim=1).T
+        return torch.cdist(c, c)
+
     def forward(self, x):
         return (self.distances(x).argmin(1) + 1).float().unsqueeze(1)
 

@@ -14,7 +14,7 @@ from .. import metrics
 def read(cur, table: str, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(x rows x width float32, y, is_val) of a job's scratch table (``training._materialise``)."""
     query = exp.select("x", "y", "is_val").from_(exp.to_table(table)).sql("duckdb")
-    t = cur.execute(query).to_arrow_table()
+    t = cur.sql(query).to_arrow_table()
     x = t.column("x").combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(np.float32)
     return (x.reshape(len(t), width), t.column("y").to_numpy(),
             t.column("is_val").to_numpy(zero_copy_only=False).astype(bool))
