@@ -53,10 +53,10 @@ class Candidates:
 
 # model arch -> option -> its search space when num_trials is given without HPARAM_* options
 DEFAULT_SPACES = {
-    "linear": {"l1_reg": Range(0.0, 10.0), "l2_reg": Range(0.0, 10.0)},
-    "dnn": {"learn_rate": Range(1e-4, 0.1), "dropout": Range(0.0, 0.5), "l2_reg": Range(0.0, 1.0)},
+    "linear": {"l1_reg": Range(1e-5, 10.0), "l2_reg": Range(1e-5, 10.0)},
+    "dnn": {"learn_rate": Range(1e-4, 0.1), "dropout": Range(0.0, 0.5), "l2_reg": Range(1e-5, 1.0)},
     "boosted_tree": {"learn_rate": Range(0.01, 1.0), "max_tree_depth": Candidates((4, 6, 8, 10)),
-                     "l2_reg": Range(0.0, 10.0), "subsample": Range(0.5, 1.0)},
+                     "l2_reg": Range(1e-5, 10.0), "subsample": Range(0.5, 1.0)},
     "random_forest": {"max_tree_depth": Candidates((8, 12, 15, 20)), "subsample": Range(0.5, 0.9),
                       "colsample_bynode": Range(0.5, 1.0)},
 }

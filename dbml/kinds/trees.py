@@ -50,7 +50,7 @@ class TreeModel(nn.Module):
         super().__init__()
         self.outputs, self.options = outputs, options
         self.register_buffer("booster", torch.zeros(0, dtype=torch.uint8))
-        self._lgb = None
+        self._lgb, self._scale = None, 1.0
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         key = prefix + "booster"
@@ -66,12 +66,15 @@ class TreeModel(nn.Module):
 
     def model(self):
         if self._lgb is None:
-            self._lgb = _lightgbm().Booster(model_str=bytes(self.booster.numpy()).decode())
+            text = bytes(self.booster.numpy()).decode()
+            self._lgb = _lightgbm().Booster(model_str=text)
+            # a forest's raw score is the sum of its trees' (its predictions average them)
+            self._scale = 1.0 / self._lgb.current_iteration() if "[boosting: rf]" in text else 1.0
         return self._lgb
 
     def raw(self, x: np.ndarray) -> np.ndarray:
         """(rows, outputs) raw scores: logits (binary: [0, log-odds]) or the scaled target."""
-        raw = np.asarray(self.model().predict(np.asarray(x, dtype=np.float64), raw_score=True))
+        raw = np.asarray(self.model().predict(np.asarray(x, dtype=np.float64), raw_score=True)) * self._scale
         if self.outputs == 2:
             return np.stack([np.zeros_like(raw), raw], axis=1)
         return raw.reshape(len(x), -1)
@@ -82,7 +85,7 @@ class TreeModel(nn.Module):
     def attributions(self, x: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """TreeSHAP per input column for output ``target`` of each row (binary: the log-odds,
         for either class, signed toward that class); (attributions, baseline)."""
-        contrib = np.asarray(self.model().predict(np.asarray(x, dtype=np.float64), pred_contrib=True))
+        contrib = np.asarray(self.model().predict(np.asarray(x, dtype=np.float64), pred_contrib=True)) * self._scale
         d = x.shape[1]
         if self.outputs > 2:
             per = contrib.reshape(len(x), self.outputs, d + 1)[np.arange(len(x)), target]
