@@ -193,17 +193,13 @@ class Shell:
 
 
 def execute_statement(con, sql: str) -> pa.Table | None:
-    """Execute one statement (BigQuery ML syntax rewritten into dbml calls: dbml/bigquery.py);
-    its rows as an Arrow table, or None when it returns none (DDL, a SET, or DuckDB's count
-    of changed rows, which the CLI does not print)."""
-    from .bigquery import translate
-    steps = translate(con, sql)   # BigQuery ML (CREATE MODEL, ML.PREDICT, ...): dbml calls
-    if steps is not None:
-        for check in steps[:-1]:
-            con.execute(check)
-        sql = steps[-1]
+    """Execute one statement as ``dbml.execute`` does (BigQuery ML rewritten into dbml calls:
+    ``dbml.bigquery.run``, the one entry point of both); its rows as an Arrow table, or None
+    when it returns none (DDL, a SET, or DuckDB's count of changed rows, which the CLI does
+    not print)."""
+    from .bigquery import run
     kind = _statement_type(sql)
-    result = con.execute(sql)
+    result = run(con, sql)
     if result.description is None:
         return None
     names = [d[0] for d in result.description]

@@ -47,7 +47,8 @@ def looks_like_bigquery(sql: str) -> bool:
         return False
     words = [t.text.upper() for t in tokens if t.token_type != TokenType.STRING]
     pairs = list(zip(words, words[1:]))
-    return ("ML", ".") in pairs or any(w == "MODEL" for w in words[:4])
+    model_statement = words[:1] in (["CREATE"], ["DROP"]) and "MODEL" in words[1:4]
+    return ("ML", ".") in pairs or model_statement
 
 
 def run(con, statement: str):

@@ -35,13 +35,14 @@ ALL = TORCH + TREES + ("kmeans",)
 SUPERVISED = TORCH + TREES
 # option -> the archs that take it
 OPTIONS = {
-    "model_type": ALL, "input_label_cols": SUPERVISED, "max_iterations": ALL, "early_stop": ALL,
+    "model_type": ALL, "input_label_cols": SUPERVISED, "max_iterations": TORCH + ("boosted_tree", "kmeans"),
+    "early_stop": ALL,
     "min_rel_progress": ALL, "data_split_method": SUPERVISED, "data_split_eval_fraction": SUPERVISED,
     "data_split_col": SUPERVISED, "enable_global_explain": SUPERVISED, "auto_class_weights": SUPERVISED,
     "learn_rate": TORCH + ("boosted_tree",), "ls_init_learn_rate": ("linear",), "learn_rate_strategy": ("linear",),
     "optimize_strategy": ("linear",), "l2_reg": TORCH + TREES, "l1_reg": TORCH + TREES, "batch_size": ("dnn",),
     "hidden_units": ("dnn",), "dropout": ("dnn",), "activation_fn": ("dnn",), "optimizer": ("dnn",),
-    "booster_type": TREES, "num_parallel_tree": TREES, "tree_method": TREES, "subsample": TREES,
+    "booster_type": ("boosted_tree",), "num_parallel_tree": TREES, "tree_method": TREES, "subsample": TREES,
     "max_tree_depth": TREES, "min_split_loss": TREES, "min_tree_child_weight": TREES,
     "colsample_bytree": TREES, "colsample_bynode": TREES,
     "num_clusters": ("kmeans",), "kmeans_init_method": ("kmeans",), "distance_type": ("kmeans",),
@@ -49,6 +50,26 @@ OPTIONS = {
 }
 # BigQuery's DNN optimizers dbml has (FTRL and RMSPROP it has not)
 OPTIMIZERS = {"adam": "adam", "sgd": "sgd", "adagrad": "adagrad"}
+
+# Who reads each option (test_bigquery checks that every (option, type) pair has one owner):
+# the translation itself,
+TRANSLATED = ("model_type", "input_label_cols", "data_split_method", "data_split_eval_fraction", "data_split_col",
+              "enable_global_explain", "num_trials", "max_parallel_trials")
+# for linear and DNN models, a train() argument (TORCH_PLAIN), an option of the dnn arch
+# (DNN_OPTIONS) or a rule of _torch_arguments (TORCH_RULES);
+TORCH_PLAIN = {"max_iterations": "epochs", "learn_rate": "lr", "ls_init_learn_rate": "lr",
+               "batch_size": "batch_size", "l2_reg": "weight_decay", "l1_reg": "l1_reg", "optimizer": "optimizer"}
+DNN_OPTIONS = {"hidden_units": "hidden", "activation_fn": "activation", "dropout": "dropout"}
+TORCH_RULES = {
+    "auto_class_weights": "the rarer classes' rows repeated (class_weighted)",
+    # TODO(issue 24, part 1): map early_stop to train()'s early_stop once main has it (and
+    # min_rel_progress to its criterion); until then both are taken and training runs every epoch
+    "early_stop": "taken; dbml trains max_iterations epochs", "min_rel_progress": "taken with early_stop",
+    "learn_rate_strategy": "LINE_SEARCH and CONSTANT: dbml's lr is constant (Adam)",
+    "optimize_strategy": "AUTO_STRATEGY and BATCH_GRADIENT_DESCENT: dbml descends by mini-batches",
+}
+TORCH_ARGUMENTS = {*TORCH_PLAIN, *DNN_OPTIONS, *TORCH_RULES}
+# and for the fitted kinds (trees, k-means), the arch's own option of the same name (dbml/kinds/).
 
 
 # sqlglot names SELECT * EXCEPT's argument "except_" from version 26 on, "except" before
@@ -67,6 +88,8 @@ def _value(v) -> exp.Expression:
         return exp.Literal.string(v)
     if isinstance(v, list):
         return exp.Array(expressions=[_value(x) for x in v])
+    if isinstance(v, int):
+        return exp.Literal.number(v) if v >= 0 else exp.Neg(this=exp.Literal.number(-v))
     return preprocess._num(v)
 
 
@@ -135,27 +158,28 @@ def train_arguments(name: str, kind: str, arch: str, task: str, options: dict) -
 
 
 def _torch_arguments(name: str, arch: str, options: dict) -> dict:
-    args = {}
-    plain = {"max_iterations": "epochs", "learn_rate": "lr", "ls_init_learn_rate": "lr", "batch_size": "batch_size",
-             "dropout": "dropout", "l2_reg": "weight_decay", "l1_reg": "l1_reg"}
-    args.update({plain[k]: v for k, v in options.items() if k in plain})
-    if "early_stop" in options and _has_param("early_stop"):   # the lead's early stopping, where it has landed
+    args = {TORCH_PLAIN[k]: v for k, v in options.items() if k in TORCH_PLAIN}
+    if "optimizer" in options:
+        opt = str(options["optimizer"]).lower()
+        if opt not in OPTIMIZERS:
+            raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: optimizer {options['optimizer']!r} is not "
+                                  f"supported in dbml; use one of {', '.join(o.upper() for o in OPTIMIZERS)}")
+        args["optimizer"] = OPTIMIZERS[opt]
+    if str(options.get("optimize_strategy", "auto_strategy")).lower() not in ("auto_strategy", "batch_gradient_descent"):
+        raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: optimize_strategy {options['optimize_strategy']!r} "
+                              f"is not supported in dbml, which trains by gradient descent; use AUTO_STRATEGY or "
+                              f"BATCH_GRADIENT_DESCENT")
+    if str(options.get("learn_rate_strategy", "line_search")).lower() not in ("line_search", "constant"):
+        raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: learn_rate_strategy "
+                              f"{options['learn_rate_strategy']!r} is not BigQuery's; use LINE_SEARCH or CONSTANT")
+    if "early_stop" in options and _has_param("early_stop"):   # see TORCH_RULES
         args["early_stop"] = bool(options["early_stop"])
     if arch == "dnn":
-        dnn = {"activation": str(options.get("activation_fn", "relu")).lower()}
-        if "hidden_units" in options:
-            hidden = options["hidden_units"]
-            dnn["hidden"] = hidden if isinstance(hidden, list) else [hidden]
-        if options.get("dropout"):
-            dnn["dropout"] = options["dropout"]
-            args.pop("dropout")
+        dnn = {DNN_OPTIONS[k]: v for k, v in options.items() if k in DNN_OPTIONS}
+        dnn["activation"] = str(dnn.get("activation", "relu")).lower()
+        if "hidden" in dnn and not isinstance(dnn["hidden"], list):
+            dnn["hidden"] = [dnn["hidden"]]
         args["options"] = json.dumps(dnn)
-        if "optimizer" in options:
-            opt = str(options["optimizer"]).lower()
-            if opt not in OPTIMIZERS:
-                raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: optimizer {options['optimizer']!r} is not "
-                                      f"supported in dbml; use one of {', '.join(o.upper() for o in OPTIMIZERS)}")
-            args["optimizer"] = OPTIMIZERS[opt]
     return args
 
 
@@ -240,13 +264,12 @@ def plan(con, tree: exp.Create) -> dict:
     kind, arch, task = model_kind(name, options)
     check_options(name, kind, arch, options)
     trials = int(options.get("num_trials", 0) or 0)
-    spaces = tuning.searched(options, arch) if trials else {}
-    if not trials and spaces:
+    given = tuning.given_spaces(options)
+    if given and not trials:
         raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: HPARAM_RANGE and HPARAM_CANDIDATES need "
                               f"num_trials = <number of trials>")
-    runs = [tuning.trial_options(options, spaces, t, not any(isinstance(v, (tuning.Range, tuning.Candidates))
-                                                             for v in options.values()))
-            for t in range(1, trials + 1)] or [(options, None)]
+    spaces = (given or tuning.DEFAULT_SPACES[arch]) if trials else {}
+    runs = [tuning.trial_options(options, spaces, t, not given) for t in range(1, trials + 1)] or [(options, None)]
     # every trial's arguments, checked before any trains
     runs = [(train_arguments(name, kind, arch, task, o), hp) for o, hp in runs]
     args = runs[0][0]
@@ -257,7 +280,8 @@ def plan(con, tree: exp.Create) -> dict:
     frozen = None
     source = query
     if transform is not None:
-        frozen = preprocess.freeze(con, [names.to_duckdb(con, e) for e in transform], query.sql("duckdb"))
+        frozen = preprocess.freeze(con, [names.to_duckdb(con, e, live=False) for e in transform],
+                                   query.sql("duckdb"))
         for e in frozen:
             if not e.alias_or_name:
                 raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: TRANSFORM's {e.sql('bigquery')[:60]} "

@@ -29,12 +29,14 @@ _FLOAT_SERIES = sqlglot.parse_one(
     "__dbml_i -> CAST(:start AS DOUBLE) + __dbml_i * CAST(:step AS DOUBLE))", read="duckdb")
 
 
-def to_duckdb(con, tree: exp.Expression) -> exp.Expression:
-    """``tree`` (BigQuery) rewritten so that DuckDB's dialect runs it."""
+def to_duckdb(con, tree: exp.Expression, *, live: bool = True) -> exp.Expression:
+    """``tree`` (BigQuery) rewritten so that DuckDB's dialect runs it; ``live``: ML's
+    preprocessing functions too, their statistics as window aggregates (not in a TRANSFORM,
+    which ``preprocess.freeze`` computes once)."""
     tree = tree.transform(lambda node: _table(con, node) if isinstance(node, exp.Table) else node)
     tree = tree.transform(_geography)
     tree = tree.transform(_float_series)
-    return preprocess.live(tree)
+    return preprocess.live(tree) if live else tree
 
 
 def _float_series(node: exp.Expression) -> exp.Expression:

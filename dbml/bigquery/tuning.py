@@ -85,14 +85,14 @@ def space(option: str, node: exp.Expression, model: str):
     return Candidates(tuple(args[0]))
 
 
-def searched(options: dict, arch: str) -> dict:
-    """option -> space of the options a tuning run searches."""
-    given = {k: v for k, v in options.items() if isinstance(v, (Range, Candidates))}
-    return given or DEFAULT_SPACES[arch]
+def given_spaces(options: dict) -> dict:
+    """option -> space of the options given as HPARAM_RANGE or HPARAM_CANDIDATES."""
+    return {k: v for k, v in options.items() if isinstance(v, (Range, Candidates))}
 
 
 def trial_options(options: dict, spaces: dict, trial: int, defaults: bool) -> tuple[dict, dict]:
-    """(the options of trial ``trial`` (1-based), the hyperparameters it searched)."""
+    """(the options of trial ``trial`` (1-based), the hyperparameters it searched); ``defaults``:
+    trial 1 takes the options' defaults (a default space's), else each space's first value."""
     rng = np.random.default_rng(trial)
     chosen = {}
     for option, sp in sorted(spaces.items()):
