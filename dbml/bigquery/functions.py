@@ -224,7 +224,9 @@ def _roc(con, node, outer, model: Model) -> pa.Table:
                               f"{len(model.classes) or 'no'} classes")
     thresholds = None
     if rest:
-        thresholds = con.execute(exp.select(names.to_duckdb(con, rest[0].copy())).sql("duckdb")).fetchall()[0][0]
+        # BigQuery's 0.5 is a FLOAT64 (DuckDB's a DECIMAL, which rounds a long literal)
+        given = exp.cast(names.to_duckdb(con, rest[0].copy()), "DOUBLE[]", dialect="duckdb")
+        thresholds = con.execute(exp.select(given).sql("duckdb")).fetchall()[0][0]
     _, x, y = rows(con, model, query, labelled=True, held_out=held_out)
     return pa.Table.from_pylist(evaluation.roc_curve(y, probabilities(_outputs(model, x))[:, 1], thresholds))
 
