@@ -59,3 +59,11 @@ EVALUATE_RESULT = {
     "rows": "BIGINT", "accuracy": "DOUBLE", "macro_f1": "DOUBLE", "log_loss": "DOUBLE",
     "rmse": "DOUBLE", "mae": "DOUBLE", "r2": "DOUBLE",
 }
+
+# explain(model, source): per row, after the source's columns and `prediction` (as
+# predictions): one attribution per input column, in the model's feature order, and the
+# explained output (dbml/explain.py) at the baseline row and at this row
+EXPLAIN_RESULT = {
+    "attributions": "STRUCT(feature VARCHAR, attribution DOUBLE)[]", "baseline_value": "DOUBLE",
+    "prediction_value": "DOUBLE", "approximation_error": "DOUBLE",
+}

@@ -3,7 +3,7 @@
 * linear models (``nn.Linear``): exact, ``w_i * (x_i - b_i)`` of the explained output;
 * tree models (``dbml.kinds.trees``): TreeSHAP (LightGBM's ``pred_contrib``), exact for trees;
 * every other network: integrated gradients (Captum, the ``explain`` extra) from the baseline
-  along the straight path to the row, 32 steps.
+  along the straight path to the row, ``IG_STEPS`` steps.
 
 The baseline is the all-zero encoded row: every numeric feature at its training mean (dbml
 standardises with the training statistics), every category absent. The explained output is
@@ -13,17 +13,26 @@ values of the label).
 Attributions of a categorical feature's one-hot columns (or an array's elements) are summed,
 so there is one attribution per input column. Completeness: the attributions sum to
 ``prediction - baseline`` (``approximation_error`` is what integrated gradients miss).
+
+SQL's ``explain(model, source)`` (``explain_sql``, ``explanations``) returns every source row
+with ``prediction`` (as ``predictions``), ``attributions`` (one per input column, in the
+model's feature order), ``baseline_value``, ``prediction_value`` and ``approximation_error``;
+BigQuery ML's ``ML.EXPLAIN_PREDICT`` and ``ML.GLOBAL_EXPLAIN`` read ``explain_rows``.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
+import sqlglot
 import torch
+from sqlglot import exp
 from torch import nn
 
+from .columns import EXPLAIN_RESULT
 from .errors import InvalidArgument
 
-IG_STEPS = 32
+IG_STEPS = 64   # Captum's Gauss-Legendre steps: ~0.2 % of prediction - baseline left unexplained
 
 
 def linear_layer(module: nn.Module) -> nn.Linear | None:
@@ -99,3 +108,41 @@ def explain_rows(model, x: np.ndarray) -> dict:
     e = encoded(model, x)
     names, attr = per_feature(model.preprocessing, e["attributions"])
     return {**e, "features": names, "attributions": attr}
+
+
+ATTRIBUTION = pa.struct([("feature", pa.string()), ("attribution", pa.float64())])
+
+
+def explanations(model, x: pa.Array) -> pa.Array:
+    """``dbml_explain``: per row encoded by ``features_sql`` (FLOAT[width]), a STRUCT of
+    ``columns.EXPLAIN_RESULT``."""
+    x = x.combine_chunks() if isinstance(x, pa.ChunkedArray) else x
+    rows = x.flatten().to_numpy(zero_copy_only=False).reshape(len(x), model.preprocessing.width)
+    e = explain_rows(model, rows)
+    features = pa.array(np.tile(np.array(e["features"], dtype=object), len(x)), pa.string())
+    values = pa.array(e["attributions"].reshape(-1), pa.float64())
+    offsets = pa.array(np.arange(len(x) + 1, dtype=np.int32) * len(e["features"]))
+    attributions = pa.ListArray.from_arrays(offsets, pa.StructArray.from_arrays([features, values],
+                                                                               fields=list(ATTRIBUTION)))
+    columns = {"attributions": attributions, "baseline_value": pa.array(e["baseline"], pa.float64()),
+               "prediction_value": pa.array(e["prediction"], pa.float64()),
+               "approximation_error": pa.array(e["approximation_error"], pa.float64())}
+    return pa.StructArray.from_arrays([columns[k] for k in EXPLAIN_RESULT], names=list(EXPLAIN_RESULT))
+
+
+def explain_sql(cur, cache, name: str, source: str) -> str:
+    """The query behind ``explain(model, source)``: every source row, ``prediction`` and the
+    columns of ``columns.EXPLAIN_RESULT``."""
+    from .inference import model_and_source, prediction_sql
+    model, select_sql, _ = model_and_source(cur, cache, name, source, "explain")
+    prep = model.preprocessing
+    if prep.input is not None:
+        raise InvalidArgument(f"explain(): model {name!r} takes {prep.input.kind} input; explanations cover "
+                              f"tabular models (numeric and categorical columns)")
+    call = exp.func("dbml_explain", exp.Literal.string(name), exp.Literal.string(model.uid),
+                    sqlglot.parse_one(prep.features_sql(), read="duckdb"))
+    columns = [exp.Column(this=exp.Star(), table=exp.to_identifier("src")),
+               exp.alias_(sqlglot.parse_one(prediction_sql(model), read="duckdb"), "prediction"),
+               exp.func("unnest", call)]
+    # the source runs as written (its text is never regenerated), as predictions' does
+    return f"SELECT {', '.join(c.sql('duckdb') for c in columns)} FROM ({select_sql}) AS src"

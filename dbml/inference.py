@@ -227,7 +227,7 @@ def infer_encoded(model: catalog.StoredModel, x: pa.Array) -> pa.Array:
     return pa.array(outputs_to_values(model.preprocessing, forward(model, rows)), type=pa.float64())
 
 
-def _model_and_source(cur, cache: ModelCache, name: str, source: str, fn: str):
+def model_and_source(cur, cache: ModelCache, name: str, source: str, fn: str):
     """The latest version of model ``name``, the source as one SELECT and its columns,
     which must hold every feature of the model."""
     model = cache.get(name, fn=fn)
@@ -238,21 +238,26 @@ def _model_and_source(cur, cache: ModelCache, name: str, source: str, fn: str):
     return model, select_sql, columns
 
 
-def predictions_sql(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, source: str) -> str:
-    """The query behind ``predictions(model, source)``: every source row plus a ``prediction`` column."""
-    model, select_sql, _ = _model_and_source(cur, cache, name, source, "predictions")
+def prediction_sql(model: catalog.StoredModel) -> str:
+    """The ``prediction`` column of ``predictions`` (and ``explain``) over a source row."""
     prep = model.preprocessing
-    call = f"{infer_function(prep)}({literal(name)}, {literal(model.uid)}, {prep.features_sql()})"
+    call = f"{infer_function(prep)}({literal(model.name)}, {literal(model.uid)}, {prep.features_sql()})"
     if prep.task == "classification":
         classes = ", ".join(literal(c) for c in prep.classes)
         call = f"[{classes}][{call}::INTEGER + 1]"
-    return f"SELECT src.*, {call} AS prediction FROM ({select_sql}) AS src"
+    return call
+
+
+def predictions_sql(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, source: str) -> str:
+    """The query behind ``predictions(model, source)``: every source row plus a ``prediction`` column."""
+    model, select_sql, _ = model_and_source(cur, cache, name, source, "predictions")
+    return f"SELECT src.*, {prediction_sql(model)} AS prediction FROM ({select_sql}) AS src"
 
 
 def evaluate(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, source: str) -> dict:
     """Metrics of the latest version of ``name`` on the rows of ``source`` (its label must be there)."""
     fn = "evaluate"
-    model, select_sql, columns = _model_and_source(cur, cache, name, source, fn)
+    model, select_sql, columns = model_and_source(cur, cache, name, source, fn)
     prep = model.preprocessing
     if not any(c.name.lower() == prep.label.lower() for c in columns):
         raise InvalidArgument(f"{fn}(): source has no column {prep.label!r}, the label of model {name!r}; "

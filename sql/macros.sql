@@ -38,6 +38,11 @@ CREATE OR REPLACE TEMP MACRO export_model(model, path, version := NULL, overwrit
 CREATE OR REPLACE TEMP MACRO predictions(model, source) AS TABLE
     SELECT * FROM query(dbml_predictions_sql(model, source, getvariable('dbml_sources')));
 
+-- Every row of a table or SELECT with the model's prediction and each input column's
+-- attribution to it (dbml/explain.py), run on the calling connection as predictions is.
+CREATE OR REPLACE TEMP MACRO explain(model, source) AS TABLE
+    SELECT * FROM query(dbml_explain_sql(model, source, getvariable('dbml_sources')));
+
 -- Training jobs of this database, live: one row per job started since the process began.
 CREATE OR REPLACE TEMP VIEW dbml_jobs AS
     SELECT unnest(dbml_job_rows(), recursive := true);

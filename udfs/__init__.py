@@ -21,7 +21,7 @@ from duckdb import sqltypes as t
 from ..inference import ModelCache
 from ..instance import Instance
 from . import functions as f
-from .types import (CALIBRATE_RESULT, DOUBLES, EVALUATE_RESULT, EXPORT_RESULT, PREDICT_INPUT, JOB_ROWS, MEMORY_ROWS, PREDICTOR_ROWS, TRAIN_ARGS,
+from .types import (CALIBRATE_RESULT, DOUBLES, EVALUATE_RESULT, EXPLAIN_RESULT, EXPORT_RESULT, PREDICT_INPUT, JOB_ROWS, MEMORY_ROWS, PREDICTOR_ROWS, TRAIN_ARGS,
                     TRAIN_RESULT, sql)
 
 SQL_FUNCTIONS: dict[str, str] = {
@@ -37,6 +37,10 @@ SQL_FUNCTIONS: dict[str, str] = {
     "predict_proba": "predict_proba(model, [x1, ...]) -> DOUBLE[]: class probabilities, in class order",
     "predictions": "SELECT * FROM predictions(model, source): every row of a table or SELECT plus a "
                    "`prediction` column; takes the model's features by name (categorical ones too)",
+    "explain": "SELECT * FROM explain(model, source): every row of a table or SELECT with `prediction` and "
+               "each input column's attribution to it (`attributions`: exact for linear models, TreeSHAP for "
+               "trees, integrated gradients for networks), `baseline_value`, `prediction_value`, "
+               "`approximation_error`; tabular models",
     "evaluate": "evaluate(model, source) -> STRUCT: accuracy, macro_f1, log_loss (classification) or "
                 "rmse, mae, r2 (regression) on a table or SELECT that holds the label",
     "drop_model": "drop_model(model) -> BIGINT: delete every version of a model and its weights; "
@@ -54,7 +58,7 @@ SQL_FUNCTIONS: dict[str, str] = {
 
 # Internal functions the macros call; not part of the documented surface.
 INTERNAL_FUNCTIONS = ("dbml_instance_id", "dbml_export_model", "dbml_train", "dbml_wait_job", "dbml_evaluate", "dbml_temp_names",
-                      "dbml_predictions_sql", "dbml_infer", "dbml_infer_blob", "dbml_decode_image", "dbml_infer_text", "dbml_infer_ids", "dbml_infer_numbers", "dbml_job_rows",
+                      "dbml_predictions_sql", "dbml_explain_sql", "dbml_explain", "dbml_infer", "dbml_infer_blob", "dbml_decode_image", "dbml_infer_text", "dbml_infer_ids", "dbml_infer_numbers", "dbml_job_rows",
                       "dbml_calibrate", "dbml_predictor_rows", "dbml_memory_rows")
 
 
@@ -103,6 +107,9 @@ FUNCTIONS = (
              effects=False),
     Function("dbml_evaluate", f.evaluate, (t.VARCHAR, t.VARCHAR, t.VARCHAR, sql("VARCHAR[]")), EVALUATE_RESULT),
     Function("dbml_predictions_sql", f.predictions_sql, (t.VARCHAR, t.VARCHAR, t.VARCHAR), t.VARCHAR),
+    Function("dbml_explain", f.explain, (t.VARCHAR, t.VARCHAR, sql("FLOAT[]")), EXPLAIN_RESULT, arrow=True,
+             effects=False),
+    Function("dbml_explain_sql", f.explain_sql, (t.VARCHAR, t.VARCHAR, t.VARCHAR), t.VARCHAR),
     Function("drop_model", f.drop_model, (t.VARCHAR,), t.BIGINT),
     Function("dbml_export_model", f.export_model, (t.VARCHAR, t.VARCHAR, t.INTEGER, t.BOOLEAN), EXPORT_RESULT),
 )

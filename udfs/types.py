@@ -47,6 +47,7 @@ MEMORY_ROWS = rows(columns.MEMORY_ROW)
 PREDICTOR_ROWS = rows(columns.PREDICTOR_ROW)
 CALIBRATE_RESULT = struct(columns.CALIBRATE_RESULT)
 EVALUATE_RESULT = struct(columns.EVALUATE_RESULT)
+EXPLAIN_RESULT = struct(columns.EXPLAIN_RESULT)
 DOUBLES = sql("DOUBLE[]")
 EXPORT_RESULT = sql("STRUCT(path VARCHAR, bytes BIGINT, version INTEGER, input VARCHAR, outputs VARCHAR[], "
                     "features VARCHAR[])")
