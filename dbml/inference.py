@@ -164,6 +164,8 @@ def _encode_input(model: catalog.StoredModel, values: pa.Array, fn: str):
     enc = model.preprocessing.input
     valid = ~np.asarray(values.is_null().to_numpy(zero_copy_only=False))
     present = values.filter(pa.array(valid))
+    if not valid.any():
+        return None, valid
     if enc.kind == "text" or enc.blob:
         return enc.to_tensor(present, fn=fn), valid
     lists = present
@@ -189,6 +191,9 @@ def predict_values(model: catalog.StoredModel, features: pa.Array, *, fn: str, k
         raise InvalidArgument(f"{fn}(): model {model.name!r} predicts text labels; "
                               f"use predict_label({model.name!r}, ...) for the label as VARCHAR")
     x, valid = encode_raw(model, features, fn=fn)
+    if not valid.any():                  # every input NULL: every prediction NULL
+        return pa.nulls(len(valid), pa.list_(pa.float64()) if kind == "proba" else
+                        pa.string() if kind == "label" else pa.float64())
     out = forward(model, x)
     if kind == "proba":
         values = list(torch.softmax(out, 1).double().numpy())

@@ -92,16 +92,9 @@ def parameter_bytes(cfg: ModelConfig) -> int:
 
 
 def sample_input(cfg: ModelConfig, rows: int, device=None) -> torch.Tensor:
-    """An (empty) input batch of ``rows`` rows as the model takes it, for planning ahead:
-    sequences at their longest."""
-    i = cfg.inputs
-    if i.kind == "tabular":
-        return torch.empty(rows, i.features, device=device)
-    if i.kind == "image":
-        return torch.empty(rows, *i.shape, device=device)
-    if i.kind == "tokens":
-        return torch.zeros(rows, i.max_len, dtype=torch.int64, device=device)
-    return torch.empty(rows, i.max_len, 2, device=device)
+    """An input batch of ``rows`` rows as the model takes it, for planning ahead:
+    sequences at their longest (``zoo.Inputs.sample``)."""
+    return cfg.inputs.sample(rows, device)
 
 
 def build_seeded(cfg: ModelConfig, seed: int) -> nn.Module:

@@ -106,7 +106,7 @@ def as_select(source: str | None, *, fn: str, arg: str = "source") -> str:
         raise SourceError(f"{fn}(): {arg} is empty; pass a table name or one SELECT statement")
     try:
         statements = [s for s in sqlglot.parse(source, read="duckdb") if s is not None]
-    except sqlglot.errors.ParseError as e:
+    except (sqlglot.errors.ParseError, sqlglot.errors.TokenError) as e:
         raise SourceError(f"{fn}(): {arg} is not valid SQL ({_first_line(e)}); "
                           f"pass a table name or one SELECT statement") from None
     if len(statements) != 1:
