@@ -146,14 +146,22 @@ def test_functions_with_effects_are_refused_before_anything_runs(con, call):
     assert models(con) == []
 
 
-def test_effectful_list_is_udfs_side_effecting_functions():
-    """source.py cannot import udfs (udfs imports it): its list must equal the table's."""
-    from dbml.udfs import FUNCTIONS
-    side_effects = {f.name for f in FUNCTIONS if f.options().get("side_effects")}
-    assert set(src.DBML_EFFECTFUL) == side_effects
-    macros = dbml.spec.train_macro_sql() + open(dbml.__path__[0] + "/../sql/macros.sql").read()
-    for macro in src.DBML_EFFECTFUL_MACROS:
-        assert f"MACRO {macro}(" in macros
+def test_which_functions_have_effects_has_one_owner():
+    """udfs.FUNCTIONS says which functions have effects or run SQL text; sources refuse
+    exactly those (and DuckDB's), with every macro that calls one; con.sql's once-only
+    relations and DuckDB's side-effect flags follow the same table."""
+    from dbml.api import has_effects
+    from dbml.udfs import FUNCTIONS, names_with_effects, refused_names
+    effects = {f.name for f in FUNCTIONS if f.effects}
+    assert refused_names() | set(src.DUCKDB_EFFECTFUL) == src.refused()
+    assert {"train", "calibrate", "wait_job", "export_model"} <= names_with_effects()       # macros, derived
+    assert {"evaluate", "predictions"} <= refused_names() - names_with_effects()            # run SQL text
+    assert all(f.options().get("side_effects") for f in FUNCTIONS if f.effects or f.volatile or f.runs_sql)
+    assert not any(f.options().get("side_effects") for f in FUNCTIONS
+                   if not (f.effects or f.volatile or f.runs_sql))
+    for name in names_with_effects():
+        assert has_effects(f"SELECT {name}(1)") and not has_effects(f"SELECT '{name}(1)' AS text")
+    assert not has_effects("SELECT * FROM dbml_jobs") and "dbml_job_rows" not in effects
 
 
 # -- item 3: SQL injection from the catalog ------------------------------------------------------
