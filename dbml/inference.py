@@ -127,7 +127,8 @@ def encode_raw(model: catalog.StoredModel, features: pa.Array, *, fn: str) -> tu
                               f"({', '.join(names)}), got a list of {bad}; "
                               f"pass [{', '.join(names)}] in that order")
     raw = present.flatten().to_numpy(zero_copy_only=False).astype(np.float64).reshape(len(present), k)
-    return prep.standardise(raw), valid
+    with torch.no_grad():
+        return model.standardiser(torch.from_numpy(raw)), valid
 
 
 # What predict() takes for each input: the member of its UNION argument (udfs.types.PREDICT_INPUT)

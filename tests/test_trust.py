@@ -172,3 +172,32 @@ def test_one_connections_budget_never_shrinks_anothers_running_job(tmp_path):
     done = small.execute(f"SELECT wait_job({second['job_id']})").fetchall()[0][0]
     assert done["status"] == "finished" and done["budget_bytes"] == 300 * 10**6
     big.close(), small.close()
+
+
+# -- preprocessing has one owner: SQL and the torch module agree ----------------------------------
+
+def test_the_sql_form_and_the_torch_module_encode_alike(con):
+    import numpy as np
+    import torch
+    from dbml.catalog import load
+    con.execute("""CREATE TABLE odd AS SELECT
+        CASE x % 7 WHEN 0 THEN NULL WHEN 1 THEN 'nan'::DOUBLE WHEN 2 THEN 'inf'::DOUBLE WHEN 3 THEN 1e308
+                   ELSE x * 1.37 - 20 END AS a,
+        [x % 5, CASE WHEN x % 11 = 0 THEN NULL ELSE x / 3 END]::DOUBLE[2] AS arr,
+        (x % 3)::INTEGER AS y FROM range(300) t(x)""")
+    con.execute("SELECT train('m', 'SELECT * FROM odd WHERE abs(a) < 1e6', label := 'y', arch := 'linear', "
+                "epochs := 1, policy := 'eager')")
+    cur = con.duckdb.cursor()
+    model = load(cur, "m", 1)
+    prep = model.preprocessing
+    sql = np.array(con.execute(f"SELECT {prep.features_sql()} FROM odd").fetchall(), dtype=object)
+    sql = np.stack([np.asarray(r[0], dtype=np.float32) for r in sql])
+    raw = con.sql("SELECT a, arr[1], arr[2] FROM odd").to_arrow_table()
+    x = np.stack([c.to_numpy(zero_copy_only=False).astype(np.float64) for c in raw.columns], axis=1)  # NULL: NaN
+    with torch.no_grad():
+        module = prep.standardiser()(torch.from_numpy(x)).numpy()
+    assert np.array_equal(sql, module)           # bit for bit, NULL, NaN, ±Inf and 1e308 included
+    by_list = con.execute("SELECT predict('m', [a, arr[1], arr[2]]) FROM odd ORDER BY rowid").fetchall()
+    by_table = con.execute("SELECT prediction FROM predictions('m', 'SELECT rowid AS r, * FROM odd') "
+                           "ORDER BY r").fetchall()
+    assert by_list == by_table
