@@ -12,6 +12,8 @@ from typing import Callable
 
 import duckdb
 import numpy as np
+import sqlglot
+from sqlglot import exp
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
@@ -20,7 +22,7 @@ from . import catalog, metrics
 from .data import BatchStream
 from .errors import InvalidArgument
 from .features import Preprocessing
-from .source import as_select, describe, literal, quote, resolve_column
+from .source import as_select, describe, quote, resolve_column, value_sql
 
 
 class ModelCache:
@@ -248,11 +250,14 @@ def predictions_sql(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str
     """The query behind ``predictions(model, source)``: every source row plus a ``prediction`` column."""
     model, select_sql, _ = _model_and_source(cur, cache, name, source, "predictions")
     prep = model.preprocessing
-    call = f"{infer_function(prep)}({literal(name)}, {literal(model.uid)}, {prep.features_sql()})"
-    if prep.task == "classification":
-        classes = ", ".join(literal(c) for c in prep.classes)
-        call = f"[{classes}][{call}::INTEGER + 1]"
-    return f"SELECT src.*, {call} AS prediction FROM ({select_sql}) AS src"
+    call: exp.Expression = exp.Anonymous(this=infer_function(prep), expressions=[
+        value_sql(name), value_sql(model.uid), sqlglot.parse_one(prep.features_sql(), read="duckdb")])
+    if prep.task == "classification":   # the class index -> the class, from the catalog's classes
+        index = exp.Add(this=exp.cast(call, "INTEGER"), expression=exp.Literal.number(1))
+        call = exp.Bracket(this=value_sql(list(prep.classes)), expressions=[index], offset=1)   # 1-based, as written
+    source = exp.Subquery(this=sqlglot.parse_one(select_sql, read="duckdb"), alias=exp.TableAlias(this="src"))
+    return exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier("src")),
+                      exp.alias_(call, "prediction")).from_(source).sql("duckdb")
 
 
 def evaluate(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, source: str) -> dict:

@@ -83,14 +83,24 @@ def quote(name: str) -> str:
 
 
 def literal(value) -> str:
-    """A Python str / number / bool as a SQL literal (built by sqlglot; numbers validated)."""
+    """A Python value as a SQL literal, built by sqlglot (``value``): None, a bool, a number
+    (finite: ``number``), a str, or a list of them."""
+    return value_sql(value).sql("duckdb")
+
+
+def value_sql(value) -> exp.Expression:
+    """A Python value as a sqlglot expression: the one way dbml turns values into SQL."""
+    if value is None:
+        return exp.Null()
     if isinstance(value, bool):
-        return "true" if value else "false"
+        return exp.Boolean(this=value)
     if isinstance(value, int):
-        return exp.Literal.number(int(value)).sql("duckdb")
+        return exp.Literal.number(int(value)) if value >= 0 else exp.Neg(this=exp.Literal.number(-int(value)))
     if isinstance(value, float):
-        return number(value)
-    return exp.Literal.string(str(value)).sql("duckdb")
+        return sqlglot.parse_one(number(value), read="duckdb")
+    if isinstance(value, (list, tuple)):
+        return exp.Array(expressions=[value_sql(v) for v in value])
+    return exp.Literal.string(str(value))
 
 
 def number(value) -> str:

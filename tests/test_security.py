@@ -372,3 +372,49 @@ def test_accepted_sources_leave_every_table_unchanged(fuzz_db, source):
         return
     con.execute(f"SELECT count(*) FROM ({select_sql})").fetchall()   # what train/evaluate then run
     assert fingerprint(con) == before, source
+
+
+# -- property: names with quotes never become code ------------------------------------------------
+
+NASTY = ["y\", export_model('victim', '{target}', overwrite := true) AS \"z", "a'); DROP TABLE keep; --",
+         "x$$ ; DROP TABLE keep; $$", "\\' OR drop_model('victim') --", "b\"\"; SELECT 1"]
+
+
+@st.composite
+def column_names(draw):
+    if draw(st.booleans()):
+        return draw(st.sampled_from(NASTY))
+    return draw(st.text(alphabet="ab'\";()-\\$ ,=:", min_size=1, max_size=12)).strip() or "c"
+
+
+@pytest.fixture(scope="module")
+def names_db(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("names")
+    con = dbml.connect(str(folder / "names.duckdb"), latency_model="roofline")
+    con.execute("CREATE TABLE keep AS SELECT range AS k FROM range(5)")
+    con.execute("CREATE TABLE victim_data AS SELECT range / 10 AS x, range % 2 AS y FROM range(40)")
+    con.execute("SELECT train('victim', 'victim_data', label := 'y', epochs := 1, policy := 'eager')")
+    yield con, folder
+    con.close()
+
+
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(feature=column_names(), label=column_names())
+def test_quoted_label_and_column_names_never_become_code(names_db, feature, label):
+    con, folder = names_db
+    target = folder / "overwritten.onnx"
+    feature, label = feature.format(target=target), label.format(target=target)
+    if feature.lower() == label.lower():
+        label = label + "_label"
+    fq, lq = (src.quote(n) for n in (feature, label))
+    con.execute(f"CREATE OR REPLACE TABLE named AS SELECT range / 10 AS {fq}, (range % 2)::INTEGER AS {lq} "
+                f"FROM range(40)")
+    con.execute("SELECT train('named', 'named', label := ?, epochs := 1, policy := 'eager')", [label])
+    before = fingerprint(con)
+    rows = con.execute("SELECT * FROM predictions('named', 'named')").fetchall()
+    assert len(rows) == 40 and len(rows[0]) == 3
+    assert con.execute("SELECT evaluate('named', 'named')").fetchall()[0][0]["rows"] == 40
+    assert dbml.execute(con, "SELECT * FROM ML.PREDICT(MODEL named, TABLE named)").fetchall()
+    assert fingerprint(con) == before and not target.exists()
+    assert con.execute("SELECT count(*) FROM dbml_models WHERE name = 'victim'").fetchall() == [(1,)]
