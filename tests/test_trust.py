@@ -201,3 +201,33 @@ def test_the_sql_form_and_the_torch_module_encode_alike(con):
     by_table = con.execute("SELECT prediction FROM predictions('m', 'SELECT rowid AS r, * FROM odd') "
                            "ORDER BY r").fetchall()
     assert by_list == by_table
+
+
+# -- the budget is a limit (issue 22 part 1) ------------------------------------------------------
+
+def test_the_last_smaller_batch_keeps_the_budget_too(con):
+    """A 3-feature MLP at half its analysed peak: its last batch, a slice of a larger record
+    batch, once brought the whole buffer into its plan, ran passive and finished 50 % over."""
+    con.execute("CREATE TABLE c AS SELECT hash(range, 1) % 1000 / 1000 AS a, hash(range, 2) % 1000 / 1000 AS b, "
+                "hash(range, 3) % 1000 / 1000 AS d, (hash(range, 4) % 2)::INTEGER AS y FROM range(4000)")
+    row = con.execute("SELECT train('m', 'c', label := 'y', arch := 'mlp', batch_size := 64, epochs := 2, "
+                      "memory_budget := 80622)").fetchall()[0][0]
+    assert row["status"] == "finished" and row["budget_bytes"] == 80622
+    assert row["measured_peak_bytes"] <= 80622 and row["planned_peak_bytes"] <= 80622
+    assert row["passive_swaps"] == 0
+
+
+def test_a_run_over_its_budget_fails_naming_it(con, monkeypatch):
+    from dbml.scheduler.execute.executor import Executor
+    original = Executor._end
+
+    def leak(self, state):        # as if the device had held more than the plan allowed
+        original(self, state)
+        self.iteration_peak = (self.budget or 0) + 1
+    monkeypatch.setattr(Executor, "_end", leak)
+    monkeypatch.setenv("DBML_NO_FASTPATH", "1")     # every iteration through the interpreter's books
+    con.execute("CREATE TABLE c AS SELECT range / 100 AS a, (range % 2)::INTEGER AS y FROM range(500)")
+    with pytest.raises(duckdb.Error, match=r"TrainingError: train\(\): the job held .* over the .* its plan promised "
+                                           r"within memory_budget .*; nothing was stored"):
+        con.execute("SELECT train('m', 'c', label := 'y', memory_budget := 200000)")
+    assert con.execute("SELECT count(*) FROM dbml_models").fetchall() == [(0,)]
