@@ -11,6 +11,7 @@ from another thread) has dbml too.
 
 from __future__ import annotations
 
+import threading
 from importlib import resources
 
 import duckdb
@@ -39,11 +40,13 @@ class Connection:
     (it has no constructor), hence the wrapper; ``con.duckdb`` is the DuckDB connection
     itself, for APIs that need one (``duckdb.sql(..., connection=con.duckdb)``)."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, instance):
+    def __init__(self, con: duckdb.DuckDBPyConnection, instance, settings: dict | None = None):
         self.duckdb = con
         self._instance = instance
         self._read_only = instance.read_only
         self._id = con.execute("SELECT current_connection_id()").fetchall()[0][0]
+        self._lock = threading.Lock()        # cursor() from several threads at once
+        self._settings = settings if settings is not None else self._read_settings()
 
     def __getattr__(self, name: str):
         return getattr(self.duckdb, name)
@@ -57,13 +60,25 @@ class Connection:
         return sql(self.duckdb, query, **kwargs)
 
     def cursor(self) -> "Connection":
+        """A new connection to the same database (for another thread), with this one's dbml
+        settings. Safe to call from several threads at once, and while this connection runs
+        a statement in another thread: the settings are then those it had when last idle."""
         cur = self.duckdb.cursor()
+        with self._lock:
+            try:
+                self._settings = self._read_settings()
+            except duckdb.Error:      # busy with a statement in another thread (DuckDB refuses to wait)
+                pass
+            settings = dict(self._settings)
+        _settings.apply(cur, **settings)
+        _install_sql(cur, self._read_only)
+        return Connection(cur, self._instance, settings)
+
+    def _read_settings(self) -> dict:
         names = [s.name for s in _settings.SETTINGS]   # one query for all, typed as set
         values = self.duckdb.execute("SELECT " + ", ".join(f"getvariable('{_settings.variable(n)}')"
                                                             for n in names)).fetchall()[0]
-        _settings.apply(cur, **{n: v for n, v in zip(names, values) if v is not None})
-        _install_sql(cur, self._read_only)
-        return Connection(cur, self._instance)
+        return {n: v for n, v in zip(names, values) if v is not None}
 
     def interrupt(self) -> None:
         """Interrupt the statement running on this connection (from another thread), as
@@ -103,11 +118,12 @@ def install(con: duckdb.DuckDBPyConnection | Connection, **settings) -> Connecti
 
     con = con.duckdb if isinstance(con, Connection) else con
     _settings.apply(con, **settings)
-    instance, new = attach(con)
-    if new:
+
+    def first_install(instance) -> None:   # before any other connection finds the instance
         register(instance)
         if not instance.read_only:
             migrate(con, resources.files("dbml.sql").joinpath("catalog.sql").read_text())
+    instance, _ = attach(con, first_install)
     if instance.read_only:
         require_catalog(con)
     _install_sql(con, instance.read_only)

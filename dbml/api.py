@@ -15,7 +15,6 @@ function with effects (``train``, ``drop_model``, ``calibrate``, ``cancel_job``,
 from __future__ import annotations
 
 import importlib.util
-import re
 
 import duckdb
 
@@ -23,14 +22,23 @@ from .errors import InvalidArgument
 
 __all__ = ["train", "predictions", "evaluate", "drop_model", "list_jobs", "OnceRelation", "has_effects"]
 
-EFFECTS = ("train", "drop_model", "calibrate", "cancel_job", "export_model", "wait_job")
-_CALL = re.compile(r"\b(" + "|".join(EFFECTS) + r")\s*\(", re.IGNORECASE)
-_STRING = re.compile(r"'(?:[^']|'')*'")
-
-
 def has_effects(query: str) -> bool:
-    """Whether ``query`` calls one of dbml's functions with effects (outside string literals)."""
-    return bool(_CALL.search(_STRING.sub("''", query)))
+    """Whether ``query`` calls one of dbml's functions with effects (``dbml.udfs.FUNCTIONS``
+    says which, and which macros call them), read with the SQL tokenizer: a name inside a
+    string or a comment is no call."""
+    from sqlglot.dialects import Dialect
+    from sqlglot.errors import TokenError
+    from sqlglot.tokens import TokenType
+
+    from .udfs import names_with_effects
+
+    try:
+        tokens = Dialect.get_or_raise("duckdb").tokenizer_class().tokenize(query)
+    except TokenError:
+        return False          # DuckDB reports what is wrong with it
+    effects = names_with_effects()
+    return any(a.token_type != TokenType.STRING and a.text.lower() in effects and b.token_type == TokenType.L_PAREN
+               for a, b in zip(tokens, tokens[1:]))
 
 
 def require_pandas(what: str) -> None:

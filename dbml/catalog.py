@@ -11,6 +11,7 @@ tables in ``main``) is moved here when dbml is first installed on it writable (`
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -45,6 +46,11 @@ class StoredModel:
     preprocessing: Preprocessing
     module: torch.nn.Module
     uid: str = ""          # dbml.models.uid: this stored model and no other, ever
+
+    @functools.cached_property
+    def standardiser(self):
+        """Its preprocessing's ``Standardise`` module, made once per loaded model."""
+        return self.preprocessing.standardiser()
 
 
 def _tables(con: duckdb.DuckDBPyConnection, schema: str, names: tuple[str, ...]) -> set[str]:

@@ -66,6 +66,8 @@ def scheduler_errors(spec, *, job_id: int, device_budget: Callable[[], int]) -> 
     ``NotAdmitted``                      ``JobCancelled``: cancelled while it waited for memory
     ``InfeasibleBudget``                 ``InvalidArgument``: the budget, the smallest that fits,
                                          and the setting or argument that raises it
+    ``BudgetExceeded``                   ``TrainingError``: what the job held against the budget
+                                         it ran under (never finishes above it)
     ``CaptureError``, ``SequenceError``,  unchanged: a bug in the capture, a plan or the executor;
     ``ExecutionError``, ``PlanningError``, its message names the job and the node or pass, and
     any other ``SchedulerError``          its traceback is kept (``dbml_jobs.error`` shows it
@@ -78,10 +80,16 @@ def scheduler_errors(spec, *, job_id: int, device_budget: Callable[[], int]) -> 
     """
     # Imported here, not at the top: every dbml module imports this one, the predict path
     # (dbml.inference) included, and that path must not load the scheduler (make_fx, fx).
-    from .scheduler.errors import InfeasibleBudget, NotAdmitted
+    from .scheduler.errors import BudgetExceeded, InfeasibleBudget, NotAdmitted
 
     try:
         yield
+    except BudgetExceeded as e:
+        own = spec.memory_budget is not None
+        fix = "pass a larger memory_budget :=" if own else "SET VARIABLE dbml_memory_budget to more"
+        raise TrainingError(f"train(): the job held {_size(e.held)} in an iteration, over the {_size(e.limit)} its "
+                            f"plan promised within memory_budget {_size(e.budget or e.limit)}; nothing was "
+                            f"stored; {fix}, or a smaller batch_size") from None
     except NotAdmitted:
         raise JobCancelled(f"job {job_id} ({spec.model!r}) was cancelled while it waited for memory; "
                            f"nothing was stored") from None

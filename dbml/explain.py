@@ -133,16 +133,14 @@ def explanations(model, x: pa.Array) -> pa.Array:
 def explain_sql(cur, cache, name: str, source: str) -> str:
     """The query behind ``explain(model, source)``: every source row, ``prediction`` and the
     columns of ``columns.EXPLAIN_RESULT``."""
-    from .inference import model_and_source, prediction_sql
+    from .inference import model_and_source, over_source, prediction_expression
+    from .source import value_sql
     model, select_sql, _ = model_and_source(cur, cache, name, source, "explain")
     prep = model.preprocessing
     if prep.input is not None:
         raise InvalidArgument(f"explain(): model {name!r} takes {prep.input.kind} input; explanations cover "
                               f"tabular models (numeric and categorical columns)")
-    call = exp.func("dbml_explain", exp.Literal.string(name), exp.Literal.string(model.uid),
-                    sqlglot.parse_one(prep.features_sql(), read="duckdb"))
-    columns = [exp.Column(this=exp.Star(), table=exp.to_identifier("src")),
-               exp.alias_(sqlglot.parse_one(prediction_sql(model), read="duckdb"), "prediction"),
-               exp.func("unnest", call)]
-    # the source runs as written (its text is never regenerated), as predictions' does
-    return f"SELECT {', '.join(c.sql('duckdb') for c in columns)} FROM ({select_sql}) AS src"
+    call = exp.Anonymous(this="dbml_explain", expressions=[
+        value_sql(model.name), value_sql(model.uid), sqlglot.parse_one(prep.features_sql(), read="duckdb")])
+    return over_source([exp.alias_(prediction_expression(model), "prediction"), exp.func("unnest", call)],
+                       select_sql)

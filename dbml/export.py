@@ -37,7 +37,6 @@ from torch import nn
 
 from . import catalog
 from .errors import InvalidArgument
-from .features import FLOAT_MAX
 
 __all__ = ["export_model", "ExportedModel"]
 
@@ -45,41 +44,24 @@ OPSET = 17
 
 
 class ExportedModel(nn.Module):
-    """The stored network with dbml's input scaling before it and its output mapping after."""
+    """The stored network with dbml's input scaling before it and its output mapping after:
+    the same modules predict() runs (``Preprocessing.standardiser``, ``InputEncoder.normaliser``)."""
 
     def __init__(self, stored: catalog.StoredModel):
         super().__init__()
         prep = stored.preprocessing
         self.net = stored.module.eval()
         self.classify = prep.task == "classification"
-        self.kind = prep.input.kind if prep.input is not None else "tabular"
-        mean, std = _input_scaling(prep)
-        self.register_buffer("mean", mean)
-        self.register_buffer("std", std)
+        enc = prep.input
+        self.scale = enc.normaliser if enc is not None and enc.kind == "image" else \
+            prep.standardiser() if enc is None and prep.all_numeric else nn.Identity()
         self.target_mean, self.target_std = float(prep.target_mean), float(prep.target_std)
 
     def forward(self, x: torch.Tensor):
-        if self.kind in ("tabular", "image"):
-            x = (x - self.mean) / self.std
-            x = torch.where(torch.isfinite(x), x.clamp(-FLOAT_MAX, FLOAT_MAX), torch.zeros_like(x))
-        out = self.net(x)
+        out = self.net(self.scale(x))
         if self.classify:
             return out, torch.softmax(out, dim=1)
         return out.squeeze(-1) * self.target_std + self.target_mean
-
-
-def _input_scaling(prep) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (mean, std) the graph applies to its input (identity where dbml does not scale)."""
-    enc = prep.input
-    if enc is not None and enc.kind == "image":
-        c = enc.shape[0]
-        return (torch.tensor(enc.mean, dtype=torch.float32).reshape(1, c, 1, 1),
-                torch.tensor(enc.std, dtype=torch.float32).reshape(1, c, 1, 1))
-    if enc is None and prep.all_numeric:
-        means = [m for f in prep.features for m in (f.means if f.kind == "array" else [f.mean])]
-        stds = [s for f in prep.features for s in (f.stds if f.kind == "array" else [f.std])]
-        return torch.tensor(means, dtype=torch.float32), torch.tensor(stds, dtype=torch.float32)
-    return torch.zeros(1), torch.ones(1)
 
 
 def _example(stored: catalog.StoredModel) -> tuple[str, torch.Tensor, dict]:

@@ -12,6 +12,8 @@ from typing import Callable
 
 import duckdb
 import numpy as np
+import sqlglot
+from sqlglot import exp
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
@@ -20,7 +22,7 @@ from . import catalog, metrics
 from .data import BatchStream
 from .errors import InvalidArgument
 from .features import Preprocessing
-from .source import as_select, describe, literal, quote, resolve_column
+from .source import as_select, describe, quote, resolve_column, value_sql
 
 
 class ModelCache:
@@ -127,7 +129,8 @@ def encode_raw(model: catalog.StoredModel, features: pa.Array, *, fn: str) -> tu
                               f"({', '.join(names)}), got a list of {bad}; "
                               f"pass [{', '.join(names)}] in that order")
     raw = present.flatten().to_numpy(zero_copy_only=False).astype(np.float64).reshape(len(present), k)
-    return prep.standardise(raw), valid
+    with torch.no_grad():
+        return model.standardiser(torch.from_numpy(raw)), valid
 
 
 # What predict() takes for each input: the member of its UNION argument (udfs.types.PREDICT_INPUT)
@@ -164,6 +167,8 @@ def _encode_input(model: catalog.StoredModel, values: pa.Array, fn: str):
     enc = model.preprocessing.input
     valid = ~np.asarray(values.is_null().to_numpy(zero_copy_only=False))
     present = values.filter(pa.array(valid))
+    if not valid.any():
+        return None, valid
     if enc.kind == "text" or enc.blob:
         return enc.to_tensor(present, fn=fn), valid
     lists = present
@@ -189,6 +194,9 @@ def predict_values(model: catalog.StoredModel, features: pa.Array, *, fn: str, k
         raise InvalidArgument(f"{fn}(): model {model.name!r} predicts text labels; "
                               f"use predict_label({model.name!r}, ...) for the label as VARCHAR")
     x, valid = encode_raw(model, features, fn=fn)
+    if not valid.any():                  # every input NULL: every prediction NULL
+        return pa.nulls(len(valid), pa.list_(pa.float64()) if kind == "proba" else
+                        pa.string() if kind == "label" else pa.float64())
     out = forward(model, x)
     if kind == "proba":
         values = list(torch.softmax(out, 1).double().numpy())
@@ -238,20 +246,27 @@ def model_and_source(cur, cache: ModelCache, name: str, source: str, fn: str):
     return model, select_sql, columns
 
 
-def prediction_sql(model: catalog.StoredModel) -> str:
+def prediction_expression(model: catalog.StoredModel) -> exp.Expression:
     """The ``prediction`` column of ``predictions`` (and ``explain``) over a source row."""
     prep = model.preprocessing
-    call = f"{infer_function(prep)}({literal(model.name)}, {literal(model.uid)}, {prep.features_sql()})"
-    if prep.task == "classification":
-        classes = ", ".join(literal(c) for c in prep.classes)
-        call = f"[{classes}][{call}::INTEGER + 1]"
+    call: exp.Expression = exp.Anonymous(this=infer_function(prep), expressions=[
+        value_sql(model.name), value_sql(model.uid), sqlglot.parse_one(prep.features_sql(), read="duckdb")])
+    if prep.task == "classification":   # the class index -> the class, from the catalog's classes
+        index = exp.Add(this=exp.cast(call, "INTEGER"), expression=exp.Literal.number(1))
+        call = exp.Bracket(this=value_sql(list(prep.classes)), expressions=[index], offset=1)   # 1-based, as written
     return call
+
+
+def over_source(columns: list[exp.Expression], select_sql: str) -> str:
+    """``SELECT src.*, <columns> FROM (<source>) AS src``."""
+    source = exp.Subquery(this=sqlglot.parse_one(select_sql, read="duckdb"), alias=exp.TableAlias(this="src"))
+    return exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier("src")), *columns).from_(source).sql("duckdb")
 
 
 def predictions_sql(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, source: str) -> str:
     """The query behind ``predictions(model, source)``: every source row plus a ``prediction`` column."""
     model, select_sql, _ = model_and_source(cur, cache, name, source, "predictions")
-    return f"SELECT src.*, {prediction_sql(model)} AS prediction FROM ({select_sql}) AS src"
+    return over_source([exp.alias_(prediction_expression(model), "prediction")], select_sql)
 
 
 def evaluate(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, source: str) -> dict:

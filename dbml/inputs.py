@@ -142,10 +142,14 @@ class InputEncoder:
             x = _binary_bytes(col if decoded else self.decode(col, fn=fn)).astype(np.float32) / 255.0
         else:
             x = np.stack([_array(v, c * h * w, i, self.column, fn) for i, v in enumerate(col.to_pylist())])
-        x = x.reshape(len(col), c, h, w)
-        mean = np.asarray(self.mean, dtype=np.float32).reshape(1, c, 1, 1)
-        std = np.asarray(self.std, dtype=np.float32).reshape(1, c, 1, 1)
-        return torch.from_numpy(np.ascontiguousarray((x - mean) / std, dtype=np.float32))
+        x = torch.from_numpy(np.ascontiguousarray(x.reshape(len(col), c, h, w), dtype=np.float32))
+        with torch.no_grad():
+            return self.normaliser(x)
+
+    @cached_property
+    def normaliser(self) -> "ChannelNormalise":
+        """Pixels in [0, 1] (channels, height, width) -> the model's input; the ONNX export runs it too."""
+        return ChannelNormalise(self.mean, self.std)
 
     def _decode(self, row: int, data: bytes | None, *, fn: str) -> np.ndarray:
         image = open_image(data, row, self.column, fn)
@@ -234,6 +238,20 @@ class InputEncoder:
         except (TypeError, AssertionError) as e:
             raise CatalogError(f"the stored input encoder is not valid ({e or 'a field has a wrong value'})") from None
         return enc
+
+
+class ChannelNormalise(torch.nn.Module):
+    """``(x - mean) / std`` per channel of (batch, channels, height, width) images, in
+    float32; a NaN (a NULL element of an array image) or ±Inf becomes 0."""
+
+    def __init__(self, means, stds):
+        super().__init__()
+        self.register_buffer("mean", torch.tensor(means, dtype=torch.float32).reshape(1, -1, 1, 1))
+        self.register_buffer("std", torch.tensor(stds, dtype=torch.float32).reshape(1, -1, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = (x - self.mean) / self.std
+        return torch.where(torch.isfinite(z), z, torch.zeros_like(z))
 
 
 def _pil_image(a: np.ndarray):

@@ -36,6 +36,7 @@ class Job:
     id: int
     model: str
     status: str = "queued"
+    connection: int | None = None   # the DuckDB connection whose statement started the job
     epochs: int = 0
     epoch: int = 0
     progress: float = 0.0
@@ -178,10 +179,11 @@ class JobManager:
         self._waits: dict[int, list[Wait]] = {}   # statements waiting on jobs, by DuckDB connection id
         self._lock = threading.Lock()
 
-    def submit(self, spec) -> Job:
-        """Start a training job on a thread of its own; return it at once."""
+    def submit(self, spec, connection: int | None = None) -> Job:
+        """Start a training job on a thread of its own; return it at once. ``connection``:
+        the DuckDB connection id of the statement that starts it."""
         cur = self._cursor()
-        job = Job(id=catalog.next_job_id(cur), model=spec.model, epochs=spec.epochs)
+        job = Job(id=catalog.next_job_id(cur), model=spec.model, epochs=spec.epochs, connection=connection)
         thread = threading.Thread(target=self._run, args=(job, spec, cur),
                                   name=f"dbml-job-{job.id}", daemon=True)
         with self._lock:
@@ -366,7 +368,7 @@ def train_all(manager: JobManager, calls: list[TrainCall], connection: int | Non
     An interrupt of the statement (Ctrl-C, or ``connection``'s interrupt) cancels its jobs
     and raises ``Interrupted`` (``JobManager.wait_statement``).
     """
-    jobs = [manager.submit(c.spec) if c.spec is not None else None for c in calls]
+    jobs = [manager.submit(c.spec, connection) if c.spec is not None else None for c in calls]
     if any(c.wait for c in calls):
         manager.wait_statement([job for job in jobs if job is not None], connection)
         for c, job in zip(calls, jobs):

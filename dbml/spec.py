@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, make_dataclass
 from .errors import InvalidArgument
 from .scheduler import OPTIMIZERS, OptimizerSpec
 from .settings import DEFAULTS, SETTINGS, SOURCES, parse_bytes, resolve
+from .source import literal
 from .zoo import arch as zoo_arch
 
 
@@ -230,23 +231,13 @@ def _from_sql(sql_type: str, size: bool, value, name: str):
     return tuple(value) if sql_type.endswith("[]") else value
 
 
-def sql_literal(value) -> str:
-    if value is None:
-        return "NULL"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return "'" + value.replace("'", "''") + "'"
-    return repr(value)
-
-
 def train_macro_sql() -> str:
     """The ``train`` macro: TRAIN_PARAMS with their defaults, passed to ``dbml_train`` with every
     setting, the calling connection's id and its TEMP tables and views.
 
     Sizes are cast to VARCHAR, as a budget may be given as a number of bytes or as text.
     """
-    params = ", ".join(p.name if p.required else f"{p.name} := {sql_literal(p.default)}" for p in TRAIN_PARAMS)
+    params = ", ".join(p.name if p.required else f"{p.name} := {literal(p.default)}" for p in TRAIN_PARAMS)
     args = [f"{p.name}::VARCHAR" if p.size else p.name for p in TRAIN_PARAMS]
     args += [f"getvariable('dbml_{s.name}')" + ("::VARCHAR" if s.size else "") for s in SETTINGS]
     args.append("current_connection_id()::BIGINT")   # whose interrupt() reaches the statement's jobs

@@ -22,14 +22,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import catalog, metrics, models, runners
+from . import catalog, metrics, models, runners, threads
 from .columns import MEMORY_FIELDS
 from .data import BatchStream, StreamStats
 from .errors import SourceError, TrainingError, scheduler_errors
 from .features import Preprocessing, fit
 from .kinds import FITTERS
 from .runners import JobHandle
-from .scheduler.execute.step import StepRunner
+from .scheduler.execute import rng
+from .scheduler.execute.step import EagerStep, StepRunner
 from .settings import resolve_device
 from .source import as_select, check_tables_only, describe
 from .spec import TrainSpec
@@ -82,8 +83,7 @@ def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -
     ``progress`` receives progress and may cancel at an iteration boundary (``dbml.jobs``).
     """
     started = time.perf_counter()
-    if torch.get_num_threads() != spec.torch_threads:
-        torch.set_num_threads(spec.torch_threads)
+    threads.use(spec.torch_threads)
     job_id = progress.id
     select_sql = as_select(spec.source, fn="train")
     if spec.sources == "tables":
@@ -185,6 +185,12 @@ class TrainLoop:
         self.n_train, self.device = n_train, device
         self.vanilla: int | None = None
         self._measured = False
+        # dropout draws from the job's own generator, as eager PyTorch does after
+        # torch.manual_seed(seed), whatever runs beside it (scheduler/execute/rng.py); a
+        # plain PyTorch step draws inside its modules, so it runs whole under that generator
+        self.random = rng.JobRandom(spec.seed, device)
+        self._whole_step = isinstance(runner, EagerStep) and any(
+            isinstance(m, torch.nn.modules.dropout._DropoutNd) for m in module.modules())
 
     def prepare(self) -> None:
         """The first batch's graph and plan, while DuckDB reads the rows."""
@@ -196,7 +202,7 @@ class TrainLoop:
         if not self._measured:
             self.vanilla = runners.vanilla_peak(self.module, self.loss_fn, self.spec, x, y)
             self._measured = True
-        loss = self.runner.step(x, y)
+        loss = self.random.call(self.runner.step, x, y) if self._whole_step else self.runner.step(x, y)
         self.progress.step(len(y))
         return loss
 
@@ -235,16 +241,13 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
                           device_budget=lambda: runners.job_budget(spec, device)):
         runners.check_plan_fits(config, loss_fn, spec, device, min(spec.batch_size, n_train), label)
         module = models.build_seeded(config, spec.seed).to(device)
-        # dropout draws from torch's global generator (as in eager PyTorch, which the scheduled
-        # step reproduces bit for bit): seeded here, a job run alone is reproducible; jobs with
-        # dropout running at the same time share the generator, so their draws interleave
-        models.seed_global_generator(spec.seed)
         runner = runners.make_runner(module, loss_fn, spec, device, progress, config)
         loop = TrainLoop(runner, module, loss_fn, spec, prep, progress, n_train, device, config)
         progress.begin(spec.epochs, math.ceil(n_train / spec.batch_size))
         try:
-            history, stream_stats = _run_epochs(cur, table, spec, loop.step, device, n_train + n_val, n_train,
-                                                loop.end_epoch, loop.prepare, convert=_converter(prep, "train"))
+            with rng.using(loop.random):
+                history, stream_stats = _run_epochs(cur, table, spec, loop.step, device, n_train + n_val, n_train,
+                                                    loop.end_epoch, loop.prepare, convert=_converter(prep, "train"))
             runner.finish()
         finally:
             runner.close()

@@ -120,3 +120,35 @@ def test_one_huge_token_id_does_not_make_a_huge_embedding(con):
     assert enc["vocab_size"] == 10 and enc["ids"] == [0, 1, 2, 3, 4, 5, 6, 10000000]
     weights = con.execute("SELECT bytes FROM dbml_models").fetchall()[0][0]
     assert weights < 2_000_000      # an embedding row per id up to 10^7 was 640 MB
+
+
+# -- dbml's own errors, never raw internal ones ----------------------------------------------------
+
+def test_predict_of_null_on_a_text_model_is_null(con):
+    con.execute("CREATE TABLE tx AS SELECT 'a text with several words number ' || x AS body, (x % 2)::INTEGER AS y "
+                "FROM range(60) t(x)")
+    con.execute("SELECT train('t', 'tx', label := 'y', epochs := 1, policy := 'eager')")
+    assert con.execute("SELECT predict('t', NULL::VARCHAR), predict_label('t', NULL::VARCHAR), "
+                       "predict_proba('t', NULL::VARCHAR)").fetchall() == [(None, None, None)]
+
+
+@pytest.mark.parametrize("call", ["train('m', 'SELECT ''abc', label := 'y')", "evaluate('m', 'SELECT ''abc')"])
+def test_an_unterminated_string_in_a_source_is_a_source_error(con, call):
+    with pytest.raises(duckdb.Error, match=r"SourceError: \w+\(\): source is not valid SQL \(Error tokenizing"):
+        con.execute(f"SELECT {call}")
+
+
+def test_lazy_modules_are_sized_by_a_first_batch(con):
+    import torch
+    import dbml
+
+    def lazy(inputs, outputs):
+        return torch.nn.Sequential(torch.nn.LazyLinear(8), torch.nn.ReLU(), torch.nn.Linear(8, outputs))
+    dbml.register_model("lazy_mlp", lazy, kinds="tabular")
+    try:
+        con.execute("CREATE TABLE a AS SELECT x / 100 AS x, x % 7 AS z, (x % 2)::INTEGER AS y FROM range(100) t(x)")
+        row = con.execute("SELECT train('lz', 'a', label := 'y', arch := 'lazy_mlp', epochs := 2)").fetchall()[0][0]
+        assert row["status"] == "finished"
+        assert con.execute("SELECT predict('lz', [0.5, 3])").fetchall()[0][0] in (0.0, 1.0)
+    finally:
+        dbml.unregister_model("lazy_mlp")

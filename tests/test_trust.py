@@ -172,3 +172,62 @@ def test_one_connections_budget_never_shrinks_anothers_running_job(tmp_path):
     done = small.execute(f"SELECT wait_job({second['job_id']})").fetchall()[0][0]
     assert done["status"] == "finished" and done["budget_bytes"] == 300 * 10**6
     big.close(), small.close()
+
+
+# -- preprocessing has one owner: SQL and the torch module agree ----------------------------------
+
+def test_the_sql_form_and_the_torch_module_encode_alike(con):
+    import numpy as np
+    import torch
+    from dbml.catalog import load
+    con.execute("""CREATE TABLE odd AS SELECT
+        CASE x % 7 WHEN 0 THEN NULL WHEN 1 THEN 'nan'::DOUBLE WHEN 2 THEN 'inf'::DOUBLE WHEN 3 THEN 1e308
+                   ELSE x * 1.37 - 20 END AS a,
+        [x % 5, CASE WHEN x % 11 = 0 THEN NULL ELSE x / 3 END]::DOUBLE[2] AS arr,
+        (x % 3)::INTEGER AS y FROM range(300) t(x)""")
+    con.execute("SELECT train('m', 'SELECT * FROM odd WHERE abs(a) < 1e6', label := 'y', arch := 'linear', "
+                "epochs := 1, policy := 'eager')")
+    cur = con.duckdb.cursor()
+    model = load(cur, "m", 1)
+    prep = model.preprocessing
+    sql = np.array(con.execute(f"SELECT {prep.features_sql()} FROM odd").fetchall(), dtype=object)
+    sql = np.stack([np.asarray(r[0], dtype=np.float32) for r in sql])
+    raw = con.sql("SELECT a, arr[1], arr[2] FROM odd").to_arrow_table()
+    x = np.stack([c.to_numpy(zero_copy_only=False).astype(np.float64) for c in raw.columns], axis=1)  # NULL: NaN
+    with torch.no_grad():
+        module = prep.standardiser()(torch.from_numpy(x)).numpy()
+    assert np.array_equal(sql, module)           # bit for bit, NULL, NaN, ±Inf and 1e308 included
+    by_list = con.execute("SELECT predict('m', [a, arr[1], arr[2]]) FROM odd ORDER BY rowid").fetchall()
+    by_table = con.execute("SELECT prediction FROM predictions('m', 'SELECT rowid AS r, * FROM odd') "
+                           "ORDER BY r").fetchall()
+    assert by_list == by_table
+
+
+# -- the budget is a limit (issue 22 part 1) ------------------------------------------------------
+
+def test_the_last_smaller_batch_keeps_the_budget_too(con):
+    """A 3-feature MLP at half its analysed peak: its last batch, a slice of a larger record
+    batch, once brought the whole buffer into its plan, ran passive and finished 50 % over."""
+    con.execute("CREATE TABLE c AS SELECT hash(range, 1) % 1000 / 1000 AS a, hash(range, 2) % 1000 / 1000 AS b, "
+                "hash(range, 3) % 1000 / 1000 AS d, (hash(range, 4) % 2)::INTEGER AS y FROM range(4000)")
+    row = con.execute("SELECT train('m', 'c', label := 'y', arch := 'mlp', batch_size := 64, epochs := 2, "
+                      "memory_budget := 80622)").fetchall()[0][0]
+    assert row["status"] == "finished" and row["budget_bytes"] == 80622
+    assert row["measured_peak_bytes"] <= 80622 and row["planned_peak_bytes"] <= 80622
+    assert row["passive_swaps"] == 0
+
+
+def test_a_run_over_its_budget_fails_naming_it(con, monkeypatch):
+    from dbml.scheduler.execute.executor import Executor
+    original = Executor._end
+
+    def leak(self, state):        # as if the device had held more than the plan allowed
+        original(self, state)
+        self.iteration_peak = (self.budget or 0) + 1
+    monkeypatch.setattr(Executor, "_end", leak)
+    monkeypatch.setenv("DBML_NO_FASTPATH", "1")     # every iteration through the interpreter's books
+    con.execute("CREATE TABLE c AS SELECT range / 100 AS a, (range % 2)::INTEGER AS y FROM range(500)")
+    with pytest.raises(duckdb.Error, match=r"TrainingError: train\(\): the job held .* over the .* its plan promised "
+                                           r"within memory_budget .*; nothing was stored"):
+        con.execute("SELECT train('m', 'c', label := 'y', memory_budget := 200000)")
+    assert con.execute("SELECT count(*) FROM dbml_models").fetchall() == [(0,)]

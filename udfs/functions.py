@@ -58,8 +58,9 @@ def train(ctx: Context, *columns: pa.Array) -> pa.Array:
         if call.spec is not None:
             check_not_temp(as_select(call.spec.source, fn="train"), temp_names[0].as_py(), fn="train")
     waiting = [c.spec.progress for c in calls if c.spec is not None and c.wait]
-    with progress.watching(ctx.instance, renderer_for(waiting[0]) if waiting else None):
-        summaries = jobs.train_all(ctx.instance.jobs, calls, connection[0].as_py())
+    statement = connection[0].as_py()
+    with progress.watching(ctx.instance, renderer_for(waiting[0]) if waiting else None, connection=statement):
+        summaries = jobs.train_all(ctx.instance.jobs, calls, statement)
     return pa.array(summaries, type=TRAIN_RESULT_ARROW)
 
 

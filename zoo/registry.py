@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
+import torch
 from torch import nn
 
 from ..errors import InvalidArgument
@@ -204,7 +205,30 @@ def build(name: str, inputs: Inputs, outputs: int, options: dict | None = None, 
     if not isinstance(model, nn.Module):
         raise InvalidArgument(f"{fn}(): the factory registered for arch {a.name!r} returned "
                               f"{type(model).__name__}, not a torch.nn.Module")
+    _materialise(model, inputs, a.name, fn)
     return model
+
+
+def _materialise(model: nn.Module, inputs: Inputs, name: str, fn: str) -> None:
+    """Lazy modules (``nn.LazyLinear``, ...) get their shapes from a first batch, as in
+    PyTorch: here, one sample batch in eval mode and without gradients, before the model
+    is counted, captured or loaded (on the meta device too: nothing is computed there)."""
+    from torch.nn.modules.lazy import LazyModuleMixin
+    lazy = [m for m in model.modules() if isinstance(m, LazyModuleMixin) and m.has_uninitialized_params()]
+    if not lazy:
+        return
+    training = model.training
+    param = next((p for p in model.parameters() if not isinstance(p, nn.parameter.UninitializedParameter)), None)
+    device = param.device if param is not None else None
+    try:
+        with torch.no_grad():
+            model.eval()
+            model(inputs.sample(1, device))
+    except Exception as e:   # noqa: BLE001 - the user's module: say which and why
+        raise InvalidArgument(f"{fn}(): arch {name!r} has lazy modules ({type(lazy[0]).__name__}) and failed on a "
+                              f"sample batch sizing them: {type(e).__name__}: {e}") from None
+    finally:
+        model.train(training)
 
 
 def describe() -> list[dict]:

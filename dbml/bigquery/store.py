@@ -18,7 +18,7 @@ from sqlglot import exp
 
 from ..catalog import MODELS
 from ..errors import InvalidArgument, ModelNotFound
-from ..source import EFFECTFUL
+from ..source import refused
 
 TABLE = "dbml.bigquery_models"
 
@@ -81,7 +81,7 @@ def checked_expression(text: str, name: str) -> exp.Expression:
     except sqlglot.errors.ParseError:
         tree = None
     bad = tree is None or any(isinstance(n, (exp.Query, exp.Table, exp.Subquery, exp.Command)) or
-                              (isinstance(n, exp.Anonymous) and str(n.this).lower() in EFFECTFUL)
+                              (isinstance(n, exp.Anonymous) and str(n.this).lower() in refused())
                               for n in tree.walk())
     if bad:
         raise InvalidArgument(f"BigQuery ML: model {name}'s stored TRANSFORM is damaged ({text[:60]!r}); "

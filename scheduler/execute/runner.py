@@ -58,6 +58,7 @@ import torch
 
 from .. import config
 from ..hostmem import keep_freed_host_memory
+from ..errors import BudgetExceeded
 from ..graph.access import build_sequence
 from ..graph.capture import CapturedStep
 from ..graph.graphs import GraphCache
@@ -89,6 +90,14 @@ def summary_line(stats: Mapping) -> str:
     """The one-line summary ``DBML_DEBUG=1`` prints (``stats``: a runner's stats)."""
     return (f"peak {_mb(stats['vanilla_peak_bytes'])} -> {_mb(stats['measured_peak_bytes'])}, "
             f"{stats['swaps']} swaps, {stats['recomputes']} recomputes, plan {stats['plan_seconds']:.2f} s")
+
+
+def _own(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in a storage of its own size: a batch sliced from a larger buffer (a record
+    batch's tail) would otherwise bring the whole buffer into the plan's books."""
+    if t.untyped_storage().nbytes() != t.numel() * t.element_size() or t.storage_offset() or not t.is_contiguous():
+        return t.clone(memory_format=torch.contiguous_format)
+    return t
 
 
 @dataclass(frozen=True)
@@ -362,11 +371,12 @@ class ScheduledStep:
         time it sees a shape; calling it ahead, while the data is still being read, takes
         it off the first iteration. ``x`` and ``y`` only give shapes and dtypes (e.g.
         ``torch.empty``)."""
-        self._graph(x, y)
+        self._graph(_own(x), _own(y))
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         fresh = len(self._graphs)
         self.planning.start()
+        x, y = _own(x), _own(y)
         g = self._graph(x, y)
         executor = g.executor
         if executor is not self._last:   # one graph's reuse pool must not sit beside another's
@@ -376,6 +386,8 @@ class ScheduledStep:
         self._boundary(g)
         self.iteration_plans.append(g.plan)
         loss = executor.run(self.state, x, y)
+        if executor.budget is not None and executor.iteration_peak > executor.budget:
+            raise BudgetExceeded(self.job, executor.iteration_peak, executor.budget, self.budget_bytes)
         offer = self._policy.after_iteration(executor, g.seq, g.tracker, g.passive) if self._fold(g) else None
         if offer is not None:   # it waits in g.pending for the next boundary
             self._offer(g, *offer)

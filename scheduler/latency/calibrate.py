@@ -49,6 +49,7 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from ..execute.rng import JobRandom
 from ..graph.capture import init_state
 from ..hostmem import keep_freed_host_memory
 from ..graph.graphs import GraphCache
@@ -201,9 +202,8 @@ class _Prepared:
 def _prepare(w: Workload | ConvProbes, device: torch.device, seen: set) -> _Prepared:
     if isinstance(w, ConvProbes):
         return _prepare_probes(w, device, seen)
-    torch.manual_seed(0)
-    model = w.model().to(device)
-    x, y = w.x().to(device), w.y().to(device)
+    # seeded inputs and weights, drawn from a generator of their own (never the process's)
+    model, x, y = JobRandom(0).call(lambda: (w.model().to(device), w.x().to(device), w.y().to(device)))
     spec = OptimizerSpec(w.optimizer)
     share = ("dbml-calibration", w.describe) if w.iteration is not None else None
     step = GraphCache(model, torch.nn.functional.cross_entropy, spec, job=f"calibrate {w.describe}",
