@@ -245,3 +245,23 @@ def test_auto_class_weights_balances_the_classes(con):
                        "AS SELECT x, y FROM rare")
     assert summary["rows"] == 900 + 100 * 9                 # each rare row counted nine times
     assert dbml.execute(con, "SELECT count(*) FROM ML.PREDICT(MODEL m, TABLE rare)").fetchall() == [(1000,)]
+
+
+def test_the_readme_names_every_option_function_and_model_type():
+    from pathlib import Path
+    from dbml.bigquery.create import MODEL_TYPES, OPTIONS
+    from dbml.bigquery.functions import HANDLERS
+    from dbml.bigquery.preprocess import ANALYTIC, SCALAR
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split("### BigQuery ML syntax", 1)[1].split("\n### ", 1)[0]
+    kinds = readme.split("Beside the zoo, `dbml/kinds/`", 1)[1].split("\n\n", 2)[1]
+    from dbml.bigquery.create import TORCH_ARGUMENTS, TRANSLATED
+    for option, archs in OPTIONS.items():
+        if option in TRANSLATED or option in TORCH_ARGUMENTS:
+            assert f"`{option}`" in section, option
+        if any(a not in ("linear", "dnn") for a in archs) and option not in TRANSLATED:
+            assert f"`{option}`" in kinds, option
+    for fn in [*HANDLERS, *ANALYTIC, *SCALAR]:
+        assert f"`ML.{fn}" in section, fn
+    for model_type in MODEL_TYPES:
+        assert f"`{model_type}`" in section, model_type

@@ -74,6 +74,9 @@ def test_trees_are_explained_by_treeshap_and_predict_as_lightgbm(tab):
     ours = np.exp(model.module.raw(x))
     assert np.allclose(ours[:, 1] / ours.sum(1), probs, atol=1e-9)
     assert isinstance(model.module.model(), lgb.Booster)
+    pytest.importorskip("onnx")
+    with pytest.raises(duckdb.Error, match="model 'rf' is a random_forest model, which the ONNX export does not"):
+        tab.execute("SELECT export_model('rf', 'rf.onnx')")
 
 
 @pytest.mark.slow
@@ -110,3 +113,15 @@ def test_kmeans_finds_separated_clusters():
     means = con.execute("SELECT avg(u) FROM p GROUP BY floor(u / 10) ORDER BY 1").fetchall()
     assert [c for (c,) in centroids] == pytest.approx([m for (m,) in means], rel=1e-5)   # the column's own units
     con.close()
+
+
+def test_readme_documents_every_kind_and_its_options():
+    from pathlib import Path
+    from dbml.kinds import ARCHS
+    from dbml.zoo import arch
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    table = readme.split("Beside the zoo, `dbml/kinds/`", 1)[1].split("\n\n", 2)[1]
+    for name in ARCHS:
+        row = next(line for line in table.splitlines() if line.startswith(f"| `{name}` |"))
+        for option in arch(name).options:
+            assert f"`{option}`" in row, (name, option)

@@ -1,22 +1,24 @@
-"""BigQuery ML syntax, rewritten into dbml calls (``dbml.execute(con, text)`` and the shell).
+"""BigQuery ML statements, rewritten into dbml calls and DuckDB SQL: ``run`` is the one entry
+point of ``dbml.execute`` and the shell.
 
-Parsed with sqlglot's BigQuery dialect, extended where it stops (``ML.EVALUATE`` and
-``ML.TRAINING_INFO``, which sqlglot does not parse):
+A statement written for BigQuery (``looks_like_bigquery``) is parsed with sqlglot's BigQuery
+dialect, extended for the model functions sqlglot lacks (``parse``), and every piece is
+built as a sqlglot tree:
 
-* ``CREATE [OR REPLACE] MODEL [IF NOT EXISTS] m OPTIONS(...) AS SELECT ...`` → ``train``
-  on that SELECT (BigQuery's options mapped by :data:`OPTIONS`; an unsupported one is an
-  error naming it). dbml keeps versions: ``OR REPLACE`` trains the next version; without it
-  an existing model is an error, as in BigQuery; ``IF NOT EXISTS`` leaves it alone.
-* ``ML.PREDICT(MODEL m, (SELECT ...) | TABLE t)`` → ``predictions(m, source)``: the input
-  columns and ``predicted_<label>``.
-* ``ML.EVALUATE(MODEL m[, (SELECT ...) | TABLE t])`` → ``evaluate``'s metrics as columns;
-  without input, the validation metric stored at training.
-* ``ML.TRAINING_INFO(MODEL m)`` → per-epoch rows of the latest version (``iteration``,
-  ``loss``, ``duration_ms``).
-* ``DROP MODEL [IF EXISTS] m`` → ``drop_model``.
+* ``CREATE [OR REPLACE] MODEL [IF NOT EXISTS] m [TRANSFORM(...)] OPTIONS(...) AS <query>``:
+  ``create.plan`` checks every option and model type first, then ``train`` runs (once per
+  trial with ``num_trials``: ``tuning``); ``store`` keeps what the model functions need
+  beside the catalog. dbml keeps versions: ``OR REPLACE`` trains the next one.
+* ``ML.<function>(MODEL m, ...)``: ``functions`` computes the result from the loaded model
+  and registers it as an Arrow table, which the query reads in the function's place.
+* ``DROP MODEL [IF EXISTS] m``: ``drop_model``.
+* BigQuery's names and functions in any other statement (``names``): ``project.dataset.t``
+  is ``dataset.t``, wildcard tables, ``ST_DISTANCE``, ``GENERATE_ARRAY``, ML's
+  preprocessing functions (``preprocess``).
 
 A model named ``dataset.model`` is the dbml model ``model`` (dbml has no datasets). Any
-other SQL runs unchanged.
+other SQL runs unchanged. Whatever is not supported is an error that names it and says
+"not supported in dbml", before anything trains.
 """
 
 from __future__ import annotations
