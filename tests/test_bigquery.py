@@ -221,6 +221,11 @@ def test_hyperparameter_tuning_searches_the_given_space_and_serves_the_best_tria
                               "max_iterations=3, num_trials=3, l2_reg=HPARAM_CANDIDATES([0.0, 5.0]), "
                               "learn_rate=HPARAM_RANGE(0.01, 0.3)) AS SELECT a, b, y FROM pts").fetchall()
     assert [r[2] for r in again] == [r[2] for r in result]                 # the same trials, the same metrics
+    assert [r[1] for r in again] == [4, 5, 6]
+    served = dbml.execute(con, "SELECT trial_id, is_optimal FROM ML.TRIAL_INFO(MODEL m) ORDER BY 1").fetchall()
+    assert served == [(t[0], t[3]) for t in trials]                        # the latest run's three, not six
+    second = one(con, "SELECT * FROM ML.EVALUATE(MODEL m, STRUCT(2 AS trial_id))")["accuracy"]
+    assert second == pytest.approx(trials[1][2]["accuracy"], abs=1e-12)     # trial_id picks the version
 
 
 @pytest.mark.slow   # trains two models

@@ -127,7 +127,8 @@ def _trials(con, plan: dict):
                   "hparam_tuning_evaluation_metrics": {_metric_name(con, plan["name"], summary["version"]):
                                                        summary["val_metric"]},
                   "training_loss": summary["final_loss"], "eval_loss": None, "status": "SUCCEEDED",
-                  "error_message": None, "is_optimal": trial == best}
+                  "error_message": None, "is_optimal": trial == best,
+                  "run": summaries[0]["version"]}   # which tuning run: its first version
         _record(con, plan, summary["version"], record)
         rows.append({"trial_id": trial, "version": summary["version"], "val_metric": summary["val_metric"],
                      "is_optimal": trial == best})

@@ -8,6 +8,7 @@ or type is refused, naming it, before anything trains.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 from sqlglot import exp
@@ -263,6 +264,9 @@ def plan(con, tree: exp.Create) -> dict:
     options, transform = given_options(tree)
     kind, arch, task = model_kind(name, options)
     check_options(name, kind, arch, options)
+    if arch in TREES and importlib.util.find_spec("lightgbm") is None:
+        raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: model_type {kind} needs LightGBM, which is not "
+                              f"installed; pip install 'dbml[trees]'")
     trials = int(options.get("num_trials", 0) or 0)
     given = tuning.given_spaces(options)
     if given and not trials:

@@ -37,7 +37,10 @@ class Model:
     def __init__(self, con, node, fn: str, trial: int | None = None):
         self.name = model_name(node.this)
         version = store.latest(con, self.name, fn)
-        trials = store.trials(con, self.name) if store.info(con, self.name, version).get("trial") else []
+        latest = store.info(con, self.name, version).get("trial")
+        # the trials of the latest tuning run (an earlier CREATE OR REPLACE had its own)
+        trials = [(v, t) for v, t in store.trials(con, self.name) if t.get("run") == latest.get("run")] \
+            if latest else []
         if trials:
             chosen = [v for v, t in trials if (t["trial_id"] == trial if trial is not None else t["is_optimal"])]
             if not chosen:
@@ -337,7 +340,7 @@ def _centroids(con, node, outer, model: Model) -> pa.Table:
 def _trial_info(con, node, outer, model: Model) -> pa.Table:
     if not model.trials:
         raise InvalidArgument(f"BigQuery ML: ML.TRIAL_INFO is for models created with num_trials; {model.name} has none")
-    return pa.Table.from_pylist([t for _, t in model.trials])
+    return pa.Table.from_pylist([{k: v for k, v in t.items() if k != "run"} for _, t in model.trials])
 
 
 HANDLERS = {"PREDICT": _predict, "EVALUATE": _evaluate, "TRAINING_INFO": _training_info,
@@ -353,9 +356,8 @@ def rewrite(con, tree: exp.Expression) -> exp.Expression:
         if name not in HANDLERS:
             raise InvalidArgument(f"BigQuery ML: ML.{name} is not supported in dbml; supported: "
                                   f"{', '.join('ML.' + n for n in HANDLERS)}")
-        trial = None
-        if name == "PREDICT" and len(node.expressions) > 1:
-            trial = settings(node.expressions[1], "ML.PREDICT").get("trial_id")
+        structs = [a for a in node.expressions if isinstance(a, exp.Struct)]
+        trial = settings(structs[-1], f"ML.{name}").get("trial_id") if structs else None
         model = Model(con, node, f"ML.{name}", trial)
         table_ = HANDLERS[name](con, node, tree, model)
         view = f"__dbml_ml_{next(_NAMES)}"
