@@ -51,6 +51,9 @@ class Model:
         self.params = json.loads(con.execute(f"SELECT params FROM {catalog.MODELS} WHERE uid = ?",
                                              [self.stored.uid]).fetchall()[0][0])
         self.prep = self.stored.preprocessing
+        if self.prep.input is not None:
+            raise InvalidArgument(f"BigQuery ML: {fn}: model {self.name} takes {self.prep.input.kind} input; "
+                                  f"BigQuery ML's functions take tabular models (use predictions() or evaluate())")
         self.info = store.info(con, self.name, version)
         self.is_kmeans = self.stored.config.arch == "kmeans"
         self.classes = list(self.prep.classes) if self.prep.task == "classification" else []

@@ -14,7 +14,6 @@ returns); ``distances`` the distance to every centroid.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 
