@@ -16,7 +16,10 @@ Ledger rules (bytes of ``seq.tensors[t].nbytes``):
    tensor written in place (``Liveness.in_place``: its old tensor is not read after
    this op) takes the old tensor's storage: + new - old (zero for equal sizes).
 3. RECOMPUTE start (the stall's start): + every output of the generating op; at the
-   stall's end - the outputs other than the recomputed tensor.
+   stall's end - the outputs other than the recomputed tensor. A chain (``via``): the
+   stall runs the generating op of each tensor in ``via``, then the tensor's, and adds
+   every output of every one of them at its start; at its end it removes all but the
+   recomputed tensor (``recompute_ops``, ``stall_latency``).
 4. SWAP_IN: + at the copy's *start* (the destination is allocated then). The paper
    counts it at the copy's end; that is optimistic and a ledger would exceed it.
 5. SWAP_OUT: - at the copy's end (start + nbytes / copy_bandwidth), or, if later, at
@@ -315,7 +318,6 @@ class _Steps:
 def _compute_steps(seq, recomputes, static, arrays) -> _Steps:
     """Effective op times with recompute stalls and planned waits (rule 7), and the
     stalls' ledger changes."""
-    live = analyse_liveness(seq)
     n = len(seq.ops)
     by_before: dict[int, list[Event]] = {}
     for e in recomputes:
@@ -326,7 +328,7 @@ def _compute_steps(seq, recomputes, static, arrays) -> _Steps:
     stall = np.zeros(n)
     count = np.zeros(n, dtype=np.int64)
     for b, es in by_before.items():
-        stall[b] = sum(seq.ops[live.gen[e.tensor]].latency for e in es)
+        stall[b] = sum(stall_latency(seq, e) for e in es)
         count[b] = len(es)
     shift = np.cumsum(stall)
     op_start, op_end = static.op_start + shift, static.op_end + shift
@@ -345,12 +347,24 @@ def _compute_steps(seq, recomputes, static, arrays) -> _Steps:
     for b, es in by_before.items():
         t0 = float(op_entry[b])
         for m, e in enumerate(es):
-            g = seq.ops[live.gen[e.tensor]]
+            outs = [o for g in recompute_ops(seq, e) for o in seq.ops[g].outputs]
             s = op_step[b] - len(es) + m
-            rows += [(t0, start_rank(s), seq.tensors[o].nbytes, o) for o in g.outputs]
-            t0 += g.latency
-            rows += [(t0, end_rank(s), -seq.tensors[o].nbytes, o) for o in g.outputs if o != e.tensor]
+            rows += [(t0, start_rank(s), seq.tensors[o].nbytes, o) for o in outs]
+            t0 += stall_latency(seq, e)
+            rows += [(t0, end_rank(s), -seq.tensors[o].nbytes, o) for o in outs if o != e.tensor]
     return _Steps(op_entry, op_start, op_end, op_step, _arrays(rows), waited)
+
+
+def recompute_ops(seq: AccessSequence, e: Event) -> list[int]:
+    """The ops a RECOMPUTE re-runs, in order: the generating op of each tensor of its
+    chain (``via``), then the tensor's."""
+    live = analyse_liveness(seq)
+    return [live.gen[t] for t in (*e.via, e.tensor)]
+
+
+def stall_latency(seq: AccessSequence, e: Event) -> float:
+    """The seconds a RECOMPUTE stalls the compute channel: its ops' latencies."""
+    return sum(seq.ops[g].latency for g in recompute_ops(seq, e))
 
 
 WAIT_TOL = 1e-12   # seconds: a copy ending this little after its op's start is on time (rounding)
