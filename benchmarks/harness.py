@@ -35,6 +35,7 @@ import torch
 from . import emulate
 from .multi import concurrent_rows, make_jobs
 from .single import ALL_METHODS, Context, run_single
+from .methods import SPEC, loss_fn
 from .workloads import QUICK, WORKLOADS, workload
 
 __all__ = ["main", "run", "parser", "RESULTS"]
@@ -190,10 +191,14 @@ def run(args) -> dict:
             rows += r
             results["timelines"].update(t)
             for p in profiles:
-                ctx.emulate, ctx.bandwidth = p, emulate.emulated_bandwidth(p)
-                results["emulation"][p.name] = {"bandwidth": ctx.bandwidth, "profile": p.source,
-                                                "cpu_flops": ctx.bandwidth * p.flops / p.pcie}
-                log(f"{w.name}: emulated {p.name} (copies at {ctx.bandwidth / 1e6:.0f} MB/s)")
+                t_gpu, t_cpu = _iteration_times(w, p, threads)
+                ctx.emulate, ctx.bandwidth = p, emulate.emulated_bandwidth(p, t_gpu, t_cpu)
+                results["emulation"].setdefault(p.name, {"profile": p.source, "efficiency": p.efficiency,
+                                                         "launch": p.launch, "workloads": {}})
+                results["emulation"][p.name]["workloads"][w.name] = {
+                    "bandwidth": ctx.bandwidth, "gpu_iteration_s": t_gpu, "cpu_iteration_s": t_cpu}
+                log(f"{w.name}: emulated {p.name} (copies at {ctx.bandwidth / 1e6:.0f} MB/s: an iteration "
+                    f"{t_gpu * 1e3:.2f} ms there, {t_cpu * 1e3:.0f} ms here)")
                 r, t = run_single(w, ctx, mode=f"emulated:{p.name}", methods=methods)
                 rows += r + unaffected(rows, w.name, f"emulated:{p.name}")
                 results["timelines"].update(t)
@@ -215,6 +220,27 @@ def run(args) -> dict:
     results["load_average"]["after"] = list(os.getloadavg())
     results["seconds"] = time.time() - started
     return results
+
+
+def _iteration_times(w, p, threads: int) -> tuple[float, float]:
+    """(seconds of one iteration on ``p``'s GPU by its achieved roofline, on this CPU by
+    eager PyTorch, the least of 5 after a warm-up: the machine's own speed, as little of
+    other processes' load as can be): the emulated bandwidth's ratio."""
+    import copy
+
+    from dbml.scheduler.execute.step import EagerStep
+    from dbml.scheduler.graph.graphs import GraphCache
+    model = w.model()
+    x, y = w.batch_tensors()
+    captured = GraphCache(copy.deepcopy(model), loss_fn, SPEC, job="emulate", share=(w.name, int(x.shape[0]))).get(x, y)
+    runner = EagerStep(model, loss_fn, SPEC, measured_steps=0)
+    runner.step(x, y)
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        runner.step(x, y)
+        times.append(time.perf_counter() - t0)
+    return emulate.gpu_iteration_seconds(p, captured.graph), min(times)
 
 
 def _fastpath(quick: bool, log) -> list[dict]:
