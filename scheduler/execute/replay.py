@@ -14,6 +14,8 @@ import torch
 
 from ..errors import ExecutionError
 from ..graph.access import replayable
+from ..graph.sequence import Event, EventKind
+from ..plan.rules import recompute_outputs
 from .devices import as_view, storage_bytes
 from .iteration import IterationLedger, IterationState
 from .program import MULTI, Program
@@ -46,8 +48,8 @@ class Replay:
             for s in prog.inputs[g]:
                 if s not in made and not it.res[s]:
                     fetch(s, before)
-        outs = {s for u in chain for s in prog.outputs[prog.gen[u]]}
-        need = sum(prog.nbytes[s] for s in outs)
+        outs = recompute_outputs(prog.seq, Event(before - 1, 0.0, EventKind.RECOMPUTE, sid, before, tuple(via)))
+        need = sum(prog.nbytes[s] for s in outs)   # rule 3, owned by plan/rules.py
         room(need, before, prog.inputs[prog.gen[sid]])
         self.ledger.alloc(need)
         with torch.no_grad():

@@ -63,6 +63,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .liveness import analyse_liveness
+from .rules import op_changes, recompute_outputs, stall_latency
 from ..graph.sequence import EVENT_ORDER, EVENT_RANK, AccessSequence, Event, EventKind
 
 PeakKey = tuple[float, float]   # (time, rank) of a change point: where the peak is
@@ -221,14 +222,8 @@ class Static:
 
 
 def static_ledger(seq: AccessSequence) -> Static:
-    live = analyse_liveness(seq)
     nbytes = np.array([t.nbytes for t in seq.tensors], dtype=np.int64)
-    rows = []
-    for op in seq.ops:
-        for t in op.outputs:
-            rows.append((op.index, nbytes[t], t))
-            if t in live.in_place:
-                rows.append((op.index, -nbytes[live.in_place[t]], live.in_place[t]))
+    rows = [(k, d, t) for k, changes in enumerate(op_changes(seq)) for t, d in changes]   # rule 2: rules.py
     op_i, delta, tensor = (np.array(c, dtype=np.int64) for c in zip(*rows)) if rows else [np.zeros(0, np.int64)] * 3
     return Static(nbytes, np.array([op.start for op in seq.ops], dtype=float),
                   np.array([op.end for op in seq.ops], dtype=float), op_i, delta, tensor,
@@ -279,9 +274,9 @@ def build_timeline(seq: AccessSequence, events: tuple[Event, ...], static: Stati
     arrays = event_arrays(seq, events) if arrays is None else arrays
     steps = _compute_steps(seq, recomputes, static, arrays)
     op_start, op_end, op_step = steps.op_start, steps.op_end, steps.op_step
-    op_changes = (op_start[static.change_op], start_rank(op_step[static.change_op]),
-                  static.change_delta, static.change_tensor)
-    changes = [steps.stall_changes, _initial_change(seq, on_host, static), op_changes,
+    op_starts = (op_start[static.change_op], start_rank(op_step[static.change_op]),
+                 static.change_delta, static.change_tensor)
+    changes = [steps.stall_changes, _initial_change(seq, on_host, static), op_starts,
                _event_changes(seq, arrays, op_end, op_step, static.nbytes, steps.op_entry)]
     times, ranks, deltas, tensors = (np.concatenate(c) for c in zip(*changes))
     order = np.lexsort((deltas, ranks, times))  # simultaneous changes: frees first
@@ -347,24 +342,12 @@ def _compute_steps(seq, recomputes, static, arrays) -> _Steps:
     for b, es in by_before.items():
         t0 = float(op_entry[b])
         for m, e in enumerate(es):
-            outs = [o for g in recompute_ops(seq, e) for o in seq.ops[g].outputs]
+            outs = recompute_outputs(seq, e)
             s = op_step[b] - len(es) + m
             rows += [(t0, start_rank(s), seq.tensors[o].nbytes, o) for o in outs]
             t0 += stall_latency(seq, e)
             rows += [(t0, end_rank(s), -seq.tensors[o].nbytes, o) for o in outs if o != e.tensor]
     return _Steps(op_entry, op_start, op_end, op_step, _arrays(rows), waited)
-
-
-def recompute_ops(seq: AccessSequence, e: Event) -> list[int]:
-    """The ops a RECOMPUTE re-runs, in order: the generating op of each tensor of its
-    chain (``via``), then the tensor's."""
-    live = analyse_liveness(seq)
-    return [live.gen[t] for t in (*e.via, e.tensor)]
-
-
-def stall_latency(seq: AccessSequence, e: Event) -> float:
-    """The seconds a RECOMPUTE stalls the compute channel: its ops' latencies."""
-    return sum(seq.ops[g].latency for g in recompute_ops(seq, e))
 
 
 WAIT_TOL = 1e-12   # seconds: a copy ending this little after its op's start is on time (rounding)

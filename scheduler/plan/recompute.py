@@ -56,7 +56,8 @@ def recompute_sources(state: PlanState, t: int, b: int, chain: int) -> tuple[lis
         if where == _RESIDENT:
             pins.extend(gaps)
             return True
-        if where == _BLOCKED or len(via) >= chain or not state.recomputable[u]:
+        if where == _BLOCKED or len(via) >= chain or not state.recomputable[u] or \
+                state.live.gen[u] in {state.live.gen[v] for v in (*via, t)}:   # each op of a chain runs once
             return False
         if not all(ready(v) for v in state.seq.ops[state.live.gen[u]].inputs):
             return False

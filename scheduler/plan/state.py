@@ -20,7 +20,8 @@ from .channel import TOL, Channel
 from .gaps import CROSS, PINNED, RECOMPUTED, SWAPPED, GapKeys, Gaps, find_gaps, gap_keys
 from .liveness import Liveness, analyse_liveness, release_events
 from .peak import (FIRST, START_RANK, PeakKey, Timeline, analyse_peak, build_timeline, event_arrays,
-                   event_rank, event_time, host_at_start, op_at, stall_latency, static_ledger)
+                   event_rank, event_time, host_at_start, op_at, static_ledger)
+from .rules import stall_latency
 from ..errors import PlanningError
 from ..graph.sequence import AccessSequence, Event, EventKind, Plan, event_order
 
