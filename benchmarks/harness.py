@@ -70,12 +70,36 @@ def parser() -> argparse.ArgumentParser:
 
 
 def latency_model(threads: int):
+    """The latency model every method plans with, frozen per op (``FrozenLatency``)."""
     from dbml.scheduler.latency.estimate import RooflineModel
     from dbml.scheduler.latency.predictor import load_predictor
     predictor = load_predictor("cpu", threads=threads)
     if predictor is not None:
-        return predictor, "predictor"
-    return RooflineModel(), "roofline (no predictor for this thread count: python -m dbml install --threads N)"
+        return FrozenLatency(predictor), "predictor"
+    return FrozenLatency(RooflineModel()), \
+        "roofline (no predictor for this thread count: python -m dbml install --threads N)"
+
+
+class FrozenLatency:
+    """A latency model whose every op is predicted once: the predictor reads the machine's
+    load, so two plans of one graph (a probe for the smallest budget, a row at a budget)
+    could see different latencies, and a budget found feasible fail a moment later. Frozen,
+    every method of a workload plans from the same latencies, and the smallest feasible
+    budget is monotone: no budget below it plans."""
+
+    def __init__(self, base):
+        import weakref
+        self.base = base
+        self._cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # graph -> node name -> s
+
+    def predict(self, node) -> float:
+        per_graph = self._cache.setdefault(node.graph, {})
+        if node.name not in per_graph:
+            per_graph[node.name] = self.base.predict(node)
+        return per_graph[node.name]
+
+    def __getattr__(self, name):   # anything else the model offers (a predictor's report, its machine)
+        return getattr(self.base, name)
 
 
 def machine() -> dict:
