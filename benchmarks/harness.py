@@ -42,7 +42,7 @@ __all__ = ["main", "run", "parser", "RESULTS"]
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BATCH_METHODS = ("eager", "dbml-tensile@50%", "checkpoint", "offload")
-SECTIONS = ("single", "coldstart", "planning", "concurrent", "mixed", "batch", "latency", "fastpath")
+SECTIONS = ("single", "coldstart", "planning", "concurrent", "mixed", "batch", "latency", "fastpath", "inference")
 NOT_QUICK = ("latency",)   # held-out calibrations: half an hour
 
 
@@ -232,6 +232,12 @@ def run(args) -> dict:
     _multi(args, sections, ctx, rows, log)
     if "fastpath" in sections:
         rows += _fastpath(args.quick, log)
+    if "inference" in sections:
+        from . import infer
+        for w in ws:
+            log(f"inference: {w.name}, {infer.ROWS} rows, eager no_grad against dbml at {infer.BUDGET:.0%} of its "
+                f"activations")
+            rows += infer.rows_for(w, iters)
     if "latency" in sections:
         rows += _latency(names, iters, log)
     if "batch" in sections:
