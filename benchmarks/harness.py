@@ -35,13 +35,14 @@ import torch
 from . import emulate
 from .multi import concurrent_rows, make_jobs
 from .single import ALL_METHODS, Context, run_single
+from .methods import SPEC, loss_fn
 from .workloads import QUICK, WORKLOADS, workload
 
 __all__ = ["main", "run", "parser", "RESULTS"]
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BATCH_METHODS = ("eager", "dbml-tensile@50%", "checkpoint", "offload")
-SECTIONS = ("single", "coldstart", "planning", "concurrent", "mixed", "batch", "latency", "fastpath")
+SECTIONS = ("single", "coldstart", "planning", "concurrent", "mixed", "batch", "latency", "fastpath", "inference")
 NOT_QUICK = ("latency",)   # held-out calibrations: half an hour
 
 
@@ -69,12 +70,36 @@ def parser() -> argparse.ArgumentParser:
 
 
 def latency_model(threads: int):
+    """The latency model every method plans with, frozen per op (``FrozenLatency``)."""
     from dbml.scheduler.latency.estimate import RooflineModel
     from dbml.scheduler.latency.predictor import load_predictor
     predictor = load_predictor("cpu", threads=threads)
     if predictor is not None:
-        return predictor, "predictor"
-    return RooflineModel(), "roofline (no predictor for this thread count: python -m dbml install --threads N)"
+        return FrozenLatency(predictor), "predictor"
+    return FrozenLatency(RooflineModel()), \
+        "roofline (no predictor for this thread count: python -m dbml install --threads N)"
+
+
+class FrozenLatency:
+    """A latency model whose every op is predicted once: the predictor reads the machine's
+    load, so two plans of one graph (a probe for the smallest budget, a row at a budget)
+    could see different latencies, and a budget found feasible fail a moment later. Frozen,
+    every method of a workload plans from the same latencies, and the smallest feasible
+    budget is monotone: no budget below it plans."""
+
+    def __init__(self, base):
+        import weakref
+        self.base = base
+        self._cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # graph -> node name -> s
+
+    def predict(self, node) -> float:
+        per_graph = self._cache.setdefault(node.graph, {})
+        if node.name not in per_graph:
+            per_graph[node.name] = self.base.predict(node)
+        return per_graph[node.name]
+
+    def __getattr__(self, name):   # anything else the model offers (a predictor's report, its machine)
+        return getattr(self.base, name)
 
 
 def machine() -> dict:
@@ -190,10 +215,14 @@ def run(args) -> dict:
             rows += r
             results["timelines"].update(t)
             for p in profiles:
-                ctx.emulate, ctx.bandwidth = p, emulate.emulated_bandwidth(p)
-                results["emulation"][p.name] = {"bandwidth": ctx.bandwidth, "profile": p.source,
-                                                "cpu_flops": ctx.bandwidth * p.flops / p.pcie}
-                log(f"{w.name}: emulated {p.name} (copies at {ctx.bandwidth / 1e6:.0f} MB/s)")
+                t_gpu, t_cpu = _iteration_times(w, p, threads)
+                ctx.emulate, ctx.bandwidth = p, emulate.emulated_bandwidth(p, t_gpu, t_cpu)
+                results["emulation"].setdefault(p.name, {"profile": p.source, "efficiency": p.efficiency,
+                                                         "launch": p.launch, "workloads": {}})
+                results["emulation"][p.name]["workloads"][w.name] = {
+                    "bandwidth": ctx.bandwidth, "gpu_iteration_s": t_gpu, "cpu_iteration_s": t_cpu}
+                log(f"{w.name}: emulated {p.name} (copies at {ctx.bandwidth / 1e6:.0f} MB/s: an iteration "
+                    f"{t_gpu * 1e3:.2f} ms there, {t_cpu * 1e3:.0f} ms here)")
                 r, t = run_single(w, ctx, mode=f"emulated:{p.name}", methods=methods)
                 rows += r + unaffected(rows, w.name, f"emulated:{p.name}")
                 results["timelines"].update(t)
@@ -203,6 +232,12 @@ def run(args) -> dict:
     _multi(args, sections, ctx, rows, log)
     if "fastpath" in sections:
         rows += _fastpath(args.quick, log)
+    if "inference" in sections:
+        from . import infer
+        for w in ws:
+            log(f"inference: {w.name}, {infer.ROWS} rows, eager no_grad against dbml at {infer.BUDGET:.0%} of its "
+                f"activations")
+            rows += infer.rows_for(w, iters)
     if "latency" in sections:
         rows += _latency(names, iters, log)
     if "batch" in sections:
@@ -215,6 +250,27 @@ def run(args) -> dict:
     results["load_average"]["after"] = list(os.getloadavg())
     results["seconds"] = time.time() - started
     return results
+
+
+def _iteration_times(w, p, threads: int) -> tuple[float, float]:
+    """(seconds of one iteration on ``p``'s GPU by its achieved roofline, on this CPU by
+    eager PyTorch, the least of 5 after a warm-up: the machine's own speed, as little of
+    other processes' load as can be): the emulated bandwidth's ratio."""
+    import copy
+
+    from dbml.scheduler.execute.step import EagerStep
+    from dbml.scheduler.graph.graphs import GraphCache
+    model = w.model()
+    x, y = w.batch_tensors()
+    captured = GraphCache(copy.deepcopy(model), loss_fn, SPEC, job="emulate", share=(w.name, int(x.shape[0]))).get(x, y)
+    runner = EagerStep(model, loss_fn, SPEC, measured_steps=0)
+    runner.step(x, y)
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        runner.step(x, y)
+        times.append(time.perf_counter() - t0)
+    return emulate.gpu_iteration_seconds(p, captured.graph), min(times)
 
 
 def _fastpath(quick: bool, log) -> list[dict]:

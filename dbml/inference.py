@@ -22,6 +22,7 @@ from . import catalog, metrics
 from .data import BatchStream
 from .errors import InvalidArgument
 from .features import Preprocessing
+from .forward_memory import rows_within
 from .source import as_select, describe, quote, resolve_column, value_sql
 
 
@@ -78,11 +79,26 @@ class ModelCache:
 
 
 def forward(model: catalog.StoredModel, x: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """Raw model outputs for encoded features (or an input encoder's tensor), without autograd."""
+    """Raw model outputs for encoded features (or an input encoder's tensor), without
+    autograd, in chunks of as many rows as the memory budget holds (``forward_memory``)."""
     if not (isinstance(x, torch.Tensor) and x.dtype == torch.int64):   # token ids stay integers
         x = torch.as_tensor(x, dtype=torch.float32)
+    # the whole input and the outputs of every row are held beside a chunk's pass
+    held = x.numel() * x.element_size() + len(x) * model.config.outputs * 4
+    rows = rows_within(model.config, inference_budget(), held=held)
     with torch.no_grad():
-        return model.module(x)
+        if len(x) <= rows:
+            return model.module(x)
+        return torch.cat([model.module(x[i:i + rows]) for i in range(0, len(x), rows)])
+
+
+def inference_budget() -> int:
+    """The memory a forward pass may use: the CPU's shared training budget in force (the
+    ``memory_budget`` a running job holds), else the CPU's default."""
+    from .scheduler.multijob.registry import existing_scheduler
+    from .settings import default_budget
+    scheduler = existing_scheduler("cpu")
+    return scheduler.budget_bytes if scheduler is not None else default_budget("cpu")
 
 
 # The table form's forward pass per input: the SQL type its column is passed as to dbml_infer*.

@@ -23,6 +23,7 @@ from ..graph.access import op_nodes, output_nodes
 from ..graph.capture import HIDDEN_MUTATIONS, CapturedStep
 from ..graph.sequence import AccessSequence
 from ..plan.liveness import analyse_liveness
+from ..plan.rules import op_added_bytes
 
 __all__ = ["Program", "Alias", "Reuse", "PLAIN", "MULTI", "SKIP", "SPECIAL", "call_source"]
 
@@ -229,9 +230,7 @@ class Program:
                 self.kind[k] = SPECIAL
         self.req = [tuple(self.inputs[k]) + tuple(o for _, o in [self.in_place[k]] if o not in self.inputs[k])
                     if k in self.in_place else tuple(self.inputs[k]) for k in range(len(self.op_nodes))]
-        self.add_bytes = [sum(self.nbytes[s] for s in self.outputs[k])
-                          - (self.nbytes[self.in_place[k][1]] if k in self.in_place else 0)
-                          for k in range(len(self.op_nodes))]
+        self.add_bytes = op_added_bytes(self.seq)   # rule 2, owned by plan/rules.py
 
     def _compile_reuse(self, pos, ns) -> None:
         """Pointwise ops may write into a released buffer of the same size (the executor's

@@ -311,6 +311,9 @@ class ScheduledStep:
                              f"known: {list(self._graphs)}")
         if plan.job != self.job:
             raise ValueError(f"offer_plan(): the plan is for job {plan.job!r}, this runner runs {self.job!r}")
+        if self.budget_bytes is not None and plan.peak_bytes > self.budget_bytes:
+            raise ValueError(f"offer_plan(): the plan peaks at {plan.peak_bytes} bytes, over the runner's budget "
+                             f"of {self.budget_bytes}: a budget is a limit")
         g = self._graphs[signature]
         self._offer(g, plan, seq if seq is not None else g.seq)
 
