@@ -208,8 +208,9 @@ def test_auto_picks_per_input_kind():
 
 def test_unknown_arch_lists_the_builtins_and_how_to_register():
     with pytest.raises(InvalidArgument, match=r"^train\(\): unknown arch 'resnet81' \(did you mean 'resnet18'\?\); "
-                                              r"pass arch := one of 'auto', 'linear', 'mlp', .*'tcn', or register "
-                                              r"your own with dbml\.register_model\(name, factory\)$"):
+                                              r"pass arch := one of 'auto', 'linear', 'mlp', .*'tcn', 'dnn', "
+                                              r"'boosted_tree', 'random_forest', 'kmeans', or register "
+                                              r"your own with dbml\.register_model\(name, factory\)$"):   # dbml/kinds/
         arch("resnet81")
     with pytest.raises(InvalidArgument, match=r"^predict\(\): unknown arch 'zz'; "):
         build("zz", TAB, 2, fn="predict")
@@ -237,7 +238,7 @@ def test_option_errors_name_the_option_the_arch_and_the_allowed_ones():
 def test_an_arch_refuses_inputs_of_another_kind():
     with pytest.raises(InvalidArgument, match=r"^train\(\): arch 'resnet18' takes image inputs; the source gives tabular "
                                               r"columns; pass arch := 'auto' or one of 'linear', 'mlp', 'resnet_tabular', "
-                                              r"'ft_transformer'$"):
+                                              r"'ft_transformer', 'dnn', 'boosted_tree', 'random_forest', 'kmeans'$"):
         build("resnet18", TAB, 2)
     with pytest.raises(InvalidArgument, match=r"needs images of at least 8x8 pixels, got 4x4"):
         build("cnn", Inputs("image", shape=(1, 4, 4)), 2)
