@@ -19,11 +19,11 @@ import duckdb
 from . import settings as _settings
 from .errors import (CatalogError, DbmlError, Interrupted, InvalidArgument, ModelNotFound, SourceError,
                      TrainingError)
-from .api import drop_model, evaluate, list_jobs, predictions, train
+from .api import drop_model, evaluate, list_jobs, predictions, train, tune
 from .zoo import register_model, unregister_model
 
 __version__ = "0.1.0"
-__all__ = ["connect", "install", "execute", "export_model", "train", "predictions", "evaluate", "drop_model",
+__all__ = ["connect", "install", "execute", "export_model", "train", "tune", "predictions", "evaluate", "drop_model",
            "list_jobs", "Connection", "DbmlError", "InvalidArgument", "SourceError", "ModelNotFound",
            "TrainingError", "CatalogError", "Interrupted", "register_model", "unregister_model"]
 
@@ -130,14 +130,19 @@ def install(con: duckdb.DuckDBPyConnection | Connection, **settings) -> Connecti
 
 
 def _install_sql(con: duckdb.DuckDBPyConnection, read_only: bool) -> None:
-    """Run ``sql/`` and the generated ``train`` macro on one connection or cursor: TEMP macros
+    """Run ``sql/``, the generated ``train`` and ``tune`` macros and the ``dbml_trials`` view
+    (``dbml.trials.view_sql``) on one connection or cursor: TEMP macros
     and views are per connection, UDFs and the catalog per database."""
     from .spec import train_macro_sql
+    from .trials import view_sql
+    from .tunespec import tune_macro_sql
 
     for sql in sorted(resources.files("dbml.sql").iterdir(), key=lambda p: p.name):
         if sql.name.endswith(".sql") and not (read_only and sql.name in _WRITING_SQL):
             con.execute(sql.read_text())
     con.execute(train_macro_sql())
+    con.execute(tune_macro_sql())
+    con.execute(view_sql(con))
 
 
 def __getattr__(name: str):
