@@ -88,5 +88,5 @@ def importances(con, model: str) -> dict[str, float]:
     study.add_trials([frozen(r) for r in finished])
     try:
         return dict(optuna.importance.get_param_importances(study))
-    except (RuntimeError, ValueError):   # e.g. every finished trial drew the same values
+    except (RuntimeError, ValueError, ImportError):   # same values in every trial; an evaluator's package missing
         return {}
