@@ -120,6 +120,8 @@ class Search:
             self._stop()
             version = self._store_best()
             raise Interrupted(self._interrupted(version))
+        if self.trials and all(t.status == "infeasible" for t in self.trials):
+            self._abort_infeasible(min(self.trials, key=lambda t: t.job.exception.min_budget))
 
     def _start(self) -> None:
         import optuna
@@ -135,7 +137,9 @@ class Search:
     def _plan(self, stored: list[dict]) -> int:
         """Enqueue what the sampler must try first; how many trials this call runs."""
         space, feasible = self.request.space, any(r["status"] in ("finished", "pruned") for r in stored)
-        self.probe = not feasible   # the first trial then tells whether any fits (self.corner)
+        # the first trial then tells whether any fits (self.corner); an arch drawn from the space
+        # has no smallest, and only a search whose every trial is infeasible tells
+        self.probe = not feasible and "arch" not in space.names()
         if self.request.sampler == "grid":
             tried = [r["params"] for r in stored if r["status"] != "running"]
             points = [p for p in space.grid() if p not in tried]
@@ -285,8 +289,10 @@ class Search:
             t.job.wait(STOP_S)
         store.delete(self.cur, self.model, [t.number for t in self.trials])
         corner = ", ".join(f"{k} {json.dumps(v)}" for k, v in self.request.space.corner().items())
-        raise BudgetTooSmall(f"tune(): even the space's smallest trial ({corner}) fits no plan in the memory budget; "
-                             f"nothing was stored: {trial.job.error}", trial.job.exception.min_budget)
+        which = ("no trial fits a plan" if trial.number != self.corner else
+                 f"even the space's smallest trial ({corner}) fits no plan" if corner else "the trials fit no plan")
+        raise BudgetTooSmall(f"tune(): {which} in the memory budget; nothing was stored: {trial.job.error}",
+                             trial.job.exception.min_budget)
 
     def _stop(self) -> None:
         """After an interrupt: wait for the running trials to stop (a second Ctrl-C stops waiting)."""

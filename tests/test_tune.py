@@ -183,6 +183,13 @@ def test_a_budget_too_small_for_the_smallest_trial_stops_the_search_storing_noth
         tune(db)
     assert db.execute("SELECT (SELECT count(*) FROM dbml_trials), (SELECT count(*) FROM dbml_models), "
                       "(SELECT count(*) FROM dbml_jobs)").fetchall() == [(0, 0, 1)]
+    # an arch drawn from the space has no smallest: every trial runs, and all of them failing tells
+    db.execute("SET VARIABLE dbml_memory_budget = '100B'")
+    with pytest.raises(duckdb.Error, match=r"tune\(\): no trial fits a plan in the memory budget; nothing was "
+                                           r"stored: train\(\): memory_budget"):
+        tune(db, {"arch": {"choice": ["mlp", "linear"]}}, FIXED.replace("arch := 'mlp', ", ""), trials=2)
+    assert db.execute("SELECT (SELECT count(*) FROM dbml_trials), (SELECT count(*) FROM dbml_jobs)").fetchall() \
+        == [(0, 3)]
 
 
 def test_an_interrupt_stops_the_search_and_keeps_the_ended_trials(db):
@@ -246,3 +253,31 @@ def test_an_older_database_opened_read_only_has_an_empty_dbml_trials(tmp_path):
         assert con.execute("SELECT count(*) FROM dbml_trials").fetchall() == [(0,)]
     with dbml.connect(path) as con:                    # opened writable, it gains the table
         assert con.execute("SELECT count(*) FROM dbml.trials").fetchall() == [(0,)]
+
+
+def test_runner_values_read_weights_on_the_host_without_moving_them():
+    """What a per-epoch validation reads mid-training (StepRunner.values): the weights of the
+    moment, though the plan keeps some on the host between iterations, and nothing moves."""
+    import copy
+
+    from dbml.scheduler import OptimizerSpec
+    from dbml.scheduler.execute.runner import ScheduledStep
+    from dbml.scheduler.execute.step import EagerStep
+    from helpers import batches, deep_narrow, loss_fn, state_of
+
+    spec, data = OptimizerSpec("sgd", lr=0.1), batches(4, 32, (64,))
+    torch.manual_seed(0)
+    model = deep_narrow()
+    eager, scheduled = EagerStep(copy.deepcopy(model), loss_fn, spec), None
+    budget = int(sum(p.numel() * 4 for p in model.parameters()) * 2 * 0.9)
+    scheduled = ScheduledStep(copy.deepcopy(model), loss_fn, spec, budget_bytes=budget)
+    for x, y in data[:2]:
+        eager.step(x, y), scheduled.step(x, y)
+    on_host = dict(scheduled.state.host)
+    assert on_host, "some state should be on the host between iterations"
+    assert all(torch.equal(a, b) for a, b in zip(scheduled.values(), eager.values(), strict=True))
+    assert scheduled.state.host.keys() == on_host.keys() and all(scheduled.state.host[k] is v for k, v in on_host.items())
+    for x, y in data[2:]:
+        eager.step(x, y), scheduled.step(x, y)
+    scheduled.finish()
+    assert all(torch.equal(a, b) for a, b in zip(state_of(scheduled.model), state_of(eager.model)))
