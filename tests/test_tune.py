@@ -281,3 +281,9 @@ def test_runner_values_read_weights_on_the_host_without_moving_them():
         eager.step(x, y), scheduled.step(x, y)
     scheduled.finish()
     assert all(torch.equal(a, b) for a, b in zip(state_of(scheduled.model), state_of(eager.model)))
+
+
+def test_the_bench_estimates_a_peer_peak_from_its_trials_overlap():
+    from dbml.bench.tune import _concurrent_peak
+    assert _concurrent_peak([(0, 10, 5), (2, 4, 3), (4, 6, 7), (11, 12, 100)]) == 100
+    assert _concurrent_peak([(0, 10, 5), (2, 5, 3), (4, 6, 7)]) == 15
