@@ -8,6 +8,8 @@ compare), objective ``val_loss``.
 * ``serial``: ``tune(parallel := 1)``, one trial at a time;
 * ``packed``: ``tune()`` with ``parallel`` left to admission, under the device budget;
 * ``packed+median``: the same with the median pruner (fewer epochs, not the same models);
+* ``packed-by-admission``: packed with admission alone deciding (``search.PACK_WITHOUT_SWAPS``
+  off): trials are added while none waits for memory, the joint plan swapping to fit them;
 * ``unscheduled``: the trials as ``policy := 'none'`` jobs (release after last use, no plan,
   no admission), ``parallel`` of them at once: what packing without a scheduler does to
   the same budget;
@@ -30,6 +32,7 @@ import os
 import time
 
 import dbml
+from dbml import search
 from dbml.scheduler.multijob.registry import device_ledger
 
 FEATURES = 16
@@ -68,8 +71,12 @@ def run(quick: bool = False, log=print) -> list[dict]:
                 threads=1, load_average=round(os.getloadavg()[0], 2))
     rows = []
     for method, args in (("serial", dict(parallel=1, pruner="none")), ("packed", dict(pruner="none")),
-                         ("packed+median", dict(pruner="median"))):
-        rows.append({**base, **_search(con, method, space, fixed, args, log)})
+                         ("packed+median", dict(pruner="median")), ("packed-by-admission", dict(pruner="none"))):
+        search.PACK_WITHOUT_SWAPS = method != "packed-by-admission"
+        try:
+            rows.append({**base, **_search(con, method, space, fixed, args, log)})
+        finally:
+            search.PACK_WITHOUT_SWAPS = True
     parallel = max(2, max(r.get("max_concurrent") or 0 for r in rows))
     rows.append({**base, **_search(con, "unscheduled", space, {**fixed, "policy": "none"},
                                    dict(parallel=parallel, pruner="none"), log)})

@@ -25,6 +25,7 @@ import difflib
 import itertools
 import json
 import math
+import random
 from dataclasses import dataclass
 
 from .errors import InvalidArgument
@@ -112,8 +113,9 @@ class Space:
             fields["options"] = json.dumps(options)
         return dataclasses.replace(base, **fields)
 
-    def grid(self) -> list[dict]:
-        """Every point of the space's grid, the smallest in memory (``corner``) first."""
+    def grid(self, seed: int = 0) -> list[dict]:
+        """Every point of the space's grid, the smallest in memory (``corner``) first, the
+        others in an order drawn with ``seed``."""
         axes = [d.points() for d in self.dims]
         size = math.prod(len(a) for a in axes)
         if size > MAX_GRID:
@@ -122,7 +124,11 @@ class Space:
         points = [dict(zip(self.names(), p)) for p in itertools.product(*axes)]
         corner = self.corner()
         first = next(i for i, p in enumerate(points) if all(p[k] == v for k, v in corner.items()))
-        return [points[first]] + points[:first] + points[first + 1:]
+        rest = points[:first] + points[first + 1:]
+        # the others in an order drawn with ``seed`` (as Optuna's GridSampler): a search cut
+        # short, or pruned against the median, sees the whole space, not one corner of it
+        order = random.Random(seed).sample(range(len(rest)), len(rest))
+        return [points[first]] + [rest[i] for i in order]
 
     def corner(self) -> dict:
         """The values of the dimensions that change a trial's memory, each at its smallest
