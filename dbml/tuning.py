@@ -79,7 +79,7 @@ def importances(con, model: str) -> dict[str, float]:
     trials (Optuna's default evaluator), largest first; empty before two have finished."""
     import optuna
 
-    from .search import frozen
+    from .studies import frozen
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     finished = [r for r in store.load(con, model) if r["status"] == "finished"]
     if len(finished) < 2:
