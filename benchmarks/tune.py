@@ -49,7 +49,7 @@ def _table(con, rows: int) -> None:
                 f"FROM (SELECT {cols} FROM range({rows}))")
 
 
-def run(quick: bool = False, log=print) -> list[dict]:
+def run(quick: bool = False, log=print, ray: bool = True) -> list[dict]:
     grid = QUICK_GRID if quick else GRID
     epochs, n_rows = (2, 1000) if quick else (4, 4000)
     trials = len(grid["lr"]) * len(grid["hidden"]) * len(grid["batch_size"])
@@ -80,7 +80,8 @@ def run(quick: bool = False, log=print) -> list[dict]:
     parallel = max(2, max(r.get("max_concurrent") or 0 for r in rows))
     rows.append({**base, **_search(con, "unscheduled", space, {**fixed, "policy": "none"},
                                    dict(parallel=parallel, pruner="none"), log)})
-    rows.append({**base, **_ray(con, grid, fixed, parallel, budget, log)})
+    if ray:
+        rows.append({**base, **_ray(con, grid, fixed, parallel, budget, log)})
     serial = rows[0]["seconds"]
     for r in rows:
         r["speedup_vs_serial"] = serial / r["seconds"] if r.get("seconds") else None
@@ -91,11 +92,13 @@ def run(quick: bool = False, log=print) -> list[dict]:
 def _search(con, method: str, space: dict, fixed: dict, args: dict, log) -> dict:
     """One tune() of the grid as ``method``: its figures, and how many trials held device memory at once."""
     name = f"bench_{method.replace('+', '_')}"
-    counts, stop = [], __import__("threading").Event()
+    counts, peaks, stop = [], [], __import__("threading").Event()
+    ledger = device_ledger("cpu")
 
-    def sample():
+    def sample():   # the ledger's peak is its busy period's: one trial alone starts a new one
         while not stop.wait(0.01):
-            counts.append(sum(b > 0 for b in device_ledger("cpu").accounts().values()))
+            counts.append(sum(b > 0 for b in ledger.accounts().values()))
+            peaks.append(ledger.peak_bytes)
 
     watcher = __import__("threading").Thread(target=sample, daemon=True)
     watcher.start()
@@ -109,7 +112,7 @@ def _search(con, method: str, space: dict, fixed: dict, args: dict, log) -> dict
         seconds = time.perf_counter() - started
         stop.set()
         watcher.join()
-    peak = device_ledger("cpu").peak_bytes
+    peak = max([*peaks, ledger.peak_bytes])
     finished = [r["objective"] for r in rows if r["status"] == "finished"]
     out = {"method": method, "family": "dbml" if method != "unscheduled" else "unscheduled", "seconds": seconds,
            "trials_per_hour": len(rows) / seconds * 3600, "finished": len(finished),
@@ -209,5 +212,5 @@ def _concurrent_peak(spans: list[tuple[float, float, int]]) -> int:
 
 if __name__ == "__main__":
     import sys
-    print(json.dumps(run(quick="--quick" in sys.argv, log=lambda s: print(s, file=sys.stderr)), indent=1,
-                     default=str))
+    print(json.dumps(run(quick="--quick" in sys.argv, log=lambda s: print(s, file=sys.stderr),
+                         ray="--no-ray" not in sys.argv), indent=1, default=str))
