@@ -11,7 +11,9 @@ One run measures, in one process (see each module for how):
   against capuchin (passive first), at 50 %;
 * "planning": capture and planning seconds per workload;
 * "concurrent" and "mixed" (:mod:`.multi`): 1-4 concurrent jobs and the mixed workload;
-* "batch": one workload at batch sizes 4-64.
+* "batch": one workload at batch sizes 4-64;
+* "tune" (:mod:`.tune`): one hyperparameter search serial, packed by dbml, unscheduled and
+  in Ray Tune, under one device budget.
 
 Results go to ``<out>/<date>-<machine>.json`` with a markdown table and PNG plots
 (:mod:`.report`). ``--quick`` (CI's smoke test, minutes): the MLP and the transformer only.
@@ -42,8 +44,9 @@ __all__ = ["main", "run", "parser", "RESULTS"]
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BATCH_METHODS = ("eager", "dbml-tensile@50%", "checkpoint", "offload")
-SECTIONS = ("single", "coldstart", "planning", "concurrent", "mixed", "batch", "latency", "fastpath", "inference")
-NOT_QUICK = ("latency",)   # held-out calibrations: half an hour
+SECTIONS = ("single", "coldstart", "planning", "concurrent", "mixed", "batch", "latency", "fastpath", "inference",
+            "tune")
+NOT_QUICK = ("latency", "tune")   # held-out calibrations: half an hour; tune: Ray Tune's start alone is minutes
 
 
 # --quick leaves out the default planner at its two smallest budgets: under the emulated
@@ -240,6 +243,9 @@ def run(args) -> dict:
             rows += infer.rows_for(w, iters)
     if "latency" in sections:
         rows += _latency(names, iters, log)
+    if "tune" in sections:
+        from . import tune
+        rows += tune.run(args.quick, log)
     if "batch" in sections:
         w = workload("mlp" if args.quick else "resnet50")
         for b in ((8, 32) if args.quick else (4, 8, 16, 32, 64)):

@@ -408,6 +408,11 @@ class ScheduledStep:
                 if v.data_ptr() != t.data_ptr() or v.shape != t.shape:
                     t.data = v
 
+    def values(self) -> list[torch.Tensor]:
+        """Between iterations: the parameters and buffers as the state holds them now; a value
+        on the host is read there (copied to the device for the caller, on CUDA), not moved."""
+        return model_values(self.state, self.device, self.model, self.spec, move=False)
+
     def optimizer_state(self) -> list[dict[str, torch.Tensor]]:
         """Per trainable parameter, its optimizer state (as torch.optim would hold it)."""
         return optimizer_states(self.state, self.device, self.model, self.spec)
