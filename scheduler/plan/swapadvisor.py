@@ -21,8 +21,9 @@ The GA, as the paper's:
 * the first generation: the swap planner's choice by Belady's rule (:func:`belady`: the
   ops scanned with the budget as capacity; under pressure the resident tensor used
   furthest in the future is evicted, among those last used at least its copy time
-  ago), and ``population - 1`` mutants of it (the paper draws the first generation at
-  random: a random swap set is almost never within a budget, nor fast);
+  ago), every gene on (the safest, as PoocH starts), and ``population - 2`` mutants of
+  the first (the paper draws the first generation at random: a random swap set is almost
+  never within a budget, nor fast);
 * each generation, pairs of parents cross over at a random point of the op order (genes
   in the order of the op that opens their gap): two children, mutated (each gene flipped
   with probability ``mutation``) and repaired where over the budget (the resident tensors
@@ -34,7 +35,8 @@ The GA, as the paper's:
   the model hides still costs the host: on a CPU a memcpy on the cores compute uses),
   times ``1 + penalty * excess / budget`` when over the budget;
 * ``population`` survivors are drawn by softmax of ``(T_best - t) / T_best`` (eq. 1);
-  the best individual always survives (elitism: the softmax alone may lose it).
+  the best individual always survives (elitism: the softmax alone may lose it), and the
+  answer is the fittest individual within the budget ever simulated.
 
 The search ends after ``generations`` or ``time_limit`` seconds. It is deterministic
 given ``seed`` when the generation count ends it; a time limit that binds first makes it
@@ -74,7 +76,7 @@ class SwapAdvisorSettings:
     # order; flipping a tenth of every swap gene undoes any plan.
     mutation: float = 0.01
     repairs: int = 3            # Belady repairs of an over-budget child
-    sim_repairs: int = 8        # simulate.py's memory repairs per simulation
+    sim_repairs: int = 24       # simulate.py's memory repairs per simulation
     copy_cost: float = 0.05     # seconds of time per second of copying (the hidden copies' cost)
     penalty: float = 10.0       # over the budget: t * (1 + penalty * excess / budget)
     cross_iteration: bool = True
@@ -106,16 +108,20 @@ def genes(prep: Prepared, cross_iteration: bool = True) -> list[int]:
 
 
 class _Fitness:
-    """An individual's ``t`` (module docstring), and T_best so far."""
+    """An individual's ``t`` (module docstring); T_best so far, and the fittest individual
+    within the budget seen so far (the answer, even where selection dropped it)."""
 
     def __init__(self, trials: Trials, settings: SwapAdvisorSettings):
         self.trials, self.settings, self.best = trials, settings, math.inf
+        self.answer: tuple[float, Outcome] | None = None
 
     def __call__(self, out: Outcome) -> float:
         s, budget = self.settings, self.trials.budget
         t = out.time + s.copy_cost * out.copied
         if out.peak > budget:
             t *= 1 + s.penalty * (out.peak - budget) / max(budget, 1)
+        elif self.answer is None or t < self.answer[0]:
+            self.answer = (t, out)
         self.best = min(self.best, t)
         return t
 
@@ -125,8 +131,9 @@ def _evolve(trials: Trials, order: list[int], settings: SwapAdvisorSettings) -> 
     fitness = _Fitness(trials, settings)
     deadline = math.inf if settings.time_limit is None else time.perf_counter() + settings.time_limit
     seed = _repair(trials, trials(belady(trials.prep, trials.budget, order)), order, settings.repairs)
-    pop = [seed] + [_child(trials, _mutate(seed.swap, order, settings.mutation, rng), order, settings)
-                    for _ in range(settings.population - 1)]
+    pop = [seed, trials(frozenset(order))] + [
+        _child(trials, _mutate(seed.swap, order, settings.mutation, rng), order, settings)
+        for _ in range(settings.population - 2)]
     for _ in range(settings.generations):
         if time.perf_counter() > deadline:
             break
@@ -136,7 +143,9 @@ def _evolve(trials: Trials, order: list[int], settings: SwapAdvisorSettings) -> 
             for c in _crossover(a.swap, b.swap, order, rng):
                 children.append(_child(trials, _mutate(c, order, settings.mutation, rng), order, settings))
         pop = _select(pop + children, settings.population, fitness, rng)
-    return min(pop, key=fitness)
+    for out in pop:
+        fitness(out)
+    return fitness.answer[1] if fitness.answer is not None else min(pop, key=fitness)
 
 
 def _child(trials: Trials, swap: frozenset[int], order: list[int], settings: SwapAdvisorSettings) -> Outcome:
