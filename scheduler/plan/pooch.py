@@ -86,7 +86,8 @@ class PoochSettings:
 
 def pooch_plan(seq: AccessSequence, budget_bytes: int, settings: PoochSettings | None = None) -> Plan:
     """The classification with the least simulated time that fits ``budget_bytes``, as a
-    plan; raises InfeasibleBudget (with the least peak the search reached) when none fits."""
+    plan; raises InfeasibleBudget when none fits, with the least peak the search reached
+    (an estimate, as TENSILE's planner's: at that budget the search takes another path)."""
     settings = settings or PoochSettings()
     prep = prepare(seq)
     trials = Trials(prep, budget_bytes, settings.repairs, settings.max_simulations, settings.time_limit)
