@@ -167,3 +167,14 @@ def test_module_doctest():
     from dbml.scheduler.plan import pooch
     result = doctest.testmod(pooch)
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize("policy", ["pooch", "swapadvisor"])   # both seeds' planners, from SQL
+def test_train_from_sql_under_the_policy_matches_eager_within_the_budget(wide, policy):
+    args = "label := 'y', epochs := 1, hidden := [256, 256], batch_size := 256"
+    eager = wide.sql(f"SELECT train('eager', 't', {args}, policy := 'eager')").fetchall()[0][0]
+    budget = int(0.6 * eager["vanilla_peak_bytes"])
+    run = wide.sql(f"SELECT train('p', 't', {args}, policy := '{policy}', memory_budget := {budget})").fetchall()[0][0]
+    weights = {n: wide.sql(f"SELECT weights FROM dbml_weights WHERE name = '{n}'").fetchall()[0][0] for n in ("eager", "p")}
+    assert weights["p"] == weights["eager"] and run["final_loss"] == eager["final_loss"]
+    assert run["measured_peak_bytes"] <= budget and run["swaps"] > 0
