@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .channel import TOL, Channel
+from .channel import TOL
 from .gaps import CROSS, INNER, OPEN, PINNED, SWAPPED, Gaps, candidates, find_gaps, gap_keys
 from .liveness import Liveness, analyse_liveness, release_events
 from .peak import Static, Timeline, build_timeline, host_at_start, op_at, static_ledger
@@ -173,6 +173,45 @@ def _away_at(prep: Prepared, u: int, b: int, away: set[int]) -> bool:
     return False
 
 
+class _Busy:
+    """The copy channel's busy time as merged blocks (copies are only ever added here, so
+    touching ones merge: a saturated channel is one block, not thousands of copies to
+    walk past). The free slots are channel.py's, which keeps each copy for removal."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+    def add(self, start: float, end: float) -> None:
+        i = bisect.bisect_left(self.starts, start)
+        if i and self.ends[i - 1] >= start - TOL:   # touches the block before
+            i -= 1
+            start = self.starts[i]
+        j = i
+        while j < len(self.starts) and self.starts[j] <= end + TOL:   # ... and those after
+            end = max(end, self.ends[j])
+            j += 1
+        self.starts[i:j], self.ends[i:j] = [start], [end]
+
+    def earliest(self, lo: float, d: float) -> float:
+        """Earliest x >= lo with [x, x + d) free."""
+        x = lo
+        i = max(bisect.bisect_right(self.starts, lo) - 1, 0)
+        while i < len(self.starts) and self.starts[i] < x + d:
+            x = max(x, self.ends[i])
+            i += 1
+        return x
+
+    def latest(self, lo: float, hi: float, d: float) -> float | None:
+        """Latest x >= lo with [x, x + d) free and x + d <= hi."""
+        x = hi - d
+        j = bisect.bisect_left(self.starts, hi) - 1
+        while j >= 0 and self.ends[j] > x and x >= lo:
+            x = min(x, self.starts[j] - d)
+            j -= 1
+        return x if x >= lo else None
+
+
 class _Sweep:
     """One pass along the ops: compute times, copy slots, events (module docstring)."""
 
@@ -189,7 +228,7 @@ class _Sweep:
         for g, w in sync.items():
             self.waits_for[w].append(g)
         self.outputs = prep.seq.outputs
-        self.channel = Channel()
+        self.channel = _Busy()
         self.end: list[float] = []
         self.events: list[Event] = list(prep.releases)
         self.host: dict[int, float] = {}        # tensor -> its host copy is complete
@@ -244,7 +283,7 @@ class _Sweep:
                 self.events.append(Event(k, 0.0, EventKind.RELEASE, t))
                 continue
             d = float(self.prep.copy[g])
-            x = self.channel.earliest(now, math.inf, d)
+            x = self.channel.earliest(now, d)
             self.channel.add(x, x + d)
             delay = x - now
             ends = (now + delay) + d    # as peak.py sums it
@@ -264,7 +303,7 @@ class _Sweep:
         d = seq.copy_time(t)
         x = self.channel.latest(floor, start, d)
         if x is None:
-            x = self.channel.earliest(max(floor, start - d), math.inf, d)
+            x = self.channel.earliest(max(floor, start - d), d)
         self.channel.add(x, x + d)
         trigger, delay = self._at(x, k)
         self.events.append(Event(trigger, delay, EventKind.SWAP_IN, t, k))
