@@ -55,6 +55,7 @@ from .channel import TOL
 from .gaps import CROSS, INNER, OPEN, PINNED, SWAPPED, Gaps, candidates, find_gaps, gap_keys
 from .liveness import Liveness, analyse_liveness, release_events
 from .peak import Static, Timeline, build_timeline, host_at_start, op_at, static_ledger
+from .recompute import _dies_before   # recompute.py's rule (it reads only .seq and .live)
 from .state import recomputable
 from ..graph.sequence import AccessSequence, Event, EventKind, Plan, event_order
 
@@ -149,13 +150,6 @@ def valid_recomputes(prep: Prepared, swap: set[int], recompute: set[int]) -> set
         if all(not _dies_before(prep, u, b) and not _away_at(prep, u, b, away) for u in inputs):
             out.add(g)
     return out
-
-
-def _dies_before(prep: Prepared, u: int, b: int) -> bool:
-    """Released, or its storage taken by an in-place update, before op b starts."""
-    seq = prep.seq
-    stays = u in seq.outputs or (u in seq.initial and u not in seq.updates.values())
-    return not stays and prep.live.last_access(u) < b
 
 
 def _away_at(prep: Prepared, u: int, b: int, away: set[int]) -> bool:
