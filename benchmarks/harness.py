@@ -51,8 +51,11 @@ NOT_QUICK = ("latency", "tune")   # held-out calibrations: half an hour; tune: R
 
 # --quick leaves out the default planner at its two smallest budgets: under the emulated
 # GPU's slow copies they stall for most of an iteration (the MLP at 100x eager), which
-# alone took a minute of CI's smoke test; the full run measures them.
-NOT_QUICK_METHODS = ("dbml-stalls@35%", "dbml-stalls@min")
+# alone took a minute of CI's smoke test; the full run measures them. It leaves out the
+# seeds' other planners too: their searches take seconds to tens of seconds per workload
+# and mode (PoocH on the emulated transformer: 134 simulations of ~0.1 s); name them in
+# --methods to measure them quickly.
+NOT_QUICK_METHODS = ("dbml-stalls@35%", "dbml-stalls@min", "dbml-pooch@50%", "dbml-swapadvisor@50%")
 
 
 def parser() -> argparse.ArgumentParser:
