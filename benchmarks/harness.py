@@ -11,7 +11,9 @@ One run measures, in one process (see each module for how):
   against capuchin (passive first), at 50 %;
 * "planning": capture and planning seconds per workload;
 * "concurrent" and "mixed" (:mod:`.multi`): 1-4 concurrent jobs and the mixed workload;
-* "batch": one workload at batch sizes 4-64.
+* "batch": one workload at batch sizes 4-64;
+* "tune" (:mod:`.tune`): one hyperparameter search serial, packed by dbml, unscheduled and
+  in Ray Tune, under one device budget.
 
 Results go to ``<out>/<date>-<machine>.json`` with a markdown table and PNG plots
 (:mod:`.report`). ``--quick`` (CI's smoke test, minutes): the MLP and the transformer only.
@@ -42,14 +44,18 @@ __all__ = ["main", "run", "parser", "RESULTS"]
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BATCH_METHODS = ("eager", "dbml-tensile@50%", "checkpoint", "offload")
-SECTIONS = ("single", "coldstart", "planning", "concurrent", "mixed", "batch", "latency", "fastpath", "inference")
-NOT_QUICK = ("latency",)   # held-out calibrations: half an hour
+SECTIONS = ("single", "coldstart", "planning", "concurrent", "mixed", "batch", "latency", "fastpath", "inference",
+            "tune")
+NOT_QUICK = ("latency", "tune")   # held-out calibrations: half an hour; tune: Ray Tune's start alone is minutes
 
 
 # --quick leaves out the default planner at its two smallest budgets: under the emulated
 # GPU's slow copies they stall for most of an iteration (the MLP at 100x eager), which
-# alone took a minute of CI's smoke test; the full run measures them.
-NOT_QUICK_METHODS = ("dbml-stalls@35%", "dbml-stalls@min")
+# alone took a minute of CI's smoke test; the full run measures them. It leaves out the
+# seeds' other planners too: their searches take seconds to tens of seconds per workload
+# and mode (PoocH on the emulated transformer: 134 simulations of ~0.1 s); name them in
+# --methods to measure them quickly.
+NOT_QUICK_METHODS = ("dbml-stalls@35%", "dbml-stalls@min", "dbml-pooch@50%", "dbml-swapadvisor@50%")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -214,8 +220,9 @@ def run(args) -> dict:
             r, t = run_single(w, ctx, methods=methods)
             rows += r
             results["timelines"].update(t)
+            eager_s = next((row["seconds"] for row in r if row["method"] == "eager" and row.get("seconds")), None)
             for p in profiles:
-                t_gpu, t_cpu = _iteration_times(w, p, threads)
+                t_gpu, t_cpu = _iteration_times(w, p, threads, eager_s)
                 ctx.emulate, ctx.bandwidth = p, emulate.emulated_bandwidth(p, t_gpu, t_cpu)
                 results["emulation"].setdefault(p.name, {"profile": p.source, "efficiency": p.efficiency,
                                                          "launch": p.launch, "workloads": {}})
@@ -240,6 +247,9 @@ def run(args) -> dict:
             rows += infer.rows_for(w, iters)
     if "latency" in sections:
         rows += _latency(names, iters, log)
+    if "tune" in sections:
+        from . import tune
+        rows += tune.run(args.quick, log)
     if "batch" in sections:
         w = workload("mlp" if args.quick else "resnet50")
         for b in ((8, 32) if args.quick else (4, 8, 16, 32, 64)):
@@ -252,10 +262,10 @@ def run(args) -> dict:
     return results
 
 
-def _iteration_times(w, p, threads: int) -> tuple[float, float]:
+def _iteration_times(w, p, threads: int, eager_seconds: float | None = None) -> tuple[float, float]:
     """(seconds of one iteration on ``p``'s GPU by its achieved roofline, on this CPU by
-    eager PyTorch, the least of 5 after a warm-up: the machine's own speed, as little of
-    other processes' load as can be): the emulated bandwidth's ratio."""
+    eager PyTorch: the CPU rows' median, measured interleaved with every method under the
+    same load, else the least of 5 steps after a warm-up): the emulated bandwidth's ratio."""
     import copy
 
     from dbml.scheduler.execute.step import EagerStep
@@ -263,6 +273,9 @@ def _iteration_times(w, p, threads: int) -> tuple[float, float]:
     model = w.model()
     x, y = w.batch_tensors()
     captured = GraphCache(copy.deepcopy(model), loss_fn, SPEC, job="emulate", share=(w.name, int(x.shape[0]))).get(x, y)
+    t_gpu = emulate.gpu_iteration_seconds(p, captured.graph)
+    if eager_seconds:
+        return t_gpu, eager_seconds
     runner = EagerStep(model, loss_fn, SPEC, measured_steps=0)
     runner.step(x, y)
     times = []
@@ -270,7 +283,7 @@ def _iteration_times(w, p, threads: int) -> tuple[float, float]:
         t0 = time.perf_counter()
         runner.step(x, y)
         times.append(time.perf_counter() - t0)
-    return emulate.gpu_iteration_seconds(p, captured.graph), min(times)
+    return t_gpu, min(times)
 
 
 def _fastpath(quick: bool, log) -> list[dict]:

@@ -19,12 +19,12 @@ import duckdb
 from . import settings as _settings
 from .errors import (CatalogError, DbmlError, Interrupted, InvalidArgument, ModelNotFound, SourceError,
                      TrainingError)
-from .api import drop_model, evaluate, list_jobs, predictions, train
+from .api import drop_model, evaluate, list_jobs, predictions, train, tune
 from .zoo import register_model, unregister_model
 from . import kinds as _kinds   # registers the dnn, boosted_tree, random_forest and kmeans archs (dbml/kinds/)
 
 __version__ = "0.1.0"
-__all__ = ["connect", "install", "execute", "export_model", "train", "predictions", "evaluate", "drop_model",
+__all__ = ["connect", "install", "execute", "export_model", "train", "tune", "predictions", "evaluate", "drop_model",
            "list_jobs", "Connection", "DbmlError", "InvalidArgument", "SourceError", "ModelNotFound",
            "TrainingError", "CatalogError", "Interrupted", "register_model", "unregister_model"]
 
@@ -46,6 +46,7 @@ class Connection:
         self._read_only = instance.read_only
         self._id = con.execute("SELECT current_connection_id()").fetchall()[0][0]
         self._lock = threading.Lock()        # cursor() from several threads at once
+        self._busy = 0                       # execute() calls running now
         self._settings = settings if settings is not None else self._read_settings()
 
     def __getattr__(self, name: str):
@@ -59,16 +60,28 @@ class Connection:
         from .api import sql
         return sql(self.duckdb, query, **kwargs)
 
+    def execute(self, *args, **kwargs):
+        """DuckDB's ``execute``; while it runs, ``cursor()`` from another thread copies the
+        settings this connection had when last idle instead of asking it."""
+        self._busy += 1
+        try:
+            return self.duckdb.execute(*args, **kwargs)
+        finally:
+            self._busy -= 1
+
     def cursor(self) -> "Connection":
         """A new connection to the same database (for another thread), with this one's dbml
         settings. Safe to call from several threads at once, and while this connection runs
         a statement in another thread: the settings are then those it had when last idle."""
         cur = self.duckdb.cursor()
         with self._lock:
-            try:
-                self._settings = self._read_settings()
-            except duckdb.Error:      # busy with a statement in another thread (DuckDB refuses to wait)
-                pass
+            if not self._busy:
+                try:
+                    read = self._read_settings()
+                    _settings.apply(cur, **read)   # checked: a read racing another call may be garbage
+                    self._settings = read
+                except (duckdb.Error, DbmlError, IndexError):   # busy elsewhere: DuckDB refuses to wait
+                    pass
             settings = dict(self._settings)
         _settings.apply(cur, **settings)
         _install_sql(cur, self._read_only)
@@ -131,14 +144,19 @@ def install(con: duckdb.DuckDBPyConnection | Connection, **settings) -> Connecti
 
 
 def _install_sql(con: duckdb.DuckDBPyConnection, read_only: bool) -> None:
-    """Run ``sql/`` and the generated ``train`` macro on one connection or cursor: TEMP macros
+    """Run ``sql/``, the generated ``train`` and ``tune`` macros and the ``dbml_trials`` view
+    (``dbml.trials.view_sql``) on one connection or cursor: TEMP macros
     and views are per connection, UDFs and the catalog per database."""
     from .spec import train_macro_sql
+    from .trials import view_sql
+    from .tunespec import tune_macro_sql
 
     for sql in sorted(resources.files("dbml.sql").iterdir(), key=lambda p: p.name):
         if sql.name.endswith(".sql") and not (read_only and sql.name in _WRITING_SQL):
             con.execute(sql.read_text())
     con.execute(train_macro_sql())
+    con.execute(tune_macro_sql())
+    con.execute(view_sql(con))
 
 
 def __getattr__(name: str):

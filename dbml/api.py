@@ -20,7 +20,7 @@ import duckdb
 
 from .errors import InvalidArgument
 
-__all__ = ["train", "predictions", "evaluate", "drop_model", "list_jobs", "OnceRelation", "has_effects"]
+__all__ = ["train", "tune", "predictions", "evaluate", "drop_model", "list_jobs", "OnceRelation", "has_effects"]
 
 def has_effects(query: str) -> bool:
     """Whether ``query`` calls one of dbml's functions with effects (``dbml.udfs.FUNCTIONS``
@@ -111,6 +111,25 @@ def train(con, model: str, source: str, **arguments) -> dict:
     named = "".join(f", {k} := ?" for k in arguments)
     row = con.execute(f"SELECT train(?, ?{named})", [model, source, *arguments.values()]).fetchall()
     return row[0][0]
+
+
+def tune(con, model: str, source: str, **arguments) -> list[dict]:
+    """``SELECT * FROM tune(model, source, name := value, ...)``: runs the search and returns
+    one dict per trial it ran. Arguments are tune()'s by name (``space`` may be a dict:
+    ``space={"lr": {"log_uniform": [1e-4, 0.1]}}``, ``trials=20``, ``label='y'``, ...)."""
+    import json
+
+    from .tunespec import TUNE_PARAMS
+    names = [p.name for p in TUNE_PARAMS][2:]
+    unknown = sorted(set(arguments) - set(names))
+    if unknown:
+        raise InvalidArgument(f"dbml.tune(): unknown argument {unknown[0]!r}; tune() takes {', '.join(names)}")
+    if isinstance(arguments.get("space"), dict):
+        arguments["space"] = json.dumps(arguments["space"])
+    named = "".join(f", {k} := ?" for k in arguments)
+    cur = con.execute(f"SELECT * FROM tune(?, ?{named})", [model, source, *arguments.values()])
+    columns = [d[0] for d in cur.description]
+    return [dict(zip(columns, row)) for row in cur.fetchall()]
 
 
 def predictions(con, model: str, source: str):

@@ -36,6 +36,7 @@ _WRITES = threading.Lock()
 
 
 MODELS, WEIGHTS, JOB_IDS = "dbml.models", "dbml.weights", "dbml.job_ids"
+TRIALS = "dbml.trials"   # tune()'s trials (dbml.trials), dropped with their model
 
 
 @dataclass
@@ -285,8 +286,10 @@ def _record_problem(d, cls, where: str) -> str | None:
 
 
 def drop(cur: duckdb.DuckDBPyConnection, name: str, *, fn: str = "drop_model") -> int:
-    """Delete every version of ``name``; return how many there were."""
-    latest_version(cur, name, fn=fn)
+    """Delete every version of ``name`` and its tune() trials; return how many versions there were.
+    A model with trials but no version (no trial finished) is dropped too."""
+    if not cur.execute(f"SELECT count(*) FROM {TRIALS} WHERE model = ?", [name]).fetchall()[0][0]:
+        latest_version(cur, name, fn=fn)
     with _WRITES:
         return _delete(cur, name)
 
@@ -295,6 +298,7 @@ def _delete(cur: duckdb.DuckDBPyConnection, name: str) -> int:
     cur.execute("BEGIN TRANSACTION")
     try:
         n = cur.execute(f"SELECT count(*) FROM {MODELS} WHERE name = ?", [name]).fetchall()[0][0]
+        cur.execute(f"DELETE FROM {TRIALS} WHERE model = ?", [name])
         cur.execute(f"DELETE FROM {WEIGHTS} WHERE name = ?", [name])
         cur.execute(f"DELETE FROM {MODELS} WHERE name = ?", [name])
         cur.execute("COMMIT")

@@ -42,6 +42,14 @@ MEMORY_ROW = {
 }
 MEMORY_COLUMNS = tuple(MEMORY_ROW)
 
+# tune(): one row per trial it ran; the dbml_trials view: every stored trial (dbml.trials.ROWS_SQL)
+TRIAL_ROW = {
+    "model": "VARCHAR", "trial": "INTEGER", "status": "VARCHAR", "objective_name": "VARCHAR",
+    "objective": "DOUBLE", "best": "BOOLEAN", "params": "JSON", "objectives": "DOUBLE[]", "epochs": "INTEGER",
+    "seconds": "DOUBLE", "peak_bytes": "BIGINT", "error": "VARCHAR", "version": "INTEGER", "job_id": "BIGINT",
+    "started_at": "TIMESTAMP",
+}
+
 # calibrate()
 CALIBRATE_RESULT = {
     "device": "VARCHAR", "op_kinds": "INTEGER", "samples": "BIGINT", "model_bytes": "BIGINT",

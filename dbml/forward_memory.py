@@ -25,7 +25,6 @@ import torch
 
 from .errors import InvalidArgument
 from .models import ModelConfig, build
-from .scheduler.execute.measure import PeakMeter, live_tensors
 
 __all__ = ["forward_bytes", "rows_within", "PROBE_ROWS"]
 
@@ -37,6 +36,7 @@ MAX_ROWS = 1 << 20       # no chunk larger than this, whatever the budget
 def forward_bytes(cfg: ModelConfig, rows: int) -> int:
     """The peak bytes of a no-grad forward of ``rows`` rows, weights included, counted on
     the meta device (nothing computed, nothing allocated)."""
+    from .scheduler.execute.measure import PeakMeter, live_tensors   # the scheduler's meter, loaded when used
     with torch.device("meta"):
         module = build(cfg)
     module.eval()

@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from .errors import InvalidArgument
-from .scheduler.execute.rng import JobRandom
 from .zoo import Inputs, arch as zoo_arch, auto, build as zoo_build, resolve_options
 
 
@@ -102,4 +101,5 @@ def build_seeded(cfg: ModelConfig, seed: int) -> nn.Module:
     was. Layers draw their initial weights from the default generator: the build runs with
     ``seed``'s state put into it, under the lock every job's use of it takes
     (``dbml.scheduler.execute.rng``), so a model built while other jobs run sees only its seed."""
+    from .scheduler.execute.rng import JobRandom   # here: loading a model (predict) imports no scheduler
     return JobRandom(seed).call(build, cfg)

@@ -68,8 +68,8 @@ def make_runner(model: torch.nn.Module, loss_fn, spec, device: str, job: JobHand
     A tensile job without a ``memory_budget`` of its own plans jointly with every other
     such job on the device through the process's shared MemoryScheduler, within the
     device budget (the ``memory_budget`` setting), waiting for admission when it does not
-    fit beside the running ones. A job given its own budget, and the none/capuchin/vdnn
-    policies, plan alone. Jobs with the same model ``config`` share captured graphs.
+    fit beside the running ones. A job given its own budget, and the none/capuchin/vdnn/
+    pooch/swapadvisor policies, plan alone. Jobs with the same model ``config`` share captured graphs.
     ``spec`` is the job's TrainSpec.
     """
     if spec.policy == "eager":

@@ -78,8 +78,9 @@ def spec_field(setting: str) -> str:
 # tensile: the TENSILE scheduler within the budget; none: the same captured graph, tensors
 # released after their last use, no budget; eager: plain PyTorch (the vanilla); capuchin:
 # passive mode, the cold-start peer (swap on demand in iteration 1, then plan from it);
-# vdnn: vDNN-conv, the layer-granularity baseline (convolutions' inputs offloaded, no budget).
-SQL_POLICIES = ("tensile", "none", "eager", "capuchin", "vdnn")
+# vdnn: vDNN-conv, the layer-granularity baseline (convolutions' inputs offloaded, no budget);
+# pooch, swapadvisor: the seeds' other planners, searching a plan by simulation within the budget.
+SQL_POLICIES = ("tensile", "none", "eager", "capuchin", "vdnn", "pooch", "swapadvisor")
 # raise: a failed or cancelled row makes the statement raise its error (after every job has
 # ended); continue: every row returns its summary, with status and error.
 ON_ERROR = ("raise", "continue")

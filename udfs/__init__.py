@@ -22,8 +22,8 @@ from ..inference import ModelCache
 from ..instance import Instance
 from ..source import refuse_in_sources
 from . import functions as f
-from .types import (CALIBRATE_RESULT, DOUBLES, EVALUATE_RESULT, EXPLAIN_RESULT, EXPORT_RESULT, PREDICT_INPUT, JOB_ROWS, MEMORY_ROWS, PREDICTOR_ROWS, TRAIN_ARGS,
-                    TRAIN_RESULT, sql)
+from .types import (CALIBRATE_RESULT, DOUBLES, EVALUATE_RESULT, EXPLAIN_RESULT, EXPORT_RESULT, PREDICT_INPUT, JOB_ROWS,
+                    MEMORY_ROWS, PREDICTOR_ROWS, TRAIN_ARGS, TRAIN_RESULT, TRIAL_ROWS, TUNE_ARGS, sql)
 
 SQL_FUNCTIONS: dict[str, str] = {
     "train": "train(model, source, label := ..., features, arch, epochs, batch_size, lr, optimizer, seed, "
@@ -31,6 +31,10 @@ SQL_FUNCTIONS: dict[str, str] = {
              "image_size, shape, text, on_error) -> STRUCT: "
              "train a model on a table or one SELECT under the memory scheduler and store it as the next "
              "version of `model`",
+    "tune": "SELECT * FROM tune(model, source, label := ..., space := '<JSON>', trials, parallel, objective, "
+            "pruner, sampler, and any train() argument as every trial's fixed value): search hyperparameters "
+            "with Optuna, trials packed on the device by the memory scheduler and pruned per epoch; one row per "
+            "trial (recorded in dbml_trials); the best is stored as the model's next version",
     "predict": "predict(model, [x1, x2, ...] | image | text) -> DOUBLE: the prediction for raw numeric features "
                "in training order (or an image BLOB, a text, token ids, a series) (regression value, or class "
                "for numeric labels)",
@@ -58,7 +62,7 @@ SQL_FUNCTIONS: dict[str, str] = {
 }
 
 # Internal functions the macros call; not part of the documented surface.
-INTERNAL_FUNCTIONS = ("dbml_instance_id", "dbml_export_model", "dbml_train", "dbml_wait_job", "dbml_evaluate", "dbml_temp_names",
+INTERNAL_FUNCTIONS = ("dbml_instance_id", "dbml_export_model", "dbml_train", "dbml_tune", "dbml_wait_job", "dbml_evaluate", "dbml_temp_names",
                       "dbml_predictions_sql", "dbml_explain_sql", "dbml_explain", "dbml_infer", "dbml_infer_blob", "dbml_decode_image", "dbml_infer_text", "dbml_infer_ids", "dbml_infer_numbers", "dbml_job_rows",
                       "dbml_calibrate", "dbml_predictor_rows", "dbml_memory_rows")
 
@@ -97,6 +101,7 @@ class Function:
 FUNCTIONS = (
     Function("dbml_instance_id", f.instance_id, (), t.VARCHAR, effects=False),
     Function("dbml_train", f.train, TRAIN_ARGS, TRAIN_RESULT, effects=True, arrow=True),
+    Function("dbml_tune", f.tune, TUNE_ARGS, TRIAL_ROWS, effects=True),
     Function("dbml_wait_job", f.wait_job, (t.BIGINT, t.BIGINT), TRAIN_RESULT, effects=True),
     Function("cancel_job", f.cancel_job, (t.BIGINT,), t.VARCHAR, effects=True),
     Function("dbml_job_rows", f.job_rows, (), JOB_ROWS, effects=False, volatile=True),
@@ -132,7 +137,7 @@ FUNCTIONS = (
 
 
 def _macros() -> dict[str, set[str]]:
-    """Each of dbml's macros (``sql/macros.sql`` and the generated ``train``) -> the names it
+    """Each of dbml's macros (``sql/macros.sql`` and the generated ``train`` and ``tune``) -> the names it
     calls, read with the SQL tokenizer."""
     from importlib import resources
 
@@ -141,8 +146,10 @@ def _macros() -> dict[str, set[str]]:
 
     from ..spec import train_macro_sql
     from ..sqltext import split_statements
+    from ..tunespec import tune_macro_sql
 
-    text = resources.files("dbml.sql").joinpath("macros.sql").read_text() + ";\n" + train_macro_sql()
+    text = (resources.files("dbml.sql").joinpath("macros.sql").read_text() + ";\n" + train_macro_sql() + "\n"
+            + tune_macro_sql())
     out: dict[str, set[str]] = {}
     for statement in split_statements(text):
         tokens = Dialect.get_or_raise("duckdb").tokenizer_class().tokenize(statement)

@@ -26,6 +26,7 @@ from ..scheduler.multijob.registry import device_ledger, existing_scheduler
 from ..settings import SOURCES, resolve, resolve_device
 from ..source import as_select, check_not_temp, check_tables_only
 from ..spec import calls_from_sql_rows
+from ..tunespec import request_from_sql_row
 from .types import TRAIN_RESULT_ARROW
 
 
@@ -62,6 +63,18 @@ def train(ctx: Context, *columns: pa.Array) -> pa.Array:
     with progress.watching(ctx.instance, renderer_for(waiting[0]) if waiting else None, connection=statement):
         summaries = jobs.train_all(ctx.instance.jobs, calls, statement)
     return pa.array(summaries, type=TRAIN_RESULT_ARROW)
+
+
+def tune(ctx: Context, *args) -> list[dict]:
+    """One tune() call: its arguments (``dbml.tunespec.TUNE_PARAMS``, the settings), then the
+    calling connection's id and its TEMP objects, as for train; the rows of its trials."""
+    from .. import search   # Optuna, imported when a search runs
+    *args, connection, temp_names = args
+    _writable(ctx, "tune")
+    request = request_from_sql_row(tuple(args))
+    check_not_temp(as_select(request.base.source, fn="tune"), temp_names, fn="tune")
+    with progress.watching(ctx.instance, renderer_for(request.base.progress), connection=connection):
+        return search.run(ctx.instance, request, connection)
 
 
 def wait_job(ctx: Context, job_id: int, connection: int) -> dict:

@@ -9,6 +9,11 @@ uniformly. So the trials, and the optimal one, are the same every time.
 
 The optimal trial is the one with the best validation metric (accuracy or R^2, what
 ``train`` reports; ties: the earliest), which ML.PREDICT and ML.EVALUATE use.
+
+Why not ``dbml.tuning.tune`` (main's tune(), made for this too): BigQuery ML serves every
+trial (``ML.PREDICT(..., STRUCT(3 AS trial_id))``, ``ML.TRIAL_INFO``), and tune() stores only
+the best trial's model. Until it can keep every trial's, CREATE MODEL trains one version
+per trial here, one after another.
 """
 
 from __future__ import annotations

@@ -23,7 +23,11 @@ Policies (:data:`RUNNER_POLICIES`; one object each, :mod:`.policies`):
   (:func:`~..plan.vdnn.vdnn_plan`): convolutions' input feature maps swapped out after
   their forward use and prefetched one layer ahead in backward; a fixed plan, no budget
   (``budget_bytes`` is not a limit: the plan's own peak is, compute waiting for late
-  offloads as vDNN's layers do), never replanned.
+  offloads as vDNN's layers do), never replanned;
+* ``"pooch"`` and ``"swapadvisor"``: the seeds' other planners, each searching a plan
+  by simulation within ``budget_bytes`` once per graph (:func:`~..plan.pooch.pooch_plan`:
+  keep, swap or recompute per layer output; :func:`~..plan.swapadvisor.swapadvisor_plan`:
+  a genetic algorithm over swap choices), never replanned.
 
 Plan updating (TENSILE IV-E, :mod:`.updating`): after every iteration the executor's
 measured op latencies are folded into a per-op moving average; when their sum drifts
@@ -72,14 +76,14 @@ from .codegen import fast_path_for
 from .devices import Device, make_device
 from .executor import Executor, Program
 from .jobstate import initial_state, model_values, optimizer_states
-from .planners import ExternalPlanner, FixedPlanner, LocalPlanner, as_planner
+from .planners import SEARCHES, ExternalPlanner, FixedPlanner, LocalPlanner, SearchPlanner, as_planner
 from .policies import PlanCounts, Planning, make_policy
 from .step import LossFn
 from .updating import LatencyTracker, UpdateSettings
 
 __all__ = ["ScheduledStep", "RunnerStats", "GraphSchedule", "summary_line", "RUNNER_POLICIES"]
 
-RUNNER_POLICIES = ("tensile", "capuchin", "none", "vdnn")
+RUNNER_POLICIES = ("tensile", "capuchin", "none", "vdnn", "pooch", "swapadvisor")
 
 
 def _mb(n: int) -> str:
@@ -194,7 +198,8 @@ class ScheduledStep:
     ``update`` sets plan updating (:class:`~.updating.UpdateSettings`; its defaults:
     ``beta=0.9``, ``threshold=0.3``; ``UpdateSettings(enabled=False)`` turns it off);
     ``planner`` replaces planning alone within ``budget_bytes`` (see the module
-    docstring); ``planner_settings`` tunes the planner's heuristics when it plans alone.
+    docstring); ``planner_settings`` tunes the planner's heuristics when it plans alone
+    (policies pooch and swapadvisor: their own PoochSettings, SwapAdvisorSettings).
     ``ledger``: the device's :class:`~..multijob.ledger.DeviceLedger` (default: the
     planner's, if it has one), told of every change of this job's device memory, for the
     measured global peak of concurrent jobs. ``share_graphs``: a name for the model's
@@ -215,8 +220,8 @@ class ScheduledStep:
             raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(RUNNER_POLICIES)}")
         if policy == "capuchin" and budget_bytes is None and planner is None:
             raise ValueError("policy 'capuchin' needs budget_bytes: passive mode evicts against a budget")
-        if policy == "vdnn" and planner is not None:
-            raise ValueError("policy 'vdnn' plans alone (a fixed plan): pass no planner")
+        if policy in ("vdnn", *SEARCHES) and planner is not None:
+            raise ValueError(f"policy {policy!r} plans alone (a plan of its own): pass no planner")
         self.policy = "none" if config.scheduler_disabled() else policy
         keep_freed_host_memory()   # large tensors reused, not page-faulted in every step
         self.model, self.loss_fn, self.spec, self.job = model, loss_fn, spec, job
@@ -225,9 +230,10 @@ class ScheduledStep:
         self.planner: ExternalPlanner = (
             as_planner(planner) if planner is not None else
             FixedPlanner(functools.partial(vdnn_plan, settings=planner_settings)) if self.policy == "vdnn" else
+            SearchPlanner(self.policy, budget_bytes, planner_settings) if self.policy in SEARCHES else
             LocalPlanner(None if self.policy == "none" else budget_bytes, swap=self.policy != "none",
                          settings=planner_settings))
-        self.planning = Planning(self.planner, planner_settings)
+        self.planning = Planning(self.planner, planner_settings if isinstance(planner_settings, PlanSettings) else None)
         self._policy = make_policy(self.policy, self.planning, budget_bytes, self.update,
                                    bounded=planner is not None or budget_bytes is not None)
         self.device: Device = make_device(device)
@@ -407,6 +413,11 @@ class ScheduledStep:
             for t, v in zip(tensors, values):
                 if v.data_ptr() != t.data_ptr() or v.shape != t.shape:
                     t.data = v
+
+    def values(self) -> list[torch.Tensor]:
+        """Between iterations: the parameters and buffers as the state holds them now; a value
+        on the host is read there (copied to the device for the caller, on CUDA), not moved."""
+        return model_values(self.state, self.device, self.model, self.spec, move=False)
 
     def optimizer_state(self) -> list[dict[str, torch.Tensor]]:
         """Per trainable parameter, its optimizer state (as torch.optim would hold it)."""
