@@ -106,5 +106,5 @@ def fit(cur, table: str, prep, spec, n_train: int, n_val: int, progress) -> dict
     module.eval()
     config = ModelConfig(spec.arch, prep.model_inputs(), 1, _frozen(options))
     stored = {"final_loss": history[-1]["loss"], "history": history, "fetch_wait_seconds": 0.0, "memory": {},
-              "val_metric": None, "val_metric_name": "mean_squared_distance"}
+              "val_metric": None, "val_metric_name": "mean_squared_distance", "val_loss": None}
     return {"config": config, "module": module, "metrics": stored, "memory": {}}

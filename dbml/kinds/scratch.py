@@ -21,14 +21,21 @@ def read(cur, table: str, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 
 def validation_metric(prep, out: np.ndarray, y: np.ndarray) -> dict:
-    """Accuracy (classification) or R^2 (regression) of raw outputs on the held-out rows, as
-    ``training._validation_metric`` reports it."""
+    """Accuracy (classification) or R^2 (regression), and the loss, of raw outputs on the
+    held-out rows, as ``training._validation`` reports them (cross-entropy of the logits, or
+    MSE on the standardised target)."""
+    import torch
+    import torch.nn.functional as F
     name = "accuracy" if prep.task == "classification" else "r2"
     if len(y) == 0:
-        return {"val_metric": None, "val_metric_name": name}
-    value = metrics.accuracy(out.argmax(1), y) if prep.task == "classification" else \
-        metrics.r2(y.astype(np.float64), out[:, 0].astype(np.float64))
-    return {"val_metric": value, "val_metric_name": name}
+        return {"val_metric": None, "val_metric_name": name, "val_loss": None}
+    if prep.task == "classification":
+        value = metrics.accuracy(out.argmax(1), y)
+        loss = F.cross_entropy(torch.as_tensor(out, dtype=torch.float32), torch.as_tensor(y, dtype=torch.int64))
+    else:
+        value = metrics.r2(y.astype(np.float64), out[:, 0].astype(np.float64))
+        loss = F.mse_loss(torch.as_tensor(out[:, 0], dtype=torch.float32), torch.as_tensor(y, dtype=torch.float32))
+    return {"val_metric": value, "val_metric_name": name, "val_loss": float(loss)}
 
 
 class Clock:
