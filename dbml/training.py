@@ -269,7 +269,7 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
     device = resolve_device(spec.device)
     outputs = len(prep.classes) if prep.task == "classification" else 1
     config = models.config(spec.arch, prep.model_inputs(), outputs, spec.options_dict(), hidden=spec.hidden,
-                           dropout=spec.dropout or None)
+                           dropout=spec.dropout or None, rows=n_train)
     runners.check_model_fits(config, spec, device)
     loss_fn = loss_function(prep)
     label = torch.int64 if prep.task == "classification" else torch.float32
