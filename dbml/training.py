@@ -186,24 +186,34 @@ def _params(spec: TrainSpec) -> dict:
 def _materialise(cur, table: str, select_sql: str, prep: Preprocessing, spec: TrainSpec) -> tuple[int, int]:
     """Features and labels computed once by DuckDB, with a deterministic validation split.
 
-    ``h`` hashes each row's content with the seed: it decides the split and the one
-    random order the rows are stored in (the only sort of the job), so both are
-    reproducible whatever order the source yields rows in. Epochs then stream that order
-    from a random starting row through a shuffle buffer (``data.shuffle_windows``).
+    ``h`` hashes each source row (every column it has, as the source gives it: not the
+    encoded features, so models of one source with other features or encodings hold out
+    the same rows) with the seed: it decides the split and the one random order the rows
+    are stored in (the only sort of the job), so both are reproducible whatever order the
+    source yields rows in. Epochs then stream that order from a random starting row
+    through a shuffle buffer (``data.shuffle_windows``).
     """
-    val_cut = int(spec.validation * VALIDATION_BUCKETS)
     cur.execute(f"""
         CREATE TABLE {table} AS
-        SELECT x, y, h % {VALIDATION_BUCKETS} < {val_cut} AS is_val
-        FROM (SELECT x, y, hash(x, y, {int(spec.seed)}) AS h
-              FROM (SELECT {prep.scratch_sql()} AS x, {_label_column(prep)} AS y
-                    FROM ({select_sql}) WHERE {prep.label_filter()}))
+        SELECT x, y, {_is_held_out("h", spec.validation)} AS is_val
+        FROM (SELECT {prep.scratch_sql()} AS x, {_label_column(prep)} AS y, {_split_hash(spec.seed)} AS h
+              FROM ({select_sql}) WHERE {prep.label_filter()})
         ORDER BY h""")
     n_train, n_val = cur.execute(f"SELECT count(*) FILTER (NOT is_val), count(*) FILTER (is_val) FROM {table}").fetchall()[0]
     if n_train == 0:
         raise SourceError(f"train(): no rows left for training after holding out validation := {spec.validation}; "
                           f"pass a larger source or validation := 0")
     return n_train, n_val
+
+
+def _split_hash(seed: int) -> str:
+    """The hash of a source row (every column of the query it is selected from) with the seed:
+    it decides the validation split and the order the scratch table stores the rows in."""
+    return f"hash(*COLUMNS(*), {int(seed)})"
+
+
+def _is_held_out(h: str, validation: float) -> str:
+    return f"{h} % {VALIDATION_BUCKETS} < {int(validation * VALIDATION_BUCKETS)}"
 
 
 def _label_column(prep: Preprocessing) -> str:

@@ -69,3 +69,11 @@ def test_an_identifier_label_is_warned_about(con):
     assert "100 classes in 100 rows" in r["warnings"] and "task := 'regression'" in r["warnings"]
     r = train(con, "'x', 'ids', label := 'x', epochs := 1")
     assert r["warnings"] is None
+
+
+def test_the_validation_rows_are_chosen_by_source_row_not_by_features(noisy):
+    """Models of one source with other features hold out the same rows (hashed as the source
+    gives them, not as encoded), so their validation figures compare."""
+    rows = {train(noisy, f"'n', 'noisy', label := 'y', features := {f}, epochs := 1")["rows"]
+            for f in ("['a']", "['b', 'c']", "['a', 'b', 'c']")}
+    assert len(rows) == 1 and 200 < rows.pop() < 250

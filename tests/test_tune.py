@@ -193,7 +193,7 @@ def test_a_budget_too_small_for_the_smallest_trial_stops_the_search_storing_noth
 
 
 def test_an_interrupt_stops_the_search_and_keeps_the_ended_trials(db):
-    fixed = FIXED.replace("epochs := 3", "epochs := 40")
+    fixed = FIXED.replace("epochs := 3", "epochs := 40, early_stop := false")
     result = {}
 
     def run():
