@@ -25,9 +25,9 @@ from typing import Iterable, TextIO
 import duckdb
 import pyarrow as pa
 
-from . import progress
-from .shell_output import render
-from .sqltext import split_statements, statement_complete
+from .. import progress
+from .render import render
+from ..sqltext import split_statements, statement_complete
 
 __all__ = ["Shell", "run", "statement_complete", "split_statements", "open_database", "PROMPT", "CONTINUE"]
 
@@ -73,7 +73,7 @@ class Shell:
     def feed(self, line: str) -> bool:
         """One input line; False once the shell should stop (.quit, or an error with .bail)."""
         if not self.buffer.strip() and line.strip().startswith("."):
-            from .shell_commands import dot_command
+            from .commands import dot_command
             dot_command(self, line.strip())
         else:
             self.buffer += line if line.endswith("\n") else line + "\n"
@@ -95,7 +95,7 @@ class Shell:
 
     def interact(self) -> int:
         """Read lines at the prompt until Ctrl-D or .quit."""
-        from .shell_commands import History
+        from .commands import History
         print(f"dbml shell on DuckDB {duckdb.__version__}. Statements end with ';'. "
               f"Type .help for help.", file=self.stdout)
         with History():
@@ -188,7 +188,7 @@ def execute_statement(con, sql: str) -> pa.Table | None:
     """Execute one statement (BigQuery ML syntax rewritten into dbml calls: dbml/bigquery.py);
     its rows as an Arrow table, or None when it returns none (DDL, a SET, or DuckDB's count
     of changed rows, which the CLI does not print)."""
-    from .bigquery import translate
+    from ..bigquery import translate
     steps = translate(con, sql)   # BigQuery ML (CREATE MODEL, ML.PREDICT, ...): dbml calls
     if steps is not None:
         for check in steps[:-1]:

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from .shell_output import MODES
+from .render import MODES
 
 __all__ = ["COMMANDS", "dot_command", "History", "history_path"]
 
@@ -167,7 +167,7 @@ def _jobs(shell: Shell, arg: str) -> None:
 
 
 def _help(shell: Shell, arg: str) -> None:
-    from .udfs import SQL_FUNCTIONS
+    from ..udfs import SQL_FUNCTIONS
     width = max(len(c) for c in COMMANDS)
     lines = [f"{c:<{width}}  {h}" for c, h in COMMANDS.items()]
     lines += ["", "SQL statements end with ';' and may span several lines.", "", "dbml SQL functions:"]
