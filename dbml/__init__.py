@@ -19,7 +19,6 @@ from . import settings as _settings
 from .errors import (CatalogError, DbmlError, Interrupted, InvalidArgument, ModelNotFound, SourceError,
                      TrainingError)
 from .api import drop_model, evaluate, list_jobs, predictions, train
-from .zoo import register_model, unregister_model
 
 __version__ = "0.1.0"
 __all__ = ["connect", "install", "execute", "export_model", "train", "predictions", "evaluate", "drop_model",
@@ -96,7 +95,6 @@ def install(con: duckdb.DuckDBPyConnection | Connection, **settings) -> Connecti
     On a database opened read-only the catalog must already exist; ``predict``,
     ``predictions``, ``evaluate`` and the views work, and ``train``, ``drop_model`` and
     ``calibrate`` are refused."""
-    from .catalog import require_catalog
     from .instance import attach
     from .udfs import register
 
@@ -106,6 +104,7 @@ def install(con: duckdb.DuckDBPyConnection | Connection, **settings) -> Connecti
     if new:
         register(instance)
     if instance.read_only:
+        from .catalog import require_catalog
         require_catalog(con)
     _install_sql(con, instance.read_only)
     return Connection(con, instance)
@@ -126,6 +125,9 @@ def __getattr__(name: str):
     if name == "plot":   # dbml.plot.history(...) without importing dbml.plot first (matplotlib is an extra)
         import importlib
         return importlib.import_module(".plot", __name__)
+    if name in ("register_model", "unregister_model"):   # the zoo imports torch: on first use
+        from . import zoo
+        return getattr(zoo, name)
     raise AttributeError(f"module 'dbml' has no attribute {name!r}")
 
 

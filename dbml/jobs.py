@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import duckdb
 
-from . import catalog
 from .columns import TRAIN_RESULT
 from .errors import DbmlError, Interrupted, InvalidArgument, JobCancelled
 
@@ -179,7 +178,8 @@ class JobManager:
     def submit(self, spec) -> Job:
         """Start a training job on a thread of its own; return it at once."""
         cur = self._cursor()
-        job = Job(id=catalog.next_job_id(cur), model=spec.model, epochs=spec.epochs)
+        from .catalog import next_job_id   # torch comes with the catalog: imported when a job starts
+        job = Job(id=next_job_id(cur), model=spec.model, epochs=spec.epochs)
         thread = threading.Thread(target=self._run, args=(job, spec, cur),
                                   name=f"dbml-job-{job.id}", daemon=True)
         with self._lock:
