@@ -88,13 +88,16 @@ class Connection:
         return f"<dbml.Connection {self.duckdb!r}>"
 
 
-def install(con: duckdb.DuckDBPyConnection | Connection, **settings) -> Connection:
+def install(con: duckdb.DuckDBPyConnection | Connection, *, preload: bool = True, **settings) -> Connection:
     """Install dbml into ``con``: settings, catalog tables, UDFs and macros (``sql/``, and
     ``train`` generated from ``dbml.spec``). Returns ``con`` as a ``Connection``.
 
     On a database opened read-only the catalog must already exist; ``predict``,
     ``predictions``, ``evaluate`` and the views work, and ``train``, ``drop_model`` and
-    ``calibrate`` are refused."""
+    ``calibrate`` are refused. ``preload=False`` leaves the UDFs' implementation (and torch)
+    to be imported at their first call, inside that statement (the shell: plain SQL never
+    imports torch); by default it is imported here, so the first statement costs no more
+    than the next."""
     from .instance import attach
     from .udfs import register
 
@@ -102,7 +105,7 @@ def install(con: duckdb.DuckDBPyConnection | Connection, **settings) -> Connecti
     _settings.apply(con, **settings)
     instance, new = attach(con)
     if new:
-        register(instance)
+        register(instance, preload)
     if instance.read_only:
         from .catalog import require_catalog
         require_catalog(con)

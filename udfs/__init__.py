@@ -127,12 +127,15 @@ FUNCTIONS = (
 )
 
 
-def register(instance: Instance) -> None:
+def register(instance: Instance, preload: bool = True) -> None:
     """Register every dbml UDF in a database instance (a ``dbml.instance.Instance``).
 
     UDFs are instance-wide in DuckDB; they are registered through the instance's owner
-    connection and take their cursors from it.
+    connection and take their cursors from it. Their implementation (``functions.py``, and
+    torch with it) is imported now with ``preload``, else at the first call of one of them.
     """
+    if preload:
+        importlib.import_module(".functions", __package__)
     contexts = []
 
     def context():

@@ -233,7 +233,7 @@ def open_database(database: str, read_only: bool = False, config: dict | None = 
     import dbml
     con = duckdb.connect(database, read_only=read_only, config=config or {})
     try:
-        installed = dbml.install(con, progress="off")
+        installed = dbml.install(con, preload=False, progress="off")
         # DuckDB's own bar would draw over the line a running train() draws (interactive.py)
         con.execute("SET enable_progress_bar = false").fetchall()
         _add_getenv(con)
