@@ -168,3 +168,30 @@ def test_shell_and_cd_run_and_move(con, tmp_path, monkeypatch):
 def test_jobs_lists_dbmls_training_jobs(con):
     status, out, err = shell(con, ".jobs\n")
     assert status == 0 and "job_id" in out and "rows_per_s" in out, err
+
+
+def test_a_prompt_draws_its_settings_and_queries(con):
+    from dbml.shell.prompt import draw_prompt, parse_prompt
+    from dbml.shell.session import Shell
+    sh = Shell(con, out=io.StringIO(), err=io.StringIO())
+    assert draw_prompt(sh, parse_prompt("{color:red}{setting:current_database}{color:reset} {sql:SELECT 6 * 7} D ")) \
+        == "memory 42 D "
+
+
+def test_the_pager_takes_a_long_result_at_an_interactive_terminal(con, tmp_path):
+    from dbml.shell.session import Shell
+    paged = tmp_path / "paged.txt"
+    out = io.StringIO()
+    sh = Shell(con, out=out, err=io.StringIO(), interactive=True, console=True)
+    sh.process([f".pager 'cat > {paged}'", ".pager set_row_threshold 8", "SELECT 1 AS short;",
+                "SELECT * FROM range(20);"])
+    assert "short" in out.getvalue() and "│    19 │" not in out.getvalue()
+    assert "│    19 │" in paged.read_text()
+
+
+def test_excel_writes_the_next_result_as_csv_and_restores_the_mode(con, monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")     # no xdg-open: the CLI's message, the file stays
+    status, out, err = shell(con, ".excel\nSELECT 1 AS a;\n.mode\n")
+    path = err.split("[", 1)[1].split(" ", 1)[1].rstrip("]\n")
+    assert open(path, newline="").read() == "a\r\n1\r\n" and out == "current output mode: duckbox\n"
+    os.unlink(path)

@@ -90,15 +90,33 @@ def _output(shell, words, once: bool, excel: bool = False):
             shell.print(f'ERROR: extra parameter: "{w}".  Usage:')
             return HELP
         name = w
+    on_reset = None
     if excel or "-x" in words or "--x" in words:
-        import tempfile
-        name = tempfile.mkstemp(suffix=".csv")[1]
-        from .render import set_mode
-        set_mode(shell.display, "csv")
-    problem = shell.output.open(name or "stdout", once or excel)
+        name, on_reset = _spreadsheet(shell)
+    problem = shell.output.open(name or "stdout", once or excel, on_reset)
     if problem:
         shell.error(problem)
         return FAIL
+
+
+def _spreadsheet(shell):
+    """``.excel``: the next result as CSV in a temporary file, opened in the desktop's program
+    for it once written (xdg-open, open, start); the display comes back as it was."""
+    import sys
+    import tempfile
+    from dataclasses import replace
+
+    from .render import set_mode
+    saved = replace(shell.display)
+    set_mode(shell.display, "csv")
+    path = tempfile.mkstemp(suffix=".csv")[1]
+
+    def opened():
+        shell.display = saved
+        opener = {"darwin": "open", "win32": "start"}.get(sys.platform, "xdg-open")
+        if subprocess.call(f"{opener} {path}", shell=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
+            shell.error(f"Failed: [{opener} {path}]")
+    return path, opened
 
 
 def output(shell, words):

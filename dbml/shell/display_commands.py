@@ -6,9 +6,8 @@ its messages; ``dbml/shell/commands.py`` holds the table that names them.
 
 from __future__ import annotations
 
-import os
-
-from .highlight import COLORS, PromptError, check_prompt
+from .highlight import COLORS
+from .prompt import PromptError, parse_prompt
 from .render import c_string, set_mode
 
 OK, FAIL, EXIT, USAGE = 0, 1, 2, -1
@@ -160,11 +159,10 @@ def print_words(shell, words):
 def set_prompt(shell, words):
     if len(words) >= 2:
         try:
-            check_prompt(words[1])
+            shell.prompt = parse_prompt(words[1])
         except PromptError as e:
             shell.error(str(e))
             return FAIL
-        shell.prompt = words[1]
     if len(words) >= 3:
         shell.continue_prompt = words[2]
 
@@ -206,7 +204,7 @@ def highlight_colors(shell, words):
 def highlight_mode(shell, words):
     if words[1] not in ("mixed", "dark", "light", "auto"):
         return USAGE
-    shell.highlight_mode = words[1]
+    shell.highlight.set_mode(words[1])
 
 
 def deprecated_color(element: str):
@@ -280,12 +278,9 @@ def set_pager(shell, words):
     if words[1] in ("on", "off", "automatic"):
         pager["mode"] = words[1]
         if words[1] == "on" and not pager["command"]:
+            from .output import system_pager
             pager["command"] = system_pager()
     else:
         pager["command"] = words[1]
-
-
-def system_pager() -> str:
-    return os.environ.get("DUCKDB_PAGER") or os.environ.get("PAGER") or "less -SRX"
 
 

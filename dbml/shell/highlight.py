@@ -1,6 +1,5 @@
 """Colours, as DuckDB's CLI draws them: terminal codes, the elements ``.highlight_colors``
-names, errors with their quoted names and the token under the caret emphasised, and the
-``.prompt`` syntax (``{color:red}``, ``{setting:...}``, ``{sql:...}``).
+names, and errors with their quoted names and the token under the caret emphasised.
 
 The element and colour tables are the CLI's (``shell_highlight.cpp``); DuckDB's own
 tokenizer (``duckdb.tokenize``) finds the tokens of the query an error quotes.
@@ -11,7 +10,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 
-__all__ = ["COLORS", "ELEMENTS", "Highlighter", "PromptError", "check_prompt", "tokenize_error"]
+__all__ = ["COLORS", "ELEMENTS", "Highlighter", "terminal_code", "tokenize_error"]
 
 # the 256 terminal colours by code (0-15: the standard and bright ones)
 COLORS = """black red green yellow blue magenta cyan brightgray gray brightred brightgreen brightyellow brightblue
@@ -83,11 +82,36 @@ def _did_you_mean(options: list[str], name: str) -> str:
     return "Did you mean " + ", ".join(f'"{c}"' for c in close) + "?" if close else ""
 
 
+# .highlight_mode (and -dark-mode, -light-mode): the elements each mode recolours
+MODES = {
+    "mixed": {"keyword": ("green", "standard"), "string_constant": ("yellow", "standard"),
+              "numeric_constant": ("yellow", "standard"), "continuation_selected": ("green", "standard"),
+              "prompt": ("darkorange", "bold"), "database_name": ("orange3", "standard"),
+              "schema_name": ("deepskyblue1", "standard")},
+    "dark": {"keyword": ("dodgerblue1", "bold"), "string_constant": ("gold1", "standard"),
+             "numeric_constant": ("orchid2", "standard"), "continuation_selected": ("dodgerblue1", "standard"),
+             "error": ("indianred3", "standard"), "error_emphasis": ("indianred3", "bold"),
+             "error_suggestion": ("indianred3", "bold")},
+    "light": {"keyword": ("dodgerblue2", "bold"), "string_constant": ("orange4", "standard"),
+              "numeric_constant": ("darkmagenta", "standard"), "continuation_selected": ("dodgerblue2", "standard"),
+              "prompt": ("darkorange4", "bold"), "error": ("red3", "standard"), "error_emphasis": ("red3", "bold"),
+              "error_suggestion": ("red3", "bold"), "database_name": ("darkorange4", "standard"),
+              "schema_name": ("deepskyblue6", "standard")},
+}
+
+
 @dataclass
 class Highlighter:
     """Which elements have which colours, and whether to colour at all."""
     enabled: bool = True
     colors: dict = field(default_factory=lambda: dict(ELEMENTS))
+    chosen: set = field(default_factory=set)      # set by .highlight_colors: a mode leaves them
+
+    def set_mode(self, mode: str) -> None:
+        """``.highlight_mode mixed|dark|light``: that mode's colours, except those the user chose."""
+        for element, colour in MODES.get(mode, {}).items():
+            if element not in self.chosen:
+                self.colors[element] = colour
 
     def paint(self, text: str, element: str) -> str:
         color, intensity = self.colors[element]
@@ -104,6 +128,7 @@ class Highlighter:
         if intensity is not None and intensity.lower() not in INTENSITIES:
             return f"Unknown intensity '{intensity}', supported options: standard, bold, underline\n"
         self.colors[element.lower()] = (color.lower(), (intensity or "standard").lower())
+        self.chosen.add(element.lower())
         return None
 
     def error(self, message: str) -> str:
@@ -172,40 +197,3 @@ def _line_tokens(message: str, line: int) -> list[tuple[int, str]]:
             continue
         spans.append((q + pos, kinds.get(kind.name, "none")))
     return spans
-
-
-class PromptError(ValueError):
-    pass
-
-
-def check_prompt(prompt: str) -> None:
-    """Parse a ``.prompt`` text as the CLI does; raise PromptError with the CLI's message."""
-    state, literal, kind = "text", "", ""
-    escaped_from = None
-    for ch in prompt:
-        if escaped_from is not None:
-            literal, state, escaped_from = literal + ch, escaped_from, None
-        elif ch == "\\":
-            escaped_from = state
-        elif state == "text":
-            literal, state = ("", "type") if ch == "{" else (literal + ch, state)
-        elif ch == "}":
-            _component(kind if state == "value" else literal, literal if state == "value" else "")
-            state, literal, kind = "text", "", ""
-        elif ch == ":" and state == "type":
-            kind, literal, state = literal, "", "value"
-        else:
-            literal += ch
-    if state != "text" or escaped_from is not None:
-        raise PromptError(f'Failed to parse prompt "{prompt}" - unterminated bracket or escape')
-
-
-def _component(kind: str, value: str) -> None:
-    if kind in ("setting", "sql", "color", "highlight_element", "max_length") and not value:
-        raise PromptError(f"{kind} requires a parameter")
-    if kind == "color" and value not in ("bold", "underline", "reset") and value.lower() not in COLORS:
-        raise PromptError(f"Unknown highlighting color '{value}'")
-    if kind == "highlight_element" and value.lower() not in ELEMENTS:
-        raise PromptError(f"Unknown element '{value}', supported options: {', '.join(ELEMENTS)}")
-    if kind not in ("setting", "sql", "color", "highlight_element", "max_length"):
-        raise PromptError(f"Unknown bracket type {kind}")

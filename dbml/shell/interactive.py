@@ -65,6 +65,14 @@ class History:
                 pass
 
 
+def _prompt(shell) -> str:
+    """The main prompt: a plain text, or the components .prompt parsed."""
+    if isinstance(shell.prompt, str):
+        return shell.prompt
+    from .prompt import draw_prompt
+    return draw_prompt(shell, shell.prompt)
+
+
 def interact(shell) -> int:
     """Read statements and dot commands at the prompt until ``.quit`` or Ctrl-D."""
     from .commands import dot_command
@@ -77,7 +85,7 @@ def interact(shell) -> int:
     with History() as history:
         while True:
             try:
-                line = input(shell.continue_prompt if buf else shell.prompt)
+                line = input(shell.continue_prompt if buf else _prompt(shell))
             except EOFError:                 # Ctrl-D: ends the shell, or drops the statement
                 print(file=shell.output.stdout)
                 if not buf:

@@ -126,7 +126,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("cmd", "COMMAND", 'run "COMMAND" before reading stdin', after=_run(False)),
     Option("csv", "", "set output mode to 'csv'", after=_mode("csv", ",")),
     Option("c", "COMMAND", 'run "COMMAND" and exit', _set("batch", True), _run(True)),
-    Option("dark-mode", "", "use dark mode colors", after=lambda shell, s, a: setattr(shell, "highlight_mode", "dark")),
+    Option("dark-mode", "", "use dark mode colors", after=lambda shell, s, a: shell.highlight.set_mode("dark")),
     Option("echo", "", "print commands before execution", after=lambda shell, s, a: setattr(shell, "echo", True)),
     Option("f", "FILENAME", "read/process named file and exit", _set("batch", True), _file),
     Option("init", "FILENAME", "read/process named file", _set("init", None)),
@@ -137,8 +137,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("interactive", "", "force interactive I/O", after=_interactive),
     Option("json", "", "set output mode to 'json'", after=_mode("json")),
     Option("jsonlines", "", "set output mode to 'jsonlines'", after=_mode("jsonlines")),
-    Option("light-mode", "", "use light mode colors",
-           after=lambda shell, s, a: setattr(shell, "highlight_mode", "light")),
+    Option("light-mode", "", "use light mode colors", after=lambda shell, s, a: shell.highlight.set_mode("light")),
     Option("line", "", "set output mode to 'line'", after=_mode("line")),
     Option("list", "", "set output mode to 'list'", after=_mode("list")),
     Option("markdown", "", "set output mode to 'markdown'", after=_mode("markdown")),
@@ -286,16 +285,15 @@ def _session(con, s: Settings, calls: list) -> int:
             return 1
         for option, arg in calls:
             if option.after is not None and option.after(shell, s, arg) == EXIT:
-                return s.exit_code or getattr(shell, "exit_code", 0) or 0
+                return s.exit_code or 0
         interactive = interactive if s.batch is None else not s.batch
         shell.interactive = interactive
         if not s.read_stdin:
             return _extra_commands(shell, s)
         if interactive and stdin_tty:
-            return shell.interact() or getattr(shell, "exit_code", 0)
+            return shell.interact()
         from .session import read_lines
-        rc = shell.process(read_lines(sys.stdin))
-        return getattr(shell, "exit_code", 0) or rc
+        return shell.process(read_lines(sys.stdin))
     finally:
         shell.output.reset()
         shell.close()
@@ -325,7 +323,7 @@ def _extra_commands(shell, s: Settings) -> int:
         elif shell.run_sql(command):
             return 1
         shell.output.statement_done()
-    return getattr(shell, "exit_code", 0) or 0
+    return 0
 
 
 def _text_streams() -> None:

@@ -12,7 +12,7 @@ from typing import TextIO
 
 from .render import Result, render_text, terminal_width, varchar_sql
 
-__all__ = ["Output", "show"]
+__all__ = ["Output", "emit", "show", "show_kept", "system_pager"]
 
 FETCH_ROWS = 2048
 
@@ -27,6 +27,7 @@ class Output:
         self.count = 0              # .once: how many commands until stdout again (the CLI's outCount)
         self._pipe = None
         self._reported = False
+        self._on_reset = None       # .excel: open the file once written
 
     @property
     def to_file(self) -> bool:
@@ -56,10 +57,12 @@ class Output:
         except OSError:
             pass
 
-    def open(self, name: str, once: bool) -> str | None:
-        """``.output NAME`` / ``.once NAME``: the error text, or None."""
+    def open(self, name: str, once: bool, on_reset=None) -> str | None:
+        """``.output NAME`` / ``.once NAME``: the error text, or None. ``on_reset`` runs when
+        the output goes back to stdout (``.excel`` opens its file then)."""
         self.reset()
         self.count = 2 if once else 0
+        self._on_reset = on_reset
         if name in ("stdout", ""):
             return None
         if name == "off":
@@ -75,7 +78,7 @@ class Output:
             else:
                 self.stream = open(_expand(name), "w", encoding="utf-8", errors="surrogateescape", newline="")
         except OSError:
-            self.stream = self.stdout
+            self.stream, self._on_reset = self.stdout, None
             return f'Error: cannot open "{name}"' if not name.startswith("|") else \
                 f'Error: cannot open pipe "{name[1:]}"'
         self.name = name
@@ -94,6 +97,9 @@ class Output:
         else:
             self.flush()
         self.stream, self.name, self._pipe, self._reported = self.stdout, "", None, False
+        callback, self._on_reset = self._on_reset, None
+        if callback is not None:
+            callback()
 
     def statement_done(self) -> None:
         """After SQL ran: a ``.once`` file is done."""
@@ -116,6 +122,31 @@ def _expand(path: str) -> str:
     return os.path.expanduser(path)
 
 
+def system_pager() -> str:
+    import os
+    return os.environ.get("DUCKDB_PAGER") or os.environ.get("PAGER") or "less -SRX"
+
+
+def emit(shell, text: str) -> None:
+    """Write a drawn result, through the pager where the CLI would use one: at an
+    interactive terminal, ``.pager on``, or automatic with more lines than the threshold
+    (``.pager set_row_threshold``) or wider than the terminal."""
+    out, pager = shell.output, shell.pager
+    wanted = shell.interactive and out.console and out.stream is out.stdout and pager["mode"] != "off"
+    if wanted and pager["mode"] == "automatic":
+        lines = text.split("\n")
+        wanted = len(lines) >= pager["min_rows"] or max(map(len, lines)) > terminal_width()
+    if not wanted:
+        out.write(text)
+        return
+    out.flush()
+    try:
+        subprocess.run(pager["command"] or system_pager(), shell=True, input=text, text=True, encoding="utf-8")
+    except OSError as e:
+        shell.error(f"Error: Failed to start pager process: {e}. Output will be sent to stdout.")
+        out.write(text)
+
+
 def show(shell, outcome, sql: str, kind: str) -> bool:
     """Print what a query returned in the shell's mode, and keep its rows as the last result
     (``_``, ``.last``). A duckbox is drawn by DuckDB from the result itself."""
@@ -124,11 +155,11 @@ def show(shell, outcome, sql: str, kind: str) -> bool:
         from .numbers import wants_formatting
         if wants_formatting(shell.display):
             shell.last = engine.keep(shell.db, outcome)
-            shell.output.write(_formatted_box(shell, shell.last))
+            emit(shell, _formatted_box(shell, shell.last))
             return True
         text = _box(shell, outcome.result)
         shell.last = engine.keep(shell.db, outcome)
-        shell.output.write(text)
+        emit(shell, text)
         return True
     shell.last = engine.keep(shell.db, outcome)
     return show_kept(shell, shell.last, sql, kind)
@@ -172,9 +203,9 @@ def show_kept(shell, kept, sql: str, kind: str, unlimited: bool = False) -> bool
         from .metadata import describe_name, render_describe
         name = describe_name(shell.db, sql, kept.names) if sql else None
         if name is not None:
-            out.write(render_describe(shell, name, kept.select().fetchall()))
+            emit(shell, render_describe(shell, name, kept.select().fetchall()))
         else:
-            out.write(_box(shell, kept.select(), unlimited))
+            emit(shell, _box(shell, kept.select(), unlimited))
         return True
     exprs = [varchar_sql(f"c{i}", t, display.mode) for i, t in enumerate(kept.types)]
     render_text(Result(list(kept.names), list(kept.types), _rows(kept.select(exprs))), display, out.write)

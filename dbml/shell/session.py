@@ -73,8 +73,6 @@ class Shell:
         self.startup_text, self.ui_command, self.read_line_version = "all", "CALL start_ui()", "readline"
         self.read_depth = 0
         self.status = 0
-        self.exit_code = 0                             # .exit CODE
-        self.highlight_mode = "auto"
 
     @property
     def db(self):
@@ -109,9 +107,8 @@ class Shell:
         """Run every line (without their newlines); 1 if anything failed, else 0. Stops at
         ``.quit``/``.exit``, and at the first error where ``bails(mode)``."""
         from .commands import dot_command
-        buf, errors = SqlBuffer(), 0
         try:
-            return self._process(lines, mode, buf, dot_command)
+            return self._process(lines, mode, SqlBuffer(), dot_command)
         except LineTooLong:
             self.error(f"Error: an input line is longer than {MAX_LINE // 2 ** 20} MiB; stopped reading")
             return 1
