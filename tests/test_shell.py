@@ -32,6 +32,8 @@ def shell(con, text):
     (["SELECT 1 -- not yet;"], False), (["SELECT /* ; */ 1"], False), (["SELECT /* ; */ 1;"], True),
     (["SELECT $$a;", "b$$;"], True), (["SELECT $tag$ ; $x$ ;", "$tag$"], False), (["SELECT $1;"], True),
     (["/*", ";", "*/"], False), (["SELECT 'a", ";", "b';"], True), (["SELECT 1;", "-- trailing ;"], True),
+    (["SELECT E'it\\'s';"], True), (["SELECT E'a\\\\';"], True), (["SELECT e'\\';", "x';"], True),
+    (["SELECT sE'it\\'s';"], False),
 ])
 def test_a_statement_ends_at_a_semicolon_outside_quotes_dollar_strings_and_comments(lines, complete):
     buf = SqlBuffer()

@@ -147,22 +147,23 @@ def emit(shell, text: str) -> None:
         out.write(text)
 
 
-def show(shell, outcome, sql: str, kind: str) -> bool:
-    """Print what a query returned in the shell's mode, and keep its rows as the last result
-    (``_``, ``.last``). A duckbox is drawn by DuckDB from the result itself."""
+def show(shell, outcome, sql: str, kind: str):
+    """Print what a query returned in the shell's mode; its rows, kept (the shell's last
+    result: ``_``, ``.last``). A duckbox is drawn by DuckDB from the result itself."""
     from . import engine
     if shell.display.mode == "duckbox" and kind != "EXPLAIN" and not _describes(shell, sql, outcome.names):
         from .numbers import wants_formatting
         if wants_formatting(shell.display):
-            shell.last = engine.keep(shell.db, outcome)
-            emit(shell, _formatted_box(shell, shell.last))
-            return True
+            kept = engine.keep(shell.db, outcome)
+            emit(shell, _formatted_box(shell, kept))
+            return kept
         text = _box(shell, outcome.result)
-        shell.last = engine.keep(shell.db, outcome)
+        kept = engine.keep(shell.db, outcome)
         emit(shell, text)
-        return True
-    shell.last = engine.keep(shell.db, outcome)
-    return show_kept(shell, shell.last, sql, kind)
+        return kept
+    kept = engine.keep(shell.db, outcome)
+    show_kept(shell, kept, sql, kind)
+    return kept
 
 
 def _describes(shell, sql: str, names: list[str]) -> bool:

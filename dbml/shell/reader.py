@@ -28,8 +28,9 @@ class SqlBuffer:
     """The text of the statement being read, and whether it is complete.
 
     ``state`` is where the scan stands at the end of the text: ``None`` (plain SQL),
-    ``"'"`` or ``'"'`` (inside a quoted string or identifier), ``"/*"`` (a block comment) or
-    ``"$tag$"`` (a dollar-quoted string). ``last`` is the last significant character outside
+    ``"'"`` or ``'"'`` (inside a quoted string or identifier), ``"E'"`` (an escape string,
+    where ``\\'`` does not end it: the CLI's rule misses this and waits for more input),
+    ``"/*"`` (a block comment) or ``"$tag$"`` (a dollar-quoted string). ``last`` is the last significant character outside
     them: the text is complete when it is ``;`` (comments and spaces do not count).
     """
 
@@ -37,7 +38,6 @@ class SqlBuffer:
         self.lines: list[str] = []
         self.state: str | None = None
         self.last = ""
-        self._line_comment = False
 
     def __bool__(self) -> bool:
         return bool(self.lines)
@@ -62,7 +62,6 @@ class SqlBuffer:
 
     def _scan(self, line: str) -> None:
         i, n = 0, len(line)
-        self._line_comment = False
         while i < n:
             if self.state is not None:
                 i = self._close(line, i)
@@ -85,9 +84,8 @@ class SqlBuffer:
         if ch == ";":
             self.last = ";"
         elif ch in "'\"":
-            self.state = ch
+            self.state = "E'" if ch == "'" and _escape_string(line, i) else ch
         elif pair == "--":
-            self._line_comment = True
             return len(line)               # a line comment runs to the end of the line
         elif pair == "/*":
             self.state = "/*"
@@ -105,14 +103,22 @@ class SqlBuffer:
 
     def _close(self, line: str, i: int) -> int:
         """Inside a string or comment: the index after its end, or the end of the line."""
-        end = self.state if self.state != "/*" else "*/"
+        end = {"/*": "*/", "E'": "'"}.get(self.state, self.state)
         j = line.find(end, i)
+        while self.state == "E'" and j >= 0 and 0 <= line.find("\\", i, j):
+            i = line.find("\\", i, j) + 2     # in E'...' a backslash escapes the next character
+            j = line.find(end, i)
         if j < 0:
             return len(line)
-        if self.state in ("'", '"'):
+        if self.state in ("'", '"', "E'"):
             self.last = self.state        # a string is significant text, not a ';'
         self.state = None
         return j + len(end)
+
+
+def _escape_string(line: str, i: int) -> bool:
+    """Whether the quote at ``i`` opens an E'...' string (backslash escapes, as DuckDB reads it)."""
+    return i > 0 and line[i - 1] in "eE" and (i == 1 or not (line[i - 2].isalnum() or line[i - 2] in "_$"))
 
 
 def all_whitespace(text: str) -> bool:

@@ -275,7 +275,8 @@ class Shell:
             self.total_changes += changes
         if outcome.kind != "query_result":
             return True
-        return show(self, outcome, sql, kind)
+        self.last = show(self, outcome, sql, kind)
+        return True
 
 
 def run(con, lines: Iterable[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
