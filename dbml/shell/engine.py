@@ -106,7 +106,9 @@ def keep(con, outcome: Outcome) -> Kept:
 def error_text(e: BaseException, no_last_result: bool = False) -> str:
     """What the CLI prints for an error: DuckDB's message as it is."""
     text = str(e) or type(e).__name__
-    if isinstance(e, duckdb.InterruptException) or "INTERRUPT" in text[:40].upper():
+    # Ctrl-C inside a Python UDF (dbml's, e.g. while it first imports torch) comes back wrapped
+    in_udf = "while executing the UDF: KeyboardInterrupt" in text
+    if isinstance(e, duckdb.InterruptException) or "INTERRUPT" in text[:40].upper() or in_udf:
         return "Error: interrupted (Ctrl-C); the statement was stopped, nothing of it was stored"
     if no_last_result and isinstance(e, duckdb.CatalogException) and "Table with name _ does not exist" in text:
         return 'Binder Error: Failed to query last result "_": no result available'
