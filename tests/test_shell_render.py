@@ -344,3 +344,13 @@ def test_highlighted_results_colour_names_types_and_nulls(con):
 def test_tables_leaves_dbmls_own_objects_out(con):
     out = shell(con, "CREATE TABLE mine(i INT);\n.tables\n")
     assert "mine" in out and "dbml_" not in out and "dbml_scratch" not in out
+
+
+def test_maxrows_analyze_sizes_columns_by_the_first_rows_and_cuts_later_values(con):
+    """``.maxrows -1 1000``: widths come from the rows DuckDB reads first (whole vectors of
+    2,048), a longer value after them is cut, as the CLI cuts it."""
+    out = shell(con, ".maxrows -1 1000\nSELECT s FROM (SELECT 'x' AS s, i FROM range(3000) t(i) "
+                     "UNION ALL SELECT 'a much longer value', 9999) ORDER BY i;\n")
+    lines = out.splitlines()
+    assert lines[:4] == ["┌─────────┐", "│    s    │", "│ varchar │", "├─────────┤"]
+    assert lines[-3:] == ["│ x       │", "│ a much… │", "└─────────┘"] and len(lines) == 3006

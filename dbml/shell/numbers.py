@@ -1,4 +1,5 @@
-"""``.large_number_rendering all|footer``, ``.thousand_sep`` and ``.decimal_sep`` in duckbox mode.
+"""``.large_number_rendering all|footer``, ``.thousand_sep``, ``.decimal_sep`` and ``.maxrows N
+ANALYZE`` (column widths from the first ANALYZE rows) in duckbox mode.
 
 These are settings of DuckDB's box renderer that duckdb-python's ``to_box`` does not take,
 so for them the box is laid out here, as DuckDB's ``BoxRenderer`` lays it out
@@ -12,16 +13,19 @@ as they are. Without these settings the shell never comes here.
 
 from __future__ import annotations
 
-from .metadata import large_number
+from .metadata import large_number, truncate
 from .render import Display, is_numeric, render_width
 
 __all__ = ["wants_formatting", "formatted_box"]
 
 DOT = "·"
+VECTOR = 2048         # rows DuckDB hands the renderer at a time
 
 
 def wants_formatting(display: Display) -> bool:
-    return display.large_numbers in ("all", "footer") or bool(display.thousand_sep or display.decimal_sep)
+    """Whether a setting to_box does not take is on (``.maxrows N ANALYZE`` among them)."""
+    return display.large_numbers in ("all", "footer") or bool(display.thousand_sep or display.decimal_sep) \
+        or display.max_analyze_rows > 0
 
 
 def format_number(text: str, display: Display) -> str:
@@ -72,7 +76,11 @@ def formatted_box(kept, display: Display, max_width: int) -> str | None:
     numeric = [is_numeric(t) for t in types]
     align = ["middle" if readable else "right" if n else "left" for n in numeric]
     body = cells[:len(rows)] + ([readable] if readable else []) + cells[len(rows):]
-    widths = [max([render_width(n), render_width(t)] + [render_width(r[i]) for r in body])
+    # .maxrows N ANALYZE: the widths come from the first ANALYZE rows, read a vector (2,048 rows) at
+    # a time as DuckDB reads them; later values are cut to those widths
+    analyzed = -(-display.max_analyze_rows // VECTOR) * VECTOR
+    measured = body[:analyzed] if display.max_analyze_rows > 0 else body
+    widths = [max([render_width(n), render_width(t)] + [render_width(r[i]) for r in measured])
               for i, (n, t) in enumerate(zip(names, type_names))]
     footer = _footer(count, shown, len(names), display)
     total = 1 + sum(w + 3 for w in widths)
@@ -141,7 +149,12 @@ def _rule(widths, left, mid, right) -> str:
 
 
 def _row(values, widths, align) -> str:
-    return "".join("│" + _align(v, w, a) for v, w, a in zip(values, widths, align)) + "│\n"
+    return "".join("│" + _align(_fit(v, w), w, a) for v, w, a in zip(values, widths, align)) + "│\n"
+
+
+def _fit(text: str, width: int) -> str:
+    """A value wider than its column cut with an ellipsis, as the box renderer cuts it."""
+    return text if render_width(text) <= width else truncate(text, width)[0]
 
 
 def _divider(prev, nxt, widths, align) -> list[str]:
