@@ -281,7 +281,7 @@ def _session(con, s: Settings, calls: list) -> int:
         if s.safe:
             from .catalog_commands import enable_safe_mode
             enable_safe_mode(shell)
-        if s.run_init and _init(shell, s) and shell.bail is not False:
+        if s.run_init and _init(shell, s):
             return 1
         for option, arg in calls:
             if option.after is not None and option.after(shell, s, arg) == EXIT:
@@ -300,17 +300,38 @@ def _session(con, s: Settings, calls: list) -> int:
 
 
 def _init(shell, s: Settings) -> int:
-    """The init file: ``-init FILE`` (which must exist), else ``~/.duckdbrc`` if there is one."""
-    from .session import INIT
+    """The init file: ``-init FILE`` (which must exist), else ``~/.duckdbrc`` if there is one;
+    1 when it failed and the shell should stop (unless ``.bail off`` said otherwise in it)."""
     path = s.init if s.init is not None else os.path.expanduser("~/.duckdbrc")
-    if s.init is None and not os.path.isfile(path):
-        return 0
-    if shell.read_file(path, INIT):
-        if s.init is None or os.path.isfile(path):
-            shell.error(f'Encountered errors while executing init file "{path}". Exiting.') \
-                if os.path.isfile(path) else None
+    if not os.path.isfile(path):
+        if s.init is None:
+            return 0
+        shell.error(f'IO Error: Failed to open file "{path}"')
+        failed = True
+    else:
+        failed = _run_init_file(shell, path)
+    if failed and shell.bail is not False:
+        shell.error(f'Encountered errors while executing init file "{path}". Exiting.')
         return 1
     return 0
+
+
+def _run_init_file(shell, path: str) -> bool:
+    """Run the init file, saying so on stderr first ("-- Loading resources from ..."), as the
+    CLI does unless the file's first lines set ``.startup_text`` to something else."""
+    import itertools
+
+    from .commands import dot_command
+    from .session import INIT, read_lines
+    with open(path, encoding="utf-8", errors="surrogateescape", newline="\n") as f:
+        lines = read_lines(f)
+        for line in lines:
+            if not line.startswith(".startup_text"):
+                if shell.startup_text == "all":
+                    shell.error(f"-- Loading resources from {path}")
+                return bool(shell.process(itertools.chain([line], lines), INIT))
+            dot_command(shell, line.rstrip("\n"))
+    return False
 
 
 def _extra_commands(shell, s: Settings) -> int:
