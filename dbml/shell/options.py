@@ -230,8 +230,11 @@ def open_database(database: str, read_only: bool = False, config: dict | None = 
     draws its own line). DuckDB's errors pass through: the shell prints them."""
     import duckdb
     import dbml
+
+    from .engine import check
     con = duckdb.connect(database, read_only=read_only, config=config or {})
     try:
+        check(con)
         installed = dbml.install(con, preload=False, progress="off")
         # DuckDB's own bar would draw over the line a running train() draws (interactive.py)
         con.execute("SET enable_progress_bar = false").fetchall()
