@@ -11,7 +11,9 @@ One run measures, in one process (see each module for how):
   against capuchin (passive first), at 50 %;
 * "planning": capture and planning seconds per workload;
 * "concurrent" and "mixed" (:mod:`.multi`): 1-4 concurrent jobs and the mixed workload;
-* "batch": one workload at batch sizes 4-64.
+* "batch": one workload at batch sizes 4-64;
+* "tune" (:mod:`.tune`): one hyperparameter search serial, packed by dbml, unscheduled and
+  in Ray Tune, under one device budget.
 
 Results go to ``<out>/<date>-<machine>.json`` with a markdown table and PNG plots
 (:mod:`.report`). ``--quick`` (CI's smoke test, minutes): the MLP and the transformer only.
@@ -35,20 +37,25 @@ import torch
 from . import emulate
 from .multi import concurrent_rows, make_jobs
 from .single import ALL_METHODS, Context, run_single
+from .methods import SPEC, loss_fn
 from .workloads import QUICK, WORKLOADS, workload
 
 __all__ = ["main", "run", "parser", "RESULTS"]
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BATCH_METHODS = ("eager", "dbml-tensile@50%", "checkpoint", "offload")
-SECTIONS = ("single", "coldstart", "planning", "concurrent", "mixed", "batch", "latency", "fastpath")
-NOT_QUICK = ("latency",)   # held-out calibrations: half an hour
+SECTIONS = ("single", "coldstart", "planning", "concurrent", "mixed", "batch", "latency", "fastpath", "inference",
+            "tune")
+NOT_QUICK = ("latency", "tune")   # held-out calibrations: half an hour; tune: Ray Tune's start alone is minutes
 
 
 # --quick leaves out the default planner at its two smallest budgets: under the emulated
 # GPU's slow copies they stall for most of an iteration (the MLP at 100x eager), which
-# alone took a minute of CI's smoke test; the full run measures them.
-NOT_QUICK_METHODS = ("dbml-stalls@35%", "dbml-stalls@min")
+# alone took a minute of CI's smoke test; the full run measures them. It leaves out the
+# seeds' other planners too: their searches take seconds to tens of seconds per workload
+# and mode (PoocH on the emulated transformer: 134 simulations of ~0.1 s); name them in
+# --methods to measure them quickly.
+NOT_QUICK_METHODS = ("dbml-stalls@35%", "dbml-stalls@min", "dbml-pooch@50%", "dbml-swapadvisor@50%")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -69,12 +76,36 @@ def parser() -> argparse.ArgumentParser:
 
 
 def latency_model(threads: int):
+    """The latency model every method plans with, frozen per op (``FrozenLatency``)."""
     from dbml.scheduler.latency.estimate import RooflineModel
     from dbml.scheduler.latency.predictor import load_predictor
     predictor = load_predictor("cpu", threads=threads)
     if predictor is not None:
-        return predictor, "predictor"
-    return RooflineModel(), "roofline (no predictor for this thread count: python -m dbml install --threads N)"
+        return FrozenLatency(predictor), "predictor"
+    return FrozenLatency(RooflineModel()), \
+        "roofline (no predictor for this thread count: python -m dbml install --threads N)"
+
+
+class FrozenLatency:
+    """A latency model whose every op is predicted once: the predictor reads the machine's
+    load, so two plans of one graph (a probe for the smallest budget, a row at a budget)
+    could see different latencies, and a budget found feasible fail a moment later. Frozen,
+    every method of a workload plans from the same latencies, and the smallest feasible
+    budget is monotone: no budget below it plans."""
+
+    def __init__(self, base):
+        import weakref
+        self.base = base
+        self._cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # graph -> node name -> s
+
+    def predict(self, node) -> float:
+        per_graph = self._cache.setdefault(node.graph, {})
+        if node.name not in per_graph:
+            per_graph[node.name] = self.base.predict(node)
+        return per_graph[node.name]
+
+    def __getattr__(self, name):   # anything else the model offers (a predictor's report, its machine)
+        return getattr(self.base, name)
 
 
 def machine() -> dict:
@@ -189,11 +220,16 @@ def run(args) -> dict:
             r, t = run_single(w, ctx, methods=methods)
             rows += r
             results["timelines"].update(t)
+            eager_s = next((row["seconds"] for row in r if row["method"] == "eager" and row.get("seconds")), None)
             for p in profiles:
-                ctx.emulate, ctx.bandwidth = p, emulate.emulated_bandwidth(p)
-                results["emulation"][p.name] = {"bandwidth": ctx.bandwidth, "profile": p.source,
-                                                "cpu_flops": ctx.bandwidth * p.flops / p.pcie}
-                log(f"{w.name}: emulated {p.name} (copies at {ctx.bandwidth / 1e6:.0f} MB/s)")
+                t_gpu, t_cpu = _iteration_times(w, p, threads, eager_s)
+                ctx.emulate, ctx.bandwidth = p, emulate.emulated_bandwidth(p, t_gpu, t_cpu)
+                results["emulation"].setdefault(p.name, {"profile": p.source, "efficiency": p.efficiency,
+                                                         "launch": p.launch, "workloads": {}})
+                results["emulation"][p.name]["workloads"][w.name] = {
+                    "bandwidth": ctx.bandwidth, "gpu_iteration_s": t_gpu, "cpu_iteration_s": t_cpu}
+                log(f"{w.name}: emulated {p.name} (copies at {ctx.bandwidth / 1e6:.0f} MB/s: an iteration "
+                    f"{t_gpu * 1e3:.2f} ms there, {t_cpu * 1e3:.0f} ms here)")
                 r, t = run_single(w, ctx, mode=f"emulated:{p.name}", methods=methods)
                 rows += r + unaffected(rows, w.name, f"emulated:{p.name}")
                 results["timelines"].update(t)
@@ -203,8 +239,17 @@ def run(args) -> dict:
     _multi(args, sections, ctx, rows, log)
     if "fastpath" in sections:
         rows += _fastpath(args.quick, log)
+    if "inference" in sections:
+        from . import infer
+        for w in ws:
+            log(f"inference: {w.name}, {infer.ROWS} rows, eager no_grad against dbml at {infer.BUDGET:.0%} of its "
+                f"activations")
+            rows += infer.rows_for(w, iters)
     if "latency" in sections:
         rows += _latency(names, iters, log)
+    if "tune" in sections:
+        from . import tune
+        rows += tune.run(args.quick, log)
     if "batch" in sections:
         w = workload("mlp" if args.quick else "resnet50")
         for b in ((8, 32) if args.quick else (4, 8, 16, 32, 64)):
@@ -215,6 +260,30 @@ def run(args) -> dict:
     results["load_average"]["after"] = list(os.getloadavg())
     results["seconds"] = time.time() - started
     return results
+
+
+def _iteration_times(w, p, threads: int, eager_seconds: float | None = None) -> tuple[float, float]:
+    """(seconds of one iteration on ``p``'s GPU by its achieved roofline, on this CPU by
+    eager PyTorch: the CPU rows' median, measured interleaved with every method under the
+    same load, else the least of 5 steps after a warm-up): the emulated bandwidth's ratio."""
+    import copy
+
+    from dbml.scheduler.execute.step import EagerStep
+    from dbml.scheduler.graph.graphs import GraphCache
+    model = w.model()
+    x, y = w.batch_tensors()
+    captured = GraphCache(copy.deepcopy(model), loss_fn, SPEC, job="emulate", share=(w.name, int(x.shape[0]))).get(x, y)
+    t_gpu = emulate.gpu_iteration_seconds(p, captured.graph)
+    if eager_seconds:
+        return t_gpu, eager_seconds
+    runner = EagerStep(model, loss_fn, SPEC, measured_steps=0)
+    runner.step(x, y)
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        runner.step(x, y)
+        times.append(time.perf_counter() - t0)
+    return t_gpu, min(times)
 
 
 def _fastpath(quick: bool, log) -> list[dict]:

@@ -27,7 +27,7 @@ MIB = 2 ** 20
 # dbml's ledger and the shared tracker are two accounts of one peak: beyond this
 # relative gap one of them is wrong, and the row says so.
 LEDGER_TOLERANCE = 0.02
-SECTION_ORDER = ("single", "coldstart", "concurrent", "mixed", "batch", "planning", "latency", "fastpath")
+SECTION_ORDER = ("single", "coldstart", "concurrent", "mixed", "batch", "planning", "latency", "fastpath", "inference")
 PLOTS_HINT = "no plots: matplotlib is not installed (pip install -e '.[bench]')"   # when plots() gives []
 
 # The TENSILE journal paper (Zhang et al., "TENSILE: A Tensor granularity dynamic GPU memory

@@ -41,11 +41,13 @@ TENSILE_BUDGETS = (("75%", 0.75), ("50%", 0.50), ("35%", 0.35), ("min", None))
 # dbml's default planner (planned stalls, swap or recompute by cost); dbml-tensile@… is the paper's
 STALLS = tuple(f"dbml-stalls@{b}" for b in ("50%", "35%", "min"))
 PEERS = ("checkpoint", "offload", "compile", "rockmate")
+# the seeds' other planners (policies pooch and swapadvisor) within half of eager's peak
+SEARCHED = ("dbml-pooch@50%", "dbml-swapadvisor@50%")
 ALL_METHODS = ("eager", "dbml-none", *(f"dbml-tensile@{b}" for b, _ in TENSILE_BUDGETS), *STALLS, "dbml-capuchin@50%",
-               "dbml-vdnn", *PEERS)
+               "dbml-vdnn", *SEARCHED, *PEERS)
 # methods that copy to the host, which the GPU-ratio emulation throttles
 EMULABLE = ("eager", *(f"dbml-tensile@{b}" for b, _ in TENSILE_BUDGETS), *STALLS, "dbml-capuchin@50%", "dbml-vdnn",
-            "offload")
+            *SEARCHED, "offload")
 
 
 @dataclass
@@ -99,6 +101,9 @@ def _build(names, w: Workload, model, x, y, vanilla: int, ctx: Context, mode: st
                                       lm=lm, device=device()))
         elif name == "dbml-vdnn":
             entries.append(dbml_entry(name, model, policy="vdnn", budget=None, share=share, lm=lm, device=device()))
+        elif name in SEARCHED:   # planned now, as the tensile rows are: an infeasible budget is the row's error
+            entries.append(_tensile(name, model, x, y, int(0.5 * vanilla), False, share, lm, device,
+                                    policy=name[5:].split("@")[0]))
         else:
             kw = {"copy_seconds": emulate.copy_seconds(ctx.bandwidth)} if emulated else {}
             if name == "rockmate":
@@ -109,12 +114,14 @@ def _build(names, w: Workload, model, x, y, vanilla: int, ctx: Context, mode: st
     return entries
 
 
-def _tensile(name: str, model, x, y, budget: int, smallest: bool, share, lm, device, settings=None) -> Entry:
-    """A tensile entry, planned now. At the smallest budget, the planner's latency model
-    can change its mind between two plans (the predictor reads the machine's load), so
-    a budget found feasible a moment ago may fail: take the new smallest, a few times."""
+def _tensile(name: str, model, x, y, budget: int, smallest: bool, share, lm, device, settings=None,
+             policy: str = "tensile") -> Entry:
+    """A tensile entry (or another planner's: ``policy``), planned now. At the smallest
+    budget, the planner's latency model can change its mind between two plans (the
+    predictor reads the machine's load), so a budget found feasible a moment ago may
+    fail: take the new smallest, a few times."""
     for _ in range(5 if smallest else 1):
-        e = dbml_entry(name, model, policy="tensile", budget=budget, share=share, lm=lm, device=device(),
+        e = dbml_entry(name, model, policy=policy, budget=budget, share=share, lm=lm, device=device(),
                        settings=settings)
         if not e.ok:
             return e

@@ -11,6 +11,7 @@ from another thread) has dbml too.
 
 from __future__ import annotations
 
+import threading
 from importlib import resources
 
 import duckdb
@@ -18,10 +19,10 @@ import duckdb
 from . import settings as _settings
 from .errors import (CatalogError, DbmlError, Interrupted, InvalidArgument, ModelNotFound, SourceError,
                      TrainingError)
-from .api import drop_model, evaluate, list_jobs, predictions, train
+from .api import drop_model, evaluate, list_jobs, predictions, train, tune
 
 __version__ = "0.1.0"
-__all__ = ["connect", "install", "execute", "export_model", "train", "predictions", "evaluate", "drop_model",
+__all__ = ["connect", "install", "execute", "export_model", "train", "tune", "predictions", "evaluate", "drop_model",
            "list_jobs", "Connection", "DbmlError", "InvalidArgument", "SourceError", "ModelNotFound",
            "TrainingError", "CatalogError", "Interrupted", "register_model", "unregister_model"]
 
@@ -37,11 +38,14 @@ class Connection:
     (it has no constructor), hence the wrapper; ``con.duckdb`` is the DuckDB connection
     itself, for APIs that need one (``duckdb.sql(..., connection=con.duckdb)``)."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, instance):
+    def __init__(self, con: duckdb.DuckDBPyConnection, instance, settings: dict | None = None):
         self.duckdb = con
         self._instance = instance
         self._read_only = instance.read_only
         self._id = con.execute("SELECT current_connection_id()").fetchall()[0][0]
+        self._lock = threading.Lock()        # cursor() from several threads at once
+        self._busy = 0                       # execute() calls running now
+        self._settings = settings if settings is not None else self._read_settings()
 
     def __getattr__(self, name: str):
         return getattr(self.duckdb, name)
@@ -54,14 +58,38 @@ class Connection:
         from .api import sql
         return sql(self.duckdb, query, **kwargs)
 
+    def execute(self, *args, **kwargs):
+        """DuckDB's ``execute``; while it runs, ``cursor()`` from another thread copies the
+        settings this connection had when last idle instead of asking it."""
+        self._busy += 1
+        try:
+            return self.duckdb.execute(*args, **kwargs)
+        finally:
+            self._busy -= 1
+
     def cursor(self) -> "Connection":
+        """A new connection to the same database (for another thread), with this one's dbml
+        settings. Safe to call from several threads at once, and while this connection runs
+        a statement in another thread: the settings are then those it had when last idle."""
         cur = self.duckdb.cursor()
+        with self._lock:
+            if not self._busy:
+                try:
+                    read = self._read_settings()
+                    _settings.apply(cur, **read)   # checked: a read racing another call may be garbage
+                    self._settings = read
+                except (duckdb.Error, DbmlError, IndexError):   # busy elsewhere: DuckDB refuses to wait
+                    pass
+            settings = dict(self._settings)
+        _settings.apply(cur, **settings)
+        _install_sql(cur, self._read_only)
+        return Connection(cur, self._instance, settings)
+
+    def _read_settings(self) -> dict:
         names = [s.name for s in _settings.SETTINGS]   # one query for all, typed as set
         values = self.duckdb.execute("SELECT " + ", ".join(f"getvariable('{_settings.variable(n)}')"
                                                             for n in names)).fetchall()[0]
-        _settings.apply(cur, **{n: v for n, v in zip(names, values) if v is not None})
-        _install_sql(cur, self._read_only)
-        return Connection(cur, self._instance)
+        return {n: v for n, v in zip(names, values) if v is not None}
 
     def interrupt(self) -> None:
         """Interrupt the statement running on this connection (from another thread), as
@@ -103,9 +131,13 @@ def install(con: duckdb.DuckDBPyConnection | Connection, *, preload: bool = True
 
     con = con.duckdb if isinstance(con, Connection) else con
     _settings.apply(con, **settings)
-    instance, new = attach(con)
-    if new:
+
+    def first_install(instance) -> None:   # before any other connection finds the instance
         register(instance, preload)
+        if not instance.read_only and _older_catalog_may_exist(con):
+            from .catalog import migrate   # it imports torch: only where there may be one to move
+            migrate(con, resources.files("dbml.sql").joinpath("catalog.sql").read_text())
+    instance, _ = attach(con, first_install)
     if instance.read_only:
         from .catalog import require_catalog
         require_catalog(con)
@@ -113,15 +145,26 @@ def install(con: duckdb.DuckDBPyConnection | Connection, *, preload: bool = True
     return Connection(con, instance)
 
 
+def _older_catalog_may_exist(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether an older dbml's ``main.dbml_models`` is there (``catalog.migrate`` decides the rest)."""
+    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+                            "AND schema_name = 'main' AND table_name = 'dbml_models' AND NOT temporary").fetchall()[0][0])
+
+
 def _install_sql(con: duckdb.DuckDBPyConnection, read_only: bool) -> None:
-    """Run ``sql/`` and the generated ``train`` macro on one connection or cursor: TEMP macros
+    """Run ``sql/``, the generated ``train`` and ``tune`` macros and the ``dbml_trials`` view
+    (``dbml.trials.view_sql``) on one connection or cursor: TEMP macros
     and views are per connection, UDFs and the catalog per database."""
     from .spec import train_macro_sql
+    from .trials import view_sql
+    from .tunespec import tune_macro_sql
 
     for sql in sorted(resources.files("dbml.sql").iterdir(), key=lambda p: p.name):
         if sql.name.endswith(".sql") and not (read_only and sql.name in _WRITING_SQL):
             con.execute(sql.read_text())
     con.execute(train_macro_sql())
+    con.execute(tune_macro_sql())
+    con.execute(view_sql(con))
 
 
 def __getattr__(name: str):

@@ -15,22 +15,30 @@ function with effects (``train``, ``drop_model``, ``calibrate``, ``cancel_job``,
 from __future__ import annotations
 
 import importlib.util
-import re
 
 import duckdb
 
 from .errors import InvalidArgument
 
-__all__ = ["train", "predictions", "evaluate", "drop_model", "list_jobs", "OnceRelation", "has_effects"]
-
-EFFECTS = ("train", "drop_model", "calibrate", "cancel_job", "export_model", "wait_job")
-_CALL = re.compile(r"\b(" + "|".join(EFFECTS) + r")\s*\(", re.IGNORECASE)
-_STRING = re.compile(r"'(?:[^']|'')*'")
-
+__all__ = ["train", "tune", "predictions", "evaluate", "drop_model", "list_jobs", "OnceRelation", "has_effects"]
 
 def has_effects(query: str) -> bool:
-    """Whether ``query`` calls one of dbml's functions with effects (outside string literals)."""
-    return bool(_CALL.search(_STRING.sub("''", query)))
+    """Whether ``query`` calls one of dbml's functions with effects (``dbml.udfs.FUNCTIONS``
+    says which, and which macros call them), read with the SQL tokenizer: a name inside a
+    string or a comment is no call."""
+    from sqlglot.dialects import Dialect
+    from sqlglot.errors import TokenError
+    from sqlglot.tokens import TokenType
+
+    from .udfs import names_with_effects
+
+    try:
+        tokens = Dialect.get_or_raise("duckdb").tokenizer_class().tokenize(query)
+    except TokenError:
+        return False          # DuckDB reports what is wrong with it
+    effects = names_with_effects()
+    return any(a.token_type != TokenType.STRING and a.text.lower() in effects and b.token_type == TokenType.L_PAREN
+               for a, b in zip(tokens, tokens[1:]))
 
 
 def require_pandas(what: str) -> None:
@@ -103,6 +111,25 @@ def train(con, model: str, source: str, **arguments) -> dict:
     named = "".join(f", {k} := ?" for k in arguments)
     row = con.execute(f"SELECT train(?, ?{named})", [model, source, *arguments.values()]).fetchall()
     return row[0][0]
+
+
+def tune(con, model: str, source: str, **arguments) -> list[dict]:
+    """``SELECT * FROM tune(model, source, name := value, ...)``: runs the search and returns
+    one dict per trial it ran. Arguments are tune()'s by name (``space`` may be a dict:
+    ``space={"lr": {"log_uniform": [1e-4, 0.1]}}``, ``trials=20``, ``label='y'``, ...)."""
+    import json
+
+    from .tunespec import TUNE_PARAMS
+    names = [p.name for p in TUNE_PARAMS][2:]
+    unknown = sorted(set(arguments) - set(names))
+    if unknown:
+        raise InvalidArgument(f"dbml.tune(): unknown argument {unknown[0]!r}; tune() takes {', '.join(names)}")
+    if isinstance(arguments.get("space"), dict):
+        arguments["space"] = json.dumps(arguments["space"])
+    named = "".join(f", {k} := ?" for k in arguments)
+    cur = con.execute(f"SELECT * FROM tune(?, ?{named})", [model, source, *arguments.values()])
+    columns = [d[0] for d in cur.description]
+    return [dict(zip(columns, row)) for row in cur.fetchall()]
 
 
 def predictions(con, model: str, source: str):

@@ -243,7 +243,7 @@ def _replacement(con, fn: exp.Expression) -> str:
         if not source:
             raise InvalidArgument(f"ML.PREDICT(MODEL {name}, ...): needs the rows to predict, "
                                   f"a (SELECT ...) or TABLE t")
-        column = f'"predicted_{_label(con, name)}"'
+        column = exp.to_identifier(f"predicted_{_label(con, name)}", quoted=True).sql("duckdb")   # never code
         return (f"SELECT * EXCLUDE (prediction), prediction AS {column} "
                 f"FROM predictions({_quote(name)}, {_quote(source)})")
     if isinstance(fn, MLEvaluate):

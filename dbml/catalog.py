@@ -1,13 +1,17 @@
 """The model catalog: tables in the user's database that hold every trained model.
 
-``dbml_models`` has one row per (name, version) with everything needed to use the
-model; ``dbml_weights`` holds its weights as a ``torch.save`` blob of plain tensors,
-loaded with ``weights_only=True`` (never arbitrary pickles). A model is written in one
-transaction, so the catalog never holds half of one.
+They live in a schema of their own, ``dbml`` (``sql/catalog.sql``): ``dbml.models`` has one
+row per (name, version) with everything needed to use the model and a ``uid`` no other
+stored model ever has; ``dbml.weights`` holds its weights as a ``torch.save`` blob of plain
+tensors, loaded with ``weights_only=True`` (never arbitrary pickles). A model is written
+in one transaction, so the catalog never holds half of one. Users read them through the
+TEMP views ``dbml_models`` and ``dbml_weights``; a database written by an older dbml (its
+tables in ``main``) is moved here when dbml is first installed on it writable (``migrate``).
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -17,7 +21,7 @@ from dataclasses import MISSING, dataclass, fields
 import duckdb
 import torch
 
-from .errors import CatalogError, InvalidArgument, ModelNotFound
+from .errors import CatalogError, InvalidArgument, ModelNotFound, TrainingError
 from .features import TASKS, Feature, Preprocessing
 from .models import ModelConfig, build
 from .zoo import arch as zoo_arch
@@ -31,6 +35,10 @@ WRITE_ATTEMPTS = 10
 _WRITES = threading.Lock()
 
 
+MODELS, WEIGHTS, JOB_IDS = "dbml.models", "dbml.weights", "dbml.job_ids"
+TRIALS = "dbml.trials"   # tune()'s trials (dbml.trials), dropped with their model
+
+
 @dataclass
 class StoredModel:
     name: str
@@ -38,20 +46,57 @@ class StoredModel:
     config: ModelConfig
     preprocessing: Preprocessing
     module: torch.nn.Module
+    uid: str = ""          # dbml.models.uid: this stored model and no other, ever
+
+    @functools.cached_property
+    def standardiser(self):
+        """Its preprocessing's ``Standardise`` module, made once per loaded model."""
+        return self.preprocessing.standardiser()
+
+
+def _tables(con: duckdb.DuckDBPyConnection, schema: str, names: tuple[str, ...]) -> set[str]:
+    rows = con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
+                       "AND schema_name = ? AND list_contains(?, table_name) AND NOT temporary",
+                       [schema, list(names)]).fetchall()
+    return {r[0] for r in rows}
 
 
 def require_catalog(con: duckdb.DuckDBPyConnection) -> None:
     """On a database opened read-only dbml cannot create its catalog (sql/catalog.sql): it must be there."""
-    found = con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
-                        "AND table_name IN ('dbml_models', 'dbml_weights') AND NOT temporary").fetchall()[0][0]
-    if found < 2:
-        raise CatalogError("dbml.connect(): the database is open read-only and has no dbml catalog "
-                           "(dbml_models, dbml_weights) to create; open it once without read_only "
-                           "(dbml.connect(path)) so dbml can create it")
+    if len(_tables(con, "dbml", ("models", "weights"))) == 2:
+        return
+    if len(_tables(con, "main", ("dbml_models", "dbml_weights"))) == 2:
+        raise CatalogError("dbml.connect(): the database is open read-only and its dbml catalog is an older "
+                           "dbml's (main.dbml_models); open it once without read_only (dbml.connect(path)) "
+                           "so dbml can move it to its own schema")
+    raise CatalogError("dbml.connect(): the database is open read-only and has no dbml catalog "
+                       "(dbml.models, dbml.weights) to create; open it once without read_only "
+                       "(dbml.connect(path)) so dbml can create it")
+
+
+def migrate(con: duckdb.DuckDBPyConnection, catalog_sql: str) -> bool:
+    """Move an older dbml's catalog (``main.dbml_models``, ``main.dbml_weights``,
+    ``main.dbml_job_ids``) into the ``dbml`` schema, giving each model a uid, in one
+    transaction; True if there was one to move. ``catalog_sql`` creates the new tables."""
+    if len(_tables(con, "main", ("dbml_models", "dbml_weights"))) < 2:
+        return False
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.execute(catalog_sql)
+        con.execute(f"INSERT INTO {MODELS} SELECT *, gen_random_uuid() FROM main.dbml_models")
+        con.execute(f"INSERT INTO {WEIGHTS} SELECT * FROM main.dbml_weights")
+        con.execute("DROP TABLE main.dbml_weights")
+        con.execute("DROP TABLE main.dbml_models")
+        con.execute("DROP SEQUENCE IF EXISTS main.dbml_job_ids")
+        con.execute("COMMIT")
+    except BaseException:
+        _rollback(con)
+        raise
+    return True
 
 
 def next_job_id(cur: duckdb.DuckDBPyConnection) -> int:
-    return cur.execute("SELECT nextval('dbml_job_ids')").fetchall()[0][0]
+    return cur.execute(f"SELECT nextval('{JOB_IDS}')").fetchall()[0][0]
 
 
 def weights_blob(module: torch.nn.Module) -> bytes:
@@ -69,6 +114,8 @@ def write(cur: duckdb.DuckDBPyConnection, *, name: str, config: ModelConfig, pre
     is rolled back and retried with the version then next. Model row and weights are
     committed together or not at all.
     """
+    stored = prep.to_json()
+    load_preprocessing(stored, name, 0, writing=True)   # what load would refuse is never written
     blob = weights_blob(module)
     row = [config.arch, prep.task, prep.feature_names, prep.label, config.to_json(), prep.to_json(),
            json.dumps(params), json.dumps(metrics), rows]
@@ -85,11 +132,11 @@ def write(cur: duckdb.DuckDBPyConnection, *, name: str, config: ModelConfig, pre
 def _insert(cur: duckdb.DuckDBPyConnection, name: str, row: list, blob: bytes) -> int:
     cur.execute("BEGIN TRANSACTION")
     try:
-        version = cur.execute("SELECT coalesce(max(version), 0) + 1 FROM dbml_models WHERE name = ?",
+        version = cur.execute(f"SELECT coalesce(max(version), 0) + 1 FROM {MODELS} WHERE name = ?",
                               [name]).fetchall()[0][0]
-        cur.execute("INSERT INTO dbml_models VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, current_localtimestamp(), ?)",
-                    [name, version, *row, len(blob)])
-        cur.execute("INSERT INTO dbml_weights VALUES (?, ?, ?)", [name, version, blob])
+        cur.execute(f"INSERT INTO {MODELS} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, current_localtimestamp(), ?, "
+                    f"gen_random_uuid())", [name, version, *row, len(blob)])
+        cur.execute(f"INSERT INTO {WEIGHTS} VALUES (?, ?, ?)", [name, version, blob])
         cur.execute("COMMIT")
         return version
     except BaseException:
@@ -106,19 +153,45 @@ def _rollback(cur: duckdb.DuckDBPyConnection) -> None:
 
 
 def latest_version(cur: duckdb.DuckDBPyConnection, name: str, *, fn: str) -> int:
-    row = cur.execute("SELECT max(version) FROM dbml_models WHERE name = ?", [name]).fetchall()[0]
-    if row[0] is None:
+    return identify(cur, name, None, fn=fn)[0]
+
+
+def identify(cur: duckdb.DuckDBPyConnection, name: str, version: int | None, *, fn: str) -> tuple[int, str]:
+    """(version, uid) of model ``name``'s ``version`` (None: its latest); ModelNotFound naming the fix."""
+    rows = cur.execute(f"SELECT version, uid::VARCHAR FROM {MODELS} WHERE name = ? AND (? IS NULL OR version = ?) "
+                       f"ORDER BY version DESC LIMIT 1", [name, version, version]).fetchall()
+    if not rows and version is not None and identify_any(cur, name):
+        raise ModelNotFound(f"{fn}(): model {name!r} has no version {version}; pass one of "
+                            f"SELECT version FROM dbml_models WHERE name = {name!r}, or leave version out")
+    if not rows:
         raise ModelNotFound(f"{fn}(): no model named {name!r}; train it first with train({name!r}, ...) "
                             f"or pick one from SELECT name FROM dbml_models")
-    return row[0]
+    return rows[0][0], rows[0][1]
 
 
-def load(cur: duckdb.DuckDBPyConnection, name: str, version: int) -> StoredModel:
-    rows = cur.execute("""SELECT m.config, m.preprocessing, w.weights
-                         FROM dbml_models m JOIN dbml_weights w USING (name, version)
-                         WHERE name = ? AND version = ?""", [name, version]).fetchall()
+def identify_any(cur: duckdb.DuckDBPyConnection, name: str) -> bool:
+    return bool(cur.execute(f"SELECT count(*) FROM {MODELS} WHERE name = ?", [name]).fetchall()[0][0])
+
+
+def load_uid(cur: duckdb.DuckDBPyConnection, name: str, uid: str, *, fn: str) -> StoredModel:
+    """The stored model ``uid`` of ``name``; ModelNotFound if it was dropped or replaced."""
+    rows = cur.execute(f"SELECT version FROM {MODELS} WHERE name = ? AND uid::VARCHAR = ?", [name, uid]).fetchall()
     if not rows:
-        raise CatalogError(f"model {name!r} version {version} has no weights in dbml_weights")
+        raise ModelNotFound(f"{fn}(): model {name!r} was dropped or replaced while the statement ran; run it again")
+    return load(cur, name, rows[0][0], uid)
+
+
+def load(cur: duckdb.DuckDBPyConnection, name: str, version: int, uid: str | None = None) -> StoredModel:
+    """Version ``version`` of ``name`` (and, given ``uid``, only if it is still that stored model)."""
+    rows = cur.execute(f"""SELECT m.config, m.preprocessing, w.weights, m.uid::VARCHAR
+                         FROM {MODELS} m JOIN {WEIGHTS} w USING (name, version)
+                         WHERE name = ? AND version = ? AND (? IS NULL OR m.uid::VARCHAR = ?)""",
+                       [name, version, uid, uid]).fetchall()
+    if not rows and uid is not None:
+        raise ModelNotFound(f"model {name!r} version {version} was dropped or replaced while the statement ran; "
+                            f"run it again")
+    if not rows:
+        raise CatalogError(f"model {name!r} version {version} has no weights in dbml.weights")
     row = rows[0]
     config = ModelConfig.from_json(row[0])
     try:
@@ -130,10 +203,10 @@ def load(cur: duckdb.DuckDBPyConnection, name: str, version: int) -> StoredModel
     module = build(config)
     module.load_state_dict(torch.load(io.BytesIO(row[2]), weights_only=True))
     module.eval()
-    return StoredModel(name, version, config, load_preprocessing(row[1], name, version), module)
+    return StoredModel(name, version, config, load_preprocessing(row[1], name, version), module, row[3])
 
 
-# The schema of dbml_models.preprocessing: the fields of Preprocessing and Feature, each
+# The schema of dbml.models.preprocessing: the fields of Preprocessing and Feature, each
 # with the check its stored value must pass. Statistics reach generated SQL, so a model
 # whose JSON does not match is refused when it is loaded, before any SQL is built.
 FEATURE_KINDS = ("numeric", "categorical", "array")
@@ -152,8 +225,10 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def load_preprocessing(text: str, name: str, version: int) -> Preprocessing:
-    """A stored model's preprocessing, checked against its schema; CatalogError names what is wrong."""
+def load_preprocessing(text: str, name: str, version: int, *, writing: bool = False) -> Preprocessing:
+    """A stored model's preprocessing, checked against its schema; CatalogError names what is wrong.
+    ``writing``: the check before a model is stored (TrainingError: the training data gave
+    statistics no model can be used with)."""
     try:
         problem = _schema_problem(json.loads(text))
         prep = None if problem else Preprocessing.from_json(text)
@@ -161,6 +236,9 @@ def load_preprocessing(text: str, name: str, version: int) -> Preprocessing:
         problem = f"it is not JSON ({str(e)[:80]})"
     except CatalogError as e:   # the input encoder's own check (InputEncoder.from_dict)
         problem = f"input: {e}"
+    if problem and writing:
+        raise TrainingError(f"train(): the statistics fitted on the source cannot be stored ({problem}); nothing "
+                            f"was stored; leave out or clip values beyond FLOAT's range (about 3.4e38)")
     if problem:
         raise CatalogError(f"model {name!r} version {version}: dbml_models.preprocessing is invalid: {problem}; "
                            f"the row was edited or damaged: retrain it with train({name!r}, ...) "
@@ -208,8 +286,10 @@ def _record_problem(d, cls, where: str) -> str | None:
 
 
 def drop(cur: duckdb.DuckDBPyConnection, name: str, *, fn: str = "drop_model") -> int:
-    """Delete every version of ``name``; return how many there were."""
-    latest_version(cur, name, fn=fn)
+    """Delete every version of ``name`` and its tune() trials; return how many versions there were.
+    A model with trials but no version (no trial finished) is dropped too."""
+    if not cur.execute(f"SELECT count(*) FROM {TRIALS} WHERE model = ?", [name]).fetchall()[0][0]:
+        latest_version(cur, name, fn=fn)
     with _WRITES:
         return _delete(cur, name)
 
@@ -217,9 +297,10 @@ def drop(cur: duckdb.DuckDBPyConnection, name: str, *, fn: str = "drop_model") -
 def _delete(cur: duckdb.DuckDBPyConnection, name: str) -> int:
     cur.execute("BEGIN TRANSACTION")
     try:
-        n = cur.execute("SELECT count(*) FROM dbml_models WHERE name = ?", [name]).fetchall()[0][0]
-        cur.execute("DELETE FROM dbml_weights WHERE name = ?", [name])
-        cur.execute("DELETE FROM dbml_models WHERE name = ?", [name])
+        n = cur.execute(f"SELECT count(*) FROM {MODELS} WHERE name = ?", [name]).fetchall()[0][0]
+        cur.execute(f"DELETE FROM {TRIALS} WHERE model = ?", [name])
+        cur.execute(f"DELETE FROM {WEIGHTS} WHERE name = ?", [name])
+        cur.execute(f"DELETE FROM {MODELS} WHERE name = ?", [name])
         cur.execute("COMMIT")
         return n
     except BaseException:

@@ -19,7 +19,7 @@ TRAIN_MEMORY = {
     "measured_peak_bytes": "BIGINT", "vanilla_peak_bytes": "BIGINT", "vanilla_source": "VARCHAR",
     "planned_peak_bytes": "BIGINT", "msr": "DOUBLE", "swaps": "BIGINT", "recomputes": "BIGINT",
     "passive_swaps": "BIGINT", "replans": "BIGINT",
-    "plan_seconds": "DOUBLE", "latency_model": "VARCHAR",
+    "plan_seconds": "DOUBLE", "latency_model": "VARCHAR", "budget_bytes": "BIGINT",
 }
 TRAIN_RESULT = {**TRAIN_JOB, **TRAIN_MEMORY}
 MEMORY_FIELDS = tuple(TRAIN_MEMORY)
@@ -41,6 +41,14 @@ MEMORY_ROW = {
     "global_held_bytes": "BIGINT", "global_measured_peak_bytes": "BIGINT", "waiting_jobs": "INTEGER",
 }
 MEMORY_COLUMNS = tuple(MEMORY_ROW)
+
+# tune(): one row per trial it ran; the dbml_trials view: every stored trial (dbml.trials.ROWS_SQL)
+TRIAL_ROW = {
+    "model": "VARCHAR", "trial": "INTEGER", "status": "VARCHAR", "objective_name": "VARCHAR",
+    "objective": "DOUBLE", "best": "BOOLEAN", "params": "JSON", "objectives": "DOUBLE[]", "epochs": "INTEGER",
+    "seconds": "DOUBLE", "peak_bytes": "BIGINT", "error": "VARCHAR", "version": "INTEGER", "job_id": "BIGINT",
+    "started_at": "TIMESTAMP",
+}
 
 # calibrate()
 CALIBRATE_RESULT = {

@@ -22,8 +22,9 @@ import pyarrow as pa
 import torch
 
 # Arrow buffers are immutable, so their numpy views are read-only; torch warns once that
-# it cannot protect them. Training only reads batches, so the zero-copy view is safe.
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+# it cannot protect them. Training only reads batches, so the zero-copy view is safe. The
+# filter is this module's own: a warning raised anywhere else is left as it was.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable", module=r"dbml\.data$")
 
 _DONE = object()
 READ_ROWS = 65536   # rows per Arrow record batch fetched from DuckDB

@@ -3,7 +3,8 @@
     DbmlError                  every error dbml raises on purpose
     ├── InvalidArgument        a SQL or Python argument is wrong; the message names it and the fix
     │   ├── SourceError        the source is not one SELECT / a table, or it is empty
-    │   └── ModelNotFound      no model of that name in the catalog
+    │   ├── ModelNotFound      no model of that name in the catalog
+    │   └── BudgetTooSmall     no plan fits the memory budget (``min_budget``: the smallest that does)
     ├── TrainingError          training failed (e.g. the loss became NaN); nothing was stored
     ├── JobCancelled           the job was cancelled (cancel_job, or while it waited for memory);
     │                          nothing was stored
@@ -41,6 +42,15 @@ class ModelNotFound(InvalidArgument, LookupError):
     """No model of that name in the catalog."""
 
 
+class BudgetTooSmall(InvalidArgument):
+    """The job's model and batch fit no plan within its memory budget; ``min_budget`` (bytes)
+    is the smallest budget that does (a tune() trial that raises it is 'infeasible')."""
+
+    def __init__(self, message: str, min_budget: int):
+        super().__init__(message)
+        self.min_budget = min_budget
+
+
 class TrainingError(DbmlError, RuntimeError):
     """Training failed; nothing was written to the catalog."""
 
@@ -64,8 +74,10 @@ def scheduler_errors(spec, *, job_id: int, device_budget: Callable[[], int]) -> 
 
     ===================================  =========================================================
     ``NotAdmitted``                      ``JobCancelled``: cancelled while it waited for memory
-    ``InfeasibleBudget``                 ``InvalidArgument``: the budget, the smallest that fits,
+    ``InfeasibleBudget``                 ``BudgetTooSmall``: the budget, the smallest that fits,
                                          and the setting or argument that raises it
+    ``BudgetExceeded``                   ``TrainingError``: what the job held against the budget
+                                         it ran under (never finishes above it)
     ``CaptureError``, ``SequenceError``,  unchanged: a bug in the capture, a plan or the executor;
     ``ExecutionError``, ``PlanningError``, its message names the job and the node or pass, and
     any other ``SchedulerError``          its traceback is kept (``dbml_jobs.error`` shows it
@@ -78,10 +90,16 @@ def scheduler_errors(spec, *, job_id: int, device_budget: Callable[[], int]) -> 
     """
     # Imported here, not at the top: every dbml module imports this one, the predict path
     # (dbml.inference) included, and that path must not load the scheduler (make_fx, fx).
-    from .scheduler.errors import InfeasibleBudget, NotAdmitted
+    from .scheduler.errors import BudgetExceeded, InfeasibleBudget, NotAdmitted
 
     try:
         yield
+    except BudgetExceeded as e:
+        own = spec.memory_budget is not None
+        fix = "pass a larger memory_budget :=" if own else "SET VARIABLE dbml_memory_budget to more"
+        raise TrainingError(f"train(): the job held {_size(e.held)} in an iteration, over the {_size(e.limit)} its "
+                            f"plan promised within memory_budget {_size(e.budget or e.limit)}; nothing was "
+                            f"stored; {fix}, or a smaller batch_size") from None
     except NotAdmitted:
         raise JobCancelled(f"job {job_id} ({spec.model!r}) was cancelled while it waited for memory; "
                            f"nothing was stored") from None
@@ -91,14 +109,14 @@ def scheduler_errors(spec, *, job_id: int, device_budget: Callable[[], int]) -> 
     # the text a user sees (DuckDB puts the exception's type name before a UDF's message).
 
 
-def _budget_too_small(spec, device_budget: Callable[[], int], min_budget: int) -> InvalidArgument:
+def _budget_too_small(spec, device_budget: Callable[[], int], min_budget: int) -> BudgetTooSmall:
     own = spec.memory_budget is not None
     budget = spec.memory_budget if own else device_budget()
     fix = (f"pass memory_budget := '{_round_up(min_budget)}'" if own else
            f"SET VARIABLE dbml_memory_budget = '{_round_up(min_budget)}'")
-    return InvalidArgument(
+    return BudgetTooSmall(
         f"train(): memory_budget {_size(budget)} is below the smallest budget this model and batch "
-        f"can be trained in, {_size(min_budget)}; {fix} or more, or a smaller batch_size")
+        f"can be trained in, {_size(min_budget)}; {fix} or more, or a smaller batch_size", min_budget)
 
 
 def _round_up(n: int) -> str:

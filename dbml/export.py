@@ -12,9 +12,10 @@ extensions). What the exported graph takes, per input kind:
   it is in the file's metadata (``dbml.features_sql``).
 * images: ``image`` FLOAT[batch, channels, height, width], pixels scaled to [0, 1]; the
   per-channel normalisation is in the graph, decoding and resizing PNG/JPEG are not.
-* text and token ids: ``tokens`` INT64[batch, length], ids as dbml encodes them (text:
-  ``index in the vocabulary + 2``, 1 unknown, 0 padding; the vocabulary is in the
-  metadata, ``dbml.vocab``); tokenisation is not in the graph.
+* text and token ids: ``tokens`` INT64[batch, length], ids as dbml encodes them
+  (``index in the vocabulary + 2``, 1 unknown, 0 padding; the vocabulary is in the
+  metadata: ``dbml.vocab`` for text, ``dbml.token_ids`` for token ids); tokenisation is
+  not in the graph.
 
 Outputs: classifiers ``logits`` and ``probabilities`` (softmax; class order in the
 metadata, ``dbml.classes``); regressors ``value``, unscaled to the label's units. The batch
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 import warnings
 from pathlib import Path
 
@@ -36,7 +37,6 @@ from torch import nn
 
 from . import catalog
 from .errors import InvalidArgument
-from .features import FLOAT_MAX
 
 __all__ = ["export_model", "ExportedModel"]
 
@@ -44,41 +44,24 @@ OPSET = 17
 
 
 class ExportedModel(nn.Module):
-    """The stored network with dbml's input scaling before it and its output mapping after."""
+    """The stored network with dbml's input scaling before it and its output mapping after:
+    the same modules predict() runs (``Preprocessing.standardiser``, ``InputEncoder.normaliser``)."""
 
     def __init__(self, stored: catalog.StoredModel):
         super().__init__()
         prep = stored.preprocessing
         self.net = stored.module.eval()
         self.classify = prep.task == "classification"
-        self.kind = prep.input.kind if prep.input is not None else "tabular"
-        mean, std = _input_scaling(prep)
-        self.register_buffer("mean", mean)
-        self.register_buffer("std", std)
+        enc = prep.input
+        self.scale = enc.normaliser if enc is not None and enc.kind == "image" else \
+            prep.standardiser() if enc is None and prep.all_numeric else nn.Identity()
         self.target_mean, self.target_std = float(prep.target_mean), float(prep.target_std)
 
     def forward(self, x: torch.Tensor):
-        if self.kind in ("tabular", "image"):
-            x = (x - self.mean) / self.std
-            x = torch.where(torch.isfinite(x), x.clamp(-FLOAT_MAX, FLOAT_MAX), torch.zeros_like(x))
-        out = self.net(x)
+        out = self.net(self.scale(x))
         if self.classify:
             return out, torch.softmax(out, dim=1)
         return out.squeeze(-1) * self.target_std + self.target_mean
-
-
-def _input_scaling(prep) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (mean, std) the graph applies to its input (identity where dbml does not scale)."""
-    enc = prep.input
-    if enc is not None and enc.kind == "image":
-        c = enc.shape[0]
-        return (torch.tensor(enc.mean, dtype=torch.float32).reshape(1, c, 1, 1),
-                torch.tensor(enc.std, dtype=torch.float32).reshape(1, c, 1, 1))
-    if enc is None and prep.all_numeric:
-        means = [m for f in prep.features for m in (f.means if f.kind == "array" else [f.mean])]
-        stds = [s for f in prep.features for s in (f.stds if f.kind == "array" else [f.std])]
-        return torch.tensor(means, dtype=torch.float32), torch.tensor(stds, dtype=torch.float32)
-    return torch.zeros(1), torch.ones(1)
 
 
 def _example(stored: catalog.StoredModel) -> tuple[str, torch.Tensor, dict]:
@@ -106,36 +89,94 @@ def _metadata(stored: catalog.StoredModel, input_name: str) -> dict[str, str]:
         meta["dbml.features_sql"] = prep.features_sql()
     if prep.input is not None and prep.input.kind == "text":
         meta["dbml.vocab"] = json.dumps(list(prep.input.vocab))
+    if prep.input is not None and prep.input.ids:
+        meta["dbml.token_ids"] = json.dumps(list(prep.input.ids))   # a token id's model id: index + 2
     return meta
 
 
-def _target(path: str, overwrite: bool) -> Path:
+def _target(cur, path: str, overwrite: bool) -> Path:
+    """Where the file goes, or InvalidArgument naming why not. The same rules as DuckDB's
+    own ``COPY ... TO``: nothing is written while ``enable_external_access`` is false (but
+    under its ``allowed_directories`` / ``allowed_paths``), and never over a database file
+    attached to the instance (or its WAL), from a read-only connection neither."""
     if not isinstance(path, str) or not path.strip():
         raise InvalidArgument("export_model(): path must be a file name, e.g. export_model('m', 'm.onnx')")
     target = Path(path).expanduser()
+    resolved = Path(os.path.realpath(target))
+    _allowed(cur, path, resolved)
+    for db in _database_files(cur):
+        if resolved in (db, Path(f"{db}.wal")):
+            raise InvalidArgument(f"export_model(): {path!r} is the file of the attached database "
+                                  f"{db.name!r}; writing there would destroy it; choose another path")
+    if target.exists() and target.is_dir():
+        raise InvalidArgument(f"export_model(): {path!r} is a folder; give a file name such as {path}/model.onnx")
     if target.exists() and not overwrite:
         raise InvalidArgument(f"export_model(): {path!r} exists; pass overwrite := true to replace it, "
                               f"or choose another path")
     if not target.parent.is_dir():
         raise InvalidArgument(f"export_model(): the folder {str(target.parent)!r} does not exist; create it "
                               f"or choose another path")
-    if target.exists() and target.is_dir():
-        raise InvalidArgument(f"export_model(): {path!r} is a folder; give a file name such as {path}/model.onnx")
     return target
+
+
+def _database_files(cur) -> list[Path]:
+    rows = cur.execute("SELECT path FROM duckdb_databases() WHERE path IS NOT NULL AND path <> ''").fetchall()
+    return [Path(os.path.realpath(r[0])) for r in rows]
+
+
+def _allowed(cur, path: str, resolved: Path) -> None:
+    external, dirs, paths = cur.execute(
+        "SELECT current_setting('enable_external_access'), current_setting('allowed_directories'), "
+        "current_setting('allowed_paths')").fetchall()[0]
+    if external:
+        return
+    inside = any(resolved == Path(os.path.realpath(d)) or Path(os.path.realpath(d)) in resolved.parents
+                 for d in dirs or ())
+    if not inside and resolved not in {Path(os.path.realpath(p)) for p in paths or ()}:
+        raise InvalidArgument(f"export_model(): cannot write {path!r}: enable_external_access is false, so DuckDB "
+                              f"writes no files outside allowed_directories and allowed_paths, and neither does dbml")
+
+
+def _temporary(folder: Path) -> str:
+    """A new empty file beside the target, created with mode 0666 less the umask (as any
+    file the user writes; mkstemp's 0600 would not be), to rename over it once complete."""
+    while True:
+        name = folder / f".{secrets.token_hex(8)}.onnx.tmp"
+        try:
+            os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            return str(name)
+        except FileExistsError:
+            continue
 
 
 def export_model(cur, model: str, path: str, version: int | None = None, overwrite: bool = False) -> dict:
     """Write ``model`` (its latest version, or ``version``) to ``path`` as ONNX; what was written."""
     import onnx   # the onnx extra: pip install 'dbml[onnx]'
 
-    target = _target(path, overwrite)
-    version = version if version is not None else catalog.latest_version(cur, model, fn="export_model")
+    try:
+        target = _target(cur, path, overwrite)
+    except OSError as e:
+        raise InvalidArgument(f"export_model(): cannot write {path!r} ({e.strerror or e}); choose another "
+                              f"path") from None
+    version, _ = catalog.identify(cur, model, version, fn="export_model")
     stored = catalog.load(cur, model, version)
     wrapper = ExportedModel(stored)
     input_name, example, axes = _example(stored)
     outputs = ["logits", "probabilities"] if wrapper.classify else ["value"]
-    fd, tmp = tempfile.mkstemp(suffix=".onnx.tmp", dir=target.parent)
-    os.close(fd)
+    try:
+        _write(wrapper, stored, target, input_name, example, axes, outputs)
+    except OSError as e:
+        raise InvalidArgument(f"export_model(): cannot write {path!r} ({e.strerror or e}); choose another "
+                              f"path") from None
+    return {"path": str(target), "bytes": target.stat().st_size, "version": version, "input": input_name,
+            "outputs": outputs, "features": json.loads(_metadata(stored, input_name)["dbml.features"])}
+
+
+def _write(wrapper, stored, target: Path, input_name: str, example, axes, outputs) -> None:
+    """The ONNX file, written to a temporary name beside ``target`` and renamed over it."""
+    import onnx
+
+    tmp = _temporary(target.parent)
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")   # the TorchScript exporter's deprecation notice
@@ -150,5 +191,3 @@ def export_model(cur, model: str, path: str, version: int | None = None, overwri
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return {"path": str(target), "bytes": target.stat().st_size, "version": version, "input": input_name,
-            "outputs": outputs, "features": json.loads(_metadata(stored, input_name)["dbml.features"])}

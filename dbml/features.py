@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 
 import duckdb
 import numpy as np
+import torch
 
 from . import inputs
 from .errors import InvalidArgument, SourceError
@@ -65,14 +66,31 @@ class Feature:
         """The name of each input this feature takes: the column, or one per array element."""
         return [f"{self.name}[{i + 1}]" for i in range(self.width)] if self.kind == "array" else [self.name]
 
-    def sql(self) -> list[str]:
+    def sql(self, means: tuple[float, ...], stds: tuple[float, ...]) -> list[str]:
+        """This feature's inputs as SQL, scaled by ``means`` and ``stds`` (its share of
+        ``Preprocessing.scaling``)."""
         col = quote(self.name)
         if self.kind == "numeric":
-            return [finite_or_zero(f"({col}::DOUBLE - {number(self.mean)}) / {number(self.std)}")]
+            return [finite_or_zero(f"({col}::DOUBLE - {number(means[0])}) / {number(stds[0])}")]
         if self.kind == "array":
             return [finite_or_zero(f"({col}[{i + 1}]::DOUBLE - {number(m)}) / {number(s)}")
-                    for i, (m, s) in enumerate(zip(self.means, self.stds))]
+                    for i, (m, s) in enumerate(zip(means, stds))]
         return [f"CASE WHEN {col}::VARCHAR = {literal(c)} THEN 1 ELSE 0 END" for c in self.categories]
+
+
+class Standardise(torch.nn.Module):
+    """``(x - mean) / std`` per input, in float64 as DuckDB computes the SQL form; NaN, ±Inf
+    (and NULL, passed as NaN) become 0, the rest is clipped to FLOAT's range; float32 out."""
+
+    def __init__(self, means, stds):
+        super().__init__()
+        self.register_buffer("mean", torch.tensor(means, dtype=torch.float64))
+        self.register_buffer("std", torch.tensor(stds, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = (x.double() - self.mean) / self.std
+        z = torch.where(torch.isfinite(z), z.clamp(-FLOAT_MAX, FLOAT_MAX), torch.zeros_like(z))
+        return z.float()
 
 
 @dataclass(frozen=True)
@@ -118,7 +136,10 @@ class Preprocessing:
         image, text or sequence input, the column as its encoder reads it)."""
         if self.input is not None:
             return self.input.raw_sql()
-        parts = [p for f in self.features for p in f.sql()]
+        means, stds, parts, at = *self.scaling(), [], 0
+        for f in self.features:
+            parts += f.sql(means[at:at + f.width], stds[at:at + f.width])
+            at += f.width
         return f"[{', '.join(parts)}]::FLOAT[{self.width}]"
 
     def scratch_sql(self) -> str:
@@ -133,14 +154,25 @@ class Preprocessing:
             return f"coalesce(list_position([{values}], {col}) - 1, -1)::INTEGER"
         return f"(({col}::DOUBLE - {number(self.target_mean)}) / {number(self.target_std)})::FLOAT"
 
-    def standardise(self, raw: np.ndarray) -> np.ndarray:
-        """Raw numeric features (rows x features, NaN for NULL) -> model input, as features_sql does."""
-        mean = np.array([m for f in self.features for m in (f.means if f.kind == "array" else [f.mean])])
-        std = np.array([s for f in self.features for s in (f.stds if f.kind == "array" else [f.std])])
-        with np.errstate(invalid="ignore", over="ignore"):
-            x = (raw.astype(np.float64) - mean) / std
-        x = np.where(np.isfinite(x), np.clip(x, -FLOAT_MAX, FLOAT_MAX), 0.0)
-        return x.astype(np.float32)
+    def scaling(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """(means, stds) of each input the model takes, in order: a numeric column's, or each
+        element's of an array column; a categorical feature's one-hot inputs pass as they are
+        (0, 1). The one flattening of the statistics: the SQL form (``features_sql``), predict's
+        and the ONNX export's module (``standardiser``) are all made from it."""
+        means, stds = [], []
+        for f in self.features:
+            if f.kind == "numeric":
+                means.append(f.mean), stds.append(f.std)
+            elif f.kind == "array":
+                means.extend(f.means), stds.extend(f.stds)
+            else:
+                means.extend([0.0] * f.width), stds.extend([1.0] * f.width)
+        return tuple(means), tuple(stds)
+
+    def standardiser(self) -> "Standardise":
+        """Raw numeric inputs (rows x inputs, NaN for NULL) -> the model's input, as
+        ``features_sql`` computes it (tested equal): predict() and the ONNX export run it."""
+        return Standardise(*self.scaling())
 
     def unscale(self, y: np.ndarray) -> np.ndarray:
         return y.astype(np.float64) * self.target_std + self.target_mean

@@ -1,8 +1,8 @@
 """Using trained models: batched prediction, the table form, and evaluation.
 
-Models are loaded from the catalog once per connection and version (``ModelCache``);
-a retrained or dropped model is noticed at the next call, since every call looks up the
-latest version first.
+Models are loaded from the catalog once per stored model (``ModelCache``, keyed by the
+catalog's uid); a retrained or dropped model is noticed at the next call, since every call
+looks up the uid of the latest version first.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from typing import Callable
 
 import duckdb
 import numpy as np
+import sqlglot
+from sqlglot import exp
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
@@ -20,47 +22,83 @@ from . import catalog, metrics
 from .data import BatchStream
 from .errors import InvalidArgument
 from .features import Preprocessing
-from .source import as_select, describe, literal, quote, resolve_column
+from .forward_memory import rows_within
+from .source import as_select, describe, quote, resolve_column, value_sql
 
 
 class ModelCache:
-    """The latest version of each model, loaded at most once; safe across DuckDB threads.
+    """Loaded models by their catalog ``uid``, each loaded at most once; safe across
+    DuckDB's threads.
 
-    ``cursor`` gives a connection to the database when the cache needs one (again).
+    A uid names one stored model and no other, ever: a model dropped and trained again
+    under the same name and version is another uid, so a cache keyed by it can never hand
+    out the old weights. Each call looks up the uid of the version asked for (one indexed
+    query, on a cursor of the calling thread's own: lookups never wait for each other);
+    only loading takes the lock. ``cursor`` gives a connection to the database when the
+    cache needs one (again).
     """
 
     def __init__(self, cursor: Callable[[], duckdb.DuckDBPyConnection]):
         self._new_cursor = cursor
-        self._cur: duckdb.DuckDBPyConnection | None = None
+        self._local = threading.local()
         self._lock = threading.Lock()
-        self._models: dict[tuple[str, int], catalog.StoredModel] = {}
+        self._models: dict[str, catalog.StoredModel] = {}
 
-    def get(self, name: str, version: int | None = None, *, fn: str) -> catalog.StoredModel:
+    def get(self, name: str, version: int | None = None, *, fn: str, uid: str | None = None) -> catalog.StoredModel:
+        """Version ``version`` of ``name`` (None: the latest); with ``uid``, that stored model
+        (ModelNotFound if it was dropped or replaced since)."""
+        try:
+            return self._get(name, version, uid, fn)
+        except duckdb.ConnectionException:  # the connection it used was closed
+            self._local.cur = None
+            return self._get(name, version, uid, fn)
+
+    def _cursor(self) -> duckdb.DuckDBPyConnection:
+        cur = getattr(self._local, "cur", None)
+        if cur is None:
+            cur = self._local.cur = self._new_cursor()
+        return cur
+
+    def _get(self, name: str, version: int | None, uid: str | None, fn: str) -> catalog.StoredModel:
+        cached = self._models.get(uid) if uid is not None else None
+        if cached is not None and cached.name == name:
+            return cached
+        cur = self._cursor()
+        if uid is None:
+            version, uid = catalog.identify(cur, name, version, fn=fn)
+            cached = self._models.get(uid)
+            if cached is not None:
+                return cached
         with self._lock:
-            try:
-                return self._get(name, version, fn)
-            except duckdb.ConnectionException:  # the connection it used was closed
-                self._cur = None
-                return self._get(name, version, fn)
-
-    def _get(self, name: str, version: int | None, fn: str) -> catalog.StoredModel:
-        if self._cur is None:
-            self._cur = self._new_cursor()
-        if version is None:
-            version = catalog.latest_version(self._cur, name, fn=fn)
-        key = (name, version)
-        if key not in self._models:
-            self._models = {k: v for k, v in self._models.items() if k[0] != name}
-            self._models[key] = catalog.load(self._cur, name, version)
-        return self._models[key]
+            if uid not in self._models:
+                model = catalog.load(cur, name, version, uid) if version is not None else \
+                    catalog.load_uid(cur, name, uid, fn=fn)
+                self._models = {k: v for k, v in self._models.items() if v.name != name}
+                self._models[uid] = model
+            return self._models[uid]
 
 
 def forward(model: catalog.StoredModel, x: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """Raw model outputs for encoded features (or an input encoder's tensor), without autograd."""
+    """Raw model outputs for encoded features (or an input encoder's tensor), without
+    autograd, in chunks of as many rows as the memory budget holds (``forward_memory``)."""
     if not (isinstance(x, torch.Tensor) and x.dtype == torch.int64):   # token ids stay integers
         x = torch.as_tensor(x, dtype=torch.float32)
+    # the whole input and the outputs of every row are held beside a chunk's pass
+    held = x.numel() * x.element_size() + len(x) * model.config.outputs * 4
+    rows = rows_within(model.config, inference_budget(), held=held)
     with torch.no_grad():
-        return model.module(x)
+        if len(x) <= rows:
+            return model.module(x)
+        return torch.cat([model.module(x[i:i + rows]) for i in range(0, len(x), rows)])
+
+
+def inference_budget() -> int:
+    """The memory a forward pass may use: the CPU's shared training budget in force (the
+    ``memory_budget`` a running job holds), else the CPU's default."""
+    from .scheduler.multijob.registry import existing_scheduler
+    from .settings import default_budget
+    scheduler = existing_scheduler("cpu")
+    return scheduler.budget_bytes if scheduler is not None else default_budget("cpu")
 
 
 # The table form's forward pass per input: the SQL type its column is passed as to dbml_infer*.
@@ -107,7 +145,8 @@ def encode_raw(model: catalog.StoredModel, features: pa.Array, *, fn: str) -> tu
                               f"({', '.join(names)}), got a list of {bad}; "
                               f"pass [{', '.join(names)}] in that order")
     raw = present.flatten().to_numpy(zero_copy_only=False).astype(np.float64).reshape(len(present), k)
-    return prep.standardise(raw), valid
+    with torch.no_grad():
+        return model.standardiser(torch.from_numpy(raw)), valid
 
 
 # What predict() takes for each input: the member of its UNION argument (udfs.types.PREDICT_INPUT)
@@ -144,6 +183,8 @@ def _encode_input(model: catalog.StoredModel, values: pa.Array, fn: str):
     enc = model.preprocessing.input
     valid = ~np.asarray(values.is_null().to_numpy(zero_copy_only=False))
     present = values.filter(pa.array(valid))
+    if not valid.any():
+        return None, valid
     if enc.kind == "text" or enc.blob:
         return enc.to_tensor(present, fn=fn), valid
     lists = present
@@ -169,6 +210,9 @@ def predict_values(model: catalog.StoredModel, features: pa.Array, *, fn: str, k
         raise InvalidArgument(f"{fn}(): model {model.name!r} predicts text labels; "
                               f"use predict_label({model.name!r}, ...) for the label as VARCHAR")
     x, valid = encode_raw(model, features, fn=fn)
+    if not valid.any():                  # every input NULL: every prediction NULL
+        return pa.nulls(len(valid), pa.list_(pa.float64()) if kind == "proba" else
+                        pa.string() if kind == "label" else pa.float64())
     out = forward(model, x)
     if kind == "proba":
         values = list(torch.softmax(out, 1).double().numpy())
@@ -222,11 +266,14 @@ def predictions_sql(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str
     """The query behind ``predictions(model, source)``: every source row plus a ``prediction`` column."""
     model, select_sql, _ = _model_and_source(cur, cache, name, source, "predictions")
     prep = model.preprocessing
-    call = f"{infer_function(prep)}({literal(name)}, {model.version}, {prep.features_sql()})"
-    if prep.task == "classification":
-        classes = ", ".join(literal(c) for c in prep.classes)
-        call = f"[{classes}][{call}::INTEGER + 1]"
-    return f"SELECT src.*, {call} AS prediction FROM ({select_sql}) AS src"
+    call: exp.Expression = exp.Anonymous(this=infer_function(prep), expressions=[
+        value_sql(name), value_sql(model.uid), sqlglot.parse_one(prep.features_sql(), read="duckdb")])
+    if prep.task == "classification":   # the class index -> the class, from the catalog's classes
+        index = exp.Add(this=exp.cast(call, "INTEGER"), expression=exp.Literal.number(1))
+        call = exp.Bracket(this=value_sql(list(prep.classes)), expressions=[index], offset=1)   # 1-based, as written
+    source = exp.Subquery(this=sqlglot.parse_one(select_sql, read="duckdb"), alias=exp.TableAlias(this="src"))
+    return exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier("src")),
+                      exp.alias_(call, "prediction")).from_(source).sql("duckdb")
 
 
 def evaluate(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, source: str) -> dict:

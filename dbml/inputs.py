@@ -15,10 +15,14 @@ validated on load) and turns an Arrow column of a batch into the model's tensor:
   words and single punctuation marks (``\\w+|[^\\w\\s]``); the vocabulary is the
   ``MAX_VOCAB`` most frequent training tokens (id 0 pads, 1 is an unknown token); texts
   are cut at ``max_len``, the longest training text up to ``MAX_LEN`` tokens.
-* **tokens** — an ``INTEGER[]``/``BIGINT[]`` column of token ids >= 0 (shifted by one
-  inside, so that 0 pads); an id beyond the largest training id is an error.
+* **tokens** — an ``INTEGER[]``/``BIGINT[]`` column of token ids >= 0. Its vocabulary is
+  the ``MAX_VOCAB`` most frequent training ids (``ids``), as for text: the model sees an
+  id's index + 2 (0 pads, 1 is any other id), so the embedding's size follows how many
+  ids there are, never how large one is. (Models stored before ``ids`` existed see id + 1
+  and refuse ids beyond the largest training id.)
 * **series** — a ``FLOAT[]``/``DOUBLE[]`` column of variable length, standardised with
   the mean and std of all training values; the model sees ``[value, present]`` per step.
+  NULL, NaN, ±Inf and values beyond FLOAT's range are missing (``present`` 0).
 
 Sequences are padded per batch to the batch's longest, rounded up to a power of two
 (at least 8), so that a job captures a handful of graph shapes rather than one per length.
@@ -30,6 +34,7 @@ import io
 import json
 import math
 import re
+import secrets
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -45,11 +50,19 @@ from .source import Column, literal, quote
 from .zoo import Inputs
 
 KINDS = ("image", "text", "tokens", "series")
+FLOAT_MAX = 3.4028234663852886e38    # the largest FLOAT (features.FLOAT_MAX: features imports this module)
 MAX_VOCAB = 20000
 MAX_LEN = 512
 TEXT_MIN_WORDS = 4.0
 STATS_SAMPLE = 2000
 DECODE_WORKERS = 4
+IMAGE_FORMATS = ("PNG", "JPEG")     # the only decoders Pillow may use on a BLOB
+MAX_IMAGE_PIXELS = 40_000_000       # a source image's pixels, checked before decoding (a 48 MP photo: downscale)
+MAX_SIDE = 4096                     # a model's input height or width (image_size, shape)
+# dbml_decode_image produces c*h*w bytes a row, as the encoder it is given says: only SQL
+# dbml writes (scratch_sql) may call it, which alone knows this process's token.
+DECODE_TOKEN = secrets.token_hex(16)
+MAX_CHANNELS = 64                   # an array image's channels (shape := [c, h, w])
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 _POOL: ThreadPoolExecutor | None = None
 
@@ -78,6 +91,7 @@ class InputEncoder:
     vocab: tuple[str, ...] = ()        # text: id = index + 2
     vocab_size: int = 0                # text / tokens: ids < vocab_size (0 pads)
     max_len: int = 0                   # text / tokens / series
+    ids: tuple[int, ...] = ()          # tokens: the training ids the model knows, id = index + 2
 
     # -- what the model sees ----------------------------------------------------------------
     def inputs(self) -> Inputs:
@@ -98,7 +112,8 @@ class InputEncoder:
         raw channel-height-width bytes (the ``dbml_decode_image`` UDF), so that epochs stream
         pixels instead of decoding every image again; other kinds as ``raw_sql``."""
         if self.kind == "image" and self.blob:
-            return f"dbml_decode_image({quote(self.column)}, {literal(json.dumps(self.to_dict()))})"
+            return (f"dbml_decode_image({quote(self.column)}, {literal(json.dumps(self.to_dict()))}, "
+                    f"{literal(DECODE_TOKEN)})")
         return self.raw_sql()
 
     def decode(self, col: pa.Array, *, fn: str = "train") -> pa.Array:
@@ -127,10 +142,14 @@ class InputEncoder:
             x = _binary_bytes(col if decoded else self.decode(col, fn=fn)).astype(np.float32) / 255.0
         else:
             x = np.stack([_array(v, c * h * w, i, self.column, fn) for i, v in enumerate(col.to_pylist())])
-        x = x.reshape(len(col), c, h, w)
-        mean = np.asarray(self.mean, dtype=np.float32).reshape(1, c, 1, 1)
-        std = np.asarray(self.std, dtype=np.float32).reshape(1, c, 1, 1)
-        return torch.from_numpy(np.ascontiguousarray((x - mean) / std, dtype=np.float32))
+        x = torch.from_numpy(np.ascontiguousarray(x.reshape(len(col), c, h, w), dtype=np.float32))
+        with torch.no_grad():
+            return self.normaliser(x)
+
+    @cached_property
+    def normaliser(self) -> "ChannelNormalise":
+        """Pixels in [0, 1] (channels, height, width) -> the model's input; the ONNX export runs it too."""
+        return ChannelNormalise(self.mean, self.std)
 
     def _decode(self, row: int, data: bytes | None, *, fn: str) -> np.ndarray:
         image = open_image(data, row, self.column, fn)
@@ -141,7 +160,12 @@ class InputEncoder:
         return self._pixels(image)
 
     def _pixels(self, image) -> np.ndarray:
-        """A Pillow image as the model's channels: grey or RGB, resized if asked, (c, h, w) uint8."""
+        """A Pillow image as the model's channels: grey or RGB, resized if asked, (c, h, w) uint8.
+        16-bit grey (mode I;16, or I) is scaled to 8 bits, not clipped as Pillow's convert does."""
+        if image.mode.startswith("I"):
+            wide = np.asarray(image, dtype=np.float64)
+            top = 65535.0 if image.mode.startswith("I;16") or wide.max(initial=0) > 255 else 255.0
+            image = _pil_image(np.clip(np.rint(wide * (255.0 / top)), 0, 255).astype(np.uint8))
         image = image.convert("L" if self.shape[0] == 1 else "RGB")
         if self.resize:
             image = image.resize((self.shape[2], self.shape[1]))
@@ -157,12 +181,20 @@ class InputEncoder:
             index = self._index
             return [index.get(t, 1) for t in tokenize(value)][:self.max_len] or [1]
         ids = [v for v in (value or []) if v is not None][:self.max_len]
+        if self.ids:
+            index = self._id_index
+            return [index.get(v, 1) for v in ids] or [0]
         bad = [v for v in ids if not 0 <= v < self.vocab_size - 1]
         if bad:
             raise InvalidArgument(f"{fn}(): row {row + 1} of column {self.column!r} holds token id {bad[0]}, "
                                   f"outside the model's range 0..{self.vocab_size - 2} (the largest training id); "
                                   f"map unseen ids to a known one, or retrain on data that has them")
         return [v + 1 for v in ids] or [0]
+
+    @cached_property
+    def _id_index(self) -> dict[int, int]:
+        """training token id -> the model's id, built once per loaded encoder."""
+        return {t: i + 2 for i, t in enumerate(self.ids)}
 
     @cached_property
     def _index(self) -> dict[str, int]:
@@ -174,9 +206,11 @@ class InputEncoder:
         length = _bucket(max((len(r) for r in rows), default=1), self.max_len)
         x = np.zeros((len(rows), length, 2), dtype=np.float32)
         for i, r in enumerate(rows):
-            v = (np.asarray(r, dtype=np.float64) - self.mean[0]) / self.std[0]
-            ok = np.isfinite(v)
-            x[i, :len(r), 0] = np.where(ok, v, 0.0)
+            raw = np.asarray(r, dtype=np.float64)
+            ok = np.isfinite(raw) & (np.abs(raw) <= FLOAT_MAX)    # NULL, NaN, ±Inf, beyond FLOAT: missing
+            with np.errstate(over="ignore", invalid="ignore"):
+                v = (raw - self.mean[0]) / self.std[0]
+            x[i, :len(r), 0] = np.where(ok, np.clip(v, -FLOAT_MAX, FLOAT_MAX), 0.0)
             x[i, :len(r), 1] = ok
         return torch.from_numpy(x)
 
@@ -188,17 +222,41 @@ class InputEncoder:
     def from_dict(cls, d: dict) -> "InputEncoder":
         """Validated: a tampered or foreign encoder is a CatalogError, never code or SQL."""
         try:
-            enc = cls(**{**d, **{k: tuple(d[k]) for k in ("shape", "mean", "std", "vocab") if k in d}})
+            enc = cls(**{**d, **{k: tuple(d[k]) for k in ("shape", "mean", "std", "vocab", "ids") if k in d}})
             assert enc.kind in KINDS and isinstance(enc.column, str)
-            assert all(isinstance(v, int) and v > 0 for v in enc.shape)
+            assert all(isinstance(v, int) and 0 < v <= MAX_SIDE for v in enc.shape)
             assert all(isinstance(v, (int, float)) and math.isfinite(v) for v in enc.mean + enc.std)
             assert all(isinstance(t, str) for t in enc.vocab)
             assert isinstance(enc.vocab_size, int) and isinstance(enc.max_len, int)
             if enc.kind == "image":
                 assert len(enc.shape) == 3 and len(enc.mean) == len(enc.std) == enc.shape[0]
+                assert enc.shape[0] in ((1, 3) if enc.blob else range(1, MAX_CHANNELS + 1))
+            assert all(isinstance(t, int) and not isinstance(t, bool) for t in enc.ids)
+            assert 0 <= enc.max_len <= MAX_LEN and enc.vocab_size >= 0
+            if enc.kind == "text" or enc.ids:
+                assert enc.vocab_size == len(enc.vocab or enc.ids) + 2 <= MAX_VOCAB + 2
         except (TypeError, AssertionError) as e:
             raise CatalogError(f"the stored input encoder is not valid ({e or 'a field has a wrong value'})") from None
         return enc
+
+
+class ChannelNormalise(torch.nn.Module):
+    """``(x - mean) / std`` per channel of (batch, channels, height, width) images, in
+    float32; a NaN (a NULL element of an array image) or ±Inf becomes 0."""
+
+    def __init__(self, means, stds):
+        super().__init__()
+        self.register_buffer("mean", torch.tensor(means, dtype=torch.float32).reshape(1, -1, 1, 1))
+        self.register_buffer("std", torch.tensor(stds, dtype=torch.float32).reshape(1, -1, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = (x - self.mean) / self.std
+        return torch.where(torch.isfinite(z), z, torch.zeros_like(z))
+
+
+def _pil_image(a: np.ndarray):
+    from PIL import Image
+    return Image.fromarray(a)
 
 
 def _binary_bytes(raw: pa.Array) -> np.ndarray:
@@ -213,18 +271,37 @@ def _flat(col: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 
 def open_image(data: bytes | None, row: int, column: str, fn: str):
-    """A BLOB as a Pillow image; an error naming the row and column if it is not one."""
+    """A BLOB as a Pillow image; an error naming the row and column if it is not a PNG or
+    JPEG (``IMAGE_FORMATS``: no other decoder ever sees the bytes, so no EPS reaches
+    Ghostscript) or holds more than ``MAX_IMAGE_PIXELS`` (checked on the header, before
+    the pixels are decoded)."""
     from PIL import Image, UnidentifiedImageError
 
     if data is None:
         raise InvalidArgument(f"{fn}(): row {row + 1} of image column {column!r} is NULL; filter such rows out")
     try:
-        image = Image.open(io.BytesIO(data))
+        image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
+        w, h = image.size
+        if w * h > MAX_IMAGE_PIXELS:
+            raise InvalidArgument(f"{fn}(): row {row + 1} of column {column!r} is a {w}x{h} image "
+                                  f"({w * h / 1e6:.0f} megapixels), more than dbml decodes "
+                                  f"({MAX_IMAGE_PIXELS / 1e6:.0f}); downscale such images before training on them")
         image.load()
         return image
-    except (UnidentifiedImageError, OSError, ValueError) as e:
-        raise InvalidArgument(f"{fn}(): row {row + 1} of column {column!r} is not a PNG or JPEG image "
-                              f"({type(e).__name__}); pass only image files, e.g. read_blob('photos/*.png')") from None
+    except InvalidArgument:
+        raise
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+        raise InvalidArgument(f"{fn}(): row {row + 1} of column {column!r} is not a PNG or JPEG image dbml can "
+                              f"decode ({type(e).__name__}); pass only PNG or JPEG files, e.g. "
+                              f"read_blob('photos/*.png')") from None
+
+
+def image_side(value, arg: str, fn: str) -> int:
+    """A height or width a model takes: a positive integer up to ``MAX_SIDE``."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_SIDE:
+        raise InvalidArgument(f"{fn}(): {arg} sizes must be whole numbers from 1 to {MAX_SIDE}, got {value!r}; "
+                              f"pass e.g. {arg} := [64, 64]")
+    return value
 
 
 def _array(value, size: int, row: int, column: str, fn: str) -> np.ndarray:
@@ -288,10 +365,15 @@ def fit(cur, src: str, col: Column, kind: str, *, image_size, shape, fn: str = "
         if min(flat) < 0:
             raise InvalidArgument(f"{fn}(): column {col.name!r} holds a negative token id ({min(flat)}); "
                                   f"token ids must be >= 0")
-        return InputEncoder("tokens", col.name, vocab_size=int(max(flat)) + 2, max_len=_max_len(values))
-    finite = np.asarray([v for v in flat if math.isfinite(v)], dtype=np.float64)
-    mean = float(finite.mean()) if finite.size else 0.0
-    std = float(finite.std()) if finite.size and finite.std() > 0 else 1.0
+        counts = Counter(int(v) for v in flat)
+        ids = tuple(sorted(t for t, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_VOCAB]))
+        return InputEncoder("tokens", col.name, vocab_size=len(ids) + 2, max_len=_max_len(values), ids=ids)
+    finite = np.asarray([v for v in flat if math.isfinite(v) and abs(v) <= FLOAT_MAX], dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):   # values near DOUBLE's range overflow a sum
+        mean = float(finite.mean()) if finite.size else 0.0
+        std = float(finite.std()) if finite.size else 1.0
+    mean = mean if math.isfinite(mean) else 0.0
+    std = std if math.isfinite(std) and std > 0 else 1.0
     return InputEncoder("series", col.name, mean=(mean,), std=(std,), max_len=_max_len(values))
 
 
@@ -320,6 +402,9 @@ def _fit_array_image(cur, src: str, col: Column, shape, fn: str) -> InputEncoder
     if len(shape) != 3 or any(s is None or s <= 0 for s in shape):
         raise InvalidArgument(f"{fn}(): shape must be [channels, height, width] of positive sizes, got {list(shape)}")
     c, h, w = shape
+    if c > MAX_CHANNELS:
+        raise InvalidArgument(f"{fn}(): shape := [c, h, w] takes at most {MAX_CHANNELS} channels, got {c}")
+    image_side(h, "shape", fn), image_side(w, "shape", fn)
     rows = _column_values(cur, src, col)
     x = np.stack([_array(v, c * h * w, i, col.name, fn) for i, v in enumerate(rows)]).reshape(len(rows), c, -1)
     mean, std = np.nanmean(x, axis=(0, 2)), np.nanstd(x, axis=(0, 2))
@@ -341,6 +426,10 @@ def _fit_blob_image(cur, src: str, col: Column, image_size, fn: str) -> InputEnc
     """Every training image checked (an image, its size and mode), then the channel
     statistics over the first STATS_SAMPLE, summed as they are decoded: memory stays that
     of one image whatever the table's size."""
+    if image_size is not None:
+        if len(image_size) not in (1, 2):
+            raise InvalidArgument(f"{fn}(): image_size must be [height, width] or one positive number")
+        hw = tuple(image_side(s, "image_size", fn) for s in image_size) * (2 if len(image_size) == 1 else 1)
     sizes, grey = set(), True
     for row, data in _blobs(cur, src, col):
         image = open_image(data, row, col.name, fn)
@@ -350,13 +439,9 @@ def _fit_blob_image(cur, src: str, col: Column, image_size, fn: str) -> InputEnc
         some = ", ".join(f"{w}x{h}" for w, h in sorted(sizes)[:3])
         raise InvalidArgument(f"{fn}(): images in column {col.name!r} have different sizes ({some}, ...); "
                               f"pass image_size := [height, width] (or one number) to resize them")
-    if image_size is not None:
-        hw = tuple(image_size) * 2 if len(image_size) == 1 else tuple(image_size)
-        if len(hw) != 2 or any(s is None or s <= 0 for s in hw):
-            raise InvalidArgument(f"{fn}(): image_size must be [height, width] or one positive number")
-    else:
+    if image_size is None:
         w, h = next(iter(sizes))
-        hw = (h, w)
+        hw = (image_side(h, "image_size", fn), image_side(w, "image_size", fn))
     c = 1 if grey else 3
     enc = InputEncoder("image", col.name, blob=True, shape=(c, *hw), resize=image_size is not None,
                        mean=(0.0,) * c, std=(1.0,) * c)

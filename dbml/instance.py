@@ -23,12 +23,14 @@ import sys
 import threading
 import uuid
 import weakref
+from typing import Callable
 
 import duckdb
 
 from .jobs import JobManager, interrupt_off_main_thread
 
 _INSTANCES: dict[str, "Instance"] = {}
+_CLOSING: dict[str, threading.Event] = {}   # database file -> set once its last instance has closed
 _LOCK = threading.Lock()
 _SIGINT_HOOKED = False
 _USERS: "weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, weakref.finalize]" = weakref.WeakKeyDictionary()
@@ -41,9 +43,10 @@ def _train(*args, **kwargs):
 
 
 class Instance:
-    def __init__(self, owner: duckdb.DuckDBPyConnection, owns: bool):
+    def __init__(self, owner: duckdb.DuckDBPyConnection, owns: bool, path: str = ""):
         self.id = uuid.uuid4().hex
         self.owner = owner
+        self.path = path
         self.functions: list[str] = []   # filled by dbml.udfs.register
         self.jobs = JobManager(self.cursor, run=_train)
         self._owns = owns
@@ -63,15 +66,25 @@ class Instance:
         release.atexit = False  # at exit, _close_all does it
 
     def _release(self) -> None:
-        """One user connection less; after the last, cancel and wait for the jobs, then close."""
+        """One user connection less; after the last, cancel and wait for the jobs, then close.
+        While it closes, a new ``attach`` to the same file waits (``_CLOSING``): its UDFs are
+        the database instance's, and would be unregistered under the newcomer's feet."""
         with _LOCK:
             self._users -= 1
             if self._users:
                 return
             _INSTANCES.pop(self.id, None)
-        self.jobs.shutdown("the connection was closed")
-        if self._owns:
-            self.close()
+            closed = _CLOSING.setdefault(self.path, threading.Event()) if self._owns else None
+        try:
+            self.jobs.shutdown("the connection was closed")
+            if self._owns:
+                self.close()
+        finally:
+            if closed is not None:
+                with _LOCK:
+                    if _CLOSING.get(self.path) is closed:
+                        del _CLOSING[self.path]
+                closed.set()
 
     def close(self) -> None:
         """Unregister the UDFs and close the owner connection."""
@@ -127,24 +140,38 @@ def release_user(con: duckdb.DuckDBPyConnection) -> None:
         release()
 
 
-def attach(con: duckdb.DuckDBPyConnection) -> tuple[Instance, bool]:
-    """The Instance behind ``con`` (created if dbml is new there) and whether it is new."""
-    with _LOCK:
-        try:
-            instance = _INSTANCES.get(con.execute("SELECT dbml_instance_id()").fetchall()[0][0])
-        except duckdb.CatalogException:
-            instance = None
-        new = instance is None
-        if new:
-            instance = Instance(*_owner(con))
-            _INSTANCES[instance.id] = instance
-        instance._add_user(con)
+def attach(con: duckdb.DuckDBPyConnection, register: Callable[[Instance], None]) -> tuple[Instance, bool]:
+    """The Instance behind ``con`` (created if dbml is new there, its UDFs registered with
+    ``register`` before any other connection can find it) and whether it is new. If the
+    file's previous instance is still closing, waits for it first."""
+    path = _path(con)
+    while True:
+        with _LOCK:
+            closing = _CLOSING.get(path) if path else None
+            if closing is None:
+                try:
+                    instance = _INSTANCES.get(con.execute("SELECT dbml_instance_id()").fetchall()[0][0])
+                except duckdb.CatalogException:
+                    instance = None
+                new = instance is None
+                if new:
+                    instance = Instance(*_owner(con, path), path=path)
+                    register(instance)
+                    _INSTANCES[instance.id] = instance
+                instance._add_user(con)
+                break
+        closing.wait()
     install_sigint_hook()
     return instance, new
 
 
-def _owner(con: duckdb.DuckDBPyConnection) -> tuple[duckdb.DuckDBPyConnection, bool]:
-    path, = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchall()[0]
+def _path(con: duckdb.DuckDBPyConnection) -> str:
+    """The file of ``con``'s database ('' in memory)."""
+    return con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()"
+                       ).fetchall()[0][0] or ""
+
+
+def _owner(con: duckdb.DuckDBPyConnection, path: str) -> tuple[duckdb.DuckDBPyConnection, bool]:
     if not path:
         return con, False
     return duckdb.connect(path, read_only=is_read_only(con)), True

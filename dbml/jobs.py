@@ -35,6 +35,7 @@ class Job:
     id: int
     model: str
     status: str = "queued"
+    connection: int | None = None   # the DuckDB connection whose statement started the job
     epochs: int = 0
     epoch: int = 0
     progress: float = 0.0
@@ -53,6 +54,11 @@ class Job:
     exception: BaseException | None = field(default=None, repr=False)
     history: list[dict] = field(default_factory=list)
     schedule: tuple | None = field(default=None, repr=False)   # (plan, access sequence) last run: dbml.plot.memory
+    # Set by what the job runs, before training starts (a tune() trial): ``on_epoch(record)``
+    # after each epoch's record is kept, which may raise JobCancelled to stop the job at
+    # that boundary (its pruner); ``validate_epochs``: records hold val_loss and val_metric.
+    on_epoch: Callable[[dict], None] | None = field(default=None, repr=False)
+    validate_epochs: bool = False
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     _done: threading.Event = field(default_factory=threading.Event, repr=False)
     _scheduler: object = field(default=None, repr=False)
@@ -93,8 +99,10 @@ class Job:
         self._scheduler = scheduler
 
     def release_scheduler(self) -> None:
+        """Leave the shared scheduler and give back the budget held there."""
         if self._scheduler is not None:
             self._scheduler.unregister(self.name)
+            self._scheduler.release_budget(self.name)
             self._scheduler = None
 
     def waiting_for_memory(self) -> bool:
@@ -135,6 +143,8 @@ class Job:
                     "replans"):
             if memory.get(key) is not None:
                 setattr(self, key, memory[key])
+        if self.on_epoch is not None:
+            self.on_epoch(record)
 
     # -- its fate, set by the JobManager ---------------------------------------------------
     def run(self, work: Callable[[], dict]) -> None:
@@ -175,12 +185,15 @@ class JobManager:
         self._waits: dict[int, list[Wait]] = {}   # statements waiting on jobs, by DuckDB connection id
         self._lock = threading.Lock()
 
-    def submit(self, spec) -> Job:
-        """Start a training job on a thread of its own; return it at once."""
+    def submit(self, spec, connection: int | None = None,
+               run: Callable[[duckdb.DuckDBPyConnection, object, Job], dict] | None = None) -> Job:
+        """Start a training job on a thread of its own; return it at once. ``connection``:
+        the DuckDB connection id of the statement that starts it. ``run``: what the job does
+        instead of the manager's function (a tune() trial trains without storing)."""
         cur = self._cursor()
         from .catalog import next_job_id   # torch comes with the catalog: imported when a job starts
-        job = Job(id=next_job_id(cur), model=spec.model, epochs=spec.epochs)
-        thread = threading.Thread(target=self._run, args=(job, spec, cur),
+        job = Job(id=next_job_id(cur), model=spec.model, epochs=spec.epochs, connection=connection)
+        thread = threading.Thread(target=self._run, args=(job, spec, cur, run or self._run_job),
                                   name=f"dbml-job-{job.id}", daemon=True)
         with self._lock:
             self._jobs[job.id] = job
@@ -188,10 +201,10 @@ class JobManager:
         thread.start()
         return job
 
-    def _run(self, job: Job, spec, cur: duckdb.DuckDBPyConnection) -> None:
+    def _run(self, job: Job, spec, cur: duckdb.DuckDBPyConnection, run) -> None:
         job._cursor = cur
         try:
-            job.run(lambda: self._run_job(cur, spec, job))
+            job.run(lambda: run(cur, spec, job))
         finally:
             job._cursor = None
             cur.close()
@@ -222,6 +235,14 @@ class JobManager:
         raises ``Interrupted`` with each job's fate."""
         with self._waiting(Wait(jobs, fn), connection) as w:
             w.until_ended(jobs)
+
+    @contextmanager
+    def statement(self, connection: int | None, *, fn: str) -> Iterator["Wait"]:
+        """A statement that starts jobs as it goes (tune()): its Wait, which ``interrupt(connection)``
+        and Ctrl-C off the main thread reach (``Wait.interrupted``, and its jobs cancelled);
+        the statement adds each job it starts (``Wait.add``) and waits for them itself."""
+        with self._waiting(Wait([], fn), connection) as w:
+            yield w
 
     @contextmanager
     def _waiting(self, wait: "Wait", connection: int | None) -> Iterator["Wait"]:
@@ -297,7 +318,13 @@ class Wait:
 
     def interrupt(self) -> None:
         self.interrupted.set()
-        for job in self.jobs:
+        for job in list(self.jobs):
+            job.cancel("the statement was interrupted")
+
+    def add(self, job: Job) -> None:
+        """A job the statement started: an interrupt cancels it too (one that came first, at once)."""
+        self.jobs.append(job)
+        if self.interrupted.is_set():
             job.cancel("the statement was interrupted")
 
     def until_ended(self, jobs: list[Job]) -> None:
@@ -364,7 +391,7 @@ def train_all(manager: JobManager, calls: list[TrainCall], connection: int | Non
     An interrupt of the statement (Ctrl-C, or ``connection``'s interrupt) cancels its jobs
     and raises ``Interrupted`` (``JobManager.wait_statement``).
     """
-    jobs = [manager.submit(c.spec) if c.spec is not None else None for c in calls]
+    jobs = [manager.submit(c.spec, connection) if c.spec is not None else None for c in calls]
     if any(c.wait for c in calls):
         manager.wait_statement([job for job in jobs if job is not None], connection)
         for c, job in zip(calls, jobs):

@@ -20,6 +20,8 @@ import threading
 import torch
 
 from .errors import InvalidArgument
+from .scheduler.execute.rng import JobRandom, using
+from .threads import use as use_threads
 from .zoo import Inputs, build
 
 LATENCY_MODELS = ("predictor", "roofline")
@@ -92,13 +94,14 @@ def _zoo_iteration(model, x, y, describe: str):
         from .scheduler.execute.runner import ScheduledStep
         from .scheduler.graph.optim import OptimizerSpec
 
-        torch.manual_seed(0)
-        runner = ScheduledStep(model(), torch.nn.functional.cross_entropy, OptimizerSpec("adam"), policy="none",
+        random = JobRandom(0)      # never the process's generator (scheduler/execute/rng.py)
+        net, batch = random.call(lambda: (model(), (x(), y())))
+        runner = ScheduledStep(net, torch.nn.functional.cross_entropy, OptimizerSpec("adam"), policy="none",
                                job=f"calibrate {describe}", share_graphs=("dbml-calibration", describe))
-        batch = (x(), y())
 
         def run() -> None:
-            runner.step(*batch)
+            with using(random):
+                runner.step(*batch)
         run.close, run.runner = runner.close, runner
         return run
     return factory
@@ -133,7 +136,7 @@ def calibrate(device: str, quick: bool, threads: int, progress=None):
     the predictor's fingerprint includes it) and save the predictor."""
     from .scheduler.latency.calibrate import calibrate as run
 
-    torch.set_num_threads(threads)
+    use_threads(threads)
     with _LOCK:
         predictor = run(device, quick=quick, progress=progress, work=calibration_work(device, quick))
         _LOADED[(device, threads)] = predictor
@@ -157,7 +160,7 @@ def latency_model(kind: str, device: str, threads: int) -> tuple[object | None, 
         predictor = load_predictor(device, threads=threads)
         how = "predictor"
         if predictor is None:
-            torch.set_num_threads(threads)
+            use_threads(threads)
             predictor = run(device, quick=True, work=calibration_work(device, True))
             how = "predictor (none was installed: quick calibration ran now; run python -m dbml install)"
         _LOADED[key] = predictor

@@ -10,7 +10,6 @@ code; a custom arch must be registered in the loading process
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass
 
 import torch
@@ -70,7 +69,9 @@ def config(arch: str, inputs: Inputs, outputs: int, options: dict | None = None,
             raise InvalidArgument(f"{fn}(): arch {name!r} has no {key}; {fix} (its options: "
                                   f"{', '.join(a.options) or 'none'})")
         options[key] = list(value) if key == "hidden" else value
-    if "hidden" in options and (not options["hidden"] or any(h is None or h <= 0 for h in options["hidden"])):
+    hidden = options.get("hidden")
+    if isinstance(hidden, (list, tuple)) and (not hidden or any(
+            not isinstance(h, (int, float)) or isinstance(h, bool) or h is None or h <= 0 for h in hidden)):
         raise InvalidArgument(f"{fn}(): hidden must list positive layer sizes, e.g. hidden := [64, 64]")
     if "dropout" in options and not 0.0 <= float(options["dropout"]) < 1.0:
         raise InvalidArgument(f"{fn}(): dropout must be in [0, 1), e.g. dropout := 0.1")
@@ -90,33 +91,15 @@ def parameter_bytes(cfg: ModelConfig) -> int:
 
 
 def sample_input(cfg: ModelConfig, rows: int, device=None) -> torch.Tensor:
-    """An (empty) input batch of ``rows`` rows as the model takes it, for planning ahead:
-    sequences at their longest."""
-    i = cfg.inputs
-    if i.kind == "tabular":
-        return torch.empty(rows, i.features, device=device)
-    if i.kind == "image":
-        return torch.empty(rows, *i.shape, device=device)
-    if i.kind == "tokens":
-        return torch.zeros(rows, i.max_len, dtype=torch.int64, device=device)
-    return torch.empty(rows, i.max_len, 2, device=device)
-
-
-# Layers draw their initial weights from the global generator: concurrent jobs build
-# their models one at a time so each sees only its own seed.
-_BUILD_LOCK = threading.Lock()
-
-
-def seed_global_generator(seed: int) -> None:
-    """Seed torch's global generator (dropout draws from it), under the build lock: seeding
-    it while another job builds its model inside ``fork_rng`` would change that model's
-    initial weights."""
-    with _BUILD_LOCK:
-        torch.manual_seed(seed)
+    """An input batch of ``rows`` rows as the model takes it, for planning ahead:
+    sequences at their longest (``zoo.Inputs.sample``)."""
+    return cfg.inputs.sample(rows, device)
 
 
 def build_seeded(cfg: ModelConfig, seed: int) -> nn.Module:
-    """The model with its initial weights drawn from ``seed``, leaving the global RNG as it was."""
-    with _BUILD_LOCK, torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return build(cfg)
+    """The model with its initial weights drawn from ``seed``, leaving the global RNG as it
+    was. Layers draw their initial weights from the default generator: the build runs with
+    ``seed``'s state put into it, under the lock every job's use of it takes
+    (``dbml.scheduler.execute.rng``), so a model built while other jobs run sees only its seed."""
+    from .scheduler.execute.rng import JobRandom   # here: loading a model (predict) imports no scheduler
+    return JobRandom(seed).call(build, cfg)

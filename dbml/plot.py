@@ -7,6 +7,8 @@
   recompute events.
 * :func:`jobs` — the running jobs' shares of the device budget over a few seconds
   (``dbml_memory``, sampled).
+* :func:`trials` — a tune() search: each trial's objective against its number (pruned and
+  failed ones marked), the best so far, and Optuna's importance of each searched parameter.
 
 Each returns the matplotlib ``Figure``; the data drawn is also on it as ``fig.dbml`` (a
 dict), for a notebook to print or a test to check.
@@ -18,7 +20,7 @@ import time
 
 from .errors import InvalidArgument
 
-__all__ = ["history", "memory", "jobs"]
+__all__ = ["history", "memory", "jobs", "trials"]
 
 MIB = 2 ** 20
 
@@ -154,3 +156,52 @@ def jobs(con, seconds: float = 5.0, interval: float = 0.25):
     fig.tight_layout()
     fig.dbml = {"seconds": x, "jobs": {n: [shares.get(n, 0) for _, shares in samples] for n in names}}
     return fig
+
+
+def trials(con, model: str):
+    """``model``'s tune() trials (``dbml_trials``): the objective of each finished trial
+    against its number, the last epoch's objective of pruned ones, the best so far; and,
+    beside it, each searched parameter's importance (Optuna's default evaluator; none
+    before two trials have finished)."""
+    from .tuning import importances
+
+    rows = con.execute("SELECT trial, status, objective, objectives[-1], objective_name, best FROM dbml_trials "
+                       "WHERE model = ? ORDER BY trial", [model]).fetchall()
+    if not rows:
+        raise InvalidArgument(f"dbml.plot.trials(): model {model!r} has no trials; run SELECT * FROM "
+                              f"tune({model!r}, ...) first (SELECT DISTINCT model FROM dbml_trials lists them)")
+    name = rows[0][4]
+    weights = importances(con, model)
+    plt = _pyplot()
+    fig, (ax, right) = plt.subplots(1, 2, figsize=(10, 3.5), gridspec_kw={"width_ratios": [3, 2]})
+    done = [(r[0], r[2]) for r in rows if r[1] == "finished"]
+    pruned = [(r[0], r[3]) for r in rows if r[1] == "pruned" and r[3] is not None]
+    for points, style, label in ((done, "o", "finished"), (pruned, "x", "pruned (last epoch)")):
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], style, label=label)
+    best_so_far = _best_so_far(done, maximize=name == "val_metric")
+    if best_so_far:
+        ax.step([p[0] for p in best_so_far], [p[1] for p in best_so_far], where="post", color="tab:green",
+                label="best so far")
+    ax.set_xlabel("trial")
+    ax.set_ylabel(name)
+    ax.set_title(f"{model}: {len(rows)} trials")
+    ax.legend(loc="best", fontsize="small")
+    right.barh(list(weights), list(weights.values()))
+    right.set_xlabel("importance")
+    right.set_title("parameters" if weights else "importance: too few finished trials")
+    fig.tight_layout()
+    fig.dbml = {"objective": name, "finished": done, "pruned": pruned, "best_so_far": best_so_far,
+                "failed": [r[0] for r in rows if r[1] in ("failed", "infeasible")],
+                "best": [r[0] for r in rows if r[5]], "importance": weights}
+    return fig
+
+
+def _best_so_far(points: list[tuple[int, float]], maximize: bool) -> list[tuple[int, float]]:
+    out = []
+    for trial, value in points:
+        if not out or (value > out[-1][1] if maximize else value < out[-1][1]):
+            out.append((trial, value))
+        else:
+            out.append((trial, out[-1][1]))
+    return out

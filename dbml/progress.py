@@ -56,25 +56,30 @@ def _instance(con):
     return getattr(con, "_instance", con)
 
 
-def snapshot(con, after: int = 0) -> list[JobView]:
-    """Views of the jobs of ``con``'s database whose id is above ``after``, oldest first."""
+def snapshot(con, after: int = 0, connection: int | None = None) -> list[JobView]:
+    """Views of the jobs of ``con``'s database whose id is above ``after`` (and, given
+    ``connection``, that a statement of that DuckDB connection started), oldest first."""
     return [JobView(j.id, j.model, j.shown_status, j.epoch, j.epochs, j.progress, j.loss, j.rows_per_s)
-            for j in _instance(con).jobs.jobs() if j.id > after]
+            for j in _instance(con).jobs.jobs() if j.id > after and (connection is None or j.connection == connection)]
 
 
 @contextmanager
-def watching(con, renderer: Renderer | None, interval: float = 0.25) -> Iterator[None]:
-    """Show the progress of jobs started while the block runs; ``renderer=None`` shows nothing."""
+def watching(con, renderer: Renderer | None, interval: float = 0.25, connection: int | None = None) -> Iterator[None]:
+    """Show the progress of the jobs the statement running in the block starts:
+    ``connection`` is its DuckDB connection id (a dbml Connection's own by default; a
+    connection runs one statement at a time, so other statements' jobs never show).
+    ``renderer=None`` shows nothing."""
     if renderer is None:
         yield
         return
+    connection = connection if connection is not None else getattr(con, "_id", None)
     before = max((j.id for j in _instance(con).jobs.jobs()), default=0)
     stop = threading.Event()
 
     def poll() -> None:
         last = None
         while not stop.wait(interval):
-            views = snapshot(con, before)
+            views = snapshot(con, before, connection)
             if views and views != last:
                 renderer.update(views)
                 last = views
@@ -86,7 +91,7 @@ def watching(con, renderer: Renderer | None, interval: float = 0.25) -> Iterator
     finally:
         stop.set()
         thread.join()
-        renderer.close(snapshot(con, before))
+        renderer.close(snapshot(con, before, connection))
 
 
 class LineRenderer:

@@ -68,20 +68,24 @@ def make_runner(model: torch.nn.Module, loss_fn, spec, device: str, job: JobHand
     A tensile job without a ``memory_budget`` of its own plans jointly with every other
     such job on the device through the process's shared MemoryScheduler, within the
     device budget (the ``memory_budget`` setting), waiting for admission when it does not
-    fit beside the running ones. A job given its own budget, and the none/capuchin/vdnn
-    policies, plan alone. Jobs with the same model ``config`` share captured graphs.
+    fit beside the running ones. A job given its own budget, and the none/capuchin/vdnn/
+    pooch/swapadvisor policies, plan alone. Jobs with the same model ``config`` share captured graphs.
     ``spec`` is the job's TrainSpec.
     """
     if spec.policy == "eager":
         return EagerStep(model, loss_fn, spec.optimizer_spec())
     estimator, how = latency_model(spec.latency_model, device, spec.torch_threads)
     shared = spec.policy == "tensile" and spec.memory_budget is None
-    budget = spec.memory_budget or spec.device_budget or default_budget(device)
+    budget = job_budget(spec, device)
     planner = None
     if shared:
         scheduler = shared_scheduler(device, budget)
-        planner = scheduler.planner_for(job.name, wait=True, cancelled=job.cancelled)
+        # the device's budget as this connection set it (or any, unset): waits while jobs
+        # run under another one, never changes theirs
+        budget = scheduler.hold_budget(job.name, spec.device_budget, lambda: default_budget(device),
+                                       cancelled=job.cancelled)
         job.attach_scheduler(scheduler)
+        planner = scheduler.planner_for(job.name, wait=True, cancelled=job.cancelled)
     runner = ScheduledStep(model, loss_fn, spec.optimizer_spec(), policy=spec.policy, budget_bytes=budget,
                            device=device, job=job.name, latency_model=estimator, planner=planner,
                            ledger=device_ledger(device), share_graphs=config,
@@ -89,6 +93,13 @@ def make_runner(model: torch.nn.Module, loss_fn, spec, device: str, job: JobHand
                                                  max_plan_share=MAX_PLAN_SHARE))
     runner.latency_source = how   # the train summary reports it
     return runner
+
+
+def job_budget(spec, device: str) -> int:
+    """The budget a job plans within, before it joins the device: its own ``memory_budget``,
+    else the device budget of its connection (the setting, or the device's default). A job
+    sharing the device then runs under the budget it holds there (``hold_budget``)."""
+    return spec.memory_budget or spec.device_budget or default_budget(device)
 
 
 def prepare(runner: StepRunner, x: torch.Tensor, label: torch.dtype, device: str) -> None:
@@ -149,7 +160,7 @@ def check_plan_fits(cfg: models.ModelConfig, loss_fn, spec, device: str, rows: i
     budget of a job with none."""
     if spec.policy != "tensile" or scheduler_config.scheduler_disabled():
         return
-    budget = spec.memory_budget or spec.device_budget or default_budget(device)
+    budget = job_budget(spec, device)
     if state_bytes(cfg, spec)[0] < LARGE_MODEL_SHARE * budget:
         return
     with torch.device("meta"):

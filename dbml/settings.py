@@ -46,7 +46,7 @@ SETTINGS = (
     Setting("replan_beta", "DOUBLE", 0.9, "plan updating: weight of a new latency measurement in the EWMA"),
     Setting("replan_threshold", "DOUBLE", 0.3,
             "plan updating: relative drift of the summed latency that replans"),
-    Setting("torch_threads", "INTEGER", 1, "PyTorch intra-op threads while training (process-wide)"),
+    Setting("torch_threads", "INTEGER", 1, "PyTorch intra-op threads of each training job's thread"),
     Setting("prefetch_batches", "INTEGER", 4, "record batches fetched ahead of training"),
     Setting("shuffle_window", "INTEGER", 65536, "rows of the shuffle buffer each epoch draws batches from"),
     Setting("progress", "VARCHAR", "auto",

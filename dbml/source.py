@@ -6,7 +6,7 @@ SELECT: two checks stand between a source and anything it could write.
 
 1. Before anything runs, the syntax tree may hold no write anywhere (``WRITE_NODES``: a
    data-modifying CTE, a COPY, ...) and no call to a function with effects (dbml's own,
-   ``DBML_EFFECTFUL``, and DuckDB's, ``DUCKDB_EFFECTFUL``).
+   from ``dbml.udfs.FUNCTIONS``, and DuckDB's, ``DUCKDB_EFFECTFUL``: ``refused()``).
 2. Defence in depth, for what parsing misses (a view that calls ``drop_model``, SQL that
    sqlglot reads differently from DuckDB): DuckDB binds the query into its logical plan
    (``json_serialize_plan``, which runs nothing), and a plan with a write operator
@@ -45,17 +45,27 @@ WRITE_NODES = (exp.Insert, exp.Update, exp.Delete, exp.Merge, exp.Copy, exp.Crea
                exp.Attach, exp.Detach, exp.Set, exp.Command, exp.Pragma, exp.Use, exp.Transaction,
                exp.Commit, exp.Rollback, exp.TruncateTable, exp.Export, exp.Install, exp.LoadData,
                exp.Analyze, exp.Grant, exp.Revoke, exp.Refresh, exp.Cache, exp.Uncache)
-# dbml's SQL functions with effects: the UDFs registered with side_effects in udfs.FUNCTIONS
-# (this module cannot import udfs, which imports it; tests/test_security.py checks the two
-# agree) and the macros that call them.
-DBML_EFFECTFUL = ("dbml_train", "dbml_wait_job", "cancel_job", "dbml_job_rows", "dbml_memory_rows",
-                  "dbml_calibrate", "dbml_predictor_rows", "dbml_evaluate", "dbml_predictions_sql", "drop_model",
-                  "dbml_export_model")
-DBML_EFFECTFUL_MACROS = ("train", "calibrate", "wait_job", "evaluate", "export_model")
-# DuckDB functions with effects, or that run SQL text the checks cannot see: nextval
-# advances a sequence, setseed the session's random state, query() runs a string as SQL.
+# Functions a source may not call: DuckDB's with effects, or that run SQL text the checks
+# cannot see (nextval advances a sequence, setseed the session's random state, query() runs
+# a string as SQL), and dbml's, which dbml.udfs derives from its FUNCTIONS table (the one
+# owner of which dbml functions have effects) and hands over with ``refuse_in_sources``.
 DUCKDB_EFFECTFUL = ("nextval", "setseed", "query")
-EFFECTFUL = frozenset(DBML_EFFECTFUL + DBML_EFFECTFUL_MACROS + DUCKDB_EFFECTFUL)
+_REFUSED: set[str] = set(DUCKDB_EFFECTFUL)
+_REFUSED_CALL: list = [None]      # the regex over plan text, rebuilt when _REFUSED grows
+
+
+def refuse_in_sources(names) -> None:
+    """Refuse calls to ``names`` in sources from now on (``dbml.udfs`` calls it with dbml's
+    functions and macros that have effects or run SQL text)."""
+    _REFUSED.update(n.lower() for n in names)
+    _REFUSED_CALL[0] = re.compile(r"\b(" + "|".join(sorted(_REFUSED)) + r")\s*\(", re.IGNORECASE)
+
+
+def refused() -> frozenset[str]:
+    """The function and macro names a source may not call."""
+    return frozenset(_REFUSED)
+
+
 # Logical operators that write (DuckDB's LOGICAL_<name>); any CREATE_*/DROP/ALTER too.
 WRITE_OPERATORS = frozenset({
     "INSERT", "DELETE", "UPDATE", "MERGE_INTO", "COPY_TO_FILE", "COPY_DATABASE", "ATTACH", "DETACH",
@@ -65,7 +75,6 @@ WRITE_OPERATORS = frozenset({
 # tables and views: a name not found may be one of those.
 TEMP_HINT = (" (a TEMP table or view is not seen: dbml runs the source on its own connection, which cannot "
              "see this connection's TEMP objects; CREATE TABLE or CREATE VIEW in the database instead)")
-_EFFECTFUL_CALL = re.compile(r"\b(" + "|".join(sorted(EFFECTFUL)) + r")\s*\(", re.IGNORECASE)
 
 
 def quote(name: str) -> str:
@@ -74,14 +83,24 @@ def quote(name: str) -> str:
 
 
 def literal(value) -> str:
-    """A Python str / number / bool as a SQL literal (built by sqlglot; numbers validated)."""
+    """A Python value as a SQL literal, built by sqlglot (``value``): None, a bool, a number
+    (finite: ``number``), a str, or a list of them."""
+    return value_sql(value).sql("duckdb")
+
+
+def value_sql(value) -> exp.Expression:
+    """A Python value as a sqlglot expression: the one way dbml turns values into SQL."""
+    if value is None:
+        return exp.Null()
     if isinstance(value, bool):
-        return "true" if value else "false"
+        return exp.Boolean(this=value)
     if isinstance(value, int):
-        return exp.Literal.number(int(value)).sql("duckdb")
+        return exp.Literal.number(int(value)) if value >= 0 else exp.Neg(this=exp.Literal.number(-int(value)))
     if isinstance(value, float):
-        return number(value)
-    return exp.Literal.string(str(value)).sql("duckdb")
+        return sqlglot.parse_one(number(value), read="duckdb")
+    if isinstance(value, (list, tuple)):
+        return exp.Array(expressions=[value_sql(v) for v in value])
+    return exp.Literal.string(str(value))
 
 
 def number(value) -> str:
@@ -106,7 +125,7 @@ def as_select(source: str | None, *, fn: str, arg: str = "source") -> str:
         raise SourceError(f"{fn}(): {arg} is empty; pass a table name or one SELECT statement")
     try:
         statements = [s for s in sqlglot.parse(source, read="duckdb") if s is not None]
-    except sqlglot.errors.ParseError as e:
+    except (sqlglot.errors.ParseError, sqlglot.errors.TokenError) as e:
         raise SourceError(f"{fn}(): {arg} is not valid SQL ({_first_line(e)}); "
                           f"pass a table name or one SELECT statement") from None
     if len(statements) != 1:
@@ -134,7 +153,7 @@ def _refuse_effects(tree: exp.Expression, *, fn: str, arg: str) -> None:
             raise SourceError(f"{fn}(): {arg} contains {article} {kind} ({_first_line(node.sql('duckdb'))[:80]!r}); "
                               f"a source must only read: pass a table name or a SELECT without {kind}")
         name = _function_name(node)
-        if name in EFFECTFUL:
+        if name in _REFUSED:
             raise SourceError(f"{fn}(): {arg} calls {name}(), which has effects (or runs SQL text); "
                               f"a source must only read: call {name}() in its own statement")
 
@@ -169,7 +188,7 @@ def check_plan(cur: duckdb.DuckDBPyConnection, select_sql: str, *, fn: str, arg:
                               f"a source must only read: pass a table name or a plain SELECT")
         path = node.get("qname", {}).get("path") if isinstance(node.get("qname"), dict) else None
         name = str(path[-1]).lower() if path else None
-        if name in EFFECTFUL:
+        if name in _REFUSED:
             raise SourceError(f"{fn}(): {arg} calls {name}() (seen in its plan, e.g. through a view), "
                               f"which has effects; a source must only read: call it in its own statement")
 
@@ -183,7 +202,8 @@ def _check_physical_plan(cur: duckdb.DuckDBPyConnection, select_sql: str, *, fn:
         if op in WRITE_OPERATORS or op.startswith(("CREATE", "DROP", "ALTER")):
             raise SourceError(f"{fn}(): {arg} would write ({op} in its plan); "
                               f"a source must only read: pass a table name or a plain SELECT")
-        call = _EFFECTFUL_CALL.search(json.dumps(node.get("extra_info", {})))
+        call = (_REFUSED_CALL[0] or refuse_in_sources(()) or _REFUSED_CALL[0]).search(
+            json.dumps(node.get("extra_info", {})))
         if call:
             raise SourceError(f"{fn}(): {arg} calls {call.group(1).lower()}() (seen in its plan, e.g. through a "
                               f"view), which has effects; a source must only read: call it in its own statement")

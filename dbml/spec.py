@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from .errors import InvalidArgument
 from .settings import DEFAULTS, SETTINGS, SOURCES, parse_bytes, resolve
+from .source import literal
 
 if TYPE_CHECKING:
     from .scheduler import OptimizerSpec
@@ -78,11 +79,14 @@ def spec_field(setting: str) -> str:
 # tensile: the TENSILE scheduler within the budget; none: the same captured graph, tensors
 # released after their last use, no budget; eager: plain PyTorch (the vanilla); capuchin:
 # passive mode, the cold-start peer (swap on demand in iteration 1, then plan from it);
-# vdnn: vDNN-conv, the layer-granularity baseline (convolutions' inputs offloaded, no budget).
-SQL_POLICIES = ("tensile", "none", "eager", "capuchin", "vdnn")
+# vdnn: vDNN-conv, the layer-granularity baseline (convolutions' inputs offloaded, no budget);
+# pooch, swapadvisor: the seeds' other planners, searching a plan by simulation within the budget.
+SQL_POLICIES = ("tensile", "none", "eager", "capuchin", "vdnn", "pooch", "swapadvisor")
 # raise: a failed or cancelled row makes the statement raise its error (after every job has
 # ended); continue: every row returns its summary, with status and error.
 ON_ERROR = ("raise", "continue")
+# The largest learning rate: an update multiplies by it in FLOAT, and no model learns at more.
+MAX_LR = 1e6
 
 
 class _TrainSpecChecks:
@@ -94,8 +98,9 @@ class _TrainSpecChecks:
             raise InvalidArgument(f"{fn}(): model name is empty; pass a name such as train('churn', ...)")
         _positive_int(self.epochs, "epochs", "epochs := 10")
         _positive_int(self.batch_size, "batch_size", "batch_size := 64")
-        if self.lr is None or not self.lr > 0 or not math.isfinite(self.lr):
-            raise InvalidArgument(f"{fn}(): lr must be a positive number, got {self.lr!r}; pass e.g. lr := 0.01")
+        if self.lr is None or not 0 < self.lr <= MAX_LR:
+            raise InvalidArgument(f"{fn}(): lr must be a positive number up to {MAX_LR:g}, got {self.lr!r}; "
+                                  f"pass e.g. lr := 0.01")
         from .scheduler import OPTIMIZERS   # the scheduler and the zoo import torch: here, not at start-up
         from .zoo import arch as zoo_arch
         if self.optimizer not in OPTIMIZERS:
@@ -116,8 +121,12 @@ class _TrainSpecChecks:
                                   f"dbml_replan_threshold = {DEFAULTS['replan_threshold']}")
         if self.sources not in SOURCES:
             raise InvalidArgument(f"setting sources is {self.sources!r}; SET VARIABLE dbml_sources = 'any' or 'tables'")
-        if self.weight_decay is None or self.weight_decay < 0:
-            raise InvalidArgument(f"{fn}(): weight_decay must be >= 0; pass e.g. weight_decay := 0.01")
+        if self.weight_decay is None or not 0 <= self.weight_decay < math.inf:
+            raise InvalidArgument(f"{fn}(): weight_decay must be a finite number >= 0, got {self.weight_decay!r}; "
+                                  f"pass e.g. weight_decay := 0.01")
+        if self.momentum is None or not 0 <= self.momentum < 1:
+            raise InvalidArgument(f"{fn}(): momentum must be in [0, 1), got {self.momentum!r}; "
+                                  f"pass e.g. momentum := 0.9")
 
     def options_dict(self) -> dict:
         """``options``, a JSON object, as a dict; InvalidArgument if it is not one."""
@@ -224,23 +233,13 @@ def _from_sql(sql_type: str, size: bool, value, name: str):
     return tuple(value) if sql_type.endswith("[]") else value
 
 
-def sql_literal(value) -> str:
-    if value is None:
-        return "NULL"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return "'" + value.replace("'", "''") + "'"
-    return repr(value)
-
-
 def train_macro_sql() -> str:
     """The ``train`` macro: TRAIN_PARAMS with their defaults, passed to ``dbml_train`` with every
     setting, the calling connection's id and its TEMP tables and views.
 
     Sizes are cast to VARCHAR, as a budget may be given as a number of bytes or as text.
     """
-    params = ", ".join(p.name if p.required else f"{p.name} := {sql_literal(p.default)}" for p in TRAIN_PARAMS)
+    params = ", ".join(p.name if p.required else f"{p.name} := {literal(p.default)}" for p in TRAIN_PARAMS)
     args = [f"{p.name}::VARCHAR" if p.size else p.name for p in TRAIN_PARAMS]
     args += [f"getvariable('dbml_{s.name}')" + ("::VARCHAR" if s.size else "") for s in SETTINGS]
     args.append("current_connection_id()::BIGINT")   # whose interrupt() reaches the statement's jobs

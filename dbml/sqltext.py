@@ -1,63 +1,100 @@
-"""SQL text as the shell reads it: where statements end (a ';' outside quotes and comments).
+"""SQL text as the shell and ``dbml.execute`` read it: where statements end.
 
-DuckDB's ``extract_statements`` cannot split what it cannot parse (BigQuery ML's
-``CREATE MODEL ... OPTIONS(...)``), so the shell and ``dbml.execute`` split here.
+Statements end at a ``;`` token of sqlglot's tokenizer for the dialect, which knows the
+dialect's strings (``'…'`` with ``''``, DuckDB's ``E'…\\''`` and ``$$…$$``, BigQuery's
+``\\'`` escapes, raw and triple-quoted strings), quoted identifiers and comments; it reads
+the text once, so splitting is linear in its length. DuckDB's own ``extract_statements``
+cannot split what it cannot parse (BigQuery ML's ``CREATE MODEL ... OPTIONS(...)``), hence
+a tokenizer rather than the parser.
+
+A script that mixes BigQuery ML with DuckDB SQL is read by both dialects' rules, and
+where they end statements in different places (``SELECT 'x\\'; DROP TABLE t; …``, one
+statement to BigQuery, three to DuckDB) it is refused rather than guessed
+(:class:`AmbiguousScript`).
+
+>>> split_statements("SELECT 1; SELECT $$a;b$$; -- done")
+['SELECT 1', 'SELECT $$a;b$$']
+>>> statement_complete("SELECT 'a;"), statement_complete("SELECT 'a;';  -- c")
+(False, True)
 """
 
 from __future__ import annotations
 
-__all__ = ["statement_complete", "split_statements"]
+import re
+
+from sqlglot.dialects import Dialect
+from sqlglot.errors import TokenError
+from sqlglot.tokens import TokenType
+
+from .errors import InvalidArgument
+
+__all__ = ["statement_complete", "split_statements", "AmbiguousScript", "UnterminatedText"]
+
+# A script that may hold BigQuery ML (model statements or ML.* functions): split by both dialects.
+_BIGQUERY_ML = re.compile(r"\bML\s*\.|\bMODEL\b", re.IGNORECASE)
 
 
-def _scan(text: str):
-    """Yield (index, char) of each ';' outside quotes and comments, then (len, '') with
-    whether the text ends outside a quote or block comment as the char ('' or 'open')."""
-    state, i = None, 0
-    while i < len(text):
-        ch, pair = text[i], text[i:i + 2]
-        if state is None:
-            if ch in "'\"":
-                state = ch
-            elif pair == "--":
-                state, i = "line", i + 1
-            elif pair == "/*":
-                state, i = "block", i + 1
-            elif ch == ";":
-                yield i, ";"
-        elif state == "line" and ch == "\n" or state == "block" and pair == "*/" or state == ch:
-            i += 1 if state == "block" else 0
-            state = None
-        i += 1
-    yield len(text), "" if state in (None, "line") else "open"
+class UnterminatedText(InvalidArgument):
+    """The text ends inside a string, a quoted identifier or a block comment."""
 
 
-def statement_complete(text: str) -> bool:
-    """Whether ``text`` ends with a ';' outside quotes and comments (comments may follow)."""
-    marks = list(_scan(text))
-    if marks[-1][1] == "open" or len(marks) < 2:
-        return False
-    last = marks[-2][0]
-    return all(part.strip() == "" for part in _uncommented(text[last + 1:]))
+class AmbiguousScript(InvalidArgument):
+    """BigQuery's and DuckDB's rules end the script's statements in different places."""
 
 
-def _uncommented(tail: str) -> list[str]:
-    """What follows the last ';' with line comments removed (it may hold only those)."""
-    return [line.split("--", 1)[0] for line in tail.splitlines()]
+def _semicolons(text: str, dialect: str) -> tuple[list[tuple[int, int]], bool]:
+    """(spans of the statements' tokens, whether the last token is a ';'). Raises TokenError."""
+    tokens = Dialect.get_or_raise(dialect).tokenizer_class().tokenize(text)
+    spans, first = [], None
+    for token in tokens:
+        if token.token_type == TokenType.SEMICOLON:
+            if first is not None:
+                spans.append((first, token.start))
+            first = None
+        elif first is None:
+            first = token.start
+    ends = not tokens or tokens[-1].token_type == TokenType.SEMICOLON
+    if first is not None:
+        spans.append((first, len(text)))
+    return spans, ends
 
 
-def split_statements(text: str) -> list[str]:
-    """The statements of ``text``, each with its ';' removed; empty ones left out."""
-    out, start = [], 0
-    for i, ch in _scan(text):
-        if ch == ";":
-            out.append(text[start:i])
-            start = i + 1
-    out.append(text[start:])
-    return [s.strip() for s in out if s.strip() and any(p.strip() for p in _uncommented(_no_block(s)))]
+def statement_complete(text: str, dialect: str = "duckdb") -> bool:
+    """Whether ``text`` ends with a ``;`` outside strings and comments (comments may follow)."""
+    try:
+        spans, ends = _semicolons(text, dialect)
+    except TokenError:
+        return False        # inside a string, a quoted name or a block comment
+    return ends and bool(spans)
 
 
-def _no_block(s: str) -> str:
-    while "/*" in s and "*/" in s.split("/*", 1)[1]:
-        head, rest = s.split("/*", 1)
-        s = head + rest.split("*/", 1)[1]
-    return s
+def split_statements(text: str, dialect: str = "duckdb") -> list[str]:
+    """The statements of ``text``, each without its ``;``; empty ones (comments only) left
+    out. A text that may hold BigQuery ML is split by BigQuery's rules too, and refused
+    (``AmbiguousScript``) where the two disagree; an unterminated string or comment is
+    ``UnterminatedText``."""
+    if dialect == "bigquery" or not _BIGQUERY_ML.search(text):
+        return _split(text, dialect)
+    splits = []
+    for each in (dialect, "bigquery"):
+        try:
+            splits.append(_split(text, each))
+        except UnterminatedText:
+            splits.append(None)
+    if splits[0] is None and splits[1] is None:
+        return _split(text, dialect)    # raises UnterminatedText
+    if splits[0] != splits[1]:
+        raise AmbiguousScript(
+            "the script holds BigQuery ML, and BigQuery's string rules (\\' escapes a quote) and DuckDB's "
+            "('' escapes a quote) end its statements in different places; dbml runs neither reading: write "
+            "strings without \\' in BigQuery ML scripts")
+    return splits[0]
+
+
+def _split(text: str, dialect: str) -> list[str]:
+    try:
+        spans, _ = _semicolons(text, dialect)
+    except TokenError as e:
+        raise UnterminatedText(f"the SQL text ends inside a string, a quoted name or a block comment "
+                               f"({str(e).splitlines()[0][:80]}); close it") from None
+    return [text[start:end].strip() for start, end in spans]

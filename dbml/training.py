@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Protocol, runtime_checkable
 
 import duckdb
@@ -22,14 +22,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import catalog, metrics, models, runners
+from . import catalog, metrics, models, runners, threads
 from .columns import MEMORY_FIELDS
 from .data import BatchStream, StreamStats
 from .errors import SourceError, TrainingError, scheduler_errors
-from .features import Preprocessing, fit
+from .features import Preprocessing, fit as fit_preprocessing
 from .runners import JobHandle
-from .scheduler.execute.step import StepRunner
-from .settings import default_budget, resolve_device
+from .scheduler.execute import rng
+from .scheduler.execute.step import EagerStep, StepRunner
+from .settings import resolve_device
 from .source import as_select, check_tables_only, describe
 from .spec import TrainSpec
 
@@ -69,28 +70,73 @@ class Progress(JobHandle, Protocol):
         """Raises JobCancelled if cancelled (between the stages of a job, and before storing)."""
 
     def end_epoch(self, record: dict, memory: dict) -> None:
-        """After an epoch: its history ``record`` and the runner's memory figures so far."""
+        """After an epoch: its history ``record`` and the runner's memory figures so far.
+        May raise JobCancelled to stop the job at this boundary (a pruned tune() trial)."""
+
+    # Whether each epoch's record also holds ``val_loss`` and ``val_metric``, measured on the
+    # held-out rows with the weights of that moment (tune()'s objectives; a forward pass
+    # over the validation rows every epoch, so off for train()).
+    validate_epochs: bool
+
+
+@dataclass
+class Trained:
+    """A job's trained model, not yet stored: what ``store`` writes and the summary reports."""
+    spec: TrainSpec
+    prep: Preprocessing
+    config: models.ModelConfig
+    module: torch.nn.Module
+    metrics: dict          # what dbml.models.metrics stores: final loss, history, validation, memory
+    memory: dict           # the summary's memory figures
+    rows: int              # training rows
+    skipped: int           # source rows left out for an unusable label
+    started: float         # time.perf_counter() when the job started
+
+    def summary(self, job_id: int, version: int | None) -> dict:
+        """The train() row of the job, stored as ``version``."""
+        return {
+            "job_id": job_id, "model": self.spec.model, "version": version, "status": "finished",
+            "epochs": self.spec.epochs, "rows": self.rows, "skipped_rows": self.skipped,
+            "final_loss": self.metrics["final_loss"], "val_metric": self.metrics["val_metric"],
+            "seconds": time.perf_counter() - self.started, **{k: self.memory.get(k) for k in MEMORY_FIELDS},
+        }
 
 
 def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> dict:
     """Run one training job to completion and store the model; return the summary row.
 
-    ``cur`` is a cursor for this job alone. The job's encoded rows live in a table of the
-    in-memory scratch database ``dbml_scratch`` (attached by install, gone with the
-    process), which every cursor can read and which is dropped when the job ends.
-    ``progress`` receives progress and may cancel at an iteration boundary (``dbml.jobs``).
+    ``cur`` is a cursor for this job alone. ``progress`` receives progress and may cancel
+    at an iteration boundary (``dbml.jobs``). See ``fit`` for the training.
+    """
+    trained = fit(cur, spec, progress)
+    progress.check()
+    return trained.summary(progress.id, store(cur, trained))
+
+
+def store(cur: duckdb.DuckDBPyConnection, trained: Trained) -> int:
+    """Write a trained model as the next version of its name (one transaction); its version."""
+    return catalog.write(cur, name=trained.spec.model, config=trained.config, prep=trained.prep,
+                         params=_params(trained.spec), metrics=trained.metrics, rows=trained.rows,
+                         module=trained.module)
+
+
+def fit(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> Trained:
+    """Train one job's model, storing nothing (``train`` stores it; tune() keeps only its best trial).
+
+    The job's encoded rows live in a table of the in-memory scratch database
+    ``dbml_scratch`` (attached by install, gone with the process), which every cursor can
+    read and which is dropped when the job ends.
     """
     started = time.perf_counter()
-    if torch.get_num_threads() != spec.torch_threads:
-        torch.set_num_threads(spec.torch_threads)
+    threads.use(spec.torch_threads)
     job_id = progress.id
     select_sql = as_select(spec.source, fn="train")
     if spec.sources == "tables":
         check_tables_only(cur, select_sql, fn="train")
     columns = describe(cur, select_sql, fn="train")
-    prep = fit(cur, select_sql, columns, label=spec.label,
-               features=None if spec.features is None else list(spec.features), task=spec.task,
-               text=spec.text, shape=spec.shape, image_size=spec.image_size)
+    prep = fit_preprocessing(cur, select_sql, columns, label=spec.label,
+                             features=None if spec.features is None else list(spec.features), task=spec.task,
+                             text=spec.text, shape=spec.shape, image_size=spec.image_size)
     table = f"dbml_scratch.job_{job_id}"
     total = cur.execute(f"SELECT count(*) FROM ({select_sql})").fetchall()[0][0]
     try:
@@ -101,16 +147,8 @@ def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -
         result = _fit_model(cur, table, prep, spec, n_train, n_val, progress)
     finally:
         _drop_scratch(cur, table)
-    progress.check()
-    version = catalog.write(cur, name=spec.model, config=result["config"], prep=prep,
-                            params=_params(spec), metrics=result["metrics"], rows=n_train,
-                            module=result["module"])
-    return {
-        "job_id": job_id, "model": spec.model, "version": version, "status": "finished",
-        "epochs": spec.epochs, "rows": n_train, "skipped_rows": skipped, "final_loss": result["metrics"]["final_loss"],
-        "val_metric": result["metrics"]["val_metric"], "seconds": time.perf_counter() - started,
-        **{k: result["memory"].get(k) for k in MEMORY_FIELDS},
-    }
+    return Trained(spec, prep, result["config"], result["module"], result["metrics"], result["memory"],
+                   n_train, skipped, started)
 
 
 def _drop_scratch(cur, table: str) -> None:
@@ -162,12 +200,20 @@ class TrainLoop:
     (``runners.vanilla_peak``) measured on the first batch, once its plan fit."""
 
     def __init__(self, runner: StepRunner, module: torch.nn.Module, loss_fn, spec: TrainSpec,
-                 prep: Preprocessing, progress: Progress, n_train: int, device: str, config: models.ModelConfig):
+                 prep: Preprocessing, progress: Progress, n_train: int, device: str, config: models.ModelConfig,
+                 validate=None):
         self.runner, self.module, self.loss_fn, self.config = runner, module, loss_fn, config
+        self.validate = validate   # forward -> {"val_loss", "val_metric"}: each epoch, if the job wants it
         self.spec, self.prep, self.progress = spec, prep, progress
         self.n_train, self.device = n_train, device
         self.vanilla: int | None = None
         self._measured = False
+        # dropout draws from the job's own generator, as eager PyTorch does after
+        # torch.manual_seed(seed), whatever runs beside it (scheduler/execute/rng.py); a
+        # plain PyTorch step draws inside its modules, so it runs whole under that generator
+        self.random = rng.JobRandom(spec.seed, device)
+        self._whole_step = isinstance(runner, EagerStep) and any(
+            isinstance(m, torch.nn.modules.dropout._DropoutNd) for m in module.modules())
 
     def prepare(self) -> None:
         """The first batch's graph and plan, while DuckDB reads the rows."""
@@ -179,12 +225,28 @@ class TrainLoop:
         if not self._measured:
             self.vanilla = runners.vanilla_peak(self.module, self.loss_fn, self.spec, x, y)
             self._measured = True
-        loss = self.runner.step(x, y)
+        loss = self.random.call(self.runner.step, x, y) if self._whole_step else self.runner.step(x, y)
         self.progress.step(len(y))
         return loss
 
     def end_epoch(self, record: dict) -> None:
+        if self.validate is not None:
+            record.update(self.validate(self.forward_now()))
         self.progress.end_epoch(record, {**self.runner.stats(), "schedule": _schedule(self.runner)})
+
+    def forward_now(self):
+        """The model's forward pass with the weights the runner holds now, in eval mode; it
+        moves nothing the runner holds (``StepRunner.values``)."""
+        names = [n for n, _ in self.module.named_parameters()] + [n for n, _ in self.module.named_buffers()]
+        values = dict(zip(names, self.runner.values(), strict=True))
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            self.module.eval()
+            try:
+                return torch.func.functional_call(self.module, values, (x,))
+            finally:
+                self.module.train()
+        return forward
 
     def memory(self) -> dict:
         """The summary's memory figures, once the loop has ended."""
@@ -212,29 +274,42 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
     loss_fn = loss_function(prep)
     label = torch.int64 if prep.task == "classification" else torch.float32
     with scheduler_errors(spec, job_id=progress.id,
-                          device_budget=lambda: spec.device_budget or default_budget(device)):
+                          device_budget=lambda: runners.job_budget(spec, device)):
         runners.check_plan_fits(config, loss_fn, spec, device, min(spec.batch_size, n_train), label)
         module = models.build_seeded(config, spec.seed).to(device)
-        # dropout draws from torch's global generator (as in eager PyTorch, which the scheduled
-        # step reproduces bit for bit): seeded here, a job run alone is reproducible; jobs with
-        # dropout running at the same time share the generator, so their draws interleave
-        models.seed_global_generator(spec.seed)
         runner = runners.make_runner(module, loss_fn, spec, device, progress, config)
-        loop = TrainLoop(runner, module, loss_fn, spec, prep, progress, n_train, device, config)
+        # each epoch's validation runs in batches of the job's own size: its activations (no
+        # gradients) stay below an iteration's
+        validate = (lambda forward: _validation(cur, table, prep, forward, loss_fn, device, n_val, spec.batch_size)) \
+            if progress.validate_epochs and n_val else None
+        loop = TrainLoop(runner, module, loss_fn, spec, prep, progress, n_train, device, config, validate)
         progress.begin(spec.epochs, math.ceil(n_train / spec.batch_size))
         try:
-            history, stream_stats = _run_epochs(cur, table, spec, loop.step, device, n_train + n_val, n_train,
-                                                loop.end_epoch, loop.prepare, convert=_converter(prep, "train"))
+            with rng.using(loop.random):
+                history, stream_stats = _run_epochs(cur, table, spec, loop.step, device, n_train + n_val, n_train,
+                                                    loop.end_epoch, loop.prepare, convert=_converter(prep, "train"))
             runner.finish()
         finally:
             runner.close()
             progress.release_scheduler()
+    _check_finite(module, spec)
     module.eval()
     memory = loop.memory()
     stored = {"final_loss": history[-1]["loss"], "history": history,
               "fetch_wait_seconds": stream_stats.wait_seconds, "memory": memory}
-    stored.update(_validation_metric(cur, table, prep, module, device, n_val))
+    stored.update(_validation(cur, table, prep, module, loss_fn, device, n_val, 8192 if prep.input is None else 256))
     return {"config": config, "module": module.cpu(), "metrics": stored, "memory": memory}
+
+
+def _check_finite(module: torch.nn.Module, spec: TrainSpec) -> None:
+    """The weights after the last update: the loss is checked each step, but it is computed
+    before that step's update, which can still make every weight NaN or infinite."""
+    bad = next((name for name, t in module.state_dict().items()
+                if t.is_floating_point() and not bool(torch.isfinite(t).all())), None)
+    if bad is not None:
+        raise TrainingError(f"train(): the weights became NaN or infinite in the last update ({bad}); "
+                            f"nothing was stored; pass a smaller lr := (now {spec.lr}) or weight_decay := "
+                            f"(now {spec.weight_decay})")
 
 
 def _converter(prep: Preprocessing, fn: str):
@@ -249,7 +324,7 @@ def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int
     """Every epoch: stream the training rows, shuffled, through ``step``; return the history.
     ``before()`` runs once the first epoch's stream has started, before its first batch."""
     def epoch_stream(epoch: int) -> BatchStream:
-        rng = np.random.default_rng([spec.seed, epoch])
+        rng = np.random.default_rng([spec.seed % 2**64, epoch])   # any BIGINT seed, negative too
         start = int(rng.integers(n_rows))
         sql = [f"SELECT x, y FROM {table} WHERE NOT is_val AND rowid >= {start}",
                f"SELECT x, y FROM {table} WHERE NOT is_val AND rowid < {start}"]
@@ -269,7 +344,8 @@ def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int
                 loss = step(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
                 if not torch.isfinite(loss):
                     raise TrainingError(f"train(): loss became {loss.item()} in epoch {epoch + 1}; "
-                                        f"nothing was stored; pass a smaller lr := (now {spec.lr})")
+                                        f"nothing was stored; pass a smaller lr := (now {spec.lr}), or look "
+                                        f"for extreme values in the features")
                 total += loss.double().cpu() * len(y)
             stream_stats.add(stream.stats)
             history.append({"epoch": epoch + 1, "loss": total.item() / n_train,
@@ -283,20 +359,22 @@ def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int
     return history, stream_stats
 
 
-def _validation_metric(cur, table: str, prep: Preprocessing, module, device, n_val: int) -> dict:
-    """Accuracy (classification) or R^2 (regression) on the held-out rows."""
+def _validation(cur, table: str, prep: Preprocessing, forward, loss_fn, device, n_val: int, rows: int) -> dict:
+    """Accuracy (classification) or R^2 (regression), and the mean loss, on the held-out rows,
+    through ``forward`` (the module, or its weights of the moment) in batches of ``rows``."""
     name = "accuracy" if prep.task == "classification" else "r2"
     if n_val == 0:
-        return {"val_metric": None, "val_metric_name": name}
+        return {"val_metric": None, "val_metric_name": name, "val_loss": None}
     outs, ys = [], []
     with torch.no_grad():
-        for x, y in BatchStream(cur, f"SELECT x, y FROM {table} WHERE is_val", 8192 if prep.input is None else 256,
+        for x, y in BatchStream(cur, f"SELECT x, y FROM {table} WHERE is_val", rows,
                                 convert=_converter(prep, "train")):
-            outs.append(module(x.to(device)).cpu())
+            outs.append(forward(x.to(device)).cpu())
             ys.append(y)
     out, y = torch.cat(outs), torch.cat(ys)
+    val_loss = float(loss_fn(out, y))
     if prep.task == "classification":
         value = metrics.accuracy(out.argmax(1).numpy(), y.numpy())
     else:
         value = metrics.r2(y.double().numpy(), out.squeeze(-1).double().numpy())
-    return {"val_metric": value, "val_metric_name": name}
+    return {"val_metric": value, "val_metric_name": name, "val_loss": val_loss}

@@ -21,7 +21,7 @@ Each keeps the builtin base it had before the tree existed (``RuntimeError`` or
 from __future__ import annotations
 
 __all__ = ["SchedulerError", "CaptureError", "SequenceError", "InfeasibleBudget", "NotAdmitted",
-           "PlanningError", "ExecutionError"]
+           "PlanningError", "ExecutionError", "BudgetExceeded"]
 
 
 class SchedulerError(Exception):
@@ -56,3 +56,13 @@ class PlanningError(SchedulerError, RuntimeError):
 
 class ExecutionError(SchedulerError, RuntimeError):
     """The executor could not perform its plan (a bug in a plan or in the executor)."""
+
+
+class BudgetExceeded(SchedulerError, RuntimeError):
+    """An iteration held more device memory than its limit (the plan's peak, within the
+    budget): the run stops rather than finish above the budget it promised to keep."""
+
+    def __init__(self, job: str, held: int, limit: int, budget: int | None):
+        self.held, self.limit, self.budget = held, limit, budget
+        super().__init__(f"job {job!r} held {held} bytes in an iteration, over its limit of {limit} bytes "
+                         f"(budget {budget} bytes)")

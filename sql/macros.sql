@@ -2,6 +2,14 @@
 -- they call, which are registered per connection by dbml.install().
 -- The train() macro is not here: dbml.install() generates it from dbml.spec.TRAIN_PARAMS
 -- and dbml.settings.SETTINGS (dbml.spec.train_macro_sql), the one home of its signature.
+-- Nor is tune(), a table macro over dbml_tune generated the same way from
+-- dbml.tunespec.TUNE_PARAMS (tune_macro_sql), or the view of its trials, dbml_trials
+-- (dbml.trials.view_sql: dbml.trials with each model's best trial marked; an older database
+-- opened read-only has no dbml.trials, and the view is then empty).
+
+-- The catalog (sql/catalog.sql, schema dbml) as users read it.
+CREATE OR REPLACE TEMP VIEW dbml_models AS SELECT * EXCLUDE (uid) FROM dbml.models;
+CREATE OR REPLACE TEMP VIEW dbml_weights AS SELECT * FROM dbml.weights;
 
 -- Calibrate this machine and train the latency predictor (as python -m dbml install).
 CREATE OR REPLACE TEMP MACRO calibrate(quick := false) AS

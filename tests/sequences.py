@@ -150,7 +150,7 @@ def _steps(seq, plan_, gen):
     for op in seq.ops:
         t = _wait(t, [copied(e) for e in outs.get(op.index, [])])
         for e in rec.get(op.index, []):
-            lat = seq.ops[gen[e.tensor]].latency
+            lat = sum(seq.ops[gen[u]].latency for u in (*e.via, e.tensor))   # a chain runs each op
             steps.append(("rec", e, t, t + lat)); t += lat
         t = _wait(t, [copied(e) for e in ins.get(op.index, [])])
         step_of[op.index] = len(steps)
@@ -221,7 +221,10 @@ class _Ledger:
         elif what == "start":   # recompute stall
             self.stall_start(x, t0)
         elif what == "end" and kind == "rec":
-            self.used -= sum(size(o) for o in seq.ops[self.gen[x.tensor]].outputs if o != x.tensor)
+            outs = [o for u in (*x.via, x.tensor) for o in seq.ops[self.gen[u]].outputs]
+            self.used -= sum(size(o) for o in outs if o != x.tensor)
+            for u in x.via:
+                assert u not in resident, f"a chain's tensor {u} became resident meanwhile: {x}"
         elif what == "out_done":
             assert x.tensor in resident, f"swap-out of a non-resident tensor: {x}"
             del resident[x.tensor]
@@ -258,13 +261,17 @@ class _Ledger:
             self.used += self.size(n)
 
     def stall_start(self, e, t0):
-        op = self.seq.ops[self.gen[e.tensor]]
-        assert not op.not_replayable and not self.seq.tensors[e.tensor].not_replayable, \
-            f"unreplayable tensor recomputed: {e}"
-        assert e.tensor not in self.resident, f"recompute of a resident tensor: {e}"
-        for t in op.inputs:
-            assert t in self.resident and self.resident[t] <= t0 + TOL, f"recompute input {t} absent: {e}"
-        self.used += sum(self.size(o) for o in op.outputs)
+        made = set()          # a chain's tensors, made by the stall's earlier ops
+        for u in (*e.via, e.tensor):
+            op = self.seq.ops[self.gen[u]]
+            assert not op.not_replayable and not self.seq.tensors[u].not_replayable, \
+                f"unreplayable tensor recomputed: {u} in {e}"
+            assert u not in self.resident, f"recompute of a resident tensor: {u} in {e}"
+            for t in op.inputs:
+                assert t in made or (t in self.resident and self.resident[t] <= t0 + TOL), \
+                    f"recompute input {t} absent: {e}"
+            self.used += sum(self.size(o) for o in op.outputs)
+            made.add(u)
         self.resident[e.tensor] = -1.0
 
 

@@ -225,7 +225,7 @@ def test_models_stored_without_array_fields_predict_as_before(bad):
     old = json.loads(one_row(bad, "SELECT preprocessing FROM dbml_models WHERE name = 'old'")[0])
     for f in old["features"]:
         del f["means"], f["stds"]
-    bad.execute("UPDATE dbml_models SET preprocessing = ? WHERE name = 'old'", [json.dumps(old)])
+    bad.execute("UPDATE dbml.models SET preprocessing = ? WHERE name = 'old'", [json.dumps(old)])
     new, old = (bad.sql(f"SELECT list(predict('{m}', [a, b]) ORDER BY i), "
                         f"(SELECT list(prediction ORDER BY i) FROM predictions('{m}', 'SELECT * FROM bad')) "
                         f"FROM bad").fetchall()[0] for m in ("new", "old"))

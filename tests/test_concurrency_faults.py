@@ -133,7 +133,7 @@ def test_on_error_continue_fails_a_row_with_invalid_arguments_alone(db):
                        f"on_error := 'continue') FROM (VALUES ('ok', 0.01), ('neg', -1.0)) v(name, lr)").fetchall())
     assert rows["ok"]["status"] == "finished"
     assert rows["neg"] == {**rows["neg"], "status": "failed", "job_id": None, "model": "neg",
-                           "error": "train(): lr must be a positive number, got -1.0; pass e.g. lr := 0.01"}
+                           "error": "train(): lr must be a positive number up to 1e+06, got -1.0; pass e.g. lr := 0.01"}
     assert [r[:2] for r in catalog_rows(db)] == [("ok", 1)]
 
 

@@ -40,10 +40,16 @@ def readme_table(heading: str) -> list[list[str]]:
     return [[cell.strip().strip("`") for cell in row] for row in rows[2:]]
 
 
+def _shown(value) -> str:
+    """A default as the README writes it: the SQL literal dbml's macros use (dbml.source.literal),
+    true/false in lower case."""
+    from dbml.source import literal
+    return literal(value).lower() if isinstance(value, bool) else literal(value)
+
+
 def test_readme_settings_table_is_the_settings_table():
     from dbml.settings import SETTINGS
-    from dbml.spec import sql_literal
-    want = [[s.name, sql_literal(s.default), s.doc] for s in SETTINGS]
+    want = [[s.name, _shown(s.default), s.doc] for s in SETTINGS]
     assert readme_table("### Settings") == want
 
 
@@ -59,7 +65,8 @@ def test_registered_functions_are_the_functions_table(con):
     got = {r[0]: r[1:] for r in con.execute(
         "SELECT function_name, parameter_types, return_type, has_side_effects FROM duckdb_functions() "
         "WHERE function_type = 'scalar' AND function_name IN (SELECT unnest(?))", [[f.name for f in FUNCTIONS]]).fetchall()}
-    want = {f.name: ([str(p) for p in f.params], str(f.returns), f.effects) for f in FUNCTIONS}
+    want = {f.name: ([str(p) for p in f.params], str(f.returns), bool(f.options().get("side_effects")))
+            for f in FUNCTIONS}
     assert got == want and len(got) == len(FUNCTIONS)
 
 
@@ -81,13 +88,13 @@ def test_train_macro_is_train_params_then_every_setting(con):
 def test_train_help_and_readme_signature_follow_train_params():
     """The help text names every parameter but wait (documented with wait_job); the README's
     reference line gives each named parameter its TRAIN_PARAMS default."""
-    from dbml.spec import TRAIN_PARAMS, sql_literal
+    from dbml.spec import TRAIN_PARAMS
     named = [p for p in TRAIN_PARAMS if p.name != "wait"]
     help_params = SQL_FUNCTIONS["train"].split("(", 1)[1].split(")", 1)[0]
     assert [a.split(":=")[0].strip() for a in help_params.split(",")] == [p.name for p in named]
     line = README.split("- `train(", 1)[1].split(")`", 1)[0]
     readme = dict(a.split(" := ") for a in re.split(r",\s+", line) if ":=" in a)
-    assert readme == {p.name: "..." if p.name == "label" else sql_literal(p.default) for p in named if not p.required}
+    assert readme == {p.name: "..." if p.name == "label" else _shown(p.default) for p in named if not p.required}
 
 
 def test_readme_documents_every_zoo_arch_and_its_options():

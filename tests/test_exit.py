@@ -79,8 +79,8 @@ def test_close_cancels_running_jobs_and_releases_the_file(tmp_path):
     fresh = duckdb.connect(path)   # read-write, a new database instance: dbml's owner closed
     assert fresh.execute("SELECT count(*) FROM duckdb_functions() "
                          "WHERE function_name LIKE 'dbml%'").fetchall() == [(0,)]
-    assert fresh.execute("SELECT count(*) FROM dbml_models").fetchall() == [(0,)]
-    assert fresh.execute("SELECT count(*) FROM dbml_weights").fetchall() == [(0,)]
+    assert fresh.execute("SELECT count(*) FROM dbml.models").fetchall() == [(0,)]
+    assert fresh.execute("SELECT count(*) FROM dbml.weights").fetchall() == [(0,)]
     fresh.execute("CREATE TABLE written AS SELECT 1 AS i")
     fresh.close()
     other = subprocess.run([sys.executable, "-c", f"import duckdb; duckdb.connect({path!r}).close()"],

@@ -167,7 +167,7 @@ def test_a_failing_job_fails_alone(db):
     with pytest.raises(duckdb.Error, match=r"loss became (nan|inf)"):
         db.sql("SELECT train(name, src, label := lbl, lr := lr, optimizer := 'sgd', epochs := 3) FROM (VALUES "
                f"('ok', '{SRC}', 'label', 0.01), "
-               "('boom', 'SELECT a, b, c, y FROM lin', 'y', 1e30)) v(name, src, lbl, lr)").fetchall()
+               "('boom', 'SELECT a, b, c, y FROM lin', 'y', 1e5)) v(name, src, lbl, lr)").fetchall()
     jobs = {r[1]: r for r in job_rows(db).values()}
     assert jobs["ok"][2] == "finished" and jobs["boom"][2] == "failed"
     assert "loss became" in jobs["boom"][5]

@@ -292,3 +292,30 @@ def test_cuda_utilisation_degrades_cleanly(monkeypatch):
         assert device_utilisation("cuda:1") == 0.0
     monkeypatch.setattr(torch.cuda, "utilization", lambda device=None: 37)
     assert device_utilisation("cuda:0") == pytest.approx(0.37)
+
+
+def test_bmm_probes_featurise_as_attention_captures_them():
+    """Batched matmuls timed on their own (issue 22: bmm's held-out R^2 was 0.45 from the
+    attention models' few shapes): a probe's node has the features capture gives
+    ``q @ k.transpose`` of the same shapes, transposed operand included."""
+    from dbml.scheduler.latency.workloads import BmmLayer, PLANS, workloads
+    q, k = torch.randn(6, 5, 4), torch.randn(6, 7, 4)
+    step = capture(_Scores(), torch.nn.functional.cross_entropy, OptimizerSpec("sgd"), (q, torch.randint(0, 7, (6,))))
+    captured = {tuple(op_features(n)) for n in step.gm.graph.nodes if op_kind(n) == "aten.bmm.default"}
+    prep = calibration._prepare(ConvProbes((BmmLayer(6, 5, 4, 7, right_t=True),), "probes"), torch.device("cpu"), set())
+    [(kind, features)] = prep.nodes
+    assert kind == "aten.bmm.default" and tuple(features) in captured
+    [(fn, args, kwargs)] = prep.calls()
+    assert fn(*args, **kwargs).shape == (6, 5, 7)
+    plan = PLANS["quick"]
+    layers = [layer for w in workloads(plan) if isinstance(w, ConvProbes) for layer in w.layers]
+    assert sum(isinstance(layer, BmmLayer) for layer in layers) == plan.bmm_probes
+
+
+class _Scores(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.k = torch.nn.Parameter(torch.randn(6, 7, 4))
+
+    def forward(self, q):
+        return (q @ self.k.transpose(1, 2)).sum(1)

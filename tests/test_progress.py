@@ -44,3 +44,19 @@ def test_line_renderer_is_silent_off_a_terminal():
     out = io.StringIO()
     progress.LineRenderer(out).update([progress.JobView(1, "m", "running", 0, 1, 0.0, None, None)])
     assert out.getvalue() == ""
+
+
+def test_another_connections_concurrent_statement_never_shows(moons_con):
+    import threading
+    from helpers import wait_until
+    other = moons_con.cursor()
+    seen = Recorder()
+    with progress.watching(moons_con, seen, interval=0.01):
+        t = threading.Thread(target=lambda: other.sql(
+            "SELECT train('theirs', 'moons', label := 'label', epochs := 30, batch_size := 16)").fetchall())
+        t.start()     # started after the watch began: its job's id is above every earlier one
+        wait_until(lambda: any(j.model == "theirs" for j in moons_con._instance.jobs.jobs()), timeout=30,
+                   what="the other statement's job")
+        moons_con.sql("SELECT train('mine', 'moons', label := 'label', epochs := 10, batch_size := 16)").fetchall()
+    t.join()
+    assert {v.model for views in seen.updates for v in views} | {v.model for v in seen.closed} == {"mine"}

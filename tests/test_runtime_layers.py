@@ -8,7 +8,7 @@ import pytest
 
 import dbml.errors
 import dbml.jobs
-from dbml.errors import InvalidArgument, JobCancelled, scheduler_errors
+from dbml.errors import BudgetTooSmall, InvalidArgument, JobCancelled, scheduler_errors
 from dbml.scheduler import CaptureError, ExecutionError, InfeasibleBudget, NotAdmitted, SequenceError
 
 
@@ -57,7 +57,7 @@ def test_not_admitted_becomes_job_cancelled():
 
 def test_infeasible_budget_names_the_argument_or_the_setting_to_raise():
     own = raised(SPEC_OWN, InfeasibleBudget("job_7", 10_000, 109_404))
-    assert type(own) is InvalidArgument
+    assert type(own) is BudgetTooSmall and isinstance(own, InvalidArgument) and own.min_budget == 109_404
     assert str(own) == ("train(): memory_budget 0.0 MB (10000 bytes) is below the smallest budget this model "
                         "and batch can be trained in, 0.1 MB (109404 bytes); pass memory_budget := '110KB' "
                         "or more, or a smaller batch_size")
@@ -70,7 +70,7 @@ def test_infeasible_budget_names_the_argument_or_the_setting_to_raise():
 def test_the_device_budget_is_asked_for_only_when_the_message_names_it():
     def unasked():
         raise AssertionError("device_budget() called")
-    assert type(raised(SPEC_OWN, InfeasibleBudget("j", 1, 2000), unasked)) is InvalidArgument
+    assert type(raised(SPEC_OWN, InfeasibleBudget("j", 1, 2000), unasked)) is BudgetTooSmall
     assert type(raised(SPEC_OWN, NotAdmitted("x"), unasked)) is JobCancelled
 
 

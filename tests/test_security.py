@@ -146,14 +146,22 @@ def test_functions_with_effects_are_refused_before_anything_runs(con, call):
     assert models(con) == []
 
 
-def test_effectful_list_is_udfs_side_effecting_functions():
-    """source.py cannot import udfs (udfs imports it): its list must equal the table's."""
-    from dbml.udfs import FUNCTIONS
-    side_effects = {f.name for f in FUNCTIONS if f.options().get("side_effects")}
-    assert set(src.DBML_EFFECTFUL) == side_effects
-    macros = dbml.spec.train_macro_sql() + open(dbml.__path__[0] + "/../sql/macros.sql").read()
-    for macro in src.DBML_EFFECTFUL_MACROS:
-        assert f"MACRO {macro}(" in macros
+def test_which_functions_have_effects_has_one_owner():
+    """udfs.FUNCTIONS says which functions have effects or run SQL text; sources refuse
+    exactly those (and DuckDB's), with every macro that calls one; con.sql's once-only
+    relations and DuckDB's side-effect flags follow the same table."""
+    from dbml.api import has_effects
+    from dbml.udfs import FUNCTIONS, names_with_effects, refused_names
+    effects = {f.name for f in FUNCTIONS if f.effects}
+    assert refused_names() | set(src.DUCKDB_EFFECTFUL) == src.refused()
+    assert {"train", "calibrate", "wait_job", "export_model"} <= names_with_effects()       # macros, derived
+    assert {"evaluate", "predictions"} <= refused_names() - names_with_effects()            # run SQL text
+    assert all(f.options().get("side_effects") for f in FUNCTIONS if f.effects or f.volatile or f.runs_sql)
+    assert not any(f.options().get("side_effects") for f in FUNCTIONS
+                   if not (f.effects or f.volatile or f.runs_sql))
+    for name in names_with_effects():
+        assert has_effects(f"SELECT {name}(1)") and not has_effects(f"SELECT '{name}(1)' AS text")
+    assert not has_effects("SELECT * FROM dbml_jobs") and "dbml_job_rows" not in effects
 
 
 # -- item 3: SQL injection from the catalog ------------------------------------------------------
@@ -164,7 +172,7 @@ def tamper(con, path, value):
     for key in path[:-1]:
         node = node[key]
     node[path[-1]] = value
-    con.execute("UPDATE dbml_models SET preprocessing = ? WHERE name = 'm'", [json.dumps(prep)])
+    con.execute("UPDATE dbml.models SET preprocessing = ? WHERE name = 'm'", [json.dumps(prep)])
 
 
 def injection(target):
@@ -364,3 +372,49 @@ def test_accepted_sources_leave_every_table_unchanged(fuzz_db, source):
         return
     con.execute(f"SELECT count(*) FROM ({select_sql})").fetchall()   # what train/evaluate then run
     assert fingerprint(con) == before, source
+
+
+# -- property: names with quotes never become code ------------------------------------------------
+
+NASTY = ["y\", export_model('victim', '{target}', overwrite := true) AS \"z", "a'); DROP TABLE keep; --",
+         "x$$ ; DROP TABLE keep; $$", "\\' OR drop_model('victim') --", "b\"\"; SELECT 1"]
+
+
+@st.composite
+def column_names(draw):
+    if draw(st.booleans()):
+        return draw(st.sampled_from(NASTY))
+    return draw(st.text(alphabet="ab'\";()-\\$ ,=:", min_size=1, max_size=12)).strip() or "c"
+
+
+@pytest.fixture(scope="module")
+def names_db(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("names")
+    con = dbml.connect(str(folder / "names.duckdb"), latency_model="roofline")
+    con.execute("CREATE TABLE keep AS SELECT range AS k FROM range(5)")
+    con.execute("CREATE TABLE victim_data AS SELECT range / 10 AS x, range % 2 AS y FROM range(40)")
+    con.execute("SELECT train('victim', 'victim_data', label := 'y', epochs := 1, policy := 'eager')")
+    yield con, folder
+    con.close()
+
+
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(feature=column_names(), label=column_names())
+def test_quoted_label_and_column_names_never_become_code(names_db, feature, label):
+    con, folder = names_db
+    target = folder / "overwritten.onnx"
+    feature, label = feature.format(target=target), label.format(target=target)
+    if feature.lower() == label.lower():
+        label = label + "_label"
+    fq, lq = (src.quote(n) for n in (feature, label))
+    con.execute(f"CREATE OR REPLACE TABLE named AS SELECT range / 10 AS {fq}, (range % 2)::INTEGER AS {lq} "
+                f"FROM range(40)")
+    con.execute("SELECT train('named', 'named', label := ?, epochs := 1, policy := 'eager')", [label])
+    before = fingerprint(con)
+    rows = con.execute("SELECT * FROM predictions('named', 'named')").fetchall()
+    assert len(rows) == 40 and len(rows[0]) == 3
+    assert con.execute("SELECT evaluate('named', 'named')").fetchall()[0][0]["rows"] == 40
+    assert dbml.execute(con, "SELECT * FROM ML.PREDICT(MODEL named, TABLE named)").fetchall()
+    assert fingerprint(con) == before and not target.exists()
+    assert con.execute("SELECT count(*) FROM dbml_models WHERE name = 'victim'").fetchall() == [(1,)]

@@ -452,10 +452,31 @@ def test_shared_scheduler_is_one_per_device(monkeypatch):
     assert shared_scheduler("cpu") is cpu and shared_scheduler("cuda", 500) is shared_scheduler("cuda:0")
     assert shared_scheduler("cuda:1", 500) is not shared_scheduler("cuda:0")
     cpu.register("a", fixed(600))
-    assert shared_scheduler("cpu", 2000) is cpu and cpu.budget_bytes == 2000
-    with pytest.raises(InfeasibleBudget):
-        shared_scheduler("cpu", 100)
-    assert cpu.budget_bytes == 2000
+    # a later caller's budget never re-budgets the running jobs (hold_budget does, when idle)
+    assert shared_scheduler("cpu", 2000) is cpu and cpu.budget_bytes == 1000
+    assert shared_scheduler("cpu", 100) is cpu and cpu.budget_bytes == 1000
+
+
+def test_a_held_budget_changes_only_when_no_job_holds_it():
+    ms = MemoryScheduler(1000)
+    assert ms.hold_budget("a", None, lambda: 5000) == 5000          # idle: the default
+    ms.register("a", fixed(600))
+    assert ms.hold_budget("b", None, lambda: 9999) == 5000          # unset: joins what is in force
+    asked, done = [], threading.Event()
+
+    def other_connection():
+        asked.append(ms.hold_budget("c", 800, lambda: 5000))
+        done.set()
+    threading.Thread(target=other_connection, daemon=True).start()
+    time.sleep(0.2)
+    assert not done.is_set() and "c" in ms.waiting() and ms.budget_bytes == 5000   # a waits, a runs on
+    ms.unregister("a"), ms.release_budget("a"), ms.release_budget("b")
+    assert done.wait(5) and asked == [800] and ms.budget_bytes == 800 and ms.waiting() == []
+    cancelled = MemoryScheduler(100)
+    cancelled.hold_budget("x", None, lambda: 100)
+    with pytest.raises(NotAdmitted, match="cancelled while waiting for the device's budget"):
+        cancelled.hold_budget("y", 50, lambda: 100, cancelled=lambda: True)
+    assert cancelled.waiting() == []
 
 
 @pytest.mark.parametrize("module", [shared, solve])

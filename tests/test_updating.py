@@ -176,7 +176,7 @@ def test_offered_plan_waits_for_the_iteration_boundary(monkeypatch):
     def run_and_offer(self, state, x, y):
         if len(runner.iteration_plans) == 2:   # during the second iteration
             seq = next(iter(runner.sequences.values()))
-            runner.offer_plan(planner_mod.plan(seq, budget * 2))
+            runner.offer_plan(planner_mod.plan(seq, budget, settings=planner_mod.PlanSettings(**planner_mod.PAPER)))
         out = original_run(self, state, x, y)
         seen.append(self.plan)                 # the plan this iteration ran under, at its end
         return out

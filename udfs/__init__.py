@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Callable
 import duckdb
 from duckdb import sqltypes as t
 
+from ..source import refuse_in_sources
 from .types import (CALIBRATE_RESULT, DOUBLES, EVALUATE_RESULT, EXPORT_RESULT, PREDICT_INPUT, JOB_ROWS, MEMORY_ROWS, PREDICTOR_ROWS, TRAIN_ARGS,
-                    TRAIN_RESULT, sql)
+                    TRAIN_RESULT, TRIAL_ROWS, TUNE_ARGS, sql)
 
 SQL_FUNCTIONS: dict[str, str] = {
     "train": "train(model, source, label := ..., features, arch, epochs, batch_size, lr, optimizer, seed, "
@@ -27,6 +28,10 @@ SQL_FUNCTIONS: dict[str, str] = {
              "image_size, shape, text, on_error) -> STRUCT: "
              "train a model on a table or one SELECT under the memory scheduler and store it as the next "
              "version of `model`",
+    "tune": "SELECT * FROM tune(model, source, label := ..., space := '<JSON>', trials, parallel, objective, "
+            "pruner, sampler, and any train() argument as every trial's fixed value): search hyperparameters "
+            "with Optuna, trials packed on the device by the memory scheduler and pruned per epoch; one row per "
+            "trial (recorded in dbml_trials); the best is stored as the model's next version",
     "predict": "predict(model, [x1, x2, ...] | image | text) -> DOUBLE: the prediction for raw numeric features "
                "in training order (or an image BLOB, a text, token ids, a series) (regression value, or class "
                "for numeric labels)",
@@ -72,7 +77,7 @@ class _Functions:
 f = _Functions()
 
 # Internal functions the macros call; not part of the documented surface.
-INTERNAL_FUNCTIONS = ("dbml_instance_id", "dbml_export_model", "dbml_train", "dbml_wait_job", "dbml_evaluate", "dbml_temp_names",
+INTERNAL_FUNCTIONS = ("dbml_instance_id", "dbml_export_model", "dbml_train", "dbml_tune", "dbml_wait_job", "dbml_evaluate", "dbml_temp_names",
                       "dbml_predictions_sql", "dbml_infer", "dbml_infer_blob", "dbml_decode_image", "dbml_infer_text", "dbml_infer_ids", "dbml_infer_numbers", "dbml_job_rows",
                       "dbml_calibrate", "dbml_predictor_rows", "dbml_memory_rows")
 
@@ -80,51 +85,108 @@ INTERNAL_FUNCTIONS = ("dbml_instance_id", "dbml_export_model", "dbml_train", "db
 @dataclass(frozen=True)
 class Function:
     """One UDF. ``arrow``: called once per vector with Arrow arrays, else once per row.
-    ``effects``: the function sees NULL arguments (``null_handling='special'``) and DuckDB
-    treats every call as having side effects (``side_effects``); without it, DuckDB's
-    default NULL handling and a pure function."""
+
+    The one owner of which of dbml's functions have effects, and of what follows:
+    ``effects``: it changes something (the database, files, jobs, the calibration) or waits
+    for a job; ``runs_sql``: it runs SQL text given as an argument, which a source's checks
+    cannot see. A source may call neither (``source.refuse_in_sources``, with the macros that
+    call them: ``refused_names``), and a ``con.sql`` relation over a call with effects runs it
+    once (``api.has_effects``: ``names_with_effects``). ``volatile``: its result may change
+    between calls with the same arguments (DuckDB must not fold or cache it). Both effects and
+    volatility make DuckDB treat the call as having side effects; those functions, and
+    ``nulls``, see NULL arguments (``null_handling='special'``: a NULL cast to a UNION is a
+    non-NULL union)."""
     name: str
     function: Callable
     params: tuple
     returns: duckdb.sqltypes.DuckDBPyType
+    effects: bool
     arrow: bool = False
-    effects: bool = True
-    nulls: bool = False    # sees NULLs without effects: a NULL cast to a UNION is a non-NULL union
+    runs_sql: bool = False
+    volatile: bool = False
+    nulls: bool = False
 
     def options(self) -> dict:
-        options = dict(null_handling="special", side_effects=True) if self.effects else \
+        side = self.effects or self.volatile or self.runs_sql
+        options = dict(null_handling="special", side_effects=True) if side else \
             dict(null_handling="special") if self.nulls else {}
         return dict(type="arrow", **options) if self.arrow else options
 
 
 FUNCTIONS = (
     Function("dbml_instance_id", f.instance_id, (), t.VARCHAR, effects=False),
-    Function("dbml_train", f.train, TRAIN_ARGS, TRAIN_RESULT, arrow=True),
-    Function("dbml_wait_job", f.wait_job, (t.BIGINT, t.BIGINT), TRAIN_RESULT),
-    Function("cancel_job", f.cancel_job, (t.BIGINT,), t.VARCHAR),
-    Function("dbml_job_rows", f.job_rows, (), JOB_ROWS),
-    Function("dbml_memory_rows", f.memory_rows, (t.VARCHAR,), MEMORY_ROWS),
-    Function("dbml_calibrate", f.calibrate, (t.BOOLEAN, t.VARCHAR, t.INTEGER), CALIBRATE_RESULT),
-    Function("dbml_predictor_rows", f.predictor_rows, (t.VARCHAR, t.INTEGER), PREDICTOR_ROWS),
-    Function("predict", f.predict, (t.VARCHAR, PREDICT_INPUT), t.DOUBLE, arrow=True, effects=False,
+    Function("dbml_train", f.train, TRAIN_ARGS, TRAIN_RESULT, effects=True, arrow=True),
+    Function("dbml_tune", f.tune, TUNE_ARGS, TRIAL_ROWS, effects=True),
+    Function("dbml_wait_job", f.wait_job, (t.BIGINT, t.BIGINT), TRAIN_RESULT, effects=True),
+    Function("cancel_job", f.cancel_job, (t.BIGINT,), t.VARCHAR, effects=True),
+    Function("dbml_job_rows", f.job_rows, (), JOB_ROWS, effects=False, volatile=True),
+    Function("dbml_memory_rows", f.memory_rows, (t.VARCHAR,), MEMORY_ROWS, effects=False, volatile=True),
+    Function("dbml_calibrate", f.calibrate, (t.BOOLEAN, t.VARCHAR, t.INTEGER), CALIBRATE_RESULT, effects=True),
+    Function("dbml_predictor_rows", f.predictor_rows, (t.VARCHAR, t.INTEGER), PREDICTOR_ROWS, effects=False,
+             volatile=True),
+    Function("predict", f.predict, (t.VARCHAR, PREDICT_INPUT), t.DOUBLE, effects=False, arrow=True, nulls=True),
+    Function("predict_label", f.predict_label, (t.VARCHAR, PREDICT_INPUT), t.VARCHAR, effects=False, arrow=True,
              nulls=True),
-    Function("predict_label", f.predict_label, (t.VARCHAR, PREDICT_INPUT), t.VARCHAR, arrow=True, effects=False,
+    Function("predict_proba", f.predict_proba, (t.VARCHAR, PREDICT_INPUT), DOUBLES, effects=False, arrow=True,
              nulls=True),
-    Function("predict_proba", f.predict_proba, (t.VARCHAR, PREDICT_INPUT), DOUBLES, arrow=True, effects=False,
-             nulls=True),
-    Function("dbml_infer", f.infer, (t.VARCHAR, t.INTEGER, sql("FLOAT[]")), t.DOUBLE, arrow=True, effects=False),
+    Function("dbml_infer", f.infer, (t.VARCHAR, t.VARCHAR, sql("FLOAT[]")), t.DOUBLE, effects=False, arrow=True),
     # the same for an image, text or sequence model's raw column (dbml.inference.INFER_FUNCTIONS)
-    Function("dbml_decode_image", f.decode_image, (t.BLOB, t.VARCHAR), t.BLOB, arrow=True, effects=False),
-    Function("dbml_infer_blob", f.infer, (t.VARCHAR, t.INTEGER, t.BLOB), t.DOUBLE, arrow=True, effects=False),
-    Function("dbml_infer_text", f.infer, (t.VARCHAR, t.INTEGER, t.VARCHAR), t.DOUBLE, arrow=True, effects=False),
-    Function("dbml_infer_ids", f.infer, (t.VARCHAR, t.INTEGER, sql("BIGINT[]")), t.DOUBLE, arrow=True, effects=False),
-    Function("dbml_infer_numbers", f.infer, (t.VARCHAR, t.INTEGER, sql("FLOAT[]")), t.DOUBLE, arrow=True,
-             effects=False),
-    Function("dbml_evaluate", f.evaluate, (t.VARCHAR, t.VARCHAR, t.VARCHAR, sql("VARCHAR[]")), EVALUATE_RESULT),
-    Function("dbml_predictions_sql", f.predictions_sql, (t.VARCHAR, t.VARCHAR, t.VARCHAR), t.VARCHAR),
-    Function("drop_model", f.drop_model, (t.VARCHAR,), t.BIGINT),
-    Function("dbml_export_model", f.export_model, (t.VARCHAR, t.VARCHAR, t.INTEGER, t.BOOLEAN), EXPORT_RESULT),
+    Function("dbml_decode_image", f.decode_image, (t.BLOB, t.VARCHAR, t.VARCHAR), t.BLOB, effects=False, arrow=True),
+    Function("dbml_infer_blob", f.infer, (t.VARCHAR, t.VARCHAR, t.BLOB), t.DOUBLE, effects=False, arrow=True),
+    Function("dbml_infer_text", f.infer, (t.VARCHAR, t.VARCHAR, t.VARCHAR), t.DOUBLE, effects=False, arrow=True),
+    Function("dbml_infer_ids", f.infer, (t.VARCHAR, t.VARCHAR, sql("BIGINT[]")), t.DOUBLE, effects=False, arrow=True),
+    Function("dbml_infer_numbers", f.infer, (t.VARCHAR, t.VARCHAR, sql("FLOAT[]")), t.DOUBLE, effects=False,
+             arrow=True),
+    Function("dbml_evaluate", f.evaluate, (t.VARCHAR, t.VARCHAR, t.VARCHAR, sql("VARCHAR[]")), EVALUATE_RESULT,
+             effects=False, runs_sql=True),
+    Function("dbml_predictions_sql", f.predictions_sql, (t.VARCHAR, t.VARCHAR, t.VARCHAR), t.VARCHAR,
+             effects=False, runs_sql=True),
+    Function("drop_model", f.drop_model, (t.VARCHAR,), t.BIGINT, effects=True),
+    Function("dbml_export_model", f.export_model, (t.VARCHAR, t.VARCHAR, t.INTEGER, t.BOOLEAN), EXPORT_RESULT,
+             effects=True),
 )
+
+
+def _macros() -> dict[str, set[str]]:
+    """Each of dbml's macros (``sql/macros.sql`` and the generated ``train`` and ``tune``) -> the names it
+    calls, read with the SQL tokenizer."""
+    from importlib import resources
+
+    from sqlglot.dialects import Dialect
+    from sqlglot.tokens import TokenType
+
+    from ..spec import train_macro_sql
+    from ..sqltext import split_statements
+    from ..tunespec import tune_macro_sql
+
+    text = (resources.files("dbml.sql").joinpath("macros.sql").read_text() + ";\n" + train_macro_sql() + "\n"
+            + tune_macro_sql())
+    out: dict[str, set[str]] = {}
+    for statement in split_statements(text):
+        tokens = Dialect.get_or_raise("duckdb").tokenizer_class().tokenize(statement)
+        words = [tok.text.lower() for tok in tokens]
+        if "macro" not in words:
+            continue
+        name = words[words.index("macro") + 1]
+        out[name] = {tokens[i].text.lower() for i in range(len(tokens) - 1)
+                     if tokens[i + 1].token_type == TokenType.L_PAREN}
+    return out
+
+
+def names_with_effects() -> frozenset[str]:
+    """dbml's functions with effects and the macros that call one (``Function.effects``)."""
+    direct = {fn.name for fn in FUNCTIONS if fn.effects}
+    return frozenset(direct | {m for m, calls in _macros().items() if calls & direct})
+
+
+def refused_names() -> frozenset[str]:
+    """What a source may not call: functions with effects or that run SQL text, and the
+    macros that call one."""
+    direct = {fn.name for fn in FUNCTIONS if fn.effects or fn.runs_sql}
+    return frozenset(direct | {m for m, calls in _macros().items() if calls & direct})
+
+
+refuse_in_sources(refused_names())
 
 
 def register(instance: Instance, preload: bool = True) -> None:

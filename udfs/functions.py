@@ -17,7 +17,7 @@ from .. import inference, jobs, latency, progress, views
 from ..catalog import drop
 from ..errors import InvalidArgument
 from ..inference import ModelCache
-from ..inputs import InputEncoder
+from ..inputs import DECODE_TOKEN, InputEncoder
 from ..notebook import renderer_for
 from ..instance import Instance
 from ..scheduler.latency.predictor import predictor_path
@@ -25,6 +25,7 @@ from ..scheduler.multijob.registry import device_ledger, existing_scheduler
 from ..settings import SOURCES, resolve, resolve_device
 from ..source import as_select, check_not_temp, check_tables_only
 from ..spec import calls_from_sql_rows
+from ..tunespec import request_from_sql_row
 from .types import TRAIN_RESULT_ARROW
 
 
@@ -57,9 +58,22 @@ def train(ctx: Context, *columns: pa.Array) -> pa.Array:
         if call.spec is not None:
             check_not_temp(as_select(call.spec.source, fn="train"), temp_names[0].as_py(), fn="train")
     waiting = [c.spec.progress for c in calls if c.spec is not None and c.wait]
-    with progress.watching(ctx.instance, renderer_for(waiting[0]) if waiting else None):
-        summaries = jobs.train_all(ctx.instance.jobs, calls, connection[0].as_py())
+    statement = connection[0].as_py()
+    with progress.watching(ctx.instance, renderer_for(waiting[0]) if waiting else None, connection=statement):
+        summaries = jobs.train_all(ctx.instance.jobs, calls, statement)
     return pa.array(summaries, type=TRAIN_RESULT_ARROW)
+
+
+def tune(ctx: Context, *args) -> list[dict]:
+    """One tune() call: its arguments (``dbml.tunespec.TUNE_PARAMS``, the settings), then the
+    calling connection's id and its TEMP objects, as for train; the rows of its trials."""
+    from .. import search   # Optuna, imported when a search runs
+    *args, connection, temp_names = args
+    _writable(ctx, "tune")
+    request = request_from_sql_row(tuple(args))
+    check_not_temp(as_select(request.base.source, fn="tune"), temp_names, fn="tune")
+    with progress.watching(ctx.instance, renderer_for(request.base.progress), connection=connection):
+        return search.run(ctx.instance, request, connection)
 
 
 def wait_job(ctx: Context, job_id: int, connection: int) -> dict:
@@ -110,14 +124,19 @@ def predict_proba(ctx: Context, models: pa.Array, features: pa.Array) -> pa.Arra
     return _predict(ctx, models, features, "proba", "predict_proba")
 
 
-def infer(ctx: Context, models: pa.Array, versions: pa.Array, x: pa.Array) -> pa.Array:
-    """The table form's forward pass (``predictions``): rows already encoded by SQL."""
+def infer(ctx: Context, models: pa.Array, uids: pa.Array, x: pa.Array) -> pa.Array:
+    """The table form's forward pass (``predictions``): rows already encoded by SQL, for
+    the stored model (its catalog uid) the statement was built for."""
     return inference.per_model(models, lambda name, rows: inference.infer_encoded(
-        ctx.models.get(name, versions[rows[0]].as_py(), fn="predictions"), x.take(rows)))
+        ctx.models.get(name, fn="predictions", uid=uids[rows[0]].as_py()), x.take(rows)))
 
 
-def decode_image(ctx: Context, images: pa.Array, encoders: pa.Array) -> pa.Array:
-    """PNG/JPEG BLOBs -> raw pixels, as a job's scratch table stores them (``InputEncoder.scratch_sql``)."""
+def decode_image(ctx: Context, images: pa.Array, encoders: pa.Array, tokens: pa.Array) -> pa.Array:
+    """PNG/JPEG BLOBs -> raw pixels, as a job's scratch table stores them (``InputEncoder.scratch_sql``);
+    only for the SQL dbml writes, which passes this process's ``DECODE_TOKEN``."""
+    if set(tokens.to_pylist()) - {DECODE_TOKEN}:
+        raise InvalidArgument("dbml_decode_image() is dbml's own, for the SQL train() writes; "
+                              "call train() or predict() instead")
     encoder = _encoder(encoders[0].as_py())
     return encoder.decode(images)
 

@@ -1,7 +1,7 @@
 """DuckDB (and Arrow) types of the UDFs, derived from dbml's tables.
 
-Result and row STRUCTs come from ``dbml.columns``; ``dbml_train``'s parameter types from
-``dbml.spec.TRAIN_PARAMS`` followed by ``dbml.settings.SETTINGS``, the connection id and the
+Result and row STRUCTs come from ``dbml.columns``; ``dbml_train``'s (``dbml_tune``'s) parameter types from
+``dbml.spec.TRAIN_PARAMS`` (``dbml.tunespec.TUNE_PARAMS``) followed by ``dbml.settings.SETTINGS``, the connection id and the
 connection's TEMP tables and views. Nothing here lists a
 column or a parameter.
 """
@@ -13,6 +13,7 @@ import duckdb
 from .. import columns
 from ..settings import SETTINGS
 from ..spec import TRAIN_PARAMS
+from ..tunespec import TUNE_PARAMS
 
 # the Arrow type name of each SQL type an Arrow UDF returns
 ARROW = {"BIGINT": "int64", "INTEGER": "int32", "DOUBLE": "float64", "VARCHAR": "string"}
@@ -39,6 +40,11 @@ def rows(table: dict[str, str]) -> duckdb.sqltypes.DuckDBPyType:
 
 TRAIN_ARGS = (tuple(sql(p.sql_type) for p in TRAIN_PARAMS) + tuple(sql(s.sql_type) for s in SETTINGS)
               + (sql("BIGINT"), sql("VARCHAR[]")))   # the calling connection's id and TEMP objects
+
+# dbml_tune: tune()'s parameters (dbml.tunespec.TUNE_PARAMS), the settings, the connection's id and TEMP objects
+TUNE_ARGS = (tuple(sql(p.sql_type) for p in TUNE_PARAMS) + tuple(sql(s.sql_type) for s in SETTINGS)
+             + (sql("BIGINT"), sql("VARCHAR[]")))
+TRIAL_ROWS = rows(columns.TRIAL_ROW)
 
 TRAIN_RESULT = struct(columns.TRAIN_RESULT)
 JOB_ROWS = rows(columns.JOB_ROW)

@@ -35,6 +35,18 @@ class Inputs:
         for problem in _problems(self):
             raise ValueError(f"Inputs: {problem}")
 
+    def sample(self, rows: int, device=None):
+        """An input batch of ``rows`` rows as a model takes it (zeros; sequences at their
+        longest): what a model is planned with ahead of data, and lazy modules are sized by."""
+        import torch
+        if self.kind == "tabular":
+            return torch.zeros(rows, self.features, device=device)
+        if self.kind == "image":
+            return torch.zeros(rows, *self.shape, device=device)
+        if self.kind == "tokens":
+            return torch.zeros(rows, self.max_len, dtype=torch.int64, device=device)
+        return torch.zeros(rows, self.max_len, 2, device=device)
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 

@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
+import torch
 from torch import nn
 
 from ..errors import InvalidArgument
@@ -25,6 +26,12 @@ from . import sequence, tabular, vision, vision_inception, vision_resnet, vision
 from .inputs import KINDS, Inputs
 
 MIN_IMAGE_SIDE = 8   # the built-in image models' smallest height / width
+# The built-ins' largest option values: a model is built (on the meta device) before its size
+# is checked against memory, and building a million layers alone takes minutes.
+MAX_LAYERS = 256                 # depth, and the number of hidden layers
+MAX_UNITS = 1 << 20              # a width, a hidden layer's size, heads, ff, kernel
+MAX_FACTOR = 64.0                # a multiplier option (width of the CNNs, hidden_factor, ff_factor)
+LAYER_OPTIONS = ("depth",)
 
 
 @dataclass(frozen=True)
@@ -169,7 +176,23 @@ def _checked(a: Arch, key: str, value, fn: str):
         ok, expect = True, ""
     if not ok:
         raise InvalidArgument(f"{where} must be {expect} (default {_show(default)}), got {value!r}")
+    if a.builtin:
+        _within_limits(key, value, where)
     return value
+
+
+def _within_limits(key: str, value, where: str) -> None:
+    """A built-in's option within MAX_LAYERS / MAX_UNITS / MAX_FACTOR, or InvalidArgument."""
+    if isinstance(value, bool) or isinstance(value, str):
+        return
+    if isinstance(value, tuple):
+        if len(value) > MAX_LAYERS or max(value) > MAX_UNITS:
+            raise InvalidArgument(f"{where} may list at most {MAX_LAYERS} layers of at most {MAX_UNITS} units, "
+                                  f"got {len(value)} layers up to {max(value)}")
+        return
+    limit = MAX_LAYERS if key in LAYER_OPTIONS else MAX_UNITS if isinstance(value, int) else MAX_FACTOR
+    if "dropout" not in key and value > limit:
+        raise InvalidArgument(f"{where} must be at most {limit:g}, got {value!r}")
 
 
 def build(name: str, inputs: Inputs, outputs: int, options: dict | None = None, *, fn: str = "train") -> nn.Module:
@@ -182,7 +205,30 @@ def build(name: str, inputs: Inputs, outputs: int, options: dict | None = None, 
     if not isinstance(model, nn.Module):
         raise InvalidArgument(f"{fn}(): the factory registered for arch {a.name!r} returned "
                               f"{type(model).__name__}, not a torch.nn.Module")
+    _materialise(model, inputs, a.name, fn)
     return model
+
+
+def _materialise(model: nn.Module, inputs: Inputs, name: str, fn: str) -> None:
+    """Lazy modules (``nn.LazyLinear``, ...) get their shapes from a first batch, as in
+    PyTorch: here, one sample batch in eval mode and without gradients, before the model
+    is counted, captured or loaded (on the meta device too: nothing is computed there)."""
+    from torch.nn.modules.lazy import LazyModuleMixin
+    lazy = [m for m in model.modules() if isinstance(m, LazyModuleMixin) and m.has_uninitialized_params()]
+    if not lazy:
+        return
+    training = model.training
+    param = next((p for p in model.parameters() if not isinstance(p, nn.parameter.UninitializedParameter)), None)
+    device = param.device if param is not None else None
+    try:
+        with torch.no_grad():
+            model.eval()
+            model(inputs.sample(1, device))
+    except Exception as e:   # noqa: BLE001 - the user's module: say which and why
+        raise InvalidArgument(f"{fn}(): arch {name!r} has lazy modules ({type(lazy[0]).__name__}) and failed on a "
+                              f"sample batch sizing them: {type(e).__name__}: {e}") from None
+    finally:
+        model.train(training)
 
 
 def describe() -> list[dict]:

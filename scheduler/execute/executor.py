@@ -104,6 +104,9 @@ class Executor:
             if budget_bytes is None:
                 self.evictor = None
         self.plan, self.after = plan, after
+        # chains of recomputation (Event.via), by the recomputed tensor and the op it serves
+        self.chains = {(e.tensor, e.before): e.via for e in plan.events
+                       if e.kind is EventKind.RECOMPUTE and e.via}
         self.host_at_start = frozenset(plan.host_at_start)
 
     def close(self) -> None:
@@ -307,7 +310,8 @@ class Executor:
             self._recompute(sid, k, passive=True)
 
     def _recompute(self, sid: int, before: int, passive: bool = False) -> None:
-        self.replay.recompute(sid, before, self._fetch, self._passive_room, passive)
+        via = () if passive else self.chains.get((sid, before), ())
+        self.replay.recompute(sid, before, self._fetch, self._passive_room, passive, via)
 
 
 def event_table(plan: Plan, timing: AccessSequence, prog: Program) -> list[tuple]:

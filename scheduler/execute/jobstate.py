@@ -26,9 +26,12 @@ def initial_state(model: torch.nn.Module, spec: OptimizerSpec) -> ExecState:
     return ExecState(graph_state(model, spec))
 
 
-def state_value(state: ExecState, device: Device, i: int, like: torch.Tensor) -> torch.Tensor:
-    """State ``i`` as a device tensor (brought back from the host store if there)."""
+def state_value(state: ExecState, device: Device, i: int, like: torch.Tensor, move: bool = True) -> torch.Tensor:
+    """State ``i`` as a device tensor (brought back from the host store if there; with
+    ``move=False`` read from there, and the state left as it is)."""
     v = state.values[i]
+    if v is None and not move:
+        return as_view(state.host[i].to(device.torch_device), like.dtype, tuple(like.shape), tuple(like.stride()), 0)
     if v is None:
         host = state.host.pop(i)
         flat = device.alloc(host.numel())
@@ -39,25 +42,28 @@ def state_value(state: ExecState, device: Device, i: int, like: torch.Tensor) ->
     return v
 
 
-def _joined(state: ExecState, device: Device, positions: list[int], spans: list, like: torch.Tensor) -> torch.Tensor:
+def _joined(state: ExecState, device: Device, positions: list[int], spans: list, like: torch.Tensor,
+            move: bool = True) -> torch.Tensor:
     """The state at ``positions`` as one tensor shaped like ``like``: one whole tensor,
     or the pieces (of ``spans``) of one, rebuilt."""
     if len(positions) == 1:
-        return state_value(state, device, positions[0], like)
-    pieces = [state_value(state, device, i, torch.empty(b - a, dtype=like.dtype, device="meta"))
+        return state_value(state, device, positions[0], like, move)
+    pieces = [state_value(state, device, i, torch.empty(b - a, dtype=like.dtype, device="meta"), move)
               for i, (a, b) in zip(positions, spans)]
     return join(pieces, like.shape)
 
 
-def model_values(state: ExecState, device: Device, model: torch.nn.Module, spec: OptimizerSpec) -> list[torch.Tensor]:
-    """Per parameter then per buffer of ``model``, its value in ``state``."""
+def model_values(state: ExecState, device: Device, model: torch.nn.Module, spec: OptimizerSpec,
+                 move: bool = True) -> list[torch.Tensor]:
+    """Per parameter then per buffer of ``model``, its value in ``state`` (``move=False``:
+    values on the host read there, the state unchanged)."""
     layout = unit_layout(model, spec.update_chunk_bytes)
     values = []
     for j, p in enumerate(model.parameters()):
         units = layout.of_param(j)
-        values.append(_joined(state, device, units, [layout.units[u][1] for u in units], p))
+        values.append(_joined(state, device, units, [layout.units[u][1] for u in units], p, move))
     base = len(layout.units)
-    return values + [state_value(state, device, base + i, b) for i, b in enumerate(model.buffers())]
+    return values + [state_value(state, device, base + i, b, move) for i, b in enumerate(model.buffers())]
 
 
 def optimizer_states(state: ExecState, device: Device, model: torch.nn.Module,

@@ -10,7 +10,9 @@ planner is one of:
   and changes a job's plans when another comes, goes or drifts;
 * :class:`LocalPlanner`: a job alone, within its own budget (``planner.plan``);
 * :class:`FixedPlanner`: a plain ``(AccessSequence) -> Plan`` callable (a test's hook),
-  whose plans never change by themselves.
+  whose plans never change by themselves;
+* :class:`SearchPlanner`: a job alone within its own budget by one of the seeds' other
+  planners, PoocH (``plan/pooch.py``) or SwapAdvisor (``plan/swapadvisor.py``).
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ from typing import Callable, Protocol, runtime_checkable
 from ..graph.sequence import AccessSequence, Plan
 from ..multijob.ledger import DeviceLedger
 from ..plan.planner import PlanSettings, plan
+from ..plan.pooch import pooch_plan
+from ..plan.swapadvisor import swapadvisor_plan
 
-__all__ = ["ExternalPlanner", "LocalPlanner", "FixedPlanner", "as_planner", "release_only"]
+__all__ = ["ExternalPlanner", "LocalPlanner", "FixedPlanner", "SearchPlanner", "SEARCHES", "as_planner",
+           "release_only"]
 
 
 @runtime_checkable
@@ -86,6 +91,24 @@ class FixedPlanner(_Unchanging):
 
     def __call__(self, seq: AccessSequence) -> Plan:
         return self.fn(seq)
+
+
+# runner policy -> the planner that searches a job's plan within its budget
+SEARCHES = {"pooch": pooch_plan, "swapadvisor": swapadvisor_plan}
+
+
+class SearchPlanner(_Unchanging):
+    """One job alone within its own budget (None: no limit), planned by ``SEARCHES[policy]``.
+    ``settings``: that planner's own (PoochSettings, SwapAdvisorSettings); TENSILE's
+    PlanSettings are not theirs and are ignored."""
+
+    def __init__(self, policy: str, budget_bytes: int | None, settings=None):
+        self.search, self.budget_bytes = SEARCHES[policy], budget_bytes
+        self.settings = None if isinstance(settings, PlanSettings) else settings
+
+    def __call__(self, seq: AccessSequence) -> Plan:
+        budget = sys.maxsize if self.budget_bytes is None else self.budget_bytes
+        return self.search(seq, budget, self.settings)
 
 
 def as_planner(planner: ExternalPlanner | Callable[[AccessSequence], Plan]) -> ExternalPlanner:

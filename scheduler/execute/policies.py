@@ -12,7 +12,9 @@ A :class:`Policy` answers the three questions where the policies differ:
 IV-E); :class:`CapuchinPolicy` starts passive and plans from the first iteration's
 measurement; :class:`NoSchedulingPolicy` plans once and never replans (policy ``"none"``,
 and ``"tensile"`` with neither a budget nor a shared planner: nothing to schedule
-against); :class:`VdnnPolicy` too, its planner making vDNN-conv's fixed plan. Every plan comes from the runner's :class:`Planning`.
+against); :class:`VdnnPolicy` too, its planner making vDNN-conv's fixed plan, and
+:class:`SearchPolicy` (``"pooch"``, ``"swapadvisor"``), whose planner searches once within
+the job's budget. Every plan comes from the runner's :class:`Planning`.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from .executor import Executor
 from .planners import ExternalPlanner, release_only
 from .updating import LatencyTracker, UpdateSettings, retime
 
-__all__ = ["Policy", "TensilePolicy", "CapuchinPolicy", "NoSchedulingPolicy", "VdnnPolicy", "Planning", "PlanCounts",
-           "Start", "make_policy"]
+__all__ = ["Policy", "TensilePolicy", "CapuchinPolicy", "NoSchedulingPolicy", "VdnnPolicy", "SearchPolicy", "Planning",
+           "PlanCounts", "Start", "make_policy"]
 
 
 @dataclass
@@ -129,6 +131,13 @@ class VdnnPolicy(NoSchedulingPolicy):
         return plan.peak_bytes
 
 
+class SearchPolicy(VdnnPolicy):
+    """PoocH and SwapAdvisor (the runner's planner is a :class:`~.planners.SearchPlanner`):
+    one plan per graph, searched by simulation within the job's budget from the latency
+    model's estimates (standing in for the papers' profiled iterations), never replanned;
+    the plan's peak, within the budget, is the limit."""
+
+
 class TensilePolicy:
     """Plan from the estimates before the first iteration (cold start), then replan when
     the measured latencies drift (TENSILE IV-E; :mod:`.updating`)."""
@@ -214,4 +223,6 @@ def make_policy(name: str, planning: Planning, budget_bytes: int | None, update:
         return TensilePolicy(planning, budget_bytes, update)
     if name == "vdnn":
         return VdnnPolicy(planning)
+    if name in ("pooch", "swapadvisor"):
+        return SearchPolicy(planning)
     return NoSchedulingPolicy(planning)

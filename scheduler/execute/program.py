@@ -18,10 +18,12 @@ import torch
 import torch.fx as fx
 
 from ..errors import ExecutionError
+from .rng import RandomOp
 from ..graph.access import op_nodes, output_nodes
 from ..graph.capture import HIDDEN_MUTATIONS, CapturedStep
 from ..graph.sequence import AccessSequence
 from ..plan.liveness import analyse_liveness
+from ..plan.rules import op_added_bytes
 
 __all__ = ["Program", "Alias", "Reuse", "PLAIN", "MULTI", "SKIP", "SPECIAL", "call_source"]
 
@@ -213,8 +215,10 @@ class Program:
             self.kind.append(MULTI if multi else PLAIN)
             self.distribute.append(tuple((u.args[1], pos[u]) for u in node.users
                                          if u.target is operator.getitem) if multi else ())
-            self.calls.append(_compile(node, pos, ns))
-            self.call_spec.append((None, None, None))
+            # a random op draws from the running job's own generator (rng.py)
+            target = RandomOp(node.target) if node.meta.get("dbml_random") else None
+            self.calls.append(_compile(node, pos, ns, target=target))
+            self.call_spec.append((target, None, None))
         self.replay_calls = list(self.calls)
         self.mutated = {k: _written_storages(node) for k, node in enumerate(self.op_nodes)
                         if node.meta.get("dbml_mutates")}
@@ -226,9 +230,7 @@ class Program:
                 self.kind[k] = SPECIAL
         self.req = [tuple(self.inputs[k]) + tuple(o for _, o in [self.in_place[k]] if o not in self.inputs[k])
                     if k in self.in_place else tuple(self.inputs[k]) for k in range(len(self.op_nodes))]
-        self.add_bytes = [sum(self.nbytes[s] for s in self.outputs[k])
-                          - (self.nbytes[self.in_place[k][1]] if k in self.in_place else 0)
-                          for k in range(len(self.op_nodes))]
+        self.add_bytes = op_added_bytes(self.seq)   # rule 2, owned by plan/rules.py
 
     def _compile_reuse(self, pos, ns) -> None:
         """Pointwise ops may write into a released buffer of the same size (the executor's
@@ -237,7 +239,7 @@ class Program:
         self.reuse: list[Reuse | None] = [None] * len(self.op_nodes)
         for k, node in enumerate(self.op_nodes):
             val, target = node.meta.get("val"), node.target
-            if self.kind[k] != PLAIN or not isinstance(target, torch._ops.OpOverload) \
+            if self.kind[k] != PLAIN or not isinstance(target, torch._ops.OpOverload) or node.meta.get("dbml_random") \
                     or torch.Tag.pointwise not in target.tags or not isinstance(val, torch.Tensor) \
                     or val.storage_offset() != 0 or len(self.outputs[k]) != 1:
                 continue
@@ -264,7 +266,7 @@ class Program:
         self.overwrites = 0
         for k, node in enumerate(self.op_nodes):
             val, target = node.meta.get("val"), node.target
-            if self.kind[k] != PLAIN or not isinstance(target, torch._ops.OpOverload) \
+            if self.kind[k] != PLAIN or not isinstance(target, torch._ops.OpOverload) or node.meta.get("dbml_random") \
                     or torch.Tag.pointwise not in target.tags or len(self.outputs[k]) != 1:
                 continue
             for arg in node.args:

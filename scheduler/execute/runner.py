@@ -23,7 +23,11 @@ Policies (:data:`RUNNER_POLICIES`; one object each, :mod:`.policies`):
   (:func:`~..plan.vdnn.vdnn_plan`): convolutions' input feature maps swapped out after
   their forward use and prefetched one layer ahead in backward; a fixed plan, no budget
   (``budget_bytes`` is not a limit: the plan's own peak is, compute waiting for late
-  offloads as vDNN's layers do), never replanned.
+  offloads as vDNN's layers do), never replanned;
+* ``"pooch"`` and ``"swapadvisor"``: the seeds' other planners, each searching a plan
+  by simulation within ``budget_bytes`` once per graph (:func:`~..plan.pooch.pooch_plan`:
+  keep, swap or recompute per layer output; :func:`~..plan.swapadvisor.swapadvisor_plan`:
+  a genetic algorithm over swap choices), never replanned.
 
 Plan updating (TENSILE IV-E, :mod:`.updating`): after every iteration the executor's
 measured op latencies are folded into a per-op moving average; when their sum drifts
@@ -58,6 +62,7 @@ import torch
 
 from .. import config
 from ..hostmem import keep_freed_host_memory
+from ..errors import BudgetExceeded
 from ..graph.access import build_sequence
 from ..graph.capture import CapturedStep
 from ..graph.graphs import GraphCache
@@ -71,14 +76,14 @@ from .codegen import fast_path_for
 from .devices import Device, make_device
 from .executor import Executor, Program
 from .jobstate import initial_state, model_values, optimizer_states
-from .planners import ExternalPlanner, FixedPlanner, LocalPlanner, as_planner
+from .planners import SEARCHES, ExternalPlanner, FixedPlanner, LocalPlanner, SearchPlanner, as_planner
 from .policies import PlanCounts, Planning, make_policy
 from .step import LossFn
 from .updating import LatencyTracker, UpdateSettings
 
 __all__ = ["ScheduledStep", "RunnerStats", "GraphSchedule", "summary_line", "RUNNER_POLICIES"]
 
-RUNNER_POLICIES = ("tensile", "capuchin", "none", "vdnn")
+RUNNER_POLICIES = ("tensile", "capuchin", "none", "vdnn", "pooch", "swapadvisor")
 
 
 def _mb(n: int) -> str:
@@ -89,6 +94,14 @@ def summary_line(stats: Mapping) -> str:
     """The one-line summary ``DBML_DEBUG=1`` prints (``stats``: a runner's stats)."""
     return (f"peak {_mb(stats['vanilla_peak_bytes'])} -> {_mb(stats['measured_peak_bytes'])}, "
             f"{stats['swaps']} swaps, {stats['recomputes']} recomputes, plan {stats['plan_seconds']:.2f} s")
+
+
+def _own(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in a storage of its own size: a batch sliced from a larger buffer (a record
+    batch's tail) would otherwise bring the whole buffer into the plan's books."""
+    if t.untyped_storage().nbytes() != t.numel() * t.element_size() or t.storage_offset() or not t.is_contiguous():
+        return t.clone(memory_format=torch.contiguous_format)
+    return t
 
 
 @dataclass(frozen=True)
@@ -185,7 +198,8 @@ class ScheduledStep:
     ``update`` sets plan updating (:class:`~.updating.UpdateSettings`; its defaults:
     ``beta=0.9``, ``threshold=0.3``; ``UpdateSettings(enabled=False)`` turns it off);
     ``planner`` replaces planning alone within ``budget_bytes`` (see the module
-    docstring); ``planner_settings`` tunes the planner's heuristics when it plans alone.
+    docstring); ``planner_settings`` tunes the planner's heuristics when it plans alone
+    (policies pooch and swapadvisor: their own PoochSettings, SwapAdvisorSettings).
     ``ledger``: the device's :class:`~..multijob.ledger.DeviceLedger` (default: the
     planner's, if it has one), told of every change of this job's device memory, for the
     measured global peak of concurrent jobs. ``share_graphs``: a name for the model's
@@ -206,8 +220,8 @@ class ScheduledStep:
             raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(RUNNER_POLICIES)}")
         if policy == "capuchin" and budget_bytes is None and planner is None:
             raise ValueError("policy 'capuchin' needs budget_bytes: passive mode evicts against a budget")
-        if policy == "vdnn" and planner is not None:
-            raise ValueError("policy 'vdnn' plans alone (a fixed plan): pass no planner")
+        if policy in ("vdnn", *SEARCHES) and planner is not None:
+            raise ValueError(f"policy {policy!r} plans alone (a plan of its own): pass no planner")
         self.policy = "none" if config.scheduler_disabled() else policy
         keep_freed_host_memory()   # large tensors reused, not page-faulted in every step
         self.model, self.loss_fn, self.spec, self.job = model, loss_fn, spec, job
@@ -216,9 +230,10 @@ class ScheduledStep:
         self.planner: ExternalPlanner = (
             as_planner(planner) if planner is not None else
             FixedPlanner(functools.partial(vdnn_plan, settings=planner_settings)) if self.policy == "vdnn" else
+            SearchPlanner(self.policy, budget_bytes, planner_settings) if self.policy in SEARCHES else
             LocalPlanner(None if self.policy == "none" else budget_bytes, swap=self.policy != "none",
                          settings=planner_settings))
-        self.planning = Planning(self.planner, planner_settings)
+        self.planning = Planning(self.planner, planner_settings if isinstance(planner_settings, PlanSettings) else None)
         self._policy = make_policy(self.policy, self.planning, budget_bytes, self.update,
                                    bounded=planner is not None or budget_bytes is not None)
         self.device: Device = make_device(device)
@@ -302,6 +317,9 @@ class ScheduledStep:
                              f"known: {list(self._graphs)}")
         if plan.job != self.job:
             raise ValueError(f"offer_plan(): the plan is for job {plan.job!r}, this runner runs {self.job!r}")
+        if self.budget_bytes is not None and plan.peak_bytes > self.budget_bytes:
+            raise ValueError(f"offer_plan(): the plan peaks at {plan.peak_bytes} bytes, over the runner's budget "
+                             f"of {self.budget_bytes}: a budget is a limit")
         g = self._graphs[signature]
         self._offer(g, plan, seq if seq is not None else g.seq)
 
@@ -362,11 +380,12 @@ class ScheduledStep:
         time it sees a shape; calling it ahead, while the data is still being read, takes
         it off the first iteration. ``x`` and ``y`` only give shapes and dtypes (e.g.
         ``torch.empty``)."""
-        self._graph(x, y)
+        self._graph(_own(x), _own(y))
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         fresh = len(self._graphs)
         self.planning.start()
+        x, y = _own(x), _own(y)
         g = self._graph(x, y)
         executor = g.executor
         if executor is not self._last:   # one graph's reuse pool must not sit beside another's
@@ -376,6 +395,8 @@ class ScheduledStep:
         self._boundary(g)
         self.iteration_plans.append(g.plan)
         loss = executor.run(self.state, x, y)
+        if executor.budget is not None and executor.iteration_peak > executor.budget:
+            raise BudgetExceeded(self.job, executor.iteration_peak, executor.budget, self.budget_bytes)
         offer = self._policy.after_iteration(executor, g.seq, g.tracker, g.passive) if self._fold(g) else None
         if offer is not None:   # it waits in g.pending for the next boundary
             self._offer(g, *offer)
@@ -392,6 +413,11 @@ class ScheduledStep:
             for t, v in zip(tensors, values):
                 if v.data_ptr() != t.data_ptr() or v.shape != t.shape:
                     t.data = v
+
+    def values(self) -> list[torch.Tensor]:
+        """Between iterations: the parameters and buffers as the state holds them now; a value
+        on the host is read there (copied to the device for the caller, on CUDA), not moved."""
+        return model_values(self.state, self.device, self.model, self.spec, move=False)
 
     def optimizer_state(self) -> list[dict[str, torch.Tensor]]:
         """Per trainable parameter, its optimizer state (as torch.optim would hold it)."""

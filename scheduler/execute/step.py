@@ -32,6 +32,10 @@ class StepRunner(Protocol):
     def finish(self) -> None:
         """Leave the trained parameters and buffers in the model the runner was built for."""
 
+    def values(self) -> list[torch.Tensor]:
+        """Between iterations: the model's parameters, then its buffers, as they are now, to
+        read (e.g. a validation pass); nothing the runner holds moves."""
+
     def close(self) -> None:
         """Give back what the runner holds besides the model (threads, accounts)."""
 
@@ -75,6 +79,10 @@ class EagerStep:
         loss.backward()
         self.optimizer.step()
         return loss.detach()
+
+    def values(self) -> list[torch.Tensor]:
+        """The model's own: plain PyTorch updates it in place."""
+        return list(self.model.parameters()) + list(self.model.buffers())
 
     def finish(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

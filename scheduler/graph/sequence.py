@@ -111,6 +111,9 @@ class Event:
     ``-1`` meaning "at the start of the iteration"; ``delay`` is the time in seconds
     after that point. For SWAP_IN and RECOMPUTE, ``before`` is the index of the op whose
     input the tensor must be for (the TUA it serves); for RELEASE and SWAP_OUT, ``-1``.
+    A RECOMPUTE's ``via``: tensors gone at that point that its generating op needs,
+    regenerated first by their own generating ops, in this order, and dropped again when
+    the tensor is made (a chain of recomputation from the resident tensors it starts at).
     """
 
     trigger: int
@@ -118,6 +121,12 @@ class Event:
     kind: EventKind
     tensor: int
     before: int = -1
+    via: tuple[int, ...] = ()
+
+    def __repr__(self) -> str:
+        via = f", via={self.via!r}" if self.via else ""
+        return (f"Event(trigger={self.trigger!r}, delay={self.delay!r}, kind={self.kind!r}, tensor={self.tensor!r}, "
+                f"before={self.before!r}{via})")
 
 
 # The one order of simultaneous events. Events issued at the same (trigger, delay) are
@@ -130,7 +139,7 @@ EVENT_RANK = {kind: rank for rank, kind in enumerate(EVENT_ORDER)}
 
 def event_order(e: Event) -> tuple:
     """Sort key of an event: (trigger, delay), then ``EVENT_ORDER``, tensor, served op."""
-    return (e.trigger, e.delay, EVENT_RANK[e.kind], e.tensor, e.before)
+    return (e.trigger, e.delay, EVENT_RANK[e.kind], e.tensor, e.before, e.via)
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from ..execute.rng import JobRandom
 from ..graph.capture import init_state
 from ..hostmem import keep_freed_host_memory
 from ..graph.graphs import GraphCache
@@ -58,7 +59,7 @@ from ..graph.optim import OptimizerSpec
 from .predictor import Predictor, Samples, fit_predictor, load_predictor
 from .samples import typical_bandwidth
 from .iteration import StepTiming, fit_iteration_scale, step_points
-from .workloads import PLANS, CalibrationPlan, ConvLayer, ConvProbes, Workload, workloads
+from .workloads import PLANS, BmmLayer, CalibrationPlan, ConvLayer, ConvProbes, Workload, workloads
 from .utilisation import device_utilisation
 
 __all__ = ["calibrate", "load_or_calibrate", "collect_samples", "LoadGenerator", "Workload",
@@ -201,9 +202,8 @@ class _Prepared:
 def _prepare(w: Workload | ConvProbes, device: torch.device, seen: set) -> _Prepared:
     if isinstance(w, ConvProbes):
         return _prepare_probes(w, device, seen)
-    torch.manual_seed(0)
-    model = w.model().to(device)
-    x, y = w.x().to(device), w.y().to(device)
+    # seeded inputs and weights, drawn from a generator of their own (never the process's)
+    model, x, y = JobRandom(0).call(lambda: (w.model().to(device), w.x().to(device), w.y().to(device)))
     spec = OptimizerSpec(w.optimizer)
     share = ("dbml-calibration", w.describe) if w.iteration is not None else None
     step = GraphCache(model, torch.nn.functional.cross_entropy, spec, job=f"calibrate {w.describe}",
@@ -242,6 +242,19 @@ CONV = torch.ops.aten.convolution.default
 CONV_BACKWARD = torch.ops.aten.convolution_backward.default
 
 
+def _probe_calls(layer, tensor: Callable[[tuple[int, ...]], torch.Tensor]) -> list[tuple]:
+    """(target, args) of a probe: a conv layer's forward and backward, or one bmm."""
+    if isinstance(layer, BmmLayer):
+        b, m, k, n = layer.batch, layer.m, layer.k, layer.n
+        left = tensor((b, k, m)).transpose(1, 2) if layer.left_t else tensor((b, m, k))
+        right = tensor((b, n, k)).transpose(1, 2) if layer.right_t else tensor((b, k, n))
+        return [(BMM, (left, right))]
+    return _conv_calls(layer, tensor)
+
+
+BMM = torch.ops.aten.bmm.default
+
+
 def _conv_calls(layer: ConvLayer, tensor: Callable[[tuple[int, ...]], torch.Tensor]) -> list[tuple]:
     """(target, args) of ``layer``'s forward and backward, as a captured step calls them
     (bias, padding ``kernel // 2``); ``tensor(shape)`` makes the tensors."""
@@ -259,7 +272,7 @@ def _prepare_probes(probes: ConvProbes, device: torch.device, seen: set) -> _Pre
     mode = FakeTensorMode()
     with mode:
         fake = [call for layer in probes.layers
-                for call in _conv_calls(layer, lambda shape: torch.empty(shape, device=device))]
+                for call in _probe_calls(layer, lambda shape: torch.empty(shape, device=device))]
     keep = []
     for index, (target, args) in enumerate(fake):
         graph = fx.Graph()
@@ -272,7 +285,7 @@ def _prepare_probes(probes: ConvProbes, device: torch.device, seen: set) -> _Pre
 
     def calls() -> list[tuple]:
         made = [call for layer in probes.layers
-                for call in _conv_calls(layer, lambda shape: torch.randn(shape, device=device))]
+                for call in _probe_calls(layer, lambda shape: torch.randn(shape, device=device))]
         return [(*made[index], {}) for index, _ in keep]
 
     return _Prepared(probes.describe, [key for _, key in keep], calls, {}, probe=True)

@@ -38,6 +38,7 @@ from typing import Callable, NamedTuple
 import torch
 import torch.fx as fx
 
+from ..execute.rng import JobRandom
 from .estimate import Machine, RooflineModel
 from .opfeatures import FEATURE_NAMES, LOG_BYTES, LOG_FLOPS, N_FEATURES, op_features, op_kind
 from .samples import Samples, baseline_log, fit_baseline, median_relative_error, r2_score, split_heldout
@@ -113,9 +114,7 @@ def _train_net(x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor, hidden: 
     """Minibatch AdamW for ``steps`` steps or ``seconds``, whichever ends first; the
     learning-rate schedule follows whichever is further along."""
     gen = torch.Generator().manual_seed(seed)
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        net = _make_net(x.shape[1], hidden)
+    net = JobRandom(seed).call(_make_net, x.shape[1], hidden)   # never the process's generator
     opt = torch.optim.AdamW(net.parameters(), lr=LEARNING_RATE, weight_decay=1e-4)
     start, step, done = time.perf_counter(), 0, 0.0
     while done < 1.0:

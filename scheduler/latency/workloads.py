@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["CalibrationPlan", "PLANS", "Workload", "ConvLayer", "ConvProbes", "workloads"]
+__all__ = ["CalibrationPlan", "PLANS", "Workload", "ConvLayer", "BmmLayer", "ConvProbes", "workloads"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class CalibrationPlan:
     flops_cap: float       # FLOPs of one training step, on CPU; CUDA scales it
     passes: int = 3        # timed passes over every op, spread over the run
     conv_probes: int = 0   # conv layers timed on their own (see ConvProbes)
+    bmm_probes: int = 0    # batched matmuls timed on their own (see BmmLayer)
     blocks: int = 3        # timed blocks per op and pass, back to back
     seconds: float = math.inf
     timing_share: float = 0.75
@@ -36,8 +37,10 @@ class CalibrationPlan:
 
 PLANS = {
     "full": CalibrationPlan(models=9, levels=(0.0, 0.5, 1.0), steps=3000, passes=8, blocks=2, conv_probes=300,
+                 bmm_probes=150,
                  copy_sizes=(1 << 18, 1 << 22, 1 << 25), flops_cap=1e9, seconds=240, timing_share=0.8),
     "quick": CalibrationPlan(models=2, levels=(0.0, 1.0), steps=1500, passes=4, blocks=2, conv_probes=50,
+                  bmm_probes=50,
                   copy_sizes=(1 << 18, 1 << 22), flops_cap=3e8, seconds=32),
 }
 CUDA_SCALE = 8             # CUDA models: batches CUDA_SCALE times larger, FLOPs cap 100x
@@ -169,6 +172,20 @@ class ConvLayer:
 
 
 @dataclass(frozen=True)
+class BmmLayer:
+    """One batched matmul of an attention layer, ``(batch, m, k) @ (batch, k, n)``, with
+    either operand transposed as attention's backward reads them (issue 22: ``bmm``'s
+    held-out R^2 was 0.45 with only the attention models' few shapes to learn from)."""
+
+    batch: int
+    m: int
+    k: int
+    n: int
+    left_t: bool = False
+    right_t: bool = False
+
+
+@dataclass(frozen=True)
 class ConvProbes:
     """Conv layers timed on their own. The full plan's 18 CNNs give some 60 convolution
     shapes, against six parameters (batch, channels in and out, image, kernel, stride) and
@@ -176,7 +193,7 @@ class ConvProbes:
     swung from 0.4 to 0.9 with the split. Capturing a model costs about a second; a
     probe's preparation, a few milliseconds."""
 
-    layers: tuple[ConvLayer, ...]
+    layers: tuple  # ConvLayer and BmmLayer
     describe: str
 
 
@@ -225,4 +242,22 @@ def workloads(plan: CalibrationPlan, device: str | torch.device = "cpu", seed: i
         flops = [math.exp(rng.uniform(math.log(PROBE_MIN_FLOPS), math.log(cap / PROBE_FLOPS_SHARE))) for _ in range(n)]
         probes = ConvProbes(tuple(_conv_layer(rng, f, scale) for f in flops), f"conv probes {b + 1}/{batches}")
         out.insert(round((b + 1) * len(out) / (batches + 1)), probes)
+    rng = random.Random(f"bmm probes {seed}")
+    batches = math.ceil(plan.bmm_probes / PROBES_PER_BATCH)
+    for b in range(batches):
+        n = min(PROBES_PER_BATCH, plan.bmm_probes - b * PROBES_PER_BATCH)
+        probes = ConvProbes(tuple(_bmm_layer(rng, cap / PROBE_FLOPS_SHARE, scale) for _ in range(n)),
+                            f"bmm probes {b + 1}/{batches}")
+        out.insert(round((b + 1) * len(out) / (batches + 1)), probes)
     return out
+
+
+def _bmm_layer(rng: random.Random, most_flops: float, scale: int) -> BmmLayer:
+    """Sizes log-uniform as attention's: heads x batch, tokens, head width; redrawn while
+    over ``most_flops``."""
+    while True:
+        m, n = _log_int(rng, 4, 512), _log_int(rng, 4, 512)
+        k = _log_int(rng, 4, 256)
+        batch = _log_int(rng, 1, 256 * scale)
+        if 2 * batch * m * k * n <= most_flops:
+            return BmmLayer(batch, m, k, n, rng.random() < 0.4, rng.random() < 0.4)

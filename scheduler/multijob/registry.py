@@ -27,10 +27,10 @@ def shared_scheduler(device: str = "cpu", budget_bytes: int | None = None,
     means "cuda:0"), created at the first call, which must give ``budget_bytes``.
 
     Every job on the device should plan through this one instance: jobs planned by
-    different instances do not see each other and may together exceed the memory. A
-    later call with another ``budget_bytes`` changes the budget (``set_budget``: raises
-    InfeasibleBudget if the running jobs cannot fit it); ``settings`` count only at
-    creation.
+    different instances do not see each other and may together exceed the memory.
+    ``budget_bytes`` and ``settings`` count only at creation: a job that wants another
+    budget asks the scheduler with ``hold_budget``, which changes it only while no job
+    holds it (one connection's budget never shrinks another's running jobs).
     """
     key = _device_key(device)
     with _DEFAULTS_LOCK:
@@ -40,9 +40,6 @@ def shared_scheduler(device: str = "cpu", budget_bytes: int | None = None,
                 raise ValueError(f"shared_scheduler({device!r}): the first call for a device must "
                                  f"give budget_bytes, the memory all its jobs may use")
             ms = _DEFAULTS[key] = MemoryScheduler(budget_bytes, settings, ledger=_ledger(key))
-            return ms
-    if budget_bytes is not None and budget_bytes != ms.budget_bytes:
-        ms.set_budget(budget_bytes)
     return ms
 
 

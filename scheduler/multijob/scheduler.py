@@ -77,6 +77,8 @@ class MemoryScheduler:
         self.admission = AdmissionQueue(self._cond, clock, strict_fifo)
         self.handover = Handover(self._cond, clock)
         self._jobs: dict[str, JobGraphs] = {}  # registered, in admission order
+        self._holders: set[str] = set()        # jobs holding the budget in force (hold_budget)
+        self._budget_waiters: list[str] = []   # jobs waiting for the device to be idle to change it
         self.replans = 0                       # joint plans published
         self.failed_replans = 0                # drift updates that found no joint plan
         self.local_replans = 0                 # drift updates planned within the job's share
@@ -181,6 +183,46 @@ class MemoryScheduler:
             self._commit(self._jobs, solution)
             self._admit_waiters()
 
+    # -- the budget, held --------------------------------------------------------------
+    def hold_budget(self, job: str, budget_bytes: int | None, default: Callable[[], int], *,
+                    cancelled: Callable[[], bool] | None = None) -> int:
+        """Let ``job`` run under the budget in force, asked for as ``budget_bytes`` (None: any;
+        ``default()`` if the device is idle), and return that budget; release it with
+        :meth:`release_budget` once the job has left.
+
+        The budget is a promise to every job running under it: it changes only while no job
+        holds it. A job asking another budget than the one in force waits (listed in
+        ``waiting()``) until the jobs holding it have left, then sets its own; so one
+        connection's budget setting never shrinks another's running jobs, and no job runs
+        under a budget larger than it asked for. Raises NotAdmitted if ``cancelled()`` turns
+        true while waiting."""
+        with self._cond:
+            while True:
+                idle = not self._holders and not self._jobs and not self.admission.names()
+                wanted = budget_bytes if budget_bytes is not None else default() if idle else self.budget_bytes
+                if wanted == self.budget_bytes or idle:
+                    self.budget_bytes = int(wanted)    # idle: no plan was made for the old one
+                    self._holders.add(job)
+                    if job in self._budget_waiters:
+                        self._budget_waiters.remove(job)
+                    return self.budget_bytes
+                if job not in self._budget_waiters:
+                    self._budget_waiters.append(job)
+                if cancelled is not None and cancelled():
+                    self._budget_waiters.remove(job)
+                    raise NotAdmitted(f"job {job!r} was cancelled while waiting for the device's budget "
+                                      f"({self.budget_bytes} bytes, held by running jobs) to become "
+                                      f"{budget_bytes} bytes")
+                self._cond.wait(0.05)
+
+    def release_budget(self, job: str) -> None:
+        """``job`` no longer holds the budget (it has left: unregister it first)."""
+        with self._cond:
+            self._holders.discard(job)
+            if job in self._budget_waiters:
+                self._budget_waiters.remove(job)
+            self._cond.notify_all()
+
     # -- reading -----------------------------------------------------------------------
     def plans(self, job: str) -> JobPlans:
         """The job's published plans and their version, read together."""
@@ -204,7 +246,9 @@ class MemoryScheduler:
             return list(self._jobs)
 
     def waiting(self) -> list[str]:
-        return self.admission.names()
+        """Jobs waiting for room (admission) or for the device's budget to change (hold_budget)."""
+        with self._cond:
+            return self.admission.names() + list(self._budget_waiters)
 
     def snapshot(self) -> dict:
         """A live view: budget, global planned peak (sum of the jobs' reservations), the

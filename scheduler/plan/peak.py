@@ -16,7 +16,10 @@ Ledger rules (bytes of ``seq.tensors[t].nbytes``):
    tensor written in place (``Liveness.in_place``: its old tensor is not read after
    this op) takes the old tensor's storage: + new - old (zero for equal sizes).
 3. RECOMPUTE start (the stall's start): + every output of the generating op; at the
-   stall's end - the outputs other than the recomputed tensor.
+   stall's end - the outputs other than the recomputed tensor. A chain (``via``): the
+   stall runs the generating op of each tensor in ``via``, then the tensor's, and adds
+   every output of every one of them at its start; at its end it removes all but the
+   recomputed tensor (``recompute_ops``, ``stall_latency``).
 4. SWAP_IN: + at the copy's *start* (the destination is allocated then). The paper
    counts it at the copy's end; that is optimistic and a ledger would exceed it.
 5. SWAP_OUT: - at the copy's end (start + nbytes / copy_bandwidth), or, if later, at
@@ -60,6 +63,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .liveness import analyse_liveness
+from .rules import op_changes, recompute_outputs, stall_latency
 from ..graph.sequence import EVENT_ORDER, EVENT_RANK, AccessSequence, Event, EventKind
 
 PeakKey = tuple[float, float]   # (time, rank) of a change point: where the peak is
@@ -218,14 +222,8 @@ class Static:
 
 
 def static_ledger(seq: AccessSequence) -> Static:
-    live = analyse_liveness(seq)
     nbytes = np.array([t.nbytes for t in seq.tensors], dtype=np.int64)
-    rows = []
-    for op in seq.ops:
-        for t in op.outputs:
-            rows.append((op.index, nbytes[t], t))
-            if t in live.in_place:
-                rows.append((op.index, -nbytes[live.in_place[t]], live.in_place[t]))
+    rows = [(k, d, t) for k, changes in enumerate(op_changes(seq)) for t, d in changes]   # rule 2: rules.py
     op_i, delta, tensor = (np.array(c, dtype=np.int64) for c in zip(*rows)) if rows else [np.zeros(0, np.int64)] * 3
     return Static(nbytes, np.array([op.start for op in seq.ops], dtype=float),
                   np.array([op.end for op in seq.ops], dtype=float), op_i, delta, tensor,
@@ -276,9 +274,9 @@ def build_timeline(seq: AccessSequence, events: tuple[Event, ...], static: Stati
     arrays = event_arrays(seq, events) if arrays is None else arrays
     steps = _compute_steps(seq, recomputes, static, arrays)
     op_start, op_end, op_step = steps.op_start, steps.op_end, steps.op_step
-    op_changes = (op_start[static.change_op], start_rank(op_step[static.change_op]),
-                  static.change_delta, static.change_tensor)
-    changes = [steps.stall_changes, _initial_change(seq, on_host, static), op_changes,
+    op_starts = (op_start[static.change_op], start_rank(op_step[static.change_op]),
+                 static.change_delta, static.change_tensor)
+    changes = [steps.stall_changes, _initial_change(seq, on_host, static), op_starts,
                _event_changes(seq, arrays, op_end, op_step, static.nbytes, steps.op_entry)]
     times, ranks, deltas, tensors = (np.concatenate(c) for c in zip(*changes))
     order = np.lexsort((deltas, ranks, times))  # simultaneous changes: frees first
@@ -315,7 +313,6 @@ class _Steps:
 def _compute_steps(seq, recomputes, static, arrays) -> _Steps:
     """Effective op times with recompute stalls and planned waits (rule 7), and the
     stalls' ledger changes."""
-    live = analyse_liveness(seq)
     n = len(seq.ops)
     by_before: dict[int, list[Event]] = {}
     for e in recomputes:
@@ -326,7 +323,7 @@ def _compute_steps(seq, recomputes, static, arrays) -> _Steps:
     stall = np.zeros(n)
     count = np.zeros(n, dtype=np.int64)
     for b, es in by_before.items():
-        stall[b] = sum(seq.ops[live.gen[e.tensor]].latency for e in es)
+        stall[b] = sum(stall_latency(seq, e) for e in es)
         count[b] = len(es)
     shift = np.cumsum(stall)
     op_start, op_end = static.op_start + shift, static.op_end + shift
@@ -345,11 +342,11 @@ def _compute_steps(seq, recomputes, static, arrays) -> _Steps:
     for b, es in by_before.items():
         t0 = float(op_entry[b])
         for m, e in enumerate(es):
-            g = seq.ops[live.gen[e.tensor]]
+            outs = recompute_outputs(seq, e)
             s = op_step[b] - len(es) + m
-            rows += [(t0, start_rank(s), seq.tensors[o].nbytes, o) for o in g.outputs]
-            t0 += g.latency
-            rows += [(t0, end_rank(s), -seq.tensors[o].nbytes, o) for o in g.outputs if o != e.tensor]
+            rows += [(t0, start_rank(s), seq.tensors[o].nbytes, o) for o in outs]
+            t0 += stall_latency(seq, e)
+            rows += [(t0, end_rank(s), -seq.tensors[o].nbytes, o) for o in outs if o != e.tensor]
     return _Steps(op_entry, op_start, op_end, op_step, _arrays(rows), waited)
 
 

@@ -89,6 +89,10 @@ class PlanSettings:
     # How many of the largest tensors at the peak (and of the best recomputes) are
     # priced per round: bounds planning time on graphs with thousands of tensors.
     priced: int = 12
+    # A recompute may first remake up to this many of its op's inputs that are gone at
+    # that point, each from its own inputs (recompute.py: a chain from resident tensors,
+    # as checkpointing recomputes a block); 0 = the paper's: every input resident.
+    recompute_chain: int = 8
 
     def __post_init__(self) -> None:
         if self.choice not in CHOICES:
@@ -97,10 +101,10 @@ class PlanSettings:
 
 # PlanSettings(**PAPER): the paper's algorithm, kept reachable and measured beside the
 # default (the benchmark's dbml-tensile@… rows).
-PAPER = dict(stalls=False, choice="paper")
+PAPER = dict(stalls=False, choice="paper", recompute_chain=0)
 # PlanSettings(**BEYOND) = PlanSettings(): dbml's default, planned stalls and the choice of
 # swap or recompute by cost (the benchmark's dbml-stalls@… rows).
-BEYOND = dict(stalls=True, choice="cost")
+BEYOND = dict(stalls=True, choice="cost", recompute_chain=8)
 
 
 def plan(seq: AccessSequence, budget_bytes: int, policy: str = "tensile",
@@ -148,7 +152,7 @@ def schedule(seqs: Sequence[AccessSequence], budget: int, settings: PlanSettings
             if not _swap_round(jobs, settings):
                 phase = _RECOMPUTE if settings.choice == "paper" and settings.recompute else _after_paper(settings)
         elif phase is _RECOMPUTE:
-            if not _recompute_round(jobs, peak):
+            if not _recompute_round(jobs, peak, settings.recompute_chain):
                 phase = _after_paper(settings)
             elif settings.resume_swapping:
                 phase = _SWAP   # the peak moved: swaps may fit again
@@ -236,7 +240,7 @@ def _may_swap(state: PlanState, settings: PlanSettings) -> bool:
     return len(state.swapped) < math.ceil(rate * len(state.seq.tensors))
 
 
-def _recompute_round(jobs: list[PlanState], peak: int) -> bool:
+def _recompute_round(jobs: list[PlanState], peak: int, chain: int = 0) -> bool:
     """Recompute the highest-MSPS tensor at any job's peak that keeps the peak from rising."""
     options = []
     for j, state in enumerate(jobs):
@@ -245,7 +249,7 @@ def _recompute_round(jobs: list[PlanState], peak: int) -> bool:
     for _, j, gap in sorted(options):
         state = jobs[j]
         with _context(state, "recompute", gap):
-            proposal = propose_recompute(state, gap)
+            proposal = propose_recompute(state, gap, chain)
             if proposal is not None and state.commit(proposal):
                 if _global_peak(jobs) <= peak:
                     return True
@@ -298,13 +302,12 @@ def _priced(state: PlanState, settings: PlanSettings) -> list[tuple[float, int, 
         out += _priced_again(state, settings, key, op)
     if settings.recompute:
         for _, gap in sorted(recompute_candidates(state), reverse=True)[:settings.priced]:
-            p = propose_recompute(state, gap)
+            p = propose_recompute(state, gap, settings.recompute_chain)
             if p is None:
                 state.rejected[gap] = True
                 continue
             nbytes = int(state.gaps.nbytes[gap])
-            t = int(state.gaps.tensor[gap])
-            out.append((float(state.regen_latency[t]) / max(nbytes, 1), nbytes, p))
+            out.append((p.cost / max(nbytes, 1), nbytes, p))
     return out
 
 

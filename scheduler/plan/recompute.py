@@ -11,6 +11,12 @@ closes it. Candidates, highest ``nbytes / latency`` first, must be:
   generating op is on the device during the stall and not released, swapped or
   recomputed around it; those inputs' gaps are then pinned, so no later decision takes
   them away (the paper: "only ... tensor accesses which have never been released").
+  Beyond the paper (``PlanSettings.recompute_chain``), an input that is gone then (past
+  its last use, or released to be recomputed itself later) may be remade first from its
+  own inputs, in a chain of up to that many tensors (:func:`recompute_sources`): the
+  recompute then starts from resident tensors as checkpointing does from a block's input,
+  so cheap chains (norms, activations, concatenations) free memory where copies cannot
+  hide. The chain's tensors are dropped again when the tensor is made.
 
 A recompute that would raise the global peak (its op's other outputs are allocated for
 the stall) is undone and, like one whose inputs are not resident, not tried again:
@@ -25,28 +31,45 @@ from ..graph.sequence import Event, EventKind
 from .gaps import CROSS, OPEN, PINNED, RECOMPUTED, candidates
 from .state import PlanState, Proposal
 
-__all__ = ["recompute_candidates", "propose_recompute", "inputs_resident"]
+__all__ = ["recompute_candidates", "propose_recompute", "inputs_resident", "recompute_sources"]
 
 
 def inputs_resident(state: PlanState, t: int, b: int) -> list[int] | None:
     """Gaps to pin if every input of t's generating op is on the device just before op b."""
-    gaps = state.gaps
-    pins = []
-    for u in state.seq.ops[state.live.gen[t]].inputs:
-        if _dies_before(state, u, b):
-            return None
-        for gap in gaps.of_tensor(u):
-            lo, hi, status = int(gaps.lo[gap]), int(gaps.hi[gap]), int(gaps.status[gap])
-            if gaps.kind[gap] == CROSS:
-                holds = (u == gaps.other[gap] and b <= hi) or (u == gaps.tensor[gap] and lo < b)
-            else:
-                holds = lo < b <= hi
-            if not holds:
-                continue
-            if status not in (OPEN, PINNED):
-                return None
-            pins.append(gap)
-    return pins
+    found = recompute_sources(state, t, b, chain=0)
+    return None if found is None else found[0]
+
+
+def recompute_sources(state: PlanState, t: int, b: int, chain: int) -> tuple[list[int], list[int]] | None:
+    """How t's generating op can run just before op b: (gaps to pin, chain). Each input is
+    resident then (its gap is pinned), or, up to ``chain`` tensors, gone and remade first
+    from its own generating op's inputs in turn (the chain, in the order it runs: a
+    recompute from the resident tensors it starts at, as checkpointing does). None if
+    some input can be neither."""
+    pins: list[int] = []
+    via: list[int] = []
+
+    def ready(u: int) -> bool:
+        if u in via:
+            return True
+        where, gaps = _where(state, u, b)
+        if where == _RESIDENT:
+            pins.extend(gaps)
+            return True
+        if where == _BLOCKED or len(via) >= chain or not state.recomputable[u] or \
+                state.live.gen[u] in {state.live.gen[v] for v in (*via, t)}:   # each op of a chain runs once
+            return False
+        if not all(ready(v) for v in state.seq.ops[state.live.gen[u]].inputs):
+            return False
+        via.append(u)
+        return True
+
+    if not all(ready(u) for u in state.seq.ops[state.live.gen[t]].inputs):
+        return None
+    return pins, via
+
+
+_RESIDENT, _GONE, _BLOCKED = "resident", "gone", "blocked"
 
 
 def _dies_before(state: PlanState, u: int, b: int) -> bool:
@@ -54,6 +77,31 @@ def _dies_before(state: PlanState, u: int, b: int) -> bool:
     seq = state.seq
     stays = u in seq.outputs or (u in seq.initial and u not in seq.updates.values())
     return not stays and state.live.last_access(u) < b
+
+
+def _where(state: PlanState, u: int, b: int) -> tuple[str, list[int]]:
+    """Whether ``u`` is on the device just before op b (with the gaps that keep it there),
+    gone (released after its last access, or released to be recomputed later: a chain may
+    remake it for a moment), or blocked (on the host, or brought back by an event before
+    op b itself, whose order against this stall a chain must not depend on)."""
+    if _dies_before(state, u, b):
+        return _GONE, []
+    gaps, pins = state.gaps, []
+    for gap in gaps.of_tensor(u):
+        lo, hi, status = int(gaps.lo[gap]), int(gaps.hi[gap]), int(gaps.status[gap])
+        if gaps.kind[gap] == CROSS:
+            holds = (u == gaps.other[gap] and b <= hi) or (u == gaps.tensor[gap] and lo < b)
+        else:
+            holds = lo < b <= hi
+        if not holds:
+            continue
+        if status in (OPEN, PINNED):
+            pins.append(gap)
+        elif status == RECOMPUTED and gaps.kind[gap] != CROSS and hi != b:
+            return _GONE, []
+        else:
+            return _BLOCKED, []
+    return _RESIDENT, pins
 
 
 def recompute_candidates(state: PlanState) -> list[tuple[float, int]]:
@@ -68,13 +116,17 @@ def recompute_candidates(state: PlanState) -> list[tuple[float, int]]:
     return list(zip(msps.tolist(), gaps.tolist()))
 
 
-def propose_recompute(state: PlanState, gap: int) -> Proposal | None:
-    """Release the gap's tensor and recompute it before the gap's closing access; None if
-    its generating op's inputs are not all resident then (they only ever get scarcer:
-    it will not qualify later either)."""
+def propose_recompute(state: PlanState, gap: int, chain: int = 0) -> Proposal | None:
+    """Release the gap's tensor and recompute it before the gap's closing access (from a
+    chain of up to ``chain`` tensors remade first, see ``recompute_sources``); None if its
+    generating op cannot run then (its sources only ever get scarcer: it will not qualify
+    later either). The proposal's cost is the stall: every op it re-runs."""
     t, lo, hi = int(state.gaps.tensor[gap]), int(state.gaps.lo[gap]), int(state.gaps.hi[gap])
-    pins = inputs_resident(state, t, hi)
-    if pins is None:
+    found = recompute_sources(state, t, hi, chain)
+    if found is None:
         return None
-    events = (Event(lo, 0.0, EventKind.RELEASE, t), Event(hi - 1, 0.0, EventKind.RECOMPUTE, t, hi))
-    return Proposal(gap, events, RECOMPUTED, tuple(pins))
+    pins, via = found
+    ops = state.seq.ops
+    cost = sum(ops[state.live.gen[u]].latency for u in (*via, t))
+    events = (Event(lo, 0.0, EventKind.RELEASE, t), Event(hi - 1, 0.0, EventKind.RECOMPUTE, t, hi, tuple(via)))
+    return Proposal(gap, events, RECOMPUTED, tuple(pins), cost=cost)

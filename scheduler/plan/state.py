@@ -21,6 +21,7 @@ from .gaps import CROSS, PINNED, RECOMPUTED, SWAPPED, GapKeys, Gaps, find_gaps, 
 from .liveness import Liveness, analyse_liveness, release_events
 from .peak import (FIRST, START_RANK, PeakKey, Timeline, analyse_peak, build_timeline, event_arrays,
                    event_rank, event_time, host_at_start, op_at, static_ledger)
+from .rules import stall_latency
 from ..errors import PlanningError
 from ..graph.sequence import AccessSequence, Event, EventKind, Plan, event_order
 
@@ -127,8 +128,7 @@ class PlanState:
         peak = analyse_peak(self.seq, events)
         # recompute stalls, then the planned waits (summed apart: a plan without waits
         # keeps exactly the figure it always had)
-        extra = sum(self.seq.ops[self.live.gen[e.tensor]].latency
-                    for e in events if e.kind is EventKind.RECOMPUTE)
+        extra = sum(stall_latency(self.seq, e) for e in events if e.kind is EventKind.RECOMPUTE)
         waited = self.curve.waited
         return Plan(self.seq.job, events, peak.bytes, self.vanilla_peak, extra + waited if waited else extra,
                     policy, host_at_start(self.seq, events))

@@ -1,0 +1,78 @@
+"""tune()'s search as Optuna sees it: the study made from stored trials, and the space's
+dimensions as Optuna's distributions.
+
+Optuna's categories are scalars, so a list choice (``hidden``'s ``[128, 64]``) is held as its
+JSON text (``encode``) and read back (``decode``); ``dbml.trials`` keeps Optuna's form of each
+trial (its params and distributions, ``search``) beside the decoded one, so a study made again
+(``make_study``, ``frozen``) is the one that ran. Optuna is imported when a function runs.
+"""
+
+from __future__ import annotations
+
+import json
+
+from .tunespec import Dimension, TuneRequest
+
+__all__ = ["make_study", "frozen", "distribution", "encode", "decode", "dists_json"]
+
+
+def make_study(request: TuneRequest, stored: list[dict]):
+    """An in-memory Optuna study holding ``stored`` (dbml.trials rows), with the request's
+    sampler (seeded by ``seed`` and the trials before, so a resumed search draws anew) and pruner."""
+    import optuna
+
+    seed = (request.base.seed + len(stored)) % 2**32
+    sampler = (optuna.samplers.TPESampler(seed=seed, constant_liar=True) if request.sampler == "tpe" else
+               optuna.samplers.RandomSampler(seed=seed))   # grid: every point enqueued (Search._plan)
+    pruner = {"median": lambda: optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=0),
+              "successive_halving": lambda: optuna.pruners.SuccessiveHalvingPruner(min_resource=1),
+              "none": optuna.pruners.NopPruner}[request.pruner]()
+    study = optuna.create_study(direction=request.direction, sampler=sampler, pruner=pruner)
+    study.add_trials([frozen(r) for r in stored])
+    return study
+
+
+def frozen(record: dict):
+    """A dbml.trials row as the finished Optuna trial it was."""
+    import optuna
+    from optuna.distributions import json_to_distribution
+    from optuna.trial import TrialState
+
+    state = {"finished": TrialState.COMPLETE, "pruned": TrialState.PRUNED}.get(record["status"], TrialState.FAIL)
+    return optuna.trial.create_trial(
+        state=state, value=record["objective"] if state == TrialState.COMPLETE else None,
+        params=record["search"]["params"],
+        distributions={k: json_to_distribution(v) for k, v in record["search"]["distributions"].items()},
+        intermediate_values={i + 1: v for i, v in enumerate(record["objectives"])})
+
+
+def distribution(d: Dimension):
+    """The Optuna distribution of one dimension (a list choice as its JSON text: Optuna's
+    categories are scalars)."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    if d.kind == "choice":
+        return CategoricalDistribution([_scalar(v) for v in d.choices])
+    if d.kind in ("int", "log_int"):
+        return IntDistribution(int(d.low), int(d.high), log=d.log)
+    return FloatDistribution(d.low, d.high, log=d.log)
+
+
+def _scalar(value):
+    return json.dumps(value) if isinstance(value, (list, tuple)) else value
+
+
+def encode(dims: tuple[Dimension, ...], values: dict) -> dict:
+    """Drawn values as Optuna holds them (``distribution``)."""
+    return {d.name: _scalar(values[d.name]) for d in dims if d.name in values}
+
+
+def decode(dims: tuple[Dimension, ...], params: dict) -> dict:
+    """Optuna's params as the train() arguments they stand for, in the space's order."""
+    return {d.name: json.loads(params[d.name]) if d.sql_type == "INTEGER[]" else params[d.name]
+            for d in dims if d.name in params}
+
+
+def dists_json(distributions: dict) -> dict:
+    from optuna.distributions import distribution_to_json
+    return {k: distribution_to_json(v) for k, v in distributions.items()}

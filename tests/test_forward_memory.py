@@ -1,0 +1,60 @@
+"""Issue 22 part 8: inference within the budget. The forward pass's memory is planned on
+the meta device (no compute) and equals what eager no_grad holds; predict runs a large
+batch in chunks that fit instead of holding it whole."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dbml.forward_memory import forward_bytes, rows_within
+from dbml.models import ModelConfig, build
+from dbml.scheduler.execute.measure import PeakMeter, live_tensors
+from dbml.zoo import Inputs
+
+
+def _cfg() -> ModelConfig:
+    from dbml.models import config
+    return config("cnn", Inputs("image", shape=(3, 32, 32)), 10, {"width": 16})
+
+
+def test_the_meta_forward_holds_what_eager_no_grad_holds():
+    cfg = _cfg()
+    torch.manual_seed(0)
+    module = build(cfg).eval()
+    for rows in (1, 37):
+        x = cfg.inputs.sample(rows)
+        with PeakMeter(live_tensors(module, None, x)) as meter, torch.no_grad():
+            module(x)
+        # never below what eager holds; above by a few bytes of scalars the meta kernels keep
+        assert 0 <= forward_bytes(cfg, rows) - meter.peak_bytes <= 1024
+
+
+def test_rows_within_a_budget_keep_it_and_one_row_too_many_does_not():
+    cfg = _cfg()
+    budget = forward_bytes(cfg, 100)
+    rows = rows_within(cfg, budget)
+    assert forward_bytes(cfg, rows) <= budget and rows >= 99
+    from dbml.errors import InvalidArgument
+    with pytest.raises(InvalidArgument, match=r"predict\(\): the model needs .* MB for its weights, one row and the "
+                                              r"batch's inputs and outputs, over the memory budget"):
+        rows_within(cfg, forward_bytes(cfg, 1) - 1)
+
+
+def test_predict_on_a_large_batch_runs_in_chunks_within_the_budget(con, monkeypatch):
+    import numpy as np
+    from dbml import inference
+    con.execute("CREATE TABLE img AS SELECT list_transform(range(192), lambda i: ((i * x) % 7)::FLOAT)::FLOAT[192] "
+                "AS p, (x % 3)::INTEGER AS y FROM range(300) t(x)")
+    con.execute("SELECT train('c', 'img', label := 'y', shape := [3, 8, 8], arch := 'cnn', epochs := 1, "
+                "policy := 'eager')")
+    whole = con.execute("SELECT prediction FROM predictions('c', 'img')").fetchall()
+    model = inference.ModelCache(con.duckdb.cursor).get("c", fn="test")
+    small = forward_bytes(model.config, 40)
+    monkeypatch.setattr(inference, "inference_budget", lambda: small)
+    calls = []
+    original = model.module.forward
+    monkeypatch.setattr(model.module, "forward", lambda x: calls.append(len(x)) or original(x))
+    out = inference.forward(model, torch.from_numpy(np.zeros((300, 3, 8, 8), np.float32)))
+    assert len(out) == 300 and max(calls) <= rows_within(model.config, small) and len(calls) > 1
+    assert con.execute("SELECT prediction FROM predictions('c', 'img')").fetchall() == whole
