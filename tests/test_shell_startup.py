@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 HEAVY = ("torch", "dbml.scheduler", "dbml.zoo", "dbml.training", "dbml.catalog", "dbml.inference",
-         "dbml.udfs.functions", "pyarrow", "sqlglot")
+         "dbml.udfs.functions", "pyarrow")
 
 
 def imported_after(code: str) -> dict:
