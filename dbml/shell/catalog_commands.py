@@ -267,9 +267,10 @@ def _import(shell, file_name, table, function, params) -> int:
 
 # -- the catalog --------------------------------------------------------------------------
 
-def _dbml_owned(database: str, name: str) -> bool:
-    """dbml's own catalog objects, which .tables and .schema leave out."""
-    return database == "dbml_scratch" or name.startswith("dbml_")
+def _dbml_owned(database: str, name: str, schema: str = "") -> bool:
+    """dbml's own catalog objects, which .tables and .schema leave out: its schema ``dbml``
+    (the model catalog), its scratch database and its ``dbml_*`` views."""
+    return database == "dbml_scratch" or schema == "dbml" or name.startswith("dbml_")
 
 
 _TABLES = """
@@ -301,7 +302,7 @@ def tables(shell, words):
     from .metadata import ColumnInfo, TableInfo, max_render_width, render_tables, shell_paint
     found = []
     for db, sch, table, columns, size, oid in shell.db.execute(_TABLES, {"schema": schema, "name": name}).fetchall():
-        if _dbml_owned(db, table):
+        if _dbml_owned(db, table, sch):
             continue
         cols = [ColumnInfo(c["column_name"], c["data_type"], primary_key=c["is_primary_key"]) for c in columns]
         found.append(TableInfo(table, cols, db, sch, size, is_view=oid is None))
@@ -377,9 +378,9 @@ def schema(shell, words):
     if any(w.lstrip("-") == "debug" for w in words[1:] if w.startswith("-")):
         shell.print(f"SQL: {sql.replace('sql, name', 'sql')};")
         return 0
-    from .schema_text import pretty_schema
+    from .schema_text import dbml_owned, pretty_schema
     for text, name in shell.db.execute(sql).fetchall():
-        if not _dbml_owned("", name):
+        if not dbml_owned(name, text):
             shell.output.write(pretty_schema(text) if indent else text + "\n")
 
 

@@ -3,13 +3,21 @@ and DumpTable), over DuckDB's ``sqlite_schema`` view of the catalog."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from .render import Result, render_text, sql_identifier, sql_string
 
-__all__ = ["pretty_schema", "dump_database"]
+__all__ = ["pretty_schema", "dump_database", "dbml_owned"]
 
 _SPACE = " \t\n\r\f\v"
+# dbml's own objects: its catalog in schema dbml, its dbml_* views (sqlite_schema has no schema column)
+_DBML_SQL = re.compile(r'^CREATE (?:UNIQUE )?(?:TABLE|VIEW|SEQUENCE|INDEX \S+ ON) (?:"?dbml"?\.|dbml_)')
+
+
+def dbml_owned(name: str, sql: str) -> bool:
+    """Whether a catalog entry is dbml's own, which .schema and .dump leave out."""
+    return name.startswith("dbml_") or bool(_DBML_SQL.match(sql or ""))
 
 
 def pretty_schema(sql: str) -> str:
@@ -83,13 +91,13 @@ def dump_database(shell, patterns: list[str], newlines: bool) -> int:
     write("BEGIN TRANSACTION;\n")
     errors = 0
     for (schema,) in db.execute(
-            "SELECT DISTINCT table_schema FROM information_schema.tables WHERE table_schema != 'main' AND "
+            "SELECT DISTINCT table_schema FROM information_schema.tables WHERE table_schema NOT IN ('main', 'dbml') AND "
             "table_schema NOT LIKE 'pg_%' AND table_schema != 'information_schema' AND table_name IN "
             f"(SELECT name FROM sqlite_schema WHERE ({like}) AND type=='table') ORDER BY table_schema").fetchall():
         write(f"CREATE SCHEMA IF NOT EXISTS {sql_identifier(schema)};;\n")
     for name, kind, sql in db.execute(f"SELECT name, type, sql FROM sqlite_schema WHERE ({like}) AND type=='table' "
                                       "AND sql NOT NULL ORDER BY tbl_name='sqlite_sequence'").fetchall():
-        if name.startswith("dbml_"):
+        if dbml_owned(name, sql):
             continue
         write(sql + ";\n")
         if kind == "table" and not _dump_rows(shell, name, newlines):
@@ -97,7 +105,7 @@ def dump_database(shell, patterns: list[str], newlines: bool) -> int:
             break
     for sql, name in db.execute(f"SELECT sql, name FROM sqlite_schema WHERE ({like}) AND sql NOT NULL AND type IN "
                                 "('index','trigger','view')").fetchall():
-        if not name.startswith("dbml_"):
+        if not dbml_owned(name, sql):
             write(sql + ("\n;\n" if "--" in sql else ";\n"))
     write("ROLLBACK; -- due to errors\n" if errors else "COMMIT;\n")
     return 0

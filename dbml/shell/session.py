@@ -230,8 +230,13 @@ class Shell:
         """DuckDB cannot parse ``text``: BigQuery ML statements in it become dbml calls,
         anything else is DuckDB's parse error (and nothing of the text runs, as in the CLI)."""
         from ..bigquery import is_bigquery_ml
+        from ..errors import InvalidArgument
         from ..sqltext import split_statements
-        pieces = split_statements(text)
+        try:
+            pieces = split_statements(text)
+        except InvalidArgument as e:   # an unterminated string, a script the dialects split differently
+            self.error(error_text(e))
+            return False
         if not any(is_bigquery_ml(p) for p in pieces):
             self.error(str(error))
             return False
