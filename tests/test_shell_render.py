@@ -341,9 +341,10 @@ def test_highlighted_results_colour_names_types_and_nulls(con):
     assert "\x1b[1m\x1b[31mr\x1b[00m" in out and "\x1b[90mNULL\x1b[00m" in out and "\x1b[90mint32\x1b[00m" in out
 
 
-def test_tables_leaves_dbmls_own_objects_out(con):
-    out = shell(con, "CREATE TABLE mine(i INT);\n.tables\n")
-    assert "mine" in out and "dbml_" not in out and "dbml_scratch" not in out
+def test_tables_schema_and_dump_leave_dbmls_own_objects_out(con):
+    out = shell(con, "CREATE TABLE mine(i INT);\n.tables\n.schema\n.dump\n")
+    assert "mine" in out and "CREATE TABLE mine(i INTEGER);" in out
+    assert "dbml" not in out and "models" not in out and "weights" not in out, out
 
 
 def test_maxrows_analyze_sizes_columns_by_the_first_rows_and_cuts_later_values(con):
