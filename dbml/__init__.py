@@ -44,7 +44,6 @@ class Connection:
         self._read_only = instance.read_only
         self._id = con.execute("SELECT current_connection_id()").fetchall()[0][0]
         self._lock = threading.Lock()        # cursor() from several threads at once
-        self._busy = 0                       # execute() calls running now
         self._settings = settings if settings is not None else self._read_settings()
 
     def __getattr__(self, name: str):
@@ -58,28 +57,20 @@ class Connection:
         from .api import sql
         return sql(self.duckdb, query, **kwargs)
 
-    def execute(self, *args, **kwargs):
-        """DuckDB's ``execute``; while it runs, ``cursor()`` from another thread copies the
-        settings this connection had when last idle instead of asking it."""
-        self._busy += 1
-        try:
-            return self.duckdb.execute(*args, **kwargs)
-        finally:
-            self._busy -= 1
-
     def cursor(self) -> "Connection":
         """A new connection to the same database (for another thread), with this one's dbml
         settings. Safe to call from several threads at once, and while this connection runs
         a statement in another thread: the settings are then those it had when last idle."""
         cur = self.duckdb.cursor()
+        # No wrapper of execute() marks this connection busy: DuckDB finds a query's Python
+        # variables (replacement scans) in the frame that calls execute, which must stay the user's.
         with self._lock:
-            if not self._busy:
-                try:
-                    read = self._read_settings()
-                    _settings.apply(cur, **read)   # checked: a read racing another call may be garbage
-                    self._settings = read
-                except (duckdb.Error, DbmlError, IndexError):   # busy elsewhere: DuckDB refuses to wait
-                    pass
+            try:
+                read = self._read_settings()
+                _settings.apply(cur, **read)   # checked: a read racing another call may be garbage
+                self._settings = read
+            except (duckdb.Error, DbmlError, IndexError):   # busy elsewhere: DuckDB refuses to wait
+                pass
             settings = dict(self._settings)
         _settings.apply(cur, **settings)
         _install_sql(cur, self._read_only)

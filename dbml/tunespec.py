@@ -192,7 +192,7 @@ def make_request(base: TrainSpec, space, trials: int | None, parallel: int | Non
         if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
             raise InvalidArgument(f"tune(): {name} must be a positive integer, got {value!r}; "
                                   f"pass e.g. {name} := {DEFAULT_TRIALS if name == 'trials' else 4}")
-    if objective != "loss" and not base.validation:
+    if objective != "loss" and base.validation == 0:
         raise InvalidArgument(f"tune(): objective {objective!r} is measured on held-out rows, and validation is "
                               f"{base.validation}; pass validation := 0.1, or objective := 'loss'")
     parsed = parse_space(space, base)

@@ -16,7 +16,7 @@ def _two_lines(con) -> None:
 
 
 def _train_line(con, source: str) -> None:
-    con.execute(f"SELECT train('m', '{source}', label := 'y', arch := 'linear', epochs := 30, lr := 0.05, "
+    con.execute(f"SELECT train('m', '{source}', label := 'y', arch := 'linear', epochs := 30, lr := 0.05, early_stop := false, "
                 f"policy := 'eager')")
 
 
