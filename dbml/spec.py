@@ -21,12 +21,14 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field, make_dataclass
+from typing import TYPE_CHECKING
 
 from .errors import InvalidArgument
-from .scheduler import OPTIMIZERS, OptimizerSpec
 from .settings import DEFAULTS, SETTINGS, SOURCES, parse_bytes, resolve
 from .source import literal
-from .zoo import arch as zoo_arch
+
+if TYPE_CHECKING:
+    from .scheduler import OptimizerSpec
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,8 @@ class _TrainSpecChecks:
             raise InvalidArgument(f"{fn}(): lr must be a positive number up to {MAX_LR:g}, got {self.lr!r}; "
                                   f"pass e.g. lr := 0.01")
         _positive_int(self.patience, "patience", "patience := 5")
+        from .scheduler import OPTIMIZERS   # the scheduler and the zoo import torch: here, not at start-up
+        from .zoo import arch as zoo_arch
         if self.optimizer not in OPTIMIZERS:
             raise InvalidArgument(f"{fn}(): unknown optimizer {self.optimizer!r}; "
                                   f"pass optimizer := one of {', '.join(map(repr, OPTIMIZERS))}")
@@ -141,6 +145,7 @@ class _TrainSpecChecks:
         return value
 
     def optimizer_spec(self) -> OptimizerSpec:
+        from .scheduler import OptimizerSpec
         return OptimizerSpec(kind=self.optimizer, lr=self.lr, momentum=self.momentum,
                              weight_decay=self.weight_decay)
 
