@@ -12,8 +12,8 @@ from __future__ import annotations
 # then its memory figures (TRAIN_MEMORY, the runner's stats)
 TRAIN_JOB = {
     "job_id": "BIGINT", "model": "VARCHAR", "version": "INTEGER", "status": "VARCHAR", "error": "VARCHAR",
-    "epochs": "INTEGER", "rows": "BIGINT", "skipped_rows": "BIGINT", "final_loss": "DOUBLE", "val_metric": "DOUBLE",
-    "seconds": "DOUBLE",
+    "epochs": "INTEGER", "best_epoch": "INTEGER", "rows": "BIGINT", "skipped_rows": "BIGINT", "final_loss": "DOUBLE",
+    "val_metric": "DOUBLE", "val_loss": "DOUBLE", "warnings": "VARCHAR", "seconds": "DOUBLE",
 }
 TRAIN_MEMORY = {
     "measured_peak_bytes": "BIGINT", "vanilla_peak_bytes": "BIGINT", "vanilla_source": "VARCHAR",

@@ -12,6 +12,7 @@ imports the job manager.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -33,7 +34,7 @@ from .scheduler.execute import rng
 from .scheduler.execute.step import EagerStep, StepRunner
 from .settings import resolve_device
 from .source import as_select, check_tables_only, describe
-from .spec import TrainSpec
+from .spec import TrainSpec, default_lr, default_validation
 
 VALIDATION_BUCKETS = 1_000_000
 
@@ -92,13 +93,16 @@ class Trained:
     rows: int              # training rows
     skipped: int           # source rows left out for an unusable label
     started: float         # time.perf_counter() when the job started
+    warnings: tuple[str, ...] = ()   # what looks wrong with the data (label_warnings)
 
     def summary(self, job_id: int, version: int | None) -> dict:
         """The train() row of the job, stored as ``version``."""
         return {
             "job_id": job_id, "model": self.spec.model, "version": version, "status": "finished",
-            "epochs": self.spec.epochs, "rows": self.rows, "skipped_rows": self.skipped,
+            "epochs": len(self.metrics["history"]), "best_epoch": self.metrics.get("best_epoch"),
+            "rows": self.rows, "skipped_rows": self.skipped,
             "final_loss": self.metrics["final_loss"], "val_metric": self.metrics["val_metric"],
+            "val_loss": self.metrics.get("val_loss"), "warnings": "; ".join(self.warnings) or None,
             "seconds": time.perf_counter() - self.started, **{k: self.memory.get(k) for k in MEMORY_FIELDS},
         }
 
@@ -140,6 +144,8 @@ def fit(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> 
                              text=spec.text, shape=spec.shape, image_size=spec.image_size)
     table = f"dbml_scratch.job_{job_id}"
     total = cur.execute(f"SELECT count(*) FROM ({select_sql})").fetchall()[0][0]
+    if spec.validation is None:
+        spec = dataclasses.replace(spec, validation=default_validation(total))
     try:
         progress.check()
         n_train, n_val = _materialise(cur, table, select_sql, prep, spec)
@@ -148,8 +154,20 @@ def fit(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> 
         result = _fit_model(cur, table, prep, spec, n_train, n_val, progress)
     finally:
         _drop_scratch(cur, table)
-    return Trained(spec, prep, result["config"], result["module"], result["metrics"], result["memory"],
-                   n_train, skipped, started)
+    return Trained(result["spec"], prep, result["config"], result["module"], result["metrics"], result["memory"],
+                   n_train, skipped, started, label_warnings(prep, n_train + n_val))
+
+
+def label_warnings(prep: Preprocessing, rows: int) -> tuple[str, ...]:
+    """What looks wrong with the label, said in the summary (``warnings``): a class per row or
+    nearly (an identifier?), or a regression target that barely varies."""
+    out = []
+    if prep.task == "classification" and rows >= 20 and len(prep.classes) >= 0.5 * rows:
+        out.append(f"label {prep.label!r} has {len(prep.classes)} classes in {rows} rows: nearly every row is "
+                   f"its own class (an identifier?); pass another label, or task := 'regression'")
+    if prep.task == "regression" and prep.target_std <= 1e-9 * max(1.0, abs(prep.target_mean)):
+        out.append(f"label {prep.label!r} is (nearly) constant ({prep.target_mean:g}): there is little to learn")
+    return tuple(out)
 
 
 def _drop_scratch(cur, table: str) -> None:
@@ -169,17 +187,18 @@ def _params(spec: TrainSpec) -> dict:
 def _materialise(cur, table: str, select_sql: str, prep: Preprocessing, spec: TrainSpec) -> tuple[int, int]:
     """Features and labels computed once by DuckDB, with a deterministic validation split.
 
-    ``h`` hashes each row's content with the seed: it decides the split and the one
-    random order the rows are stored in (the only sort of the job), so both are
-    reproducible whatever order the source yields rows in. Epochs then stream that order
-    from a random starting row through a shuffle buffer (``data.shuffle_windows``).
+    ``h`` hashes each source row (every column it has, as the source gives it: not the
+    encoded features, so models of one source with other features or encodings hold out
+    the same rows) with the seed: it decides the split and the one random order the rows
+    are stored in (the only sort of the job), so both are reproducible whatever order the
+    source yields rows in. Epochs then stream that order from a random starting row
+    through a shuffle buffer (``data.shuffle_windows``).
     """
     cur.execute(f"""
         CREATE TABLE {table} AS
         SELECT x, y, {_is_held_out("h", spec.validation)} AS is_val
-        FROM (SELECT x, y, {_split_hash("x", "y", spec.seed)} AS h
-              FROM (SELECT {prep.scratch_sql()} AS x, {_label_column(prep)} AS y
-                    FROM ({select_sql}) WHERE {prep.label_filter()}))
+        FROM (SELECT {prep.scratch_sql()} AS x, {_label_column(prep)} AS y, {_split_hash(spec.seed)} AS h
+              FROM ({select_sql}) WHERE {prep.label_filter()})
         ORDER BY h""")
     n_train, n_val = cur.execute(f"SELECT count(*) FILTER (NOT is_val), count(*) FILTER (is_val) FROM {table}").fetchall()[0]
     if n_train == 0:
@@ -188,21 +207,23 @@ def _materialise(cur, table: str, select_sql: str, prep: Preprocessing, spec: Tr
     return n_train, n_val
 
 
-def _split_hash(x: str, y: str, seed: int) -> str:
-    """The hash of a row's encoded features and label with the seed: it decides the validation
-    split and the order the scratch table stores the rows in."""
-    return f"hash({x}, {y}, {int(seed)})"
+def _split_hash(seed: int) -> str:
+    """The hash of a source row (every column of the query it is selected from) with the seed:
+    it decides the validation split and the order the scratch table stores the rows in
+    (``held_out_sql`` is the same rule for a reader of the source)."""
+    return f"hash(*COLUMNS(*), {int(seed)})"
 
 
 def _is_held_out(h: str, validation: float) -> str:
     return f"{h} % {VALIDATION_BUCKETS} < {int(validation * VALIDATION_BUCKETS)}"
 
 
-def held_out_sql(prep: Preprocessing, seed: int, validation: float) -> str:
-    """Whether a row of the training source (a column per source column) is one ``train`` held
-    out for validation, given the job's ``seed`` and ``validation``: the same rule as
-    ``_materialise``, so ``ML.EVALUATE(MODEL m)`` without input reads exactly those rows."""
-    return _is_held_out(_split_hash(f"({prep.scratch_sql()})", f"({_label_column(prep)})", seed), validation)
+def held_out_sql(seed: int, validation: float, exclude: tuple[str, ...] = ()) -> str:
+    """Whether a row of the source ``train`` read (every column of it, less ``exclude``: columns
+    a reader added) is one it held out for validation, given the job's ``seed`` and
+    ``validation``: ``_materialise``'s rule, so ``ML.EVALUATE(MODEL m)`` reads exactly those rows."""
+    columns = f"*COLUMNS(* EXCLUDE ({', '.join(exclude)}))" if exclude else "*COLUMNS(*)"
+    return _is_held_out(f"hash({columns}, {int(seed)})", validation)
 
 
 def _label_column(prep: Preprocessing) -> str:
@@ -225,6 +246,10 @@ class TrainLoop:
         self.n_train, self.device = n_train, device
         self.vanilla: int | None = None
         self._measured = False
+        # early stopping: the best validation loss so far, its epoch and its weights
+        self.best_loss: float | None = None
+        self.best_epoch: int | None = None
+        self.best: list[torch.Tensor] | None = None
         # dropout draws from the job's own generator, as eager PyTorch does after
         # torch.manual_seed(seed), whatever runs beside it (scheduler/execute/rng.py); a
         # plain PyTorch step draws inside its modules, so it runs whole under that generator
@@ -246,10 +271,31 @@ class TrainLoop:
         self.progress.step(len(y))
         return loss
 
-    def end_epoch(self, record: dict) -> None:
+    def end_epoch(self, record: dict) -> bool:
+        """Report the epoch (with its validation, when measured); True to stop training here:
+        ``early_stop`` and no better validation loss for ``patience`` epochs."""
         if self.validate is not None:
             record.update(self.validate(self.forward_now()))
         self.progress.end_epoch(record, {**self.runner.stats(), "schedule": _schedule(self.runner)})
+        loss = record.get("val_loss")
+        if not self.spec.early_stop or loss is None or not math.isfinite(loss):
+            return False
+        if self.best_loss is None or loss < self.best_loss:
+            # the weights of the best epoch, copied (the runner keeps training the others)
+            self.best_loss, self.best_epoch = loss, record["epoch"]
+            self.best = [v.detach().to("cpu", copy=True) for v in self.runner.values()]
+            return False
+        return record["epoch"] - self.best_epoch >= self.spec.patience
+
+    def restore_best(self) -> None:
+        """After ``runner.finish()``: the model holds the best epoch's weights (early_stop), not
+        the last one's."""
+        if self.best is None or self.best_epoch is None:
+            return
+        tensors = list(self.module.parameters()) + list(self.module.buffers())
+        with torch.no_grad():
+            for t, v in zip(tensors, self.best, strict=True):
+                t.copy_(v)
 
     def forward_now(self):
         """The model's forward pass with the weights the runner holds now, in eval mode; it
@@ -284,12 +330,14 @@ def _schedule(runner) -> tuple | None:
 def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: int, n_val: int,
                progress: Progress) -> dict:
     fitted = FITTERS.get(spec.arch)   # trees, k-means (dbml.kinds): fitted on the scratch table, not stepped
-    if fitted is not None:
-        return fitted(cur, table, prep, spec, n_train, n_val, progress)
+    if fitted is not None:   # lr and early stopping are a stepped model's: its spec as given
+        return {**fitted(cur, table, prep, spec, n_train, n_val, progress), "spec": spec}
     device = resolve_device(spec.device)
     outputs = len(prep.classes) if prep.task == "classification" else 1
     config = models.config(spec.arch, prep.model_inputs(), outputs, spec.options_dict(), hidden=spec.hidden,
-                           dropout=spec.dropout or None)
+                           dropout=spec.dropout or None, rows=n_train)
+    if spec.lr is None:
+        spec = dataclasses.replace(spec, lr=default_lr(config.arch, spec.optimizer))
     runners.check_model_fits(config, spec, device)
     loss_fn = loss_function(prep)
     label = torch.int64 if prep.task == "classification" else torch.float32
@@ -301,7 +349,7 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
         # each epoch's validation runs in batches of the job's own size: its activations (no
         # gradients) stay below an iteration's
         validate = (lambda forward: _validation(cur, table, prep, forward, loss_fn, device, n_val, spec.batch_size)) \
-            if progress.validate_epochs and n_val else None
+            if (progress.validate_epochs or spec.early_stop) and n_val else None
         loop = TrainLoop(runner, module, loss_fn, spec, prep, progress, n_train, device, config, validate)
         progress.begin(spec.epochs, math.ceil(n_train / spec.batch_size))
         try:
@@ -312,13 +360,15 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
         finally:
             runner.close()
             progress.release_scheduler()
+    loop.restore_best()
     _check_finite(module, spec)
     module.eval()
     memory = loop.memory()
-    stored = {"final_loss": history[-1]["loss"], "history": history,
+    stored = {"final_loss": history[-1]["loss"], "history": history, "best_epoch": loop.best_epoch,
+              "stopped_early": len(history) < spec.epochs,
               "fetch_wait_seconds": stream_stats.wait_seconds, "memory": memory}
     stored.update(_validation(cur, table, prep, module, loss_fn, device, n_val, 8192 if prep.input is None else 256))
-    return {"config": config, "module": module.cpu(), "metrics": stored, "memory": memory}
+    return {"config": config, "module": module.cpu(), "metrics": stored, "memory": memory, "spec": spec}
 
 
 def _check_finite(module: torch.nn.Module, spec: TrainSpec) -> None:
@@ -371,7 +421,8 @@ def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int
             history.append({"epoch": epoch + 1, "loss": total.item() / n_train,
                             "seconds": time.perf_counter() - epoch_started,
                             "wait_seconds": stream.stats.wait_seconds})
-            on_epoch(history[-1])
+            if on_epoch(history[-1]):   # early stopping
+                break
     finally:
         for s in (stream, upcoming):
             if s is not None:

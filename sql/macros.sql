@@ -54,6 +54,8 @@ CREATE OR REPLACE TEMP VIEW dbml_jobs AS
 -- Per-epoch metrics of every stored model (like BigQuery ML's TRAINING_INFO).
 CREATE OR REPLACE TEMP VIEW dbml_epochs AS
     SELECT name AS model, version, (e->>'epoch')::INTEGER AS epoch, (e->>'loss')::DOUBLE AS loss,
+           (e->>'val_loss')::DOUBLE AS val_loss, (e->>'val_metric')::DOUBLE AS val_metric,
+           (e->>'epoch')::INTEGER = (metrics->>'best_epoch')::INTEGER AS best,
            (e->>'seconds')::DOUBLE AS seconds, (e->>'wait_seconds')::DOUBLE AS data_wait_seconds
     FROM dbml_models, unnest(CAST(metrics->'history' AS JSON[])) AS h(e);
 

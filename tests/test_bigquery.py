@@ -1,5 +1,5 @@
 """BigQuery ML syntax (dbml/bigquery/): rewritten into dbml calls by dbml.execute and the shell,
-one entry point (``dbml.bigquery.run``) for both."""
+one entry point (``dbml.bigquery.translate``) for both."""
 
 from __future__ import annotations
 
@@ -159,13 +159,13 @@ def test_other_sql_runs_unchanged(con, sql):
 
 
 def test_the_shell_and_dbml_execute_share_one_entry_point(con, monkeypatch):
-    from dbml.shell import execute_statement
     seen = []
-    original = bigquery.run
-    monkeypatch.setattr(bigquery, "run", lambda c, s: seen.append(s) or original(c, s))
+    original = bigquery.translate
+    monkeypatch.setattr(bigquery, "translate", lambda c, s: seen.append(s) or original(c, s))
     dbml.execute(con, "SELECT 1; SELECT 2")
-    execute_statement(con, "SELECT 3")
-    assert seen == ["SELECT 1", "SELECT 2", "SELECT 3"]
+    # the shell: what DuckDB's parser refuses (here, BigQuery's DROP MODEL) goes the same way
+    assert run(con, io.StringIO("DROP MODEL IF EXISTS `shop.m`;\n"), io.StringIO(), io.StringIO()) == 0
+    assert seen == ["SELECT 1", "SELECT 2", "DROP MODEL IF EXISTS `shop.m`"]
 
 
 @pytest.mark.slow   # trains a model

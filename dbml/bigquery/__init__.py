@@ -1,5 +1,5 @@
-"""BigQuery ML statements, rewritten into dbml calls and DuckDB SQL: ``run`` is the one entry
-point of ``dbml.execute`` and the shell.
+"""BigQuery ML statements, rewritten into dbml calls and DuckDB SQL: ``translate`` is the one
+entry point of ``dbml.execute`` (``run``) and the shell (which runs and draws the SQL it returns).
 
 A statement written for BigQuery (``looks_like_bigquery``) is parsed with sqlglot's BigQuery
 dialect, extended for the model functions sqlglot lacks (``parse``), and every piece is
@@ -11,6 +11,7 @@ built as a sqlglot tree:
   beside the catalog. dbml keeps versions: ``OR REPLACE`` trains the next one.
 * ``ML.<function>(MODEL m, ...)``: ``functions`` computes the result from the loaded model
   and registers it as an Arrow table, which the query reads in the function's place.
+  CREATE and DROP MODEL run when translated; the SQL returned reads their result the same way.
 * ``DROP MODEL [IF EXISTS] m``: ``drop_model``.
 * BigQuery's names and functions in any other statement (``names``): ``project.dataset.t``
   is ``dataset.t``, wildcard tables, ``ST_DISTANCE``, ``GENERATE_ARRAY``, ML's
@@ -33,7 +34,7 @@ from . import create, functions, names, store, tuning
 from .create import MODEL_TYPES, OPTIONS, model_name
 from .parse import MLFunction, parse
 
-__all__ = ["OPTIONS", "MODEL_TYPES", "run", "execute", "looks_like_bigquery"]
+__all__ = ["OPTIONS", "MODEL_TYPES", "run", "execute", "translate", "looks_like_bigquery"]
 
 
 def looks_like_bigquery(sql: str) -> bool:
@@ -56,8 +57,15 @@ def looks_like_bigquery(sql: str) -> bool:
 def run(con, statement: str):
     """Run one statement: BigQuery (ML) rewritten into dbml and DuckDB, anything else unchanged.
     Returns DuckDB's result (``con.execute``'s): rows to fetch, a description of its columns."""
+    return con.execute(translate(con, statement))
+
+
+def translate(con, statement: str) -> str:
+    """One statement as the DuckDB SQL that gives its result: anything not written for BigQuery
+    unchanged; CREATE and DROP MODEL run here (train, drop_model) and the SQL reads what they
+    returned; model functions are computed here and read as registered Arrow tables."""
     if not looks_like_bigquery(statement):
-        return con.execute(statement)
+        return statement
     tree = parse(statement)
     if isinstance(tree, exp.Create) and str(tree.args.get("kind", "")).upper() == "MODEL":
         return _create_model(con, tree)
@@ -68,7 +76,7 @@ def run(con, statement: str):
         tree = functions.rewrite(con, names.to_duckdb(con, tree))
     else:
         tree = names.to_duckdb(con, tree)
-    return con.execute(tree.sql("duckdb"))
+    return tree.sql("duckdb")
 
 
 def _predict_node(node):

@@ -63,13 +63,14 @@ TORCH_PLAIN = {"max_iterations": "epochs", "learn_rate": "lr", "ls_init_learn_ra
 DNN_OPTIONS = {"hidden_units": "hidden", "activation_fn": "activation", "dropout": "dropout"}
 TORCH_RULES = {
     "auto_class_weights": "the rarer classes' rows repeated (class_weighted)",
-    # TODO(issue 24, part 1): map early_stop to train()'s early_stop once main has it (and
-    # min_rel_progress to its criterion); until then both are taken and training runs every epoch
-    "early_stop": "taken; dbml trains max_iterations epochs", "min_rel_progress": "taken with early_stop",
+    "early_stop": "train()'s early_stop: stop once the validation loss has not improved for patience epochs, "
+                  "keeping the best epoch",
+    "min_rel_progress": "taken with early_stop: dbml's criterion is patience (5 epochs), not a relative step",
     "learn_rate_strategy": "LINE_SEARCH and CONSTANT: dbml's lr is constant (Adam)",
     "optimize_strategy": "AUTO_STRATEGY and BATCH_GRADIENT_DESCENT: dbml descends by mini-batches",
 }
 TORCH_ARGUMENTS = {*TORCH_PLAIN, *DNN_OPTIONS, *TORCH_RULES}
+LINEAR_LR = 0.1   # LINEAR_REG and LOGISTIC_REG without learn_rate: BigQuery's first line-search step
 # and for the fitted kinds (trees, k-means), the arch's own option of the same name (dbml/kinds/).
 
 
@@ -137,10 +138,6 @@ def check_options(name: str, kind: str, arch: str, options: dict) -> None:
                                   f"model_type {kind} in dbml")
 
 
-def _has_param(name: str) -> bool:
-    return any(p.name == name for p in TRAIN_PARAMS)
-
-
 def train_arguments(name: str, kind: str, arch: str, task: str, options: dict) -> dict:
     """The named arguments of ``train`` (Python values) for the options."""
     label = options.get("input_label_cols", ["label"] if arch != "kmeans" else None)
@@ -173,7 +170,9 @@ def _torch_arguments(name: str, arch: str, options: dict) -> dict:
     if str(options.get("learn_rate_strategy", "line_search")).lower() not in ("line_search", "constant"):
         raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: learn_rate_strategy "
                               f"{options['learn_rate_strategy']!r} is not BigQuery's; use LINE_SEARCH or CONSTANT")
-    if "early_stop" in options and _has_param("early_stop"):   # see TORCH_RULES
+    if arch == "linear" and "lr" not in args:
+        args["lr"] = LINEAR_LR   # BigQuery's ls_init_learn_rate default, not dbml's own for linear
+    if "early_stop" in options:   # see TORCH_RULES
         args["early_stop"] = bool(options["early_stop"])
     if arch == "dnn":
         dnn = {DNN_OPTIONS[k]: v for k, v in options.items() if k in DNN_OPTIONS}

@@ -93,8 +93,9 @@ def rows(con, model: Model, query: exp.Select, labelled: bool,
         outer = outer.select(exp.alias_(sqlglot.parse_one(y, read="duckdb"), "__dbml_y")).where(
             sqlglot.parse_one(model.prep.label_filter(), read="duckdb"))
     if held_out:
-        outer = outer.where(sqlglot.parse_one(held_out_sql(model.prep, model.params["seed"],
-                                                           model.params["validation"]), read="duckdb"))
+        # src is train's source (the query, TRANSFORM, dates as numbers) with __dbml_row beside it
+        outer = outer.where(sqlglot.parse_one(held_out_sql(model.params["seed"], model.params["validation"],
+                                                           exclude=("__dbml_row",)), read="duckdb"))
     table = _arrow(con, outer)
     width = model.prep.width
     x = table.column("__dbml_x").combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(np.float32)
@@ -187,12 +188,12 @@ def _arrow(con, tree: exp.Expression) -> pa.Table:
     return getattr(con, "duckdb", con).sql(tree.sql("duckdb")).to_arrow_table()
 
 
-def result(con, table: pa.Table):
-    """``table`` as DuckDB's result of a statement (``con.execute``'s), as every other statement's."""
+def result(con, table: pa.Table) -> str:
+    """The query that reads ``table`` (registered on ``con``) as the result of a statement."""
     view = f"__dbml_ml_{next(_NAMES)}"
     con.register(view, table)
     _forget_old(con, view)
-    return con.execute(exp.select(exp.Star()).from_(exp.to_identifier(view)).sql("duckdb"))
+    return exp.select(exp.Star()).from_(exp.to_identifier(view)).sql("duckdb")
 
 
 def _evaluate(con, node, outer, model: Model) -> pa.Table:
