@@ -95,8 +95,7 @@ def tickets():
     con.execute(demo.UNIFORM)
     con.execute(demo.NORMAL)
     con.execute(dict(demo.DATA)[next(t for t, _ in demo.DATA if t.startswith("Support tickets"))])
-    t = con.execute("SELECT body, queue FROM tickets ORDER BY ticket_id").arrow()
-    t = t.read_all() if hasattr(t, "read_all") else t
+    t = con.execute("SELECT body, queue FROM tickets ORDER BY ticket_id").to_arrow_table()
     return t, np.array(t["body"].to_pylist(), dtype=object), np.array(t["queue"].to_pylist()), "classification"
 
 
