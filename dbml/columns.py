@@ -13,7 +13,8 @@ from __future__ import annotations
 TRAIN_JOB = {
     "job_id": "BIGINT", "model": "VARCHAR", "version": "INTEGER", "status": "VARCHAR", "error": "VARCHAR",
     "epochs": "INTEGER", "best_epoch": "INTEGER", "rows": "BIGINT", "skipped_rows": "BIGINT", "final_loss": "DOUBLE",
-    "val_metric": "DOUBLE", "val_loss": "DOUBLE", "warnings": "VARCHAR", "seconds": "DOUBLE",
+    "val_metric": "DOUBLE", "val_loss": "DOUBLE", "warnings": "VARCHAR", "estimated_seconds": "DOUBLE",
+    "seconds": "DOUBLE",
 }
 TRAIN_MEMORY = {
     "measured_peak_bytes": "BIGINT", "vanilla_peak_bytes": "BIGINT", "vanilla_source": "VARCHAR",
@@ -29,7 +30,8 @@ JOB_ROW = {
     "id": "BIGINT", "model": "VARCHAR", "status": "VARCHAR", "progress": "DOUBLE", "epoch": "INTEGER",
     "epochs": "INTEGER", "loss": "DOUBLE", "rows_per_s": "DOUBLE", "planned_peak_bytes": "BIGINT",
     "measured_peak_bytes": "BIGINT", "swaps": "BIGINT", "recomputes": "BIGINT", "passive_swaps": "BIGINT",
-    "replans": "BIGINT", "started": "TIMESTAMP", "finished": "TIMESTAMP", "error": "VARCHAR",
+    "replans": "BIGINT", "estimated_seconds": "DOUBLE", "warnings": "VARCHAR", "started": "TIMESTAMP",
+    "finished": "TIMESTAMP", "error": "VARCHAR",
 }
 JOB_COLUMNS = tuple(JOB_ROW)
 

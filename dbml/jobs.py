@@ -47,6 +47,8 @@ class Job:
     recomputes: int | None = None
     passive_swaps: int | None = None
     replans: int | None = None
+    estimated_seconds: float | None = None   # the job's predicted time (dbml.estimate), once planned
+    warnings: str | None = None              # what the job said before training (a slow estimate)
     started: datetime | None = None
     finished: datetime | None = None
     error: str | None = None
@@ -134,6 +136,9 @@ class Job:
     def _cancelled(self) -> JobCancelled:
         why = f": {self._reason}" if self._reason else ""
         return JobCancelled(f"job {self.id} ({self.model!r}) was cancelled{why}; nothing was stored")
+
+    def estimated(self, seconds: float, warning: str | None) -> None:
+        self.estimated_seconds, self.warnings = seconds, warning
 
     def end_epoch(self, record: dict, memory: dict) -> None:
         self.epoch, self.loss = record["epoch"], record["loss"]

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from . import catalog, metrics, models, runners, threads
+from .estimate import Estimate, estimate, slow_warning
 from .columns import MEMORY_FIELDS
 from .data import BatchStream, StreamStats
 from .errors import SourceError, TrainingError, scheduler_errors
@@ -71,6 +72,10 @@ class Progress(JobHandle, Protocol):
     def check(self) -> None:
         """Raises JobCancelled if cancelled (between the stages of a job, and before storing)."""
 
+    def estimated(self, seconds: float, warning: str | None) -> None:
+        """Before the first iteration, when the runner planned one: the job's estimated time
+        (``dbml.estimate``), and the warning of a slow job (None if it is not)."""
+
     def end_epoch(self, record: dict, memory: dict) -> None:
         """After an epoch: its history ``record`` and the runner's memory figures so far.
         May raise JobCancelled to stop the job at this boundary (a pruned tune() trial)."""
@@ -103,7 +108,7 @@ class Trained:
             "rows": self.rows, "skipped_rows": self.skipped,
             "final_loss": self.metrics["final_loss"], "val_metric": self.metrics["val_metric"],
             "val_loss": self.metrics.get("val_loss"), "warnings": "; ".join(self.warnings) or None,
-            "seconds": time.perf_counter() - self.started, **{k: self.memory.get(k) for k in MEMORY_FIELDS},
+            "estimated_seconds": self.metrics.get("estimated_seconds"), "seconds": time.perf_counter() - self.started, **{k: self.memory.get(k) for k in MEMORY_FIELDS},
         }
 
 
@@ -154,8 +159,9 @@ def fit(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> 
         result = _fit_model(cur, table, prep, spec, n_train, n_val, progress)
     finally:
         _drop_scratch(cur, table)
+    warnings = label_warnings(prep, n_train + n_val) + tuple(result["metrics"].get("warnings", ()))
     return Trained(result["spec"], prep, result["config"], result["module"], result["metrics"], result["memory"],
-                   n_train, skipped, started, label_warnings(prep, n_train + n_val))
+                   n_train, skipped, started, warnings)
 
 
 def label_warnings(prep: Preprocessing, rows: int) -> tuple[str, ...]:
@@ -239,11 +245,13 @@ class TrainLoop:
 
     def __init__(self, runner: StepRunner, module: torch.nn.Module, loss_fn, spec: TrainSpec,
                  prep: Preprocessing, progress: Progress, n_train: int, device: str, config: models.ModelConfig,
-                 validate=None):
+                 validate=None, n_val: int = 0):
         self.runner, self.module, self.loss_fn, self.config = runner, module, loss_fn, config
         self.validate = validate   # forward -> {"val_loss", "val_metric"}: each epoch, if the job wants it
         self.spec, self.prep, self.progress = spec, prep, progress
-        self.n_train, self.device = n_train, device
+        self.n_train, self.n_val, self.device = n_train, n_val, device
+        self.estimate: Estimate | None = None   # the job's predicted time, once its first batch is planned
+        self.slow: str | None = None             # ... and the warning it gave, if it passed slow_train_seconds
         self.vanilla: int | None = None
         self._measured = False
         # early stopping: the best validation loss so far, its epoch and its weights
@@ -261,7 +269,21 @@ class TrainLoop:
         """The first batch's graph and plan, while DuckDB reads the rows."""
         rows = min(self.spec.batch_size, self.n_train)
         label = torch.int64 if self.prep.task == "classification" else torch.float32
+        started = time.perf_counter()
         runners.prepare(self.runner, models.sample_input(self.config, rows, self.device), label, self.device)
+        prepare_seconds = time.perf_counter() - started
+        schedule = _schedule(self.runner)
+        if schedule is not None:   # eager (and Capuchin before its first iteration) plan nothing ahead
+            self.estimate = estimate(schedule[1], n_train=self.n_train, n_val=self.n_val,
+                                     batch_size=self.spec.batch_size, epochs=self.spec.epochs,
+                                     validate_epochs=self.validate is not None, prepare_seconds=prepare_seconds)
+            self.slow = slow_warning(self.estimate, self.config, self.spec)
+            self.progress.estimated(self.estimate.seconds, self.slow)
+
+    def said(self) -> dict:
+        """What the job stores of its estimate: ``estimated_seconds``, and the warning of a slow one."""
+        return {"estimated_seconds": None if self.estimate is None else self.estimate.seconds,
+                "warnings": [self.slow] if self.slow else []}
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if not self._measured:
@@ -350,7 +372,7 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
         # gradients) stay below an iteration's
         validate = (lambda forward: _validation(cur, table, prep, forward, loss_fn, device, n_val, spec.batch_size)) \
             if (progress.validate_epochs or spec.early_stop) and n_val else None
-        loop = TrainLoop(runner, module, loss_fn, spec, prep, progress, n_train, device, config, validate)
+        loop = TrainLoop(runner, module, loss_fn, spec, prep, progress, n_train, device, config, validate, n_val)
         progress.begin(spec.epochs, math.ceil(n_train / spec.batch_size))
         try:
             with rng.using(loop.random):
@@ -365,7 +387,7 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
     module.eval()
     memory = loop.memory()
     stored = {"final_loss": history[-1]["loss"], "history": history, "best_epoch": loop.best_epoch,
-              "stopped_early": len(history) < spec.epochs,
+              "stopped_early": len(history) < spec.epochs, **loop.said(),
               "fetch_wait_seconds": stream_stats.wait_seconds, "memory": memory}
     stored.update(_validation(cur, table, prep, module, loss_fn, device, n_val, 8192 if prep.input is None else 256))
     return {"config": config, "module": module.cpu(), "metrics": stored, "memory": memory, "spec": spec}

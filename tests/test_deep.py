@@ -157,6 +157,9 @@ def test_sequence_models_learn_token_lists_and_series(db):
                ).fetchall()[0][0]
     assert r["status"] == "finished"      # arch 'auto' for a series: the tcn
     assert db.sql("SELECT config->>'arch' FROM dbml_models WHERE name = 'series'").fetchall() == [("tcn",)]
+    # predictions() over a DOUBLE[] series column (dbml_infer_numbers once took FLOAT[] only: a binder error)
+    rows = db.sql("SELECT prediction FROM predictions('series', 'SELECT series, churned FROM sessions LIMIT 5')").fetchall()
+    assert len(rows) == 5 and all(p in ("0", "1", 0, 1) for (p,) in rows), rows
 
 
 def test_ft_transformer_beats_linear_on_interactions(db):

@@ -60,3 +60,10 @@ def test_another_connections_concurrent_statement_never_shows(moons_con):
         moons_con.sql("SELECT train('mine', 'moons', label := 'label', epochs := 10, batch_size := 16)").fetchall()
     t.join()
     assert {v.model for views in seen.updates for v in views} | {v.model for v in seen.closed} == {"mine"}
+
+
+def test_line_renderer_shows_the_estimate_while_the_job_runs():
+    out = io.StringIO()
+    view = progress.JobView(3, "churn", "running", 2, 10, 0.45, None, None, estimated_seconds=95.2)
+    progress.LineRenderer(out, force=True).update([view])
+    assert out.getvalue() == "\rjob 3 churn  epoch 2/10   45%  est. 95 s"
