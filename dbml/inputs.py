@@ -8,7 +8,8 @@ validated on load) and turns an Arrow column of a batch into the model's tensor:
   thread; Pillow releases the GIL), or a numeric array column with ``shape := [c, h, w]``.
   Blobs are converted to grey ('L') if every training image is grey, else RGB, and resized
   to ``image_size := [h, w]`` (or one number for a square) when given; without it every
-  image must have the same size. Each channel is standardised with its mean and std over
+  training image must have the same size. At predict time an image of another size is
+  resized to the model's by the same rule (``InputEncoder._pixels``). Each channel is standardised with its mean and std over
   (a sample of up to ``STATS_SAMPLE`` of) the training images.
 * **text** — a VARCHAR column named in ``text := [...]``, or inferred as text when its
   values average at least ``TEXT_MIN_WORDS`` words. Tokeniser: lower-cased, split into
@@ -85,7 +86,8 @@ class InputEncoder:
     column: str
     blob: bool = False                 # image: decoded from PNG/JPEG bytes (else a numeric array)
     shape: tuple[int, ...] = ()        # image: (channels, height, width)
-    resize: bool = False               # image blob: resized to shape[1:]
+    resize: bool = False               # image blob: trained with image_size (every image is resized to
+                                       # shape[1:] when its size differs, at training and at predict)
     mean: tuple[float, ...] = ()       # image: per channel; series: one value
     std: tuple[float, ...] = ()
     vocab: tuple[str, ...] = ()        # text: id = index + 2
@@ -151,24 +153,21 @@ class InputEncoder:
         """Pixels in [0, 1] (channels, height, width) -> the model's input; the ONNX export runs it too."""
         return ChannelNormalise(self.mean, self.std)
 
-    def _decode(self, row: int, data: bytes | None, *, fn: str) -> np.ndarray:
-        image = open_image(data, row, self.column, fn)
-        if not self.resize and image.size != (self.shape[2], self.shape[1]):
-            raise InvalidArgument(f"{fn}(): row {row + 1} of column {self.column!r} is a {image.size[0]}x"
-                                  f"{image.size[1]} image, but the model takes {self.shape[2]}x{self.shape[1]}; "
-                                  f"pass image_size := [{self.shape[1]}, {self.shape[2]}] when training to resize")
-        return self._pixels(image)
+    def _decode(self, row: int | str, data: bytes | None, *, fn: str) -> np.ndarray:
+        return self._pixels(open_image(data, row, self.column, fn))
 
     def _pixels(self, image) -> np.ndarray:
-        """A Pillow image as the model's channels: grey or RGB, resized if asked, (c, h, w) uint8.
+        """A Pillow image as the model's channels: grey or RGB, then resized to the model's
+        height and width if it has another size, (c, h, w) uint8. The one resize rule: training
+        with ``image_size`` and predicting on images of any other size both go through it.
         16-bit grey (mode I;16, or I) is scaled to 8 bits, not clipped as Pillow's convert does."""
         if image.mode.startswith("I"):
             wide = np.asarray(image, dtype=np.float64)
             top = 65535.0 if image.mode.startswith("I;16") or wide.max(initial=0) > 255 else 255.0
             image = _pil_image(np.clip(np.rint(wide * (255.0 / top)), 0, 255).astype(np.uint8))
         image = image.convert("L" if self.shape[0] == 1 else "RGB")
-        if self.resize:
-            image = image.resize((self.shape[2], self.shape[1]))
+        if image.size != (self.shape[2], self.shape[1]):
+            image = image.resize((self.shape[2], self.shape[1]))   # Pillow's default filter (bicubic)
         a = np.asarray(image, dtype=np.uint8)
         return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
 

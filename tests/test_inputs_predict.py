@@ -1,0 +1,58 @@
+"""Issue 24 part 3: image, text and series models at predict time. Images of another size
+are resized by training's own rule; undecodable files are skipped under on_error := 'skip'
+and named; per-row scaling of series. Small tables, one epoch each."""
+
+from __future__ import annotations
+
+import io
+
+import duckdb
+import numpy as np
+import pytest
+from PIL import Image
+
+from dbml import inputs
+
+CNN = "arch := 'cnn', options := '{\"width\": 4, \"depth\": 2}', epochs := 1, policy := 'eager'"
+
+
+def _png(a: np.ndarray | Image.Image) -> bytes:
+    out = io.BytesIO()
+    (a if isinstance(a, Image.Image) else Image.fromarray(a)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def _grey(n: int, side=(8, 8), seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, side, dtype=np.uint8) for _ in range(n)]
+
+
+def _images(con, name: str, blobs: list, files: bool = False) -> None:
+    con.execute(f"CREATE TABLE {name} (img BLOB, y INTEGER{', filename VARCHAR' if files else ''})")
+    con.executemany(f"INSERT INTO {name} VALUES (?, ?{', ?' if files else ''})",
+                    [(b, i % 2, f"photos/{i:02d}.png")[:3 if files else 2] for i, b in enumerate(blobs)])
+
+
+def _proba(con, model: str, blobs: list[bytes]) -> np.ndarray:
+    return np.array([con.execute(f"SELECT predict_proba('{model}', ?::BLOB)", [b]).fetchall()[0][0] for b in blobs])
+
+
+def test_images_of_another_size_are_resized_as_training_resized(con):
+    _images(con, "small", [_png(a) for a in _grey(12)])
+    con.execute(f"SELECT train('i', 'small', label := 'y', {CNN})").fetchall()
+    larger = [Image.fromarray(a).resize((16, 12)) for a in _grey(6, seed=1)]     # 16x12: not the model's 8x8
+    got = _proba(con, "i", [_png(im) for im in larger])
+    want = _proba(con, "i", [_png(im.resize((8, 8))) for im in larger])          # Pillow's resize, as training
+    assert np.array_equal(got, want)
+    _images(con, "large", [_png(im) for im in larger])
+    rows = con.execute("SELECT prediction FROM predictions('i', 'large')").fetchall()
+    assert len(rows) == 6 and all(r[0] in (0, 1) for r in rows)
+    assert con.execute("SELECT evaluate('i', 'large')").fetchall()[0][0]["rows"] == 6
+
+
+def test_a_resized_image_still_obeys_the_pixel_limit(con, monkeypatch):
+    _images(con, "small", [_png(a) for a in _grey(8)])
+    con.execute(f"SELECT train('i', 'small', label := 'y', {CNN})").fetchall()
+    monkeypatch.setattr(inputs, "MAX_IMAGE_PIXELS", 100)    # 16x12 = 192 pixels: over it, checked on the header
+    with pytest.raises(duckdb.Error, match=r"is a 16x12 image \(0 megapixels\), more than dbml decodes"):
+        _proba(con, "i", [_png(np.zeros((12, 16), np.uint8))])
