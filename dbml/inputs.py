@@ -21,9 +21,12 @@ validated on load) and turns an Arrow column of a batch into the model's tensor:
   id's index + 2 (0 pads, 1 is any other id), so the embedding's size follows how many
   ids there are, never how large one is. (Models stored before ``ids`` existed see id + 1
   and refuse ids beyond the largest training id.)
-* **series** — a ``FLOAT[]``/``DOUBLE[]`` column of variable length, standardised with
-  the mean and std of all training values; the model sees ``[value, present]`` per step.
-  NULL, NaN, ±Inf and values beyond FLOAT's range are missing (``present`` 0).
+* **series** — a ``FLOAT[]``/``DOUBLE[]`` column of variable length, cut at ``max_len``
+  (the longest training series up to ``MAX_LEN``) and standardised (``SeriesScale``) with the
+  mean and std of all training values, or under ``series_scale := 'row'`` each series with
+  the mean and (population) std of its own values (a std of 0 counts as 1); the model sees
+  ``[value, present]`` per step. NULL, NaN, ±Inf and values beyond FLOAT's range are
+  missing (``present`` 0) and count in no statistic.
 
 Sequences are padded per batch to the batch's longest, rounded up to a power of two
 (at least 8), so that a job captures a handful of graph shapes rather than one per length.
@@ -48,6 +51,7 @@ import torch
 
 from .errors import CatalogError, InvalidArgument, SourceError
 from .source import Column, literal, quote
+from .spec import SERIES_SCALES
 from .zoo import Inputs
 
 KINDS = ("image", "text", "tokens", "series")
@@ -65,12 +69,21 @@ MAX_SIDE = 4096                     # a model's input height or width (image_siz
 DECODE_TOKEN = secrets.token_hex(16)
 MAX_CHANNELS = 64                   # an array image's channels (shape := [c, h, w])
 _TOKEN = re.compile(r"\w+|[^\w\s]")
+PAD_ID, UNKNOWN_ID, FIRST_ID = 0, 1, 2   # text and token ids: padding, a token not in the vocabulary, the first known
 _POOL: ThreadPoolExecutor | None = None
 
 
 def tokenize(text: str) -> list[str]:
     """The text tokeniser: lower-cased words and single punctuation marks."""
     return _TOKEN.findall(text.lower())
+
+
+def tokenizer_rule(enc: "InputEncoder") -> dict:
+    """How a text becomes the ids a text model takes (``tokenize``, then ``InputEncoder._ids``),
+    said for another program: the ONNX export's ``dbml.tokenizer`` metadata."""
+    return {"lowercase": "str.lower", "pattern": _TOKEN.pattern, "pattern_syntax": "python re, unicode",
+            "ids": f"vocab index + {FIRST_ID}", "unknown": UNKNOWN_ID, "padding": PAD_ID,
+            "no_tokens": [UNKNOWN_ID], "max_len": enc.max_len, "longer": "cut at max_len"}
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -94,6 +107,7 @@ class InputEncoder:
     vocab_size: int = 0                # text / tokens: ids < vocab_size (0 pads)
     max_len: int = 0                   # text / tokens / series
     ids: tuple[int, ...] = ()          # tokens: the training ids the model knows, id = index + 2
+    scale: str = "global"              # series: SERIES_SCALES (train()'s series_scale)
 
     # -- what the model sees ----------------------------------------------------------------
     def inputs(self) -> Inputs:
@@ -178,7 +192,7 @@ class InputEncoder:
                 raise InvalidArgument(f"{fn}(): row {row + 1} of text column {self.column!r} is empty; "
                                       f"filter such rows out (WHERE length(trim({self.column})) > 0)")
             index = self._index
-            return [index.get(t, 1) for t in tokenize(value)][:self.max_len] or [1]
+            return [index.get(t, UNKNOWN_ID) for t in tokenize(value)][:self.max_len] or [UNKNOWN_ID]
         ids = [v for v in (value or []) if v is not None][:self.max_len]
         if self.ids:
             index = self._id_index
@@ -198,20 +212,21 @@ class InputEncoder:
     @cached_property
     def _index(self) -> dict[str, int]:
         """token -> id, built once per loaded encoder."""
-        return {t: i + 2 for i, t in enumerate(self.vocab)}
+        return {t: i + FIRST_ID for i, t in enumerate(self.vocab)}
 
     def _series(self, col: pa.Array) -> torch.Tensor:
         rows = [[np.nan if v is None else v for v in (r or [])][:self.max_len] for r in col.to_pylist()]
         length = _bucket(max((len(r) for r in rows), default=1), self.max_len)
-        x = np.zeros((len(rows), length, 2), dtype=np.float32)
+        raw = np.full((len(rows), length), np.nan)              # NaN: missing, and the padding
         for i, r in enumerate(rows):
-            raw = np.asarray(r, dtype=np.float64)
-            ok = np.isfinite(raw) & (np.abs(raw) <= FLOAT_MAX)    # NULL, NaN, ±Inf, beyond FLOAT: missing
-            with np.errstate(over="ignore", invalid="ignore"):
-                v = (raw - self.mean[0]) / self.std[0]
-            x[i, :len(r), 0] = np.where(ok, np.clip(v, -FLOAT_MAX, FLOAT_MAX), 0.0)
-            x[i, :len(r), 1] = ok
-        return torch.from_numpy(x)
+            raw[i, :len(r)] = r
+        with torch.no_grad():
+            return self.series_scale(torch.from_numpy(raw))
+
+    @cached_property
+    def series_scale(self) -> "SeriesScale":
+        """Raw series -> the model's input; the ONNX export runs it too."""
+        return SeriesScale(self.mean[0], self.std[0], per_row=self.scale == "row", max_len=self.max_len)
 
     # -- the catalog -------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -231,6 +246,9 @@ class InputEncoder:
                 assert len(enc.shape) == 3 and len(enc.mean) == len(enc.std) == enc.shape[0]
                 assert enc.shape[0] in ((1, 3) if enc.blob else range(1, MAX_CHANNELS + 1))
             assert all(isinstance(t, int) and not isinstance(t, bool) for t in enc.ids)
+            assert enc.scale in SERIES_SCALES and (enc.scale == "global" or enc.kind == "series")
+            if enc.kind == "series":
+                assert len(enc.mean) == len(enc.std) == 1
             assert 0 <= enc.max_len <= MAX_LEN and enc.vocab_size >= 0
             if enc.kind == "text" or enc.ids:
                 assert enc.vocab_size == len(enc.vocab or enc.ids) + 2 <= MAX_VOCAB + 2
@@ -251,6 +269,46 @@ class ChannelNormalise(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         z = (x - self.mean) / self.std
         return torch.where(torch.isfinite(z), z, torch.zeros_like(z))
+
+
+class Truncate(torch.nn.Module):
+    """Token ids (batch, length) cut at ``max_len`` steps, as ``InputEncoder._ids`` cuts a
+    text: the ONNX export's first op for text and token models."""
+
+    def __init__(self, max_len: int):
+        super().__init__()
+        self.max_len = max_len
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, :self.max_len]
+
+
+class SeriesScale(torch.nn.Module):
+    """Raw series (batch, steps), NaN where a value is missing or padding -> the model's
+    ``[value, present]`` (batch, steps, 2) in float32, over the first ``max_len`` steps. A
+    value is present if finite and within FLOAT's range; present values are standardised
+    in float64 with ``mean`` and ``std``, or (``per_row``) with the mean and population std
+    of the row's present values (std 0, or no value, counts as 1), then clipped to FLOAT's
+    range; the rest are 0."""
+
+    def __init__(self, mean: float, std: float, *, per_row: bool, max_len: int):
+        super().__init__()
+        self.per_row, self.max_len = per_row, max_len
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float64))
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float64))
+
+    def forward(self, raw: torch.Tensor) -> torch.Tensor:
+        x = raw[:, :self.max_len].double()
+        ok = torch.isfinite(x) & (x.abs() <= FLOAT_MAX)
+        zero = torch.zeros_like(x)
+        mean, std = self.mean, self.std
+        if self.per_row:
+            n = ok.double().sum(1, keepdim=True).clamp(min=1.0)
+            mean = torch.where(ok, x, zero).sum(1, keepdim=True) / n
+            std = (torch.where(ok, (x - mean) ** 2, zero).sum(1, keepdim=True) / n).sqrt()
+            std = torch.where(std > 0, std, torch.ones_like(std))
+        v = torch.where(ok, ((x - mean) / std).clamp(-FLOAT_MAX, FLOAT_MAX), zero)
+        return torch.stack([v, ok.double()], -1).float()
 
 
 def _pil_image(a: np.ndarray):
@@ -350,7 +408,8 @@ def _looks_like_text(cur, src: str, col: Column) -> bool:
     return words is not None and words >= TEXT_MIN_WORDS
 
 
-def fit(cur, src: str, col: Column, kind: str, *, image_size, shape, fn: str = "train") -> InputEncoder:
+def fit(cur, src: str, col: Column, kind: str, *, image_size, shape, series_scale: str = "global",
+        fn: str = "train") -> InputEncoder:
     """Fit the encoder of ``col`` on the training rows ``src`` (a subquery)."""
     if kind == "image":
         return _fit_array_image(cur, src, col, shape, fn) if shape is not None else \
@@ -368,6 +427,8 @@ def fit(cur, src: str, col: Column, kind: str, *, image_size, shape, fn: str = "
         counts = Counter(int(v) for v in flat)
         ids = tuple(sorted(t for t, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_VOCAB]))
         return InputEncoder("tokens", col.name, vocab_size=len(ids) + 2, max_len=_max_len(values), ids=ids)
+    if series_scale == "row":    # each series scaled by its own statistics: none kept
+        return InputEncoder("series", col.name, mean=(0.0,), std=(1.0,), max_len=_max_len(values), scale="row")
     finite = np.asarray([v for v in flat if math.isfinite(v) and abs(v) <= FLOAT_MAX], dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):   # values near DOUBLE's range overflow a sum
         mean = float(finite.mean()) if finite.size else 0.0

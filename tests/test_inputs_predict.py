@@ -56,3 +56,37 @@ def test_a_resized_image_still_obeys_the_pixel_limit(con, monkeypatch):
     monkeypatch.setattr(inputs, "MAX_IMAGE_PIXELS", 100)    # 16x12 = 192 pixels: over it, checked on the header
     with pytest.raises(duckdb.Error, match=r"is a 16x12 image \(0 megapixels\), more than dbml decodes"):
         _proba(con, "i", [_png(np.zeros((12, 16), np.uint8))])
+
+
+def _series(con, n: int = 40) -> None:
+    """Rising or falling series of 6 to 12 steps, each at its own level and amplitude."""
+    con.execute(f"""CREATE TABLE s AS SELECT range AS id, list_transform(range(6 + range % 7),
+        lambda i: (100.0 * (range % 5) + (1 + range % 3) * CASE WHEN range % 2 = 0 THEN i ELSE -i END
+                   + ((i * 7 + range) % 3) * 0.1)::FLOAT)::DOUBLE[] AS xs, (range % 2)::INTEGER AS y FROM range({n})""")
+
+
+TCN = "arch := 'tcn', options := '{\"width\": 8, \"depth\": 2}', epochs := 1, policy := 'eager'"
+
+
+def test_series_scaled_per_row_predict_the_same_for_any_level_and_unit(con):
+    _series(con)
+    con.execute(f"SELECT train('row', 's', label := 'y', features := ['xs'], series_scale := 'row', {TCN})").fetchall()
+    con.execute(f"SELECT train('glob', 's', label := 'y', features := ['xs'], {TCN})").fetchall()
+    xs = [1.0, 4.0, 2.0, None, 8.0, 3.0, 5.0]
+    moved = [None if v is None else 250.0 + 3.5 * v for v in xs]    # another level and unit
+    p = [con.execute("SELECT predict_proba(?, ?::DOUBLE[])", [m, v]).fetchall()[0][0]
+         for m in ("row", "glob") for v in (xs, moved)]
+    assert np.allclose(p[0], p[1], atol=1e-6)         # per row: the same series, whatever its level
+    assert not np.allclose(p[2], p[3], atol=1e-3)     # the default (one global mean/std) is unchanged
+    rows = con.execute("SELECT count(prediction) FROM predictions('row', 's')").fetchall()[0][0]
+    assert rows == 40 and con.execute("SELECT evaluate('row', 's')").fetchall()[0][0]["rows"] == 40
+
+
+def test_series_scale_is_checked(con):
+    _series(con, 8)
+    with pytest.raises(duckdb.Error, match=r"unknown series_scale 'rows'; pass series_scale := one of 'global', 'row'"):
+        con.execute("SELECT train('m', 's', label := 'y', series_scale := 'rows')").fetchall()
+    con.execute("CREATE TABLE t AS SELECT range::DOUBLE AS a, range % 2 AS y FROM range(8)")
+    with pytest.raises(duckdb.Error, match=r"series_scale := 'row' applies to a series .* this model's input is "
+                                           r"tabular"):
+        con.execute("SELECT train('m', 't', label := 'y', series_scale := 'row')").fetchall()

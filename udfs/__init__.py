@@ -139,7 +139,8 @@ FUNCTIONS = (
     Function("dbml_infer_blob", f.infer, (t.VARCHAR, t.VARCHAR, t.BLOB), t.DOUBLE, effects=False, arrow=True),
     Function("dbml_infer_text", f.infer, (t.VARCHAR, t.VARCHAR, t.VARCHAR), t.DOUBLE, effects=False, arrow=True),
     Function("dbml_infer_ids", f.infer, (t.VARCHAR, t.VARCHAR, sql("BIGINT[]")), t.DOUBLE, effects=False, arrow=True),
-    Function("dbml_infer_numbers", f.infer, (t.VARCHAR, t.VARCHAR, sql("FLOAT[]")), t.DOUBLE, effects=False,
+    # DOUBLE[]: a series is read as DOUBLE[] (raw_sql), which DuckDB does not cast to FLOAT[] implicitly
+    Function("dbml_infer_numbers", f.infer, (t.VARCHAR, t.VARCHAR, sql("DOUBLE[]")), t.DOUBLE, effects=False,
              arrow=True),
     Function("dbml_evaluate", f.evaluate, (t.VARCHAR, t.VARCHAR, t.VARCHAR, sql("VARCHAR[]")), EVALUATE_RESULT,
              effects=False, runs_sql=True),
