@@ -86,6 +86,12 @@ def tokenizer_rule(enc: "InputEncoder") -> dict:
             "no_tokens": [UNKNOWN_ID], "max_len": enc.max_len, "longer": "cut at max_len"}
 
 
+def row_name(row: int | str) -> str:
+    """How an error names a row: its 0-based number in the batch ("row 3"), or the name the
+    caller gave it (``names``: "file 'photos/e.png'", "row 5" of the whole source)."""
+    return row if isinstance(row, str) else f"row {row + 1}"
+
+
 def _pool() -> ThreadPoolExecutor:
     global _POOL
     if _POOL is None:
@@ -132,32 +138,56 @@ class InputEncoder:
                     f"{literal(DECODE_TOKEN)})")
         return self.raw_sql()
 
-    def decode(self, col: pa.Array, *, fn: str = "train") -> pa.Array:
+    def decode(self, col: pa.Array, *, fn: str = "train", names=None) -> pa.Array:
         """PNG/JPEG BLOBs -> raw uint8 CHW bytes per row, decoded on the pool in slices
         (one task per slice, not per image: fewer hand-offs of the GIL)."""
-        rows = list(enumerate(_flat(col).to_pylist()))
+        rows = list(zip(names or range(len(col)), _flat(col).to_pylist()))
         step = max(1, -(-len(rows) // DECODE_WORKERS))
         slices = [rows[i:i + step] for i in range(0, len(rows), step)]
         done = _pool().map(lambda part: [self._decode(i, data, fn=fn).tobytes() for i, data in part], slices)
         return pa.array([b for part in done for b in part], type=pa.binary())
 
-    def to_tensor(self, col: pa.Array, *, fn: str = "train", decoded: bool = False) -> torch.Tensor:
+    def to_tensor(self, col: pa.Array, *, fn: str = "train", decoded: bool = False, names=None) -> torch.Tensor:
         """A batch's column as the model's input tensor (``decoded``: images already raw
-        bytes, as ``scratch_sql`` stores them)."""
+        bytes, as ``scratch_sql`` stores them). An error names the row by ``names`` (one
+        string a row, ``row_name``), else by its number in the batch."""
         col = _flat(col)
         if self.kind == "image":
-            return self._images(col, fn, decoded)
+            return self._images(col, fn, decoded, names)
         if self.kind == "series":
             return self._series(col)
-        return _pad([self._ids(v, i, fn) for i, v in enumerate(col.to_pylist())], self.max_len)
+        return _pad([self._ids(v, i, fn) for i, v in zip(names or range(len(col)), col.to_pylist())], self.max_len)
+
+    def encode(self, col: pa.Array, *, fn: str, names, on_error: str = "raise"):
+        """``to_tensor`` of the rows that encode: (tensor or None, mask of those rows, the
+        errors of the others). Under ``on_error := 'raise'`` the first error is raised; under
+        'skip' the rows that do not decode (an unreadable image, an empty text...) are
+        left out and their errors returned, each naming its row."""
+        col = _flat(col)
+        names = [row_name(i) for i in range(len(col))] if names is None else list(names)
+        try:
+            return self.to_tensor(col, fn=fn, names=names), np.ones(len(col), bool), []
+        except InvalidArgument:
+            if on_error == "raise":
+                raise
+        ok, errors = np.ones(len(col), bool), []
+        for i in range(len(col)):   # the batch failed: find its bad rows, one by one
+            try:
+                self.to_tensor(col.slice(i, 1), fn=fn, names=names[i:i + 1])
+            except InvalidArgument as e:
+                ok[i] = False
+                errors.append(str(e))
+        kept = [n for n, keep in zip(names, ok) if keep]
+        return (self.to_tensor(col.filter(pa.array(ok)), fn=fn, names=kept) if ok.any() else None), ok, errors
 
     # -- images ------------------------------------------------------------------------------
-    def _images(self, col: pa.Array, fn: str, decoded: bool) -> torch.Tensor:
+    def _images(self, col: pa.Array, fn: str, decoded: bool, names) -> torch.Tensor:
         c, h, w = self.shape
         if self.blob:
-            x = _binary_bytes(col if decoded else self.decode(col, fn=fn)).astype(np.float32) / 255.0
+            x = _binary_bytes(col if decoded else self.decode(col, fn=fn, names=names)).astype(np.float32) / 255.0
         else:
-            x = np.stack([_array(v, c * h * w, i, self.column, fn) for i, v in enumerate(col.to_pylist())])
+            x = np.stack([_array(v, c * h * w, i, self.column, fn)
+                          for i, v in zip(names or range(len(col)), col.to_pylist())])
         x = torch.from_numpy(np.ascontiguousarray(x.reshape(len(col), c, h, w), dtype=np.float32))
         with torch.no_grad():
             return self.normaliser(x)
@@ -186,10 +216,10 @@ class InputEncoder:
         return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
 
     # -- sequences ---------------------------------------------------------------------------
-    def _ids(self, value, row: int, fn: str) -> list[int]:
+    def _ids(self, value, row: int | str, fn: str) -> list[int]:
         if self.kind == "text":
             if value is None or not value.strip():
-                raise InvalidArgument(f"{fn}(): row {row + 1} of text column {self.column!r} is empty; "
+                raise InvalidArgument(f"{fn}(): {row_name(row)} of text column {self.column!r} is empty; "
                                       f"filter such rows out (WHERE length(trim({self.column})) > 0)")
             index = self._index
             return [index.get(t, UNKNOWN_ID) for t in tokenize(value)][:self.max_len] or [UNKNOWN_ID]
@@ -199,7 +229,7 @@ class InputEncoder:
             return [index.get(v, 1) for v in ids] or [0]
         bad = [v for v in ids if not 0 <= v < self.vocab_size - 1]
         if bad:
-            raise InvalidArgument(f"{fn}(): row {row + 1} of column {self.column!r} holds token id {bad[0]}, "
+            raise InvalidArgument(f"{fn}(): {row_name(row)} of column {self.column!r} holds token id {bad[0]}, "
                                   f"outside the model's range 0..{self.vocab_size - 2} (the largest training id); "
                                   f"map unseen ids to a known one, or retrain on data that has them")
         return [v + 1 for v in ids] or [0]
@@ -327,7 +357,7 @@ def _flat(col: pa.Array | pa.ChunkedArray) -> pa.Array:
     return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
 
 
-def open_image(data: bytes | None, row: int, column: str, fn: str):
+def open_image(data: bytes | None, row: int | str, column: str, fn: str):
     """A BLOB as a Pillow image; an error naming the row and column if it is not a PNG or
     JPEG (``IMAGE_FORMATS``: no other decoder ever sees the bytes, so no EPS reaches
     Ghostscript) or holds more than ``MAX_IMAGE_PIXELS`` (checked on the header, before
@@ -335,12 +365,12 @@ def open_image(data: bytes | None, row: int, column: str, fn: str):
     from PIL import Image, UnidentifiedImageError
 
     if data is None:
-        raise InvalidArgument(f"{fn}(): row {row + 1} of image column {column!r} is NULL; filter such rows out")
+        raise InvalidArgument(f"{fn}(): {row_name(row)} of image column {column!r} is NULL; filter such rows out")
     try:
         image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
         w, h = image.size
         if w * h > MAX_IMAGE_PIXELS:
-            raise InvalidArgument(f"{fn}(): row {row + 1} of column {column!r} is a {w}x{h} image "
+            raise InvalidArgument(f"{fn}(): {row_name(row)} of column {column!r} is a {w}x{h} image "
                                   f"({w * h / 1e6:.0f} megapixels), more than dbml decodes "
                                   f"({MAX_IMAGE_PIXELS / 1e6:.0f}); downscale such images before training on them")
         image.load()
@@ -348,7 +378,7 @@ def open_image(data: bytes | None, row: int, column: str, fn: str):
     except InvalidArgument:
         raise
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
-        raise InvalidArgument(f"{fn}(): row {row + 1} of column {column!r} is not a PNG or JPEG image dbml can "
+        raise InvalidArgument(f"{fn}(): {row_name(row)} of column {column!r} is not a PNG or JPEG image dbml can "
                               f"decode ({type(e).__name__}); pass only PNG or JPEG files, e.g. "
                               f"read_blob('photos/*.png')") from None
 
@@ -361,10 +391,10 @@ def image_side(value, arg: str, fn: str) -> int:
     return value
 
 
-def _array(value, size: int, row: int, column: str, fn: str) -> np.ndarray:
+def _array(value, size: int, row: int | str, column: str, fn: str) -> np.ndarray:
     if value is None or len(value) != size:
         n = "NULL" if value is None else f"{len(value)} numbers"
-        raise InvalidArgument(f"{fn}(): row {row + 1} of column {column!r} holds {n}, but shape := [c, h, w] "
+        raise InvalidArgument(f"{fn}(): {row_name(row)} of column {column!r} holds {n}, but shape := [c, h, w] "
                               f"needs c*h*w = {size}; fix shape := or the arrays")
     return np.asarray([np.nan if v is None else v for v in value], dtype=np.float32)
 
@@ -450,7 +480,7 @@ def _fit_text(values: list, col: Column, fn: str) -> InputEncoder:
     counts, longest = Counter(), 1
     for row, v in enumerate(values):
         if v is None or not v.strip():
-            raise InvalidArgument(f"{fn}(): row {row + 1} of text column {col.name!r} is empty; "
+            raise InvalidArgument(f"{fn}(): {row_name(row)} of text column {col.name!r} is empty; "
                                   f"filter such rows out (WHERE length(trim({col.name})) > 0)")
         tokens = tokenize(v)
         counts.update(tokens)

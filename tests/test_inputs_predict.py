@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 from dbml import inputs
+from dbml.errors import RowSkipped
 
 CNN = "arch := 'cnn', options := '{\"width\": 4, \"depth\": 2}', epochs := 1, policy := 'eager'"
 
@@ -90,3 +91,46 @@ def test_series_scale_is_checked(con):
     with pytest.raises(duckdb.Error, match=r"series_scale := 'row' applies to a series .* this model's input is "
                                            r"tabular"):
         con.execute("SELECT train('m', 't', label := 'y', series_scale := 'row')").fetchall()
+
+
+def _photos(con, tmp_path, bad: dict[int, bytes]) -> str:
+    """Six 8x8 PNG files (some replaced by ``bad``), as read_blob sees them; the glob."""
+    for i, a in enumerate(_grey(6, seed=2)):
+        (tmp_path / f"p{i}_{i % 2}.png").write_bytes(bad.get(i, _png(a)))
+    return (f"SELECT content AS img, split_part(parse_filename(filename, true), '_', 2)::INTEGER AS y, filename "
+            f"FROM read_blob('{tmp_path}/*.png')")
+
+
+def test_on_error_skip_names_each_undecodable_file_and_leaves_it_null(con, tmp_path):
+    _images(con, "small", [_png(a) for a in _grey(12)])
+    con.execute(f"SELECT train('i', 'SELECT img, y FROM small', label := 'y', {CNN})").fetchall()
+    glob = _photos(con, tmp_path, {2: b"not a png", 4: b"\x89PNG\r\n\x1a\n broken"})
+    with pytest.raises(duckdb.Error, match=r"predictions\(\): file '.*p2_0\.png' of column 'img' is not a PNG"):
+        con.execute("SELECT * FROM predictions('i', ?)", [glob]).fetchall()
+    with pytest.warns(RowSkipped) as caught:
+        rows = con.execute("SELECT filename, prediction FROM predictions('i', ?, on_error := 'skip') "
+                           "ORDER BY filename", [glob]).fetchall()
+    assert [r[0].rsplit("/", 1)[1] for r in rows if r[1] is None] == ["p2_0.png", "p4_0.png"]
+    assert all(r[1] in (0, 1) for r in rows if r[1] is not None) and len(rows) == 6
+    said = sorted(str(w.message) for w in caught if "skipped" in str(w.message))
+    assert len(said) == 2 and "p2_0.png' of column 'img' is not a PNG" in said[0] and "p4_0.png" in said[1]
+    assert "its prediction is NULL" in said[0]
+    with pytest.warns(RowSkipped) as caught:
+        m = con.execute("SELECT evaluate('i', ?, on_error := 'skip')", [glob]).fetchall()[0][0]
+    assert m["rows"] == 4 and len(caught) == 2 and all("left out of the metrics" in str(w.message) for w in caught)
+    with pytest.raises(duckdb.Error, match=r"evaluate\(\): file '.*p2_0\.png' of column 'img'"):
+        con.execute("SELECT evaluate('i', ?)", [glob]).fetchall()
+    with pytest.raises(duckdb.Error, match=r"unknown on_error 'ignore'; pass on_error := one of 'raise', 'skip'"):
+        con.execute("SELECT * FROM predictions('i', ?, on_error := 'ignore')", [glob]).fetchall()
+
+
+def test_without_a_filename_column_the_error_names_the_source_row(con):
+    blobs = [_png(a) for a in _grey(6)]
+    blobs[4] = b"junk"
+    _images(con, "t", blobs)
+    con.execute(f"SELECT train('i', 'SELECT * FROM t WHERE octet_length(img) > 10', label := 'y', {CNN})").fetchall()
+    with pytest.raises(duckdb.Error, match=r"predictions\(\): row 5 of column 'img' is not a PNG"):
+        con.execute("SELECT * FROM predictions('i', 't')").fetchall()
+    with pytest.warns(RowSkipped, match=r"row 5 of column 'img'"):
+        rows = con.execute("SELECT prediction FROM predictions('i', 't', on_error := 'skip')").fetchall()
+    assert [r[0] is None for r in rows] == [False] * 4 + [True, False]

@@ -133,18 +133,19 @@ FUNCTIONS = (
              nulls=True),
     Function("predict_proba", f.predict_proba, (t.VARCHAR, PREDICT_INPUT), DOUBLES, effects=False, arrow=True,
              nulls=True),
-    Function("dbml_infer", f.infer, (t.VARCHAR, t.VARCHAR, sql("FLOAT[]")), t.DOUBLE, effects=False, arrow=True),
-    # the same for an image, text or sequence model's raw column (dbml.inference.INFER_FUNCTIONS)
+    Function("dbml_infer", f.infer, (t.VARCHAR, t.VARCHAR, sql("FLOAT[]"), t.VARCHAR, t.VARCHAR), t.DOUBLE, effects=False, arrow=True, nulls=True),
+    # the same for an image, text or sequence model's raw column (dbml.inference.INFER_FUNCTIONS); they
+    # return NULL for a row skipped under on_error := 'skip' (and for a NULL input), so see NULLs
     Function("dbml_decode_image", f.decode_image, (t.BLOB, t.VARCHAR, t.VARCHAR), t.BLOB, effects=False, arrow=True),
-    Function("dbml_infer_blob", f.infer, (t.VARCHAR, t.VARCHAR, t.BLOB), t.DOUBLE, effects=False, arrow=True),
-    Function("dbml_infer_text", f.infer, (t.VARCHAR, t.VARCHAR, t.VARCHAR), t.DOUBLE, effects=False, arrow=True),
-    Function("dbml_infer_ids", f.infer, (t.VARCHAR, t.VARCHAR, sql("BIGINT[]")), t.DOUBLE, effects=False, arrow=True),
+    Function("dbml_infer_blob", f.infer, (t.VARCHAR, t.VARCHAR, t.BLOB, t.VARCHAR, t.VARCHAR), t.DOUBLE, effects=False, arrow=True, nulls=True),
+    Function("dbml_infer_text", f.infer, (t.VARCHAR, t.VARCHAR, t.VARCHAR, t.VARCHAR, t.VARCHAR), t.DOUBLE, effects=False, arrow=True, nulls=True),
+    Function("dbml_infer_ids", f.infer, (t.VARCHAR, t.VARCHAR, sql("BIGINT[]"), t.VARCHAR, t.VARCHAR), t.DOUBLE, effects=False, arrow=True, nulls=True),
     # DOUBLE[]: a series is read as DOUBLE[] (raw_sql), which DuckDB does not cast to FLOAT[] implicitly
-    Function("dbml_infer_numbers", f.infer, (t.VARCHAR, t.VARCHAR, sql("DOUBLE[]")), t.DOUBLE, effects=False,
-             arrow=True),
-    Function("dbml_evaluate", f.evaluate, (t.VARCHAR, t.VARCHAR, t.VARCHAR, sql("VARCHAR[]")), EVALUATE_RESULT,
+    Function("dbml_infer_numbers", f.infer, (t.VARCHAR, t.VARCHAR, sql("DOUBLE[]"), t.VARCHAR, t.VARCHAR), t.DOUBLE, effects=False,
+             arrow=True, nulls=True),
+    Function("dbml_evaluate", f.evaluate, (t.VARCHAR, t.VARCHAR, t.VARCHAR, sql("VARCHAR[]"), t.VARCHAR), EVALUATE_RESULT,
              effects=False, runs_sql=True),
-    Function("dbml_predictions_sql", f.predictions_sql, (t.VARCHAR, t.VARCHAR, t.VARCHAR), t.VARCHAR,
+    Function("dbml_predictions_sql", f.predictions_sql, (t.VARCHAR, t.VARCHAR, t.VARCHAR, t.VARCHAR), t.VARCHAR,
              effects=False, runs_sql=True),
     Function("dbml_explain", f.explain, (t.VARCHAR, t.VARCHAR, sql("FLOAT[]")), EXPLAIN_RESULT, effects=False,
              arrow=True),
