@@ -44,7 +44,8 @@ from torch import nn
 
 from . import catalog
 from .errors import InvalidArgument
-from .inputs import Truncate, tokenizer_rule
+from .input_modules import Truncate
+from .inputs import tokenizer_rule
 from .kinds import FITTERS
 
 __all__ = ["export_model", "ExportedModel"]

@@ -22,8 +22,8 @@ validated on load) and turns an Arrow column of a batch into the model's tensor:
   ids there are, never how large one is. (Models stored before ``ids`` existed see id + 1
   and refuse ids beyond the largest training id.)
 * **series** — a ``FLOAT[]``/``DOUBLE[]`` column of variable length, cut at ``max_len``
-  (the longest training series up to ``MAX_LEN``) and standardised (``SeriesScale``) with the
-  mean and std of all training values, or under ``series_scale := 'row'`` each series with
+  (the longest training series up to ``MAX_LEN``) and standardised
+  (``input_modules.SeriesScale``) with the mean and std of all training values, or under ``series_scale := 'row'`` each series with
   the mean and (population) std of its own values (a std of 0 counts as 1); the model sees
   ``[value, present]`` per step. NULL, NaN, ±Inf and values beyond FLOAT's range are
   missing (``present`` 0) and count in no statistic.
@@ -50,12 +50,12 @@ import pyarrow as pa
 import torch
 
 from .errors import CatalogError, InvalidArgument, SourceError
+from .input_modules import FLOAT_MAX, ChannelNormalise, SeriesScale
 from .source import Column, literal, quote
 from .spec import SERIES_SCALES
 from .zoo import Inputs
 
 KINDS = ("image", "text", "tokens", "series")
-FLOAT_MAX = 3.4028234663852886e38    # the largest FLOAT (features.FLOAT_MAX: features imports this module)
 MAX_VOCAB = 20000
 MAX_LEN = 512
 TEXT_MIN_WORDS = 4.0
@@ -193,7 +193,7 @@ class InputEncoder:
             return self.normaliser(x)
 
     @cached_property
-    def normaliser(self) -> "ChannelNormalise":
+    def normaliser(self) -> torch.nn.Module:
         """Pixels in [0, 1] (channels, height, width) -> the model's input; the ONNX export runs it too."""
         return ChannelNormalise(self.mean, self.std)
 
@@ -254,7 +254,7 @@ class InputEncoder:
             return self.series_scale(torch.from_numpy(raw))
 
     @cached_property
-    def series_scale(self) -> "SeriesScale":
+    def series_scale(self) -> torch.nn.Module:
         """Raw series -> the model's input; the ONNX export runs it too."""
         return SeriesScale(self.mean[0], self.std[0], per_row=self.scale == "row", max_len=self.max_len)
 
@@ -285,60 +285,6 @@ class InputEncoder:
         except (TypeError, AssertionError) as e:
             raise CatalogError(f"the stored input encoder is not valid ({e or 'a field has a wrong value'})") from None
         return enc
-
-
-class ChannelNormalise(torch.nn.Module):
-    """``(x - mean) / std`` per channel of (batch, channels, height, width) images, in
-    float32; a NaN (a NULL element of an array image) or ±Inf becomes 0."""
-
-    def __init__(self, means, stds):
-        super().__init__()
-        self.register_buffer("mean", torch.tensor(means, dtype=torch.float32).reshape(1, -1, 1, 1))
-        self.register_buffer("std", torch.tensor(stds, dtype=torch.float32).reshape(1, -1, 1, 1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z = (x - self.mean) / self.std
-        return torch.where(torch.isfinite(z), z, torch.zeros_like(z))
-
-
-class Truncate(torch.nn.Module):
-    """Token ids (batch, length) cut at ``max_len`` steps, as ``InputEncoder._ids`` cuts a
-    text: the ONNX export's first op for text and token models."""
-
-    def __init__(self, max_len: int):
-        super().__init__()
-        self.max_len = max_len
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x[:, :self.max_len]
-
-
-class SeriesScale(torch.nn.Module):
-    """Raw series (batch, steps), NaN where a value is missing or padding -> the model's
-    ``[value, present]`` (batch, steps, 2) in float32, over the first ``max_len`` steps. A
-    value is present if finite and within FLOAT's range; present values are standardised
-    in float64 with ``mean`` and ``std``, or (``per_row``) with the mean and population std
-    of the row's present values (std 0, or no value, counts as 1), then clipped to FLOAT's
-    range; the rest are 0."""
-
-    def __init__(self, mean: float, std: float, *, per_row: bool, max_len: int):
-        super().__init__()
-        self.per_row, self.max_len = per_row, max_len
-        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float64))
-        self.register_buffer("std", torch.tensor(std, dtype=torch.float64))
-
-    def forward(self, raw: torch.Tensor) -> torch.Tensor:
-        x = raw[:, :self.max_len].double()
-        ok = torch.isfinite(x) & (x.abs() <= FLOAT_MAX)
-        zero = torch.zeros_like(x)
-        mean, std = self.mean, self.std
-        if self.per_row:
-            n = ok.double().sum(1, keepdim=True).clamp(min=1.0)
-            mean = torch.where(ok, x, zero).sum(1, keepdim=True) / n
-            std = (torch.where(ok, (x - mean) ** 2, zero).sum(1, keepdim=True) / n).sqrt()
-            std = torch.where(std > 0, std, torch.ones_like(std))
-        v = torch.where(ok, ((x - mean) / std).clamp(-FLOAT_MAX, FLOAT_MAX), zero)
-        return torch.stack([v, ok.double()], -1).float()
 
 
 def _pil_image(a: np.ndarray):

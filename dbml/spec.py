@@ -89,7 +89,7 @@ SQL_POLICIES = ("tensile", "none", "eager", "capuchin", "vdnn", "pooch", "swapad
 # raise: a failed or cancelled row makes the statement raise its error (after every job has
 # ended); continue: every row returns its summary, with status and error.
 ON_ERROR = ("raise", "continue")
-# How a FLOAT[]/DOUBLE[] series is standardised (dbml.inputs.SeriesScale): global: with the
+# How a FLOAT[]/DOUBLE[] series is standardised (dbml.input_modules.SeriesScale): global: with the
 # mean and std of every training value; row: each series with its own.
 SERIES_SCALES = ("global", "row")
 # The largest learning rate: an update multiplies by it in FLOAT, and no model learns at more.
