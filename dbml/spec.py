@@ -66,6 +66,7 @@ TRAIN_PARAMS = (
     Param("image_size", "INTEGER[]", None),  # images: resize to [h, w] (or [s])
     Param("shape", "INTEGER[]", None),       # a numeric array column as an image: [c, h, w]
     Param("text", "VARCHAR[]", None),        # VARCHAR columns to read as text
+    Param("series_scale", "VARCHAR", "global"),  # series: one mean/std for all ('global') or each row's own ('row')
     Param("early_stop", "BOOLEAN", True),    # stop when the validation loss stops falling; keep the best epoch
     Param("patience", "INTEGER", 5),         # ... after this many epochs without a better one
     Param("on_error", "VARCHAR", "raise", in_spec=False),
@@ -88,6 +89,9 @@ SQL_POLICIES = ("tensile", "none", "eager", "capuchin", "vdnn", "pooch", "swapad
 # raise: a failed or cancelled row makes the statement raise its error (after every job has
 # ended); continue: every row returns its summary, with status and error.
 ON_ERROR = ("raise", "continue")
+# How a FLOAT[]/DOUBLE[] series is standardised (dbml.input_modules.SeriesScale): global: with the
+# mean and std of every training value; row: each series with its own.
+SERIES_SCALES = ("global", "row")
 # The largest learning rate: an update multiplies by it in FLOAT, and no model learns at more.
 MAX_LR = 1e6
 
@@ -114,6 +118,9 @@ class _TrainSpecChecks:
         if self.arch != "auto":
             zoo_arch(self.arch, fn=fn)   # an unknown arch fails here, before anything runs
         self.options_dict()
+        if self.series_scale not in SERIES_SCALES:
+            raise InvalidArgument(f"{fn}(): unknown series_scale {self.series_scale!r}; "
+                                  f"pass series_scale := one of {', '.join(map(repr, SERIES_SCALES))}")
         if self.validation is not None and not 0.0 <= self.validation < 1.0:
             raise InvalidArgument(f"{fn}(): validation must be a fraction in [0, 1), got {self.validation!r}; "
                                   f"pass e.g. validation := 0.1")

@@ -146,7 +146,8 @@ def fit(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> 
     columns = describe(cur, select_sql, fn="train")
     prep = fit_preprocessing(cur, select_sql, columns, label=spec.label,
                              features=None if spec.features is None else list(spec.features), task=spec.task,
-                             text=spec.text, shape=spec.shape, image_size=spec.image_size)
+                             text=spec.text, shape=spec.shape, image_size=spec.image_size,
+                             series_scale=spec.series_scale)
     table = f"dbml_scratch.job_{job_id}"
     total = cur.execute(f"SELECT count(*) FROM ({select_sql})").fetchall()[0][0]
     if spec.validation is None:

@@ -24,8 +24,9 @@ CREATE OR REPLACE TEMP MACRO dbml_temp_names() AS (
         UNION ALL SELECT view_name FROM duckdb_views() WHERE temporary AND NOT internal));
 
 -- Metrics of a model on a table or SELECT that holds its label.
-CREATE OR REPLACE TEMP MACRO evaluate(model, source) AS
-    dbml_evaluate(model, source, getvariable('dbml_sources'), dbml_temp_names());
+-- on_error := 'skip': image/text rows that do not decode are left out, each named in a warning.
+CREATE OR REPLACE TEMP MACRO evaluate(model, source, on_error := 'raise') AS
+    dbml_evaluate(model, source, getvariable('dbml_sources'), dbml_temp_names(), on_error);
 
 -- Block until a job started with wait := false ends; the connection id lets its
 -- interrupt() end the wait (not the job).
@@ -39,8 +40,9 @@ CREATE OR REPLACE TEMP MACRO export_model(model, path, version := NULL, overwrit
 -- query() runs the source on the calling connection (a table function takes no subquery,
 -- so dbml_temp_names() cannot be passed: a TEMP object shadowing a table is read as the
 -- caller sees it; its columns are checked against the database's object of that name).
-CREATE OR REPLACE TEMP MACRO predictions(model, source) AS TABLE
-    SELECT * FROM query(dbml_predictions_sql(model, source, getvariable('dbml_sources')));
+-- on_error := 'skip': an image/text row that does not decode gets a NULL prediction, named in a warning.
+CREATE OR REPLACE TEMP MACRO predictions(model, source, on_error := 'raise') AS TABLE
+    SELECT * FROM query(dbml_predictions_sql(model, source, getvariable('dbml_sources'), on_error));
 
 -- Every row of a table or SELECT with the model's prediction and each input column's
 -- attribution to it (dbml/explain.py), run on the calling connection as predictions is.

@@ -25,7 +25,7 @@ from .types import (CALIBRATE_RESULT, DOUBLES, EVALUATE_RESULT, EXPLAIN_RESULT, 
 SQL_FUNCTIONS: dict[str, str] = {
     "train": "train(model, source, label := ..., features, arch, epochs, batch_size, lr, optimizer, seed, "
              "validation, hidden, dropout, options, task, weight_decay, l1_reg, momentum, policy, memory_budget, measure_vanilla, "
-             "image_size, shape, text, early_stop, patience, on_error) -> STRUCT: "
+             "image_size, shape, text, series_scale, early_stop, patience, on_error) -> STRUCT: "
              "train a model on a table or one SELECT under the memory scheduler and store it as the next "
              "version of `model`",
     "tune": "SELECT * FROM tune(model, source, label := ..., space := '<JSON>', trials, parallel, objective, "
@@ -37,14 +37,16 @@ SQL_FUNCTIONS: dict[str, str] = {
                "for numeric labels)",
     "predict_label": "predict_label(model, [x1, ...]) -> VARCHAR: the predicted class as text",
     "predict_proba": "predict_proba(model, [x1, ...]) -> DOUBLE[]: class probabilities, in class order",
-    "predictions": "SELECT * FROM predictions(model, source): every row of a table or SELECT plus a "
-                   "`prediction` column; takes the model's features by name (categorical ones too)",
+    "predictions": "SELECT * FROM predictions(model, source, on_error := 'raise'): every row of a table or "
+                   "SELECT plus a `prediction` column; takes the model's features by name (categorical ones "
+                   "too); on_error := 'skip': a row whose image or text does not decode gets NULL, named in a warning",
     "explain": "SELECT * FROM explain(model, source): every row of a table or SELECT with `prediction` and "
                "each input column's attribution to it (`attributions`: exact for linear models, TreeSHAP for "
                "trees, integrated gradients for networks), `baseline_value`, `prediction_value`, "
                "`approximation_error`; tabular models",
-    "evaluate": "evaluate(model, source) -> STRUCT: accuracy, macro_f1, log_loss (classification) or "
-                "rmse, mae, r2 (regression) on a table or SELECT that holds the label",
+    "evaluate": "evaluate(model, source, on_error := 'raise') -> STRUCT: accuracy, macro_f1, log_loss "
+                "(classification) or rmse, mae, r2 (regression) on a table or SELECT that holds the label; "
+                "on_error := 'skip' leaves out rows whose image or text does not decode, naming each",
     "drop_model": "drop_model(model) -> BIGINT: delete every version of a model and its weights; "
                   "returns how many versions were dropped",
     "export_model": "export_model(model, path, version := NULL, overwrite := false) -> STRUCT: write the model "
@@ -133,19 +135,19 @@ FUNCTIONS = (
              nulls=True),
     Function("predict_proba", f.predict_proba, (t.VARCHAR, PREDICT_INPUT), DOUBLES, effects=False, arrow=True,
              nulls=True),
-    Function("dbml_infer", f.infer, (t.VARCHAR, t.VARCHAR, sql("FLOAT[]")), t.DOUBLE, effects=False, arrow=True),
-    # the same for an image, text or sequence model's raw column (dbml.inference.INFER_FUNCTIONS)
+    Function("dbml_infer", f.infer, (t.VARCHAR, t.VARCHAR, sql("FLOAT[]"), t.VARCHAR, t.VARCHAR), t.DOUBLE, effects=False, arrow=True, nulls=True),
+    # the same for an image, text or sequence model's raw column (dbml.inference.INFER_FUNCTIONS); they
+    # return NULL for a row skipped under on_error := 'skip' (and for a NULL input), so see NULLs
     Function("dbml_decode_image", f.decode_image, (t.BLOB, t.VARCHAR, t.VARCHAR), t.BLOB, effects=False, arrow=True),
-    Function("dbml_infer_blob", f.infer, (t.VARCHAR, t.VARCHAR, t.BLOB), t.DOUBLE, effects=False, arrow=True),
-    Function("dbml_infer_text", f.infer, (t.VARCHAR, t.VARCHAR, t.VARCHAR), t.DOUBLE, effects=False, arrow=True),
-    Function("dbml_infer_ids", f.infer, (t.VARCHAR, t.VARCHAR, sql("BIGINT[]")), t.DOUBLE, effects=False, arrow=True),
-    # DOUBLE[]: a series column is read as DOUBLE[] (inputs.InputEncoder.raw_sql), which DuckDB does not narrow
-    # to FLOAT[] implicitly; an image's FLOAT[] widens to it
-    Function("dbml_infer_numbers", f.infer, (t.VARCHAR, t.VARCHAR, sql("DOUBLE[]")), t.DOUBLE, effects=False,
-             arrow=True),
-    Function("dbml_evaluate", f.evaluate, (t.VARCHAR, t.VARCHAR, t.VARCHAR, sql("VARCHAR[]")), EVALUATE_RESULT,
+    Function("dbml_infer_blob", f.infer, (t.VARCHAR, t.VARCHAR, t.BLOB, t.VARCHAR, t.VARCHAR), t.DOUBLE, effects=False, arrow=True, nulls=True),
+    Function("dbml_infer_text", f.infer, (t.VARCHAR, t.VARCHAR, t.VARCHAR, t.VARCHAR, t.VARCHAR), t.DOUBLE, effects=False, arrow=True, nulls=True),
+    Function("dbml_infer_ids", f.infer, (t.VARCHAR, t.VARCHAR, sql("BIGINT[]"), t.VARCHAR, t.VARCHAR), t.DOUBLE, effects=False, arrow=True, nulls=True),
+    # DOUBLE[]: a series is read as DOUBLE[] (raw_sql), which DuckDB does not cast to FLOAT[] implicitly
+    Function("dbml_infer_numbers", f.infer, (t.VARCHAR, t.VARCHAR, sql("DOUBLE[]"), t.VARCHAR, t.VARCHAR), t.DOUBLE, effects=False,
+             arrow=True, nulls=True),
+    Function("dbml_evaluate", f.evaluate, (t.VARCHAR, t.VARCHAR, t.VARCHAR, sql("VARCHAR[]"), t.VARCHAR), EVALUATE_RESULT,
              effects=False, runs_sql=True),
-    Function("dbml_predictions_sql", f.predictions_sql, (t.VARCHAR, t.VARCHAR, t.VARCHAR), t.VARCHAR,
+    Function("dbml_predictions_sql", f.predictions_sql, (t.VARCHAR, t.VARCHAR, t.VARCHAR, t.VARCHAR), t.VARCHAR,
              effects=False, runs_sql=True),
     Function("dbml_explain", f.explain, (t.VARCHAR, t.VARCHAR, sql("FLOAT[]")), EXPLAIN_RESULT, effects=False,
              arrow=True),
