@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Protocol, runtime_checkable
+from typing import Iterator, Protocol, runtime_checkable
 
 import duckdb
 import numpy as np
@@ -128,8 +129,27 @@ def fit(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> 
     read and which is dropped when the job ends.
     """
     started = time.perf_counter()
+    with scratch(cur, spec, progress) as data:
+        result = _fit_model(cur, data.table, data.prep, spec, data.n_train, data.n_val, progress)
+    return Trained(spec, data.prep, result["config"], result["module"], result["metrics"], result["memory"],
+                   data.n_train, data.skipped, started)
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """A job's rows, encoded once: the scratch table and what fitting the preprocessing found."""
+    table: str
+    prep: Preprocessing
+    n_train: int
+    n_val: int
+    skipped: int   # source rows left out for an unusable label (features.label_usable)
+
+
+@contextmanager
+def scratch(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> Iterator[Scratch]:
+    """The job's source checked, its preprocessing fitted and its rows materialised
+    (``_materialise``) into the job's scratch table, dropped when the block ends."""
     threads.use(spec.torch_threads)
-    job_id = progress.id
     select_sql = as_select(spec.source, fn="train")
     if spec.sources == "tables":
         check_tables_only(cur, select_sql, fn="train")
@@ -137,18 +157,15 @@ def fit(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> 
     prep = fit_preprocessing(cur, select_sql, columns, label=spec.label,
                              features=None if spec.features is None else list(spec.features), task=spec.task,
                              text=spec.text, shape=spec.shape, image_size=spec.image_size)
-    table = f"dbml_scratch.job_{job_id}"
+    table = f"dbml_scratch.job_{progress.id}"
     total = cur.execute(f"SELECT count(*) FROM ({select_sql})").fetchall()[0][0]
     try:
         progress.check()
         n_train, n_val = _materialise(cur, table, select_sql, prep, spec)
-        skipped = total - n_train - n_val     # rows whose label is unusable (features.label_usable)
         progress.check()
-        result = _fit_model(cur, table, prep, spec, n_train, n_val, progress)
+        yield Scratch(table, prep, n_train, n_val, total - n_train - n_val)
     finally:
         _drop_scratch(cur, table)
-    return Trained(spec, prep, result["config"], result["module"], result["metrics"], result["memory"],
-                   n_train, skipped, started)
 
 
 def _drop_scratch(cur, table: str) -> None:
@@ -232,7 +249,7 @@ class TrainLoop:
     def end_epoch(self, record: dict) -> None:
         if self.validate is not None:
             record.update(self.validate(self.forward_now()))
-        self.progress.end_epoch(record, {**self.runner.stats(), "schedule": _schedule(self.runner)})
+        self.progress.end_epoch(record, {**self.runner.stats(), "schedule": schedule_of(self.runner)})
 
     def forward_now(self):
         """The model's forward pass with the weights the runner holds now, in eval mode; it
@@ -254,7 +271,7 @@ class TrainLoop:
         return runners.memory_summary(stats, self.vanilla)
 
 
-def _schedule(runner) -> tuple | None:
+def schedule_of(runner) -> tuple | None:
     """The plan the job runs and the access sequence it was made for (what
     ``dbml.plot.memory`` draws); None for an eager job."""
     plans, sequences = getattr(runner, "plans", None), getattr(runner, "sequences", None)
@@ -292,9 +309,17 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
         finally:
             runner.close()
             progress.release_scheduler()
+    return trained_result(cur, table, prep, spec, config, module, loss_fn, device, n_val, history,
+                          stream_stats, loop.memory())
+
+
+def trained_result(cur, table: str, prep: Preprocessing, spec: TrainSpec, config: models.ModelConfig,
+                   module: torch.nn.Module, loss_fn, device: str, n_val: int, history: list[dict],
+                   stream_stats: StreamStats, memory: dict) -> dict:
+    """A trained module, checked finite, as what ``Trained`` keeps: its metrics (final
+    loss, history, validation on the held-out rows) and memory figures."""
     _check_finite(module, spec)
     module.eval()
-    memory = loop.memory()
     stored = {"final_loss": history[-1]["loss"], "history": history,
               "fetch_wait_seconds": stream_stats.wait_seconds, "memory": memory}
     stored.update(_validation(cur, table, prep, module, loss_fn, device, n_val, 8192 if prep.input is None else 256))
@@ -343,9 +368,7 @@ def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int
             for x, y in stream:
                 loss = step(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
                 if not torch.isfinite(loss):
-                    raise TrainingError(f"train(): loss became {loss.item()} in epoch {epoch + 1}; "
-                                        f"nothing was stored; pass a smaller lr := (now {spec.lr}), or look "
-                                        f"for extreme values in the features")
+                    raise diverged(loss.item(), epoch + 1, spec)
                 total += loss.double().cpu() * len(y)
             stream_stats.add(stream.stats)
             history.append({"epoch": epoch + 1, "loss": total.item() / n_train,
@@ -359,19 +382,41 @@ def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int
     return history, stream_stats
 
 
+def diverged(loss: float, epoch: int, spec: TrainSpec) -> TrainingError:
+    """The error of a job whose loss became NaN or infinite in ``epoch`` (from 1)."""
+    return TrainingError(f"train(): loss became {loss} in epoch {epoch}; nothing was stored; pass a smaller "
+                         f"lr := (now {spec.lr}), or look for extreme values in the features")
+
+
 def _validation(cur, table: str, prep: Preprocessing, forward, loss_fn, device, n_val: int, rows: int) -> dict:
     """Accuracy (classification) or R^2 (regression), and the mean loss, on the held-out rows,
     through ``forward`` (the module, or its weights of the moment) in batches of ``rows``."""
-    name = "accuracy" if prep.task == "classification" else "r2"
     if n_val == 0:
-        return {"val_metric": None, "val_metric_name": name, "val_loss": None}
+        return {"val_metric": None, "val_metric_name": _metric_name(prep), "val_loss": None}
+    return scores(prep, loss_fn, *validation_outputs(cur, table, prep, forward, device, rows))
+
+
+def validation_outputs(cur, table: str, prep: Preprocessing, forward, device, rows: int
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``forward``'s outputs on the held-out rows, in batches of ``rows``, joined along
+    dimension 0, and the rows' labels."""
     outs, ys = [], []
     with torch.no_grad():
         for x, y in BatchStream(cur, f"SELECT x, y FROM {table} WHERE is_val", rows,
                                 convert=_converter(prep, "train")):
             outs.append(forward(x.to(device)).cpu())
             ys.append(y)
-    out, y = torch.cat(outs), torch.cat(ys)
+    return torch.cat(outs), torch.cat(ys)
+
+
+def _metric_name(prep: Preprocessing) -> str:
+    return "accuracy" if prep.task == "classification" else "r2"
+
+
+def scores(prep: Preprocessing, loss_fn, out: torch.Tensor, y: torch.Tensor) -> dict:
+    """The validation figures of outputs ``out`` on labels ``y``: the mean loss, and
+    accuracy (classification) or R^2 (regression)."""
+    name = _metric_name(prep)
     val_loss = float(loss_fn(out, y))
     if prep.task == "classification":
         value = metrics.accuracy(out.argmax(1).numpy(), y.numpy())

@@ -1,0 +1,168 @@
+"""A stacked model: K models of one architecture trained as one (HFTA's horizontal fusion).
+
+:class:`StackedModel` holds the members' parameters stacked along a new dimension 0
+(``torch.func.stack_module_state``'s layout) and runs them with ``torch.func.vmap`` over
+``torch.func.functional_call`` of the one architecture: each op of the model runs once
+for all members (a batched matmul, one elementwise op over the stack) instead of once
+per member, which is what small models lose their time to. Its per-member learning
+rate, weight decay and momentum are buffers (``scheduler.graph.stacked.BUFFERS``) that
+the captured optimizer update reads (``OptimizerSpec(stacked=True)``), and its forward
+returns, beside the outputs, the ``member_loss`` buffer, into which :class:`StackedLoss`
+writes each member's loss of the step: the captured step returns one loss, their sum.
+
+Each member computes what its model alone computes, bit for bit on the CPU kernels
+checked (``tests/test_fusion.py``): under vmap a ``Linear`` becomes one ``baddbmm``, as
+the model alone runs ``addmm``, and its weight's gradient the single model's ``grad.T @
+x`` (:func:`batched_linear`). vmap's own rule for ``linear`` (``bmm``, then the bias
+added) rounds twice and differed in the last bit once a layer had more than a few dozen
+inputs (256 -> 128: up to 1.5e-8 in a gradient); autograd's ``baddbmm`` backward
+computes the weight's gradient transposed (``x.T @ grad``), which differed in the last
+bit in about half of the small layers tried. ReLU is elementwise; the loss runs per
+member (``torch.func.vmap`` of ``cross_entropy`` sums a batch in another order than
+``nll_loss`` does, up to an ulp). Only architectures made of these are stacked
+(``dbml.fusion.FUSED_ARCHS``).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .scheduler.graph.stacked import BUFFERS
+
+__all__ = ["StackedModel", "StackedLoss", "StackedLinear", "LOSS_BUFFER"]
+
+LOSS_BUFFER = "member_loss"   # each member's loss of the last step, written by StackedLoss
+
+
+class _Linear(torch.autograd.Function):
+    """``F.linear`` whose vmap rule is :func:`batched_linear`: the members' Linear at once,
+    each member computing what ``addmm`` and its backward compute for the single model.
+    Only its vmap rule runs inside a stacked model (capture traces the ops it calls)."""
+
+    @staticmethod
+    def forward(x, weight, bias):
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, grad):   # outside vmap only (a 2-D input)
+        x, weight, bias = ctx.saved_tensors
+        return grad @ weight, grad.t() @ x, None if bias is None else grad.sum(0)
+
+    @staticmethod
+    def vmap(info, in_dims, x, weight, bias):
+        x, weight, bias = (t if t is None else t.movedim(d, 0) if d is not None else t.expand(info.batch_size, *t.shape)
+                           for t, d in zip((x, weight, bias), in_dims))
+        if x.dim() != 3:
+            raise NotImplementedError("a stacked Linear takes a 2-D input per member")
+        return batched_linear(x, weight, bias), 0
+
+
+# ATen's CPU bmm multiplies problems of fewer multiply-adds than this (rows x columns x
+# contraction, per batch item) with a naive loop of its own, and larger ones by one addmm
+# per item, the kernel a single model's Linear uses.
+BMM_NAIVE_BELOW = 400
+
+
+def batched_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Every member's Linear, ``x`` (K, B, in), ``weight`` (K, out, in), ``bias`` (K, out),
+    each member's output and gradients computed as the single model's ``addmm`` and its
+    backward compute them.
+
+    The value, and the input's gradient (``grad @ weight``), come from one ``baddbmm``
+    (``bias + x @ weight.T``; CPU bmm runs it as one addmm per member). The weight's
+    gradient does not: autograd's ``bmm`` rule would compute it as ``x.T @ grad``,
+    transposed, and MKL rounds that differently from the single model's ``grad.T @ x`` in
+    about half of the small layer shapes tried (1-33 units, batches of 32 and 64). So the
+    weight reaches the output a second way, ``weight @ x.T``, whose rule computes ``grad.T
+    @ x``, added as ``t - t.detach()``: exactly zero, with gradient ``grad``. A custom
+    backward cannot do it: ``autograd.Function`` (custom ops' autograd too) is not
+    supported under ``functionalize``, which capture traces with. The cost: one more
+    ``bmm`` and two elementwise ops per layer, in the forward. A layer too small for
+    bmm's addmm path (``BMM_NAIVE_BELOW``: a short last batch, a few units) runs one
+    addmm per member instead."""
+    members, rows, inputs = x.shape
+    if rows * inputs * weight.shape[1] < BMM_NAIVE_BELOW:
+        return torch.stack([F.linear(x[k], weight[k], None if bias is None else bias[k]) for k in range(members)])
+    if bias is None:
+        out = torch.bmm(x, weight.detach().transpose(1, 2))
+    else:
+        out = torch.baddbmm(bias.unsqueeze(1), x, weight.detach().transpose(1, 2))
+    through = torch.bmm(weight, x.detach().transpose(1, 2))
+    return out + (through - through.detach()).transpose(1, 2)
+
+
+class StackedLinear(nn.Linear):
+    """A member's Linear inside a stacked model (``_Linear``: one baddbmm under vmap)."""
+
+    def forward(self, x):
+        return _Linear.apply(x, self.weight, self.bias)
+
+
+class StackedModel(nn.Module):
+    """Members of ``base``'s architecture: ``params`` (name -> the members' values stacked
+    on dimension 0) and ``hyper`` (lr, weight_decay, momentum -> one value per member)."""
+
+    def __init__(self, base: nn.Module, params: dict[str, torch.Tensor], hyper: dict[str, Sequence[float]]):
+        super().__init__()
+        members = copy.deepcopy(base)
+        for module in members.modules():
+            if type(module) is nn.Linear:
+                module.__class__ = StackedLinear
+        for name, value in params.items():
+            owner, _, attr = name.rpartition(".")
+            setattr(members.get_submodule(owner), attr, nn.Parameter(value))
+        self.members = members
+        device = next(iter(params.values())).device
+        for key, buffer in BUFFERS.items():
+            self.register_buffer(buffer, torch.tensor(list(hyper[key]), dtype=torch.float64, device=device))
+        self.register_buffer(LOSS_BUFFER, torch.zeros(len(hyper["lr"]), device=device))
+
+    @property
+    def size(self) -> int:
+        """How many members."""
+        return len(self.get_buffer(LOSS_BUFFER))
+
+    def forward(self, x):
+        """Every member's outputs (members first) and the ``member_loss`` buffer."""
+        params = dict(self.members.named_parameters())
+        out = torch.func.vmap(lambda p: torch.func.functional_call(self.members, p, (x,)))(params)
+        return out, self.get_buffer(LOSS_BUFFER)
+
+
+def stack(base: nn.Module, members: int) -> dict[str, torch.Tensor]:
+    """``base``'s parameters, the same for ``members`` members, stacked (new storages)."""
+    return {name: p.detach().unsqueeze(0).repeat(members, *([1] * p.dim())) for name, p in base.named_parameters()}
+
+
+def member(base: nn.Module, values: dict[str, torch.Tensor], k: int) -> nn.Module:
+    """Member ``k`` as a model of ``base``'s architecture (``values``: a stacked model's
+    parameters by name, ``members.`` prefix dropped), in storages of its own."""
+    module = copy.deepcopy(base)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.data = values[name][k].clone()
+    return module
+
+
+@dataclass(frozen=True)
+class StackedLoss:
+    """The loss of a stacked model's step: each member's ``loss_fn`` on its outputs, written
+    into the ``member_loss`` buffer, and their sum returned (its gradient is each
+    member's own: d sum / d loss_k = 1, as a backward from a single loss starts)."""
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+    def __call__(self, out, y: torch.Tensor) -> torch.Tensor:
+        outputs, member_loss = out
+        losses = torch.stack([self.loss_fn(o, y) for o in outputs.unbind(0)])
+        member_loss.copy_(losses.detach())
+        return losses.sum()
