@@ -46,6 +46,7 @@ from datetime import datetime
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 from . import models, runners, stacking, training
 from .errors import JobCancelled, TrainingError, scheduler_errors
@@ -97,6 +98,15 @@ def group(specs: list[TrainSpec], limit: int = MAX_MEMBERS) -> list[list[int]]:
         else:
             open_[key].append(i)
     return groups
+
+
+def stacked_loss(loss_fn) -> stacking.StackedLoss:
+    """The stacked step's loss for members trained with ``loss_fn`` (``training.loss_function``):
+    classification's ``cross_entropy`` as one ``log_softmax`` over the stack, then
+    ``nll_loss`` per member (the two ops ``cross_entropy`` is), fewer ops than both per member."""
+    if loss_fn is training.loss_function_of("classification"):
+        return stacking.StackedLoss(F.nll_loss, log_softmax=True)
+    return stacking.StackedLoss(loss_fn)
 
 
 def stacked_spec(specs: list[TrainSpec]) -> OptimizerSpec:
@@ -199,6 +209,8 @@ def _fit(cur, data: training.Scratch, spec: TrainSpec, job: Job, members: list[M
         waves = [members[i:i + width] for i in range(0, len(members), width)]
         job.begin(spec.epochs * len(waves), math.ceil(data.n_train / spec.batch_size))
         base = models.build_seeded(config, spec.seed).to(device)
+        if not stacking.stackable(base):   # fusion_key lets in only FUSED_ARCHS without dropout
+            raise TrainingError(f"tune(): arch {spec.arch!r} with options {config.options_dict()} cannot be fused")
         for wave in waves:
             Fusion(cur, data, spec, job, config, base, loss_fn, device, wave, started).train()
     return sum(m.status == "finished" for m in members)
@@ -217,7 +229,7 @@ def fusion_width(config: models.ModelConfig, loss_fn, specs: list[TrainSpec], de
         base = models.build(config)
         model = stacking.StackedModel(base, stacking.stack(base, 1), {k: [getattr(spec, k)] for k in BUFFERS})
         batch = (models.sample_input(config, rows), torch.empty(rows, dtype=label))
-    captured = GraphCache(model, stacking.StackedLoss(loss_fn), stacked_spec(specs), job=spec.model,
+    captured = GraphCache(model, stacked_loss(loss_fn), stacked_spec(specs), job=spec.model,
                           share=("stacked", 1, config)).get(*batch)
     one = release_only(build_sequence(captured, RooflineModel(device=str(torch.device(device))), spec.model)).peak_bytes
     return max(1, min(len(specs), MAX_MEMBERS, runners.job_budget(spec, device) // max(one, 1)))
@@ -245,7 +257,7 @@ class Fusion:
         self.model = stacking.StackedModel(self.base, params, hyper).to(self.device)
         self.names = [n for n, _ in self.model.named_parameters()] + [n for n, _ in self.model.named_buffers()]
         self.loss_at = self.names.index(stacking.LOSS_BUFFER)
-        self.runner = runners.make_runner(self.model, stacking.StackedLoss(self.loss_fn), self.spec, self.device,
+        self.runner = runners.make_runner(self.model, stacked_loss(self.loss_fn), self.spec, self.device,
                                           self.job, ("stacked", len(self.live), self.config),
                                           optimizer=stacked_spec([m.spec for m in self.live]),
                                           optimizer_state=optimizer_state)
@@ -309,14 +321,10 @@ class Fusion:
 
     def _validate(self) -> list[dict]:
         """Each live member's val_loss and val_metric, the weights of the moment, one pass."""
-        values = dict(zip(self.names, self.runner.values()))
+        values = {n.removeprefix("members."): v for n, v in zip(self.names, self.runner.values())}
 
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            self.model.eval()
-            try:
-                return torch.func.functional_call(self.model, values, (x,))[0].movedim(0, 1)   # rows first
-            finally:
-                self.model.train()
+        def forward(x: torch.Tensor) -> torch.Tensor:   # rows first
+            return stacking.stacked_forward(self.model.members, values, x).movedim(0, 1)
         out, y = training.validation_outputs(self.cur, self.data.table, self.data.prep, forward, self.device,
                                              self.spec.batch_size)
         return [training.scores(self.data.prep, self.loss_fn, out[:, k].contiguous(), y) for k in range(len(self.live))]

@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Callable
@@ -224,25 +225,27 @@ class Search:
         jobs = list({t.job.name: t for t in live}.values())   # a fused job's members once
         return (not any(t.job.waiting_for_memory() for t in jobs)
                 and sum(not t.admitted() for t in jobs) < SETUP_AHEAD
-                and (not PACK_WITHOUT_SWAPS or self._fits_unscheduled(jobs)))
+                and (not PACK_WITHOUT_SWAPS or self._fits_unscheduled(live, trials)))
 
     def _parallel(self) -> int | None:
         """The most trials at once: ``parallel``, or one when trials do not share the device."""
         parallel = self.request.parallel
         return 1 if parallel is None and not self._shared() else parallel
 
-    def _fits_unscheduled(self, live: list[Trial]) -> bool:
-        """Whether one more trial, as large as the largest seen, fits the budget beside the
-        running ones at their unscheduled peaks (release after last use: no plan needs a
-        swap or a recompute); a trial still being set up counts as the largest too."""
+    def _fits_unscheduled(self, live: list[Trial], trials: int = 1) -> bool:
+        """Whether ``trials`` more trials (one job), each as large as the largest trial seen,
+        fit the budget beside the running jobs at their unscheduled peaks (release after
+        last use: no plan needs a swap or a recompute); a job still being set up counts as
+        its trials at the largest too. A fused job's trial counts as its share of the job."""
         scheduler = existing_scheduler(resolve_device(self.request.base.device))
         if scheduler is None or not live:   # one trial runs whatever its size (admission plans it)
             return True
         snap = scheduler.snapshot()
-        peaks = {t.job.name: snap["jobs"][t.job.name]["vanilla_peak_bytes"] for t in live
-                 if t.job.name in snap["jobs"]}
-        self.largest = max([self.largest, *peaks.values()])
-        return sum(peaks.values()) + (len(live) - len(peaks) + 1) * self.largest <= snap["budget_bytes"]
+        members = Counter(t.job.name for t in live)
+        peaks = {name: snap["jobs"][name]["vanilla_peak_bytes"] for name in members if name in snap["jobs"]}
+        self.largest = max([self.largest, *(peak / members[name] for name, peak in peaks.items())])
+        unknown = sum(n for name, n in members.items() if name not in peaks) + trials
+        return sum(peaks.values()) + unknown * self.largest <= snap["budget_bytes"]
 
     def _shared(self) -> bool:
         """Whether trials join the device's shared scheduler (its admission packs them)."""

@@ -48,7 +48,12 @@ def _regression_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def loss_function(prep: Preprocessing):
     """One function object per task: jobs with equal models share captured graphs."""
-    return _classification_loss if prep.task == "classification" else _regression_loss
+    return loss_function_of(prep.task)
+
+
+def loss_function_of(task: str):
+    """The loss function of ``task`` ('classification' or 'regression')."""
+    return _classification_loss if task == "classification" else _regression_loss
 
 
 @runtime_checkable

@@ -67,33 +67,54 @@ def stacked_update(spec, group: dict, params, grads, states, hyper: dict[str, to
 
 
 def _sgd(spec, group, params, grads, states, hyper) -> None:
+    factor = _Factors()
     for param, grad, state in zip(params, grads, states):
-        if spec.weight_decay != 0:
-            grad = torch.addcmul(grad, param, per_member(hyper["weight_decay"], param))   # grad.add(param, alpha=wd)
+        if spec.weight_decay != 0:   # grad.add(param, alpha=weight_decay)
+            grad = torch.addcmul(grad, param, factor("weight_decay", lambda: hyper["weight_decay"], param))
         if spec.momentum != 0:
             buf = state["momentum_buffer"]   # zeros at first: 0 * momentum + grad (capture.init_state)
-            buf.mul_(per_member(hyper["momentum"], param)).add_(grad, alpha=1 - group["dampening"])
+            buf.mul_(factor("momentum", lambda: hyper["momentum"], param)).add_(grad, alpha=1 - group["dampening"])
             grad = buf
-        param.addcmul_(grad, per_member(-hyper["lr"], param))                          # param.add_(grad, alpha=-lr)
+        param.addcmul_(grad, factor("lr", lambda: -hyper["lr"], param))   # param.add_(grad, alpha=-lr)
 
 
 def _adam(spec, group, params, grads, states, hyper) -> None:
     beta1, beta2 = group["betas"]
     decoupled = group.get("decoupled_weight_decay", spec.kind == "adamw")
+    for state in states:
+        state["step"] += 1
+    # every parameter has taken the same steps: the members' step sizes once for all of them
+    step = states[0]["step"].item()
+    bias_correction1 = 1 - beta1 ** step
+    bias_correction2 = 1 - beta2 ** step
+    step_size = hyper["lr"] / bias_correction1
+    bias_correction2_sqrt = bias_correction2 ** 0.5
+    factor = _Factors()
     for param, grad, state in zip(params, grads, states):
-        exp_avg, exp_avg_sq, step_t = state["exp_avg"], state["exp_avg_sq"], state["step"]
-        step_t += 1
+        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
         if spec.weight_decay != 0:
             if decoupled:
-                param.mul_(per_member(1 - hyper["lr"] * hyper["weight_decay"], param))
+                param.mul_(factor("decay", lambda: 1 - hyper["lr"] * hyper["weight_decay"], param))
             else:
-                grad = torch.addcmul(grad, param, per_member(hyper["weight_decay"], param))
+                grad = torch.addcmul(grad, param, factor("weight_decay", lambda: hyper["weight_decay"], param))
         exp_avg.lerp_(grad, 1 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        step = step_t.item()   # every member has taken the same steps
-        bias_correction1 = 1 - beta1 ** step
-        bias_correction2 = 1 - beta2 ** step
-        step_size = hyper["lr"] / bias_correction1
-        bias_correction2_sqrt = bias_correction2 ** 0.5
         denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(group["eps"])
-        param.addcdiv_(per_member(-step_size, param) * exp_avg, denom)   # addcdiv_(exp_avg, denom, value=-step_size)
+        param.addcdiv_(factor("step", lambda: -step_size, param) * exp_avg, denom)   # addcdiv_(exp_avg, denom, value=-step_size)
+
+
+class _Factors:
+    """Per-member factors, each computed once (float64) and rounded and shaped once per
+    dtype and number of dimensions: one op per parameter would be one per parameter."""
+
+    def __init__(self):
+        self._values: dict[str, torch.Tensor] = {}
+        self._shaped: dict[tuple, torch.Tensor] = {}
+
+    def __call__(self, name: str, compute, like: torch.Tensor) -> torch.Tensor:
+        key = (name, like.dtype, like.dim())
+        if key not in self._shaped:
+            if name not in self._values:
+                self._values[name] = compute()
+            self._shaped[key] = per_member(self._values[name], like)
+        return self._shaped[key]
