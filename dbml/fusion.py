@@ -255,12 +255,18 @@ class Fusion:
         """A runner for the live members, from ``params`` (stacked) and ``optimizer_state``."""
         hyper = {k: [getattr(m.spec, k) for m in self.live] for k in BUFFERS}
         self.model = stacking.StackedModel(self.base, params, hyper).to(self.device)
+        stacking.probe_linears(self.base, len(self.live), self._batch_rows(), self.device)
         self.names = [n for n, _ in self.model.named_parameters()] + [n for n, _ in self.model.named_buffers()]
         self.loss_at = self.names.index(stacking.LOSS_BUFFER)
         self.runner = runners.make_runner(self.model, stacked_loss(self.loss_fn), self.spec, self.device,
                                           self.job, ("stacked", len(self.live), self.config),
                                           optimizer=stacked_spec([m.spec for m in self.live]),
                                           optimizer_state=optimizer_state)
+
+    def _batch_rows(self) -> set[int]:
+        """The row counts of the batches it trains and validates on (a last one may be short)."""
+        size, d = self.spec.batch_size, self.data
+        return {r for n in (d.n_train, d.n_val) for r in (min(size, n), n % size) if r}
 
     def train(self) -> None:
         d = self.data

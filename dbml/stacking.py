@@ -20,14 +20,18 @@ computes the weight's gradient transposed (``x.T @ grad``), which differed in th
 bit in about half of the small layers tried. ReLU is elementwise; the loss runs per
 member (``torch.func.vmap`` of ``cross_entropy`` sums a batch in another order than
 ``nll_loss`` does, up to an ulp). Only architectures made of these are stacked
-(``dbml.fusion.FUSED_ARCHS``).
+(``dbml.fusion.FUSED_ARCHS``). Whether the batched products round as the single
+model's does is the BLAS's to say, shape by shape (a batch of 7 rows, one output or a
+member's slice off a 64-byte boundary do not, on MKL): :func:`probe_linears` tries each
+shape a fusion will run once, on random values, and a shape that differs runs one
+``F.linear`` per member.
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +39,7 @@ from torch import nn
 
 from .scheduler.graph.stacked import BUFFERS
 
-__all__ = ["StackedModel", "StackedLoss", "StackedLinear", "LOSS_BUFFER"]
+__all__ = ["StackedModel", "StackedLoss", "StackedLinear", "LOSS_BUFFER", "probe_linears", "batched_linear"]
 
 LOSS_BUFFER = "member_loss"   # each member's loss of the last step, written by StackedLoss
 
@@ -73,16 +77,34 @@ def _members_first(t: torch.Tensor | None, dim: int | None, members: int) -> tor
     return t.expand(members, *t.shape) if dim is None else t.movedim(dim, 0)
 
 
-# ATen's CPU bmm multiplies problems of fewer multiply-adds than this (rows x columns x
-# contraction, per batch item) with a naive loop of its own, and larger ones by one addmm
-# per item, the kernel a single model's Linear uses.
-BMM_NAIVE_BELOW = 400
+# (device type, members, rows, inputs, outputs, bias) -> whether the batched products of
+# batched_linear give each member exactly what the single model's Linear gives it on this
+# machine's kernels (probe_linears). Whether they do is the BLAS's business, not a rule
+# one can write down: on this 2-core CPU (torch 2.13, MKL) a batch of 5-7 or 9-11 rows
+# differs in the last bit (a small-matrix kernel of the single addmm), one output or one
+# input differs (addmm runs a matrix-vector product), and a member's slice that does not
+# start on a 64-byte boundary differs (17 inputs). A shape not probed runs per member.
+_BMM_AGREES: dict[tuple, bool] = {}
+# Switch: False runs every stacked Linear one member at a time (always the single model's bits).
+BATCHED_MATMULS = True
+_ALIGN = 64   # bytes: where the CPU allocator starts every tensor
 
 
 def batched_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """Every member's Linear, ``x`` (K, B, in), ``weight`` (K, out, in), ``bias`` (K, out),
-    each member's output and gradients computed as the single model's ``addmm`` and its
-    backward compute them.
+    each member's output and gradients what the single model's ``F.linear`` (``addmm`` and
+    its backward) computes: batched (:func:`_bmm_linear`) where a probe of the shape on
+    this device found the two equal (:func:`probe_linears`), else one ``F.linear`` per
+    member (:func:`_per_member_linear`)."""
+    members, rows, inputs = x.shape
+    key = (x.device.type, members, rows, inputs, weight.shape[1], bias is not None)
+    if BATCHED_MATMULS and _BMM_AGREES.get(key, False):
+        return _bmm_linear(x, weight, bias)
+    return _per_member_linear(x, weight, bias)
+
+
+def _bmm_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The members' Linear as batched matrix products.
 
     The value, and the input's gradient (``grad @ weight``), come from one ``baddbmm``
     (``bias + x @ weight.T``; CPU bmm runs it as one addmm per member). The weight's
@@ -93,18 +115,62 @@ def batched_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     @ x``, added as ``t - t.detach()``: exactly zero, with gradient ``grad``. A custom
     backward cannot do it: ``autograd.Function`` (custom ops' autograd too) is not
     supported under ``functionalize``, which capture traces with. The cost: one more
-    ``bmm`` and two elementwise ops per layer, in the forward. A layer too small for
-    bmm's addmm path (``BMM_NAIVE_BELOW``: a short last batch, a few units) runs one
-    addmm per member instead."""
-    members, rows, inputs = x.shape
-    if rows * inputs * weight.shape[1] < BMM_NAIVE_BELOW:
-        return torch.stack([F.linear(x[k], weight[k], None if bias is None else bias[k]) for k in range(members)])
+    ``bmm`` and two elementwise ops per layer, in the forward."""
     if bias is None:
         out = torch.bmm(x, weight.detach().transpose(1, 2))
     else:
         out = torch.baddbmm(bias.unsqueeze(1), x, weight.detach().transpose(1, 2))
     through = torch.bmm(weight, (x.detach() if x.requires_grad else x).transpose(1, 2))
     return out + (through - through.detach()).transpose(1, 2)
+
+
+def _per_member_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """One ``F.linear`` per member, the single model's ops; a member's slice that does not
+    start where the allocator starts a tensor is copied first (MKL's result depends on it)."""
+    return torch.stack([F.linear(_aligned(x[k]), _aligned(weight[k]), None if bias is None else _aligned(bias[k]))
+                        for k in range(x.shape[0])])
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a copy of it if it does not start on an ``_ALIGN`` boundary of its storage."""
+    return t if t.storage_offset() * t.element_size() % _ALIGN == 0 else t.clone()
+
+
+def probe_linears(model: nn.Module, members: int, rows: Iterable[int], device) -> None:
+    """Decide, once per shape, whether ``model``'s Linear layers stacked ``members`` times
+    run batched for batches of ``rows``: batched where every member's output and gradients
+    (weight, bias, input; the input stacked or shared, as a first layer's is) equal
+    ``F.linear``'s on an aligned copy of its own, on random values (``_BMM_AGREES``)."""
+    device = torch.device(device)
+    for layer in model.modules():
+        if isinstance(layer, nn.Linear):
+            for r in sorted(set(rows)):
+                key = (device.type, members, r, layer.in_features, layer.out_features, layer.bias is not None)
+                if key not in _BMM_AGREES:
+                    _BMM_AGREES[key] = _bmm_agrees(device, members, r, layer.in_features, layer.out_features,
+                                                   layer.bias is not None)
+
+
+def _bmm_agrees(device: torch.device, members: int, rows: int, inputs: int, outputs: int, bias: bool) -> bool:
+    gen = torch.Generator().manual_seed(rows * 7919 + inputs * 31 + outputs)
+    x = torch.randn(rows, inputs, generator=gen).to(device)
+    weight = torch.randn(members, outputs, inputs, generator=gen).to(device).requires_grad_()
+    b = torch.randn(members, outputs, generator=gen).to(device).requires_grad_() if bias else None
+    grad = torch.randn(members, rows, outputs, generator=gen).to(device)
+    with torch.enable_grad():
+        for xs in (x.expand(members, rows, inputs), x.repeat(members, 1, 1).requires_grad_()):
+            inputs_ = [t for t in (weight, b, xs) if t is not None and t.requires_grad]
+            out = _bmm_linear(xs, weight, b)
+            grads = torch.autograd.grad(out, inputs_, grad)
+            for k in range(members):
+                own = [t[k].detach().clone().requires_grad_() for t in (weight, b) if t is not None]
+                xk = x.clone().requires_grad_(xs.requires_grad)
+                single = F.linear(xk, own[0], own[1] if bias else None)
+                mine = [*own, xk] if xs.requires_grad else own
+                if not torch.equal(single, out[k]) or not all(
+                        torch.equal(a, g[k]) for a, g in zip(torch.autograd.grad(single, mine, grad[k]), grads)):
+                    return False
+    return True
 
 
 class StackedLinear(nn.Linear):
