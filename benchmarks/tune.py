@@ -33,8 +33,11 @@ best objective, the device ledger's measured peak (``peak_bytes``) and ``within_
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import os
+import statistics
 import time
 
 import dbml
@@ -55,7 +58,17 @@ def _table(con, rows: int) -> None:
                 f"FROM (SELECT {cols} FROM range({rows}))")
 
 
-def run(quick: bool = False, log=print, ray: bool = True) -> list[dict]:
+METHODS = {"serial": dict(parallel=1, pruner="none"), "packed": dict(pruner="none"),
+           "packed+fused": dict(pruner="none"), "packed+fused+median": dict(pruner="median"),
+           "packed+median": dict(pruner="median"), "packed-by-admission": dict(pruner="none")}
+
+
+def run(quick: bool = False, log=print, ray: bool = True, methods: list[str] | None = None,
+        repeats: int = 1) -> list[dict]:
+    """The section's rows: each of ``methods`` (default: all, then ``unscheduled`` and Ray)
+    ``repeats`` times, the repeats interleaved (serial, packed, ..., serial, ...) so that a
+    change of the machine's load falls on every method alike; ``speedup_vs_serial`` against
+    the median of the serial runs."""
     grid = QUICK_GRID if quick else GRID
     epochs, n_rows = (2, 1000) if quick else (4, 4000)
     trials = len(grid["lr"]) * len(grid["hidden"]) * len(grid["batch_size"])
@@ -77,30 +90,59 @@ def run(quick: bool = False, log=print, ray: bool = True) -> list[dict]:
     base = dict(workload=f"mlp-{trials}-trials", budget_bytes=budget, trials=trials, section="tune", mode="cpu",
                 threads=1)
     rows = []
-    for method, args in (("serial", dict(parallel=1, pruner="none")), ("packed", dict(pruner="none")),
-                         ("packed+fused", dict(pruner="none")), ("packed+fused+median", dict(pruner="median")),
-                         ("packed+median", dict(pruner="median")), ("packed-by-admission", dict(pruner="none"))):
-        search.PACK_WITHOUT_SWAPS = method != "packed-by-admission"
-        try:
-            rows.append({**base, **_search(con, method, space, fixed, args, log, fuse="fused" in method)})
-        finally:
-            search.PACK_WITHOUT_SWAPS = True
+    for repeat in range(repeats):
+        for method in methods or METHODS:
+            search.PACK_WITHOUT_SWAPS = method != "packed-by-admission"
+            try:
+                rows.append({**base, "repeat": repeat,
+                             **_search(con, method, space, fixed, METHODS[method], log, fuse="fused" in method,
+                                     repeat=repeat)})
+            finally:
+                search.PACK_WITHOUT_SWAPS = True
+    if methods is not None:
+        return _speedups(rows, con)
     parallel = max(2, max(r.get("max_concurrent") or 0 for r in rows if "fused" not in r["method"]))
     rows.append({**base, **_search(con, "unscheduled", space, {**fixed, "policy": "none"},
                                    dict(parallel=parallel, pruner="none"), log)})
     if ray:
         rows.append({**base, **_ray(con, grid, fixed, parallel, budget, log)})
-    serial = rows[0]["seconds"]
-    for r in rows:
-        r["speedup_vs_serial"] = serial / r["seconds"] if r.get("seconds") else None
+    return _speedups(rows, con)
+
+
+def _speedups(rows: list[dict], con) -> list[dict]:
     con.close()
+    serial = statistics.median([r["seconds"] for r in rows if r["method"] == "serial"] or [math.nan])
+    for r in rows:
+        r["speedup_vs_serial"] = serial / r["seconds"] if r.get("seconds") and not math.isnan(serial) else None
     return rows
 
 
-def _search(con, method: str, space: dict, fixed: dict, args: dict, log, fuse: bool = False) -> dict:
+def medians(rows: list[dict]) -> list[dict]:
+    """Per method: the median seconds, trials per hour and speedup over its repeats, the
+    worst peak, and the load averages seen."""
+    out = []
+    for method in dict.fromkeys(r["method"] for r in rows):
+        runs = [r for r in rows if r["method"] == method and r.get("seconds")]
+        if not runs:
+            continue
+        out.append({"method": method, "runs": len(runs),
+                    "seconds": statistics.median(r["seconds"] for r in runs),
+                    "seconds_all": [round(r["seconds"], 1) for r in runs],
+                    "trials_per_hour": statistics.median(r["trials_per_hour"] for r in runs),
+                    "speedup_vs_serial": statistics.median(r["speedup_vs_serial"] or math.nan for r in runs),
+                    "finished": runs[0]["finished"], "pruned": [r["pruned"] for r in runs],
+                    "jobs": [r.get("jobs") for r in runs], "best_objective": min(r["best_objective"] for r in runs
+                                                                              if r["best_objective"] is not None),
+                    "peak_bytes": max(r["peak_bytes"] for r in runs),
+                    "within_budget": all(r["within_budget"] for r in runs),
+                    "load_average": [r.get("load_average") for r in runs]})
+    return out
+
+
+def _search(con, method: str, space: dict, fixed: dict, args: dict, log, fuse: bool = False, repeat: int = 0) -> dict:
     """One tune() of the grid as ``method`` (``fuse``: with fusion): its figures, how many
     jobs held device memory at once, and the load average over its run."""
-    name = f"bench_{method.replace('+', '_')}"
+    name = f"bench_{method.replace('+', '_').replace('-', '_')}_{repeat}"   # a new search each run (a name resumes)
     counts, peaks, stop = [], [], __import__("threading").Event()
     ledger = device_ledger("cpu")
 
@@ -226,5 +268,13 @@ def _concurrent_peak(spans: list[tuple[float, float, int]]) -> int:
 
 if __name__ == "__main__":
     import sys
-    print(json.dumps(run(quick="--quick" in sys.argv, log=lambda s: print(s, file=sys.stderr),
-                         ray="--no-ray" not in sys.argv), indent=1, default=str))
+    parser = argparse.ArgumentParser(description="tune section: one search run several ways under one budget")
+    parser.add_argument("--quick", action="store_true", help="the small grid (8 trials, 2 epochs, 1,000 rows)")
+    parser.add_argument("--no-ray", action="store_true", help="leave Ray Tune out")
+    parser.add_argument("--methods", help=f"comma-separated, of {', '.join(METHODS)} (default: all, "
+                                          f"then unscheduled and Ray)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each method, interleaved")
+    a = parser.parse_args()
+    rows = run(quick=a.quick, log=lambda s: print(s, file=sys.stderr), ray=not a.no_ray,
+               methods=a.methods.split(",") if a.methods else None, repeats=a.repeats)
+    print(json.dumps({"rows": rows, "medians": medians(rows)}, indent=1, default=str))
