@@ -12,8 +12,8 @@ from __future__ import annotations
 # then its memory figures (TRAIN_MEMORY, the runner's stats)
 TRAIN_JOB = {
     "job_id": "BIGINT", "model": "VARCHAR", "version": "INTEGER", "status": "VARCHAR", "error": "VARCHAR",
-    "epochs": "INTEGER", "rows": "BIGINT", "skipped_rows": "BIGINT", "final_loss": "DOUBLE", "val_metric": "DOUBLE",
-    "seconds": "DOUBLE",
+    "epochs": "INTEGER", "best_epoch": "INTEGER", "rows": "BIGINT", "skipped_rows": "BIGINT", "final_loss": "DOUBLE",
+    "val_metric": "DOUBLE", "val_loss": "DOUBLE", "warnings": "VARCHAR", "seconds": "DOUBLE",
 }
 TRAIN_MEMORY = {
     "measured_peak_bytes": "BIGINT", "vanilla_peak_bytes": "BIGINT", "vanilla_source": "VARCHAR",
@@ -66,4 +66,12 @@ PREDICTOR_ROW = {
 EVALUATE_RESULT = {
     "rows": "BIGINT", "accuracy": "DOUBLE", "macro_f1": "DOUBLE", "log_loss": "DOUBLE",
     "rmse": "DOUBLE", "mae": "DOUBLE", "r2": "DOUBLE",
+}
+
+# explain(model, source): per row, after the source's columns and `prediction` (as
+# predictions): one attribution per input column, in the model's feature order, and the
+# explained output (dbml/explain.py) at the baseline row and at this row
+EXPLAIN_RESULT = {
+    "attributions": "STRUCT(feature VARCHAR, attribution DOUBLE)[]", "baseline_value": "DOUBLE",
+    "prediction_value": "DOUBLE", "approximation_error": "DOUBLE",
 }

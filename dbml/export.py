@@ -37,6 +37,7 @@ from torch import nn
 
 from . import catalog
 from .errors import InvalidArgument
+from .kinds import FITTERS
 
 __all__ = ["export_model", "ExportedModel"]
 
@@ -160,6 +161,9 @@ def export_model(cur, model: str, path: str, version: int | None = None, overwri
                               f"path") from None
     version, _ = catalog.identify(cur, model, version, fn="export_model")
     stored = catalog.load(cur, model, version)
+    if stored.config.arch in FITTERS:   # LightGBM's trees run outside torch; k-means outputs a centroid id
+        raise InvalidArgument(f"export_model(): model {model!r} is a {stored.config.arch} model, which the ONNX "
+                              f"export does not cover (networks are exported: linear, mlp, dnn, ...)")
     wrapper = ExportedModel(stored)
     input_name, example, axes = _example(stored)
     outputs = ["logits", "probabilities"] if wrapper.classify else ["value"]

@@ -204,7 +204,9 @@ def fit(cur: duckdb.DuckDBPyConnection, select_sql: str, columns: list[Column], 
 
     def kind(c: Column) -> str | None:   # asked only of the feature columns, once each
         if c.name not in kinds:
-            kinds[c.name] = inputs.kind_of(cur, src, c, text=c.name in text_cols, shape=shape)
+            # text := [...] names the text columns; without it, VARCHARs of many words are detected
+            kinds[c.name] = inputs.kind_of(cur, src, c, text=True if c.name in text_cols else
+                                           None if text is None else False, shape=shape)
         return kinds[c.name]
 
     feature_cols = _feature_columns(columns, label_col, features, fn, usable=kind)

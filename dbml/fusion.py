@@ -29,6 +29,13 @@ fusion at that boundary; the others go on in a fusion of the ones left, their we
 and optimizer state carried over (``ScheduledStep(optimizer_state=...)``), re-admitted
 by the scheduler at their smaller size.
 
+Early stopping (``early_stop``, ``patience``). Each member keeps its own best epoch, by
+the rule its trial alone follows (``training.EarlyStopping``): the weights of its best
+validation loss so far are copied out of the stack, and when its patience runs out it
+leaves the fusion at that epoch boundary as finished, with those weights, while the others
+go on; a member still live at the last epoch finishes with its best epoch's weights too.
+So a fused member stops, and ends, where its trial alone would.
+
 Width. Members are stacked as many as fit the device budget unscheduled together (the
 unscheduled peak of one member's stacked step, on the meta device, times the members:
 ``fusion_width``), at most ``MAX_MEMBERS``; more are trained in waves, one after another,
@@ -49,6 +56,7 @@ import torch
 import torch.nn.functional as F
 
 from . import models, runners, stacking, training
+from .data import StreamStats
 from .errors import JobCancelled, TrainingError, scheduler_errors
 from .jobs import Job
 from .scheduler.execute.planners import release_only
@@ -58,13 +66,15 @@ from .scheduler.graph.optim import OptimizerSpec
 from .scheduler.graph.stacked import BUFFERS
 from .scheduler.latency.estimate import RooflineModel
 from .settings import resolve_device
-from .spec import TrainSpec
+from .spec import TrainSpec, default_lr
 
 __all__ = ["FUSED_ARCHS", "MAX_MEMBERS", "fusion_key", "group", "Member", "work", "fusion_width"]
 
 # Architectures made only of layers whose stacked ops equal the single model's bit for bit
 # (Linear as one baddbmm, ReLU; the loss per member): see dbml.stacking.
 FUSED_ARCHS = ("linear", "mlp")
+# Optimizers whose update scheduler.graph.stacked writes for a stack (adagrad's is not).
+FUSED_OPTIMIZERS = ("sgd", "adam", "adamw")
 # The most members one fusion stacks: beyond a few, a small model's step is arithmetic, not
 # overhead, and a wider fusion only delays the trials the sampler would learn from.
 MAX_MEMBERS = 8
@@ -76,7 +86,7 @@ def fusion_key(spec: TrainSpec) -> str | None:
     """What trials must share to be fused (module docstring), as text; None for a trial
     that is never fused."""
     options = spec.options_dict()
-    if (spec.arch not in FUSED_ARCHS or spec.dropout or options.get("dropout") or spec.policy not in ("tensile", "none")
+    if (spec.arch not in FUSED_ARCHS or spec.optimizer not in FUSED_OPTIMIZERS or spec.dropout or options.get("dropout") or spec.policy not in ("tensile", "none")
             or spec.memory_budget is not None or spec.measure_vanilla):
         return None
     shared = {k: v for k, v in dataclasses.asdict(spec).items() if k not in MEMBER_FIELDS}
@@ -133,6 +143,7 @@ class Member:
         self.spec, self.on_epoch, self.on_trained = spec, on_epoch, on_trained
         self.job: Job | None = None
         self.history: list[dict] = []
+        self.early = training.EarlyStopping(spec)   # its best epoch's weights: a module of its own
         self._fate: tuple[str, str | None, BaseException | None, datetime] | None = None
         self._left = threading.Event()
 
@@ -188,6 +199,9 @@ def work(members: list[Member], validate: bool):
             member.job = job
         started = time.perf_counter()
         with training.scratch(cur, spec, job) as data:
+            spec = data.spec   # validation := NULL resolved for the rows (the members share it: fusion_key)
+            for member in members:
+                member.spec = dataclasses.replace(member.spec, validation=spec.validation)
             trained = _fit(cur, data, spec, job, members, started)
         return {"job_id": job.id, "model": spec.model, "version": None, "status": "finished", "epochs": spec.epochs,
                 "rows": data.n_train, "skipped_rows": data.skipped, "seconds": time.perf_counter() - started,
@@ -200,7 +214,11 @@ def _fit(cur, data: training.Scratch, spec: TrainSpec, job: Job, members: list[M
     device = resolve_device(spec.device)
     outputs = len(data.prep.classes) if data.prep.task == "classification" else 1
     config = models.config(spec.arch, data.prep.model_inputs(), outputs, spec.options_dict(), hidden=spec.hidden,
-                           dropout=spec.dropout or None)
+                           dropout=spec.dropout or None, rows=data.n_train)
+    for member in members:   # lr := NULL: the arch family's, as training._fit_model resolves it
+        if member.spec.lr is None:
+            member.spec = dataclasses.replace(member.spec, lr=default_lr(config.arch, member.spec.optimizer))
+    spec = members[0].spec
     loss_fn = training.loss_function(data.prep)
     label = torch.int64 if data.prep.task == "classification" else torch.float32
     rows = min(spec.batch_size, data.n_train)
@@ -249,6 +267,7 @@ class Fusion:
         self.epoch = 0
         self.peak_stats: dict = {}
         self.runner = None
+        self.latency_source: str | None = None
         self._start(stacking.stack(base, len(members)), None)
 
     def _start(self, params: dict[str, torch.Tensor], optimizer_state: list[dict] | None) -> None:
@@ -303,7 +322,7 @@ class Fusion:
         self.epoch = record["epoch"]
         records = [{**record, "loss": t / self.data.n_train} for t in self.totals.tolist()]
         self.totals.zero_()
-        if self.job.validate_epochs and self.data.n_val:
+        if (self.job.validate_epochs or self.spec.early_stop) and self.data.n_val:
             for rec, scores in zip(records, self._validate()):
                 rec.update(scores)
         stats = self.runner.stats()
@@ -322,12 +341,19 @@ class Fusion:
                 leaving[k] = ("cancelled", e)
             except TrainingError as e:      # its objective cannot be measured
                 leaving[k] = ("failed", e)
+            else:   # early stopping: its own best epoch and patience, as its trial alone
+                if member.early.update(records[k], lambda: stacking.member(self.base, self._values(), k)):
+                    leaving[k] = ("finished", None)
         if leaving:
             self._leave(leaving)
 
+    def _values(self) -> dict[str, torch.Tensor]:
+        """The stacked parameters the runner holds now, by name (``members.`` dropped)."""
+        return {n.removeprefix("members."): v for n, v in zip(self.names, self.runner.values())}
+
     def _validate(self) -> list[dict]:
         """Each live member's val_loss and val_metric, the weights of the moment, one pass."""
-        values = {n.removeprefix("members."): v for n, v in zip(self.names, self.runner.values())}
+        values = self._values()
 
         def forward(x: torch.Tensor) -> torch.Tensor:   # rows first
             return stacking.stacked_forward(self.model.members, values, x).movedim(0, 1)
@@ -338,8 +364,12 @@ class Fusion:
     def _leave(self, leaving: dict[int, tuple[str, BaseException]]) -> None:
         """Members ``leaving`` (live position -> status, why) leave; the others go on stacked anew."""
         keep = [k for k in range(len(self.live)) if k not in leaving]
+        self.latency_source = self.runner.latency_source
         for k, (status, why) in leaving.items():
-            self.live[k].leave(status, why)
+            if status == "finished":   # stopped early: its best epoch's model
+                self._finish_member(self.live[k], self.live[k].early.best, _stream_stats(self.live[k].history))
+            else:
+                self.live[k].leave(status, why)
         if not keep:
             raise _AllLeft
         index = torch.tensor(keep)
@@ -366,21 +396,34 @@ class Fusion:
             self.runner = None
 
     def _finish(self, values: dict[str, torch.Tensor], latency_source: str | None, stream_stats) -> None:
-        """The members still live finished: each one's model, checked and validated as alone."""
+        """The members still live finished: each one's model (its best epoch's, where early
+        stopping kept one, as training.TrainLoop.restore_best), checked and validated as alone."""
+        self.latency_source = latency_source
         values = {n.removeprefix("members."): v for n, v in values.items()}
-        memory = runners.memory_summary({**self.peak_stats, "latency_model": latency_source}, None)
-        d = self.data
         for k, member in enumerate(self.live):
-            module = stacking.member(self.base, values, k)
-            try:
-                result = training.trained_result(self.cur, d.table, d.prep, member.spec, self.config, module,
-                                                 self.loss_fn, self.device, d.n_val, member.history, stream_stats,
-                                                 memory)
-            except TrainingError as e:   # its last update made a weight NaN or infinite
-                member.leave("failed", e)
-                continue
-            member.finish(training.Trained(member.spec, d.prep, self.config, result["module"], result["metrics"],
-                                           result["memory"], d.n_train, d.skipped, self.started))
+            module = member.early.best if member.early.best is not None else stacking.member(self.base, values, k)
+            self._finish_member(member, module, stream_stats)
+
+    def _finish_member(self, member: Member, module: torch.nn.Module, stream_stats) -> None:
+        """``member`` finished with ``module``: its Trained made as its trial's alone, or it failed
+        (its last update made a weight NaN or infinite)."""
+        memory = runners.memory_summary({**self.peak_stats, "latency_model": self.latency_source}, None)
+        d = self.data
+        try:
+            result = training.trained_result(self.cur, d.table, d.prep, member.spec, self.config, module,
+                                             self.loss_fn, self.device, d.n_val, member.history, stream_stats,
+                                             memory, member.early.best_epoch)
+        except TrainingError as e:
+            member.leave("failed", e)
+            return
+        member.finish(training.Trained(member.spec, d.prep, self.config, result["module"], result["metrics"],
+                                       result["memory"], d.n_train, d.skipped, self.started,
+                                       training.label_warnings(d.prep, d.n_train + d.n_val)))
+
+
+def _stream_stats(history: list[dict]) -> StreamStats:
+    """The reading figures of a member's epochs (its records' waits), for one that left early."""
+    return StreamStats(wait_seconds=sum(r.get("wait_seconds", 0.0) for r in history))
 
 
 class _AllLeft(Exception):

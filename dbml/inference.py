@@ -251,7 +251,7 @@ def infer_encoded(model: catalog.StoredModel, x: pa.Array) -> pa.Array:
     return pa.array(outputs_to_values(model.preprocessing, forward(model, rows)), type=pa.float64())
 
 
-def _model_and_source(cur, cache: ModelCache, name: str, source: str, fn: str):
+def model_and_source(cur, cache: ModelCache, name: str, source: str, fn: str):
     """The latest version of model ``name``, the source as one SELECT and its columns,
     which must hold every feature of the model."""
     model = cache.get(name, fn=fn)
@@ -262,24 +262,33 @@ def _model_and_source(cur, cache: ModelCache, name: str, source: str, fn: str):
     return model, select_sql, columns
 
 
-def predictions_sql(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, source: str) -> str:
-    """The query behind ``predictions(model, source)``: every source row plus a ``prediction`` column."""
-    model, select_sql, _ = _model_and_source(cur, cache, name, source, "predictions")
+def prediction_expression(model: catalog.StoredModel) -> exp.Expression:
+    """The ``prediction`` column of ``predictions`` (and ``explain``) over a source row."""
     prep = model.preprocessing
     call: exp.Expression = exp.Anonymous(this=infer_function(prep), expressions=[
-        value_sql(name), value_sql(model.uid), sqlglot.parse_one(prep.features_sql(), read="duckdb")])
+        value_sql(model.name), value_sql(model.uid), sqlglot.parse_one(prep.features_sql(), read="duckdb")])
     if prep.task == "classification":   # the class index -> the class, from the catalog's classes
         index = exp.Add(this=exp.cast(call, "INTEGER"), expression=exp.Literal.number(1))
         call = exp.Bracket(this=value_sql(list(prep.classes)), expressions=[index], offset=1)   # 1-based, as written
+    return call
+
+
+def over_source(columns: list[exp.Expression], select_sql: str) -> str:
+    """``SELECT src.*, <columns> FROM (<source>) AS src``."""
     source = exp.Subquery(this=sqlglot.parse_one(select_sql, read="duckdb"), alias=exp.TableAlias(this="src"))
-    return exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier("src")),
-                      exp.alias_(call, "prediction")).from_(source).sql("duckdb")
+    return exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier("src")), *columns).from_(source).sql("duckdb")
+
+
+def predictions_sql(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, source: str) -> str:
+    """The query behind ``predictions(model, source)``: every source row plus a ``prediction`` column."""
+    model, select_sql, _ = model_and_source(cur, cache, name, source, "predictions")
+    return over_source([exp.alias_(prediction_expression(model), "prediction")], select_sql)
 
 
 def evaluate(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, source: str) -> dict:
     """Metrics of the latest version of ``name`` on the rows of ``source`` (its label must be there)."""
     fn = "evaluate"
-    model, select_sql, columns = _model_and_source(cur, cache, name, source, fn)
+    model, select_sql, columns = model_and_source(cur, cache, name, source, fn)
     prep = model.preprocessing
     if not any(c.name.lower() == prep.label.lower() for c in columns):
         raise InvalidArgument(f"{fn}(): source has no column {prep.label!r}, the label of model {name!r}; "

@@ -325,8 +325,9 @@ def _pad(rows: list[list[int]], cap: int) -> torch.Tensor:
 
 
 # -- recognising and fitting -----------------------------------------------------------------
-def kind_of(cur, src: str, col: Column, *, text: bool, shape) -> str | None:
-    """The input kind of a feature column, or None for a tabular one."""
+def kind_of(cur, src: str, col: Column, *, text: bool | None, shape) -> str | None:
+    """The input kind of a feature column, or None for a tabular one. ``text``: the column is text
+    (True), is not (False), or is when its values average many words (None)."""
     t = col.type.strip().upper()
     if t in ("BLOB", "BYTEA"):
         return "image"
@@ -339,7 +340,7 @@ def kind_of(cur, src: str, col: Column, *, text: bool, shape) -> str | None:
         if base.is_numeric:
             return "series"
         return None
-    if t == "VARCHAR" and (text or _looks_like_text(cur, src, col)):
+    if t == "VARCHAR" and (text or text is None and _looks_like_text(cur, src, col)):
         return "text"
     return None
 

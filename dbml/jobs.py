@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import duckdb
 
-from . import catalog
 from .columns import TRAIN_RESULT
 from .errors import DbmlError, Interrupted, InvalidArgument, JobCancelled
 
@@ -192,7 +191,8 @@ class JobManager:
         the DuckDB connection id of the statement that starts it. ``run``: what the job does
         instead of the manager's function (a tune() trial trains without storing)."""
         cur = self._cursor()
-        job = Job(id=catalog.next_job_id(cur), model=spec.model, epochs=spec.epochs, connection=connection)
+        from .catalog import next_job_id   # torch comes with the catalog: imported when a job starts
+        job = Job(id=next_job_id(cur), model=spec.model, epochs=spec.epochs, connection=connection)
         thread = threading.Thread(target=self._run, args=(job, spec, cur, run or self._run_job),
                                   name=f"dbml-job-{job.id}", daemon=True)
         with self._lock:

@@ -12,6 +12,7 @@ imports the job manager.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from contextlib import contextmanager
@@ -28,12 +29,13 @@ from .columns import MEMORY_FIELDS
 from .data import BatchStream, StreamStats
 from .errors import SourceError, TrainingError, scheduler_errors
 from .features import Preprocessing, fit as fit_preprocessing
+from .kinds import FITTERS
 from .runners import JobHandle
 from .scheduler.execute import rng
 from .scheduler.execute.step import EagerStep, StepRunner
 from .settings import resolve_device
 from .source import as_select, check_tables_only, describe
-from .spec import TrainSpec
+from .spec import TrainSpec, default_lr, default_validation
 
 VALIDATION_BUCKETS = 1_000_000
 
@@ -97,13 +99,16 @@ class Trained:
     rows: int              # training rows
     skipped: int           # source rows left out for an unusable label
     started: float         # time.perf_counter() when the job started
+    warnings: tuple[str, ...] = ()   # what looks wrong with the data (label_warnings)
 
     def summary(self, job_id: int, version: int | None) -> dict:
         """The train() row of the job, stored as ``version``."""
         return {
             "job_id": job_id, "model": self.spec.model, "version": version, "status": "finished",
-            "epochs": self.spec.epochs, "rows": self.rows, "skipped_rows": self.skipped,
+            "epochs": len(self.metrics["history"]), "best_epoch": self.metrics.get("best_epoch"),
+            "rows": self.rows, "skipped_rows": self.skipped,
             "final_loss": self.metrics["final_loss"], "val_metric": self.metrics["val_metric"],
+            "val_loss": self.metrics.get("val_loss"), "warnings": "; ".join(self.warnings) or None,
             "seconds": time.perf_counter() - self.started, **{k: self.memory.get(k) for k in MEMORY_FIELDS},
         }
 
@@ -135,14 +140,15 @@ def fit(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> 
     """
     started = time.perf_counter()
     with scratch(cur, spec, progress) as data:
-        result = _fit_model(cur, data.table, data.prep, spec, data.n_train, data.n_val, progress)
-    return Trained(spec, data.prep, result["config"], result["module"], result["metrics"], result["memory"],
-                   data.n_train, data.skipped, started)
+        result = _fit_model(cur, data.table, data.prep, data.spec, data.n_train, data.n_val, progress)
+    return Trained(result["spec"], data.prep, result["config"], result["module"], result["metrics"], result["memory"],
+                   data.n_train, data.skipped, started, label_warnings(data.prep, data.n_train + data.n_val))
 
 
 @dataclass(frozen=True)
 class Scratch:
     """A job's rows, encoded once: the scratch table and what fitting the preprocessing found."""
+    spec: TrainSpec   # the job's, its validation := NULL resolved for the rows (default_validation)
     table: str
     prep: Preprocessing
     n_train: int
@@ -164,13 +170,27 @@ def scratch(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress)
                              text=spec.text, shape=spec.shape, image_size=spec.image_size)
     table = f"dbml_scratch.job_{progress.id}"
     total = cur.execute(f"SELECT count(*) FROM ({select_sql})").fetchall()[0][0]
+    if spec.validation is None:
+        spec = dataclasses.replace(spec, validation=default_validation(total))
     try:
         progress.check()
         n_train, n_val = _materialise(cur, table, select_sql, prep, spec)
         progress.check()
-        yield Scratch(table, prep, n_train, n_val, total - n_train - n_val)
+        yield Scratch(spec, table, prep, n_train, n_val, total - n_train - n_val)
     finally:
         _drop_scratch(cur, table)
+
+
+def label_warnings(prep: Preprocessing, rows: int) -> tuple[str, ...]:
+    """What looks wrong with the label, said in the summary (``warnings``): a class per row or
+    nearly (an identifier?), or a regression target that barely varies."""
+    out = []
+    if prep.task == "classification" and rows >= 20 and len(prep.classes) >= 0.5 * rows:
+        out.append(f"label {prep.label!r} has {len(prep.classes)} classes in {rows} rows: nearly every row is "
+                   f"its own class (an identifier?); pass another label, or task := 'regression'")
+    if prep.task == "regression" and prep.target_std <= 1e-9 * max(1.0, abs(prep.target_mean)):
+        out.append(f"label {prep.label!r} is (nearly) constant ({prep.target_mean:g}): there is little to learn")
+    return tuple(out)
 
 
 def _drop_scratch(cur, table: str) -> None:
@@ -190,24 +210,43 @@ def _params(spec: TrainSpec) -> dict:
 def _materialise(cur, table: str, select_sql: str, prep: Preprocessing, spec: TrainSpec) -> tuple[int, int]:
     """Features and labels computed once by DuckDB, with a deterministic validation split.
 
-    ``h`` hashes each row's content with the seed: it decides the split and the one
-    random order the rows are stored in (the only sort of the job), so both are
-    reproducible whatever order the source yields rows in. Epochs then stream that order
-    from a random starting row through a shuffle buffer (``data.shuffle_windows``).
+    ``h`` hashes each source row (every column it has, as the source gives it: not the
+    encoded features, so models of one source with other features or encodings hold out
+    the same rows) with the seed: it decides the split and the one random order the rows
+    are stored in (the only sort of the job), so both are reproducible whatever order the
+    source yields rows in. Epochs then stream that order from a random starting row
+    through a shuffle buffer (``data.shuffle_windows``).
     """
-    val_cut = int(spec.validation * VALIDATION_BUCKETS)
     cur.execute(f"""
         CREATE TABLE {table} AS
-        SELECT x, y, h % {VALIDATION_BUCKETS} < {val_cut} AS is_val
-        FROM (SELECT x, y, hash(x, y, {int(spec.seed)}) AS h
-              FROM (SELECT {prep.scratch_sql()} AS x, {_label_column(prep)} AS y
-                    FROM ({select_sql}) WHERE {prep.label_filter()}))
+        SELECT x, y, {_is_held_out("h", spec.validation)} AS is_val
+        FROM (SELECT {prep.scratch_sql()} AS x, {_label_column(prep)} AS y, {_split_hash(spec.seed)} AS h
+              FROM ({select_sql}) WHERE {prep.label_filter()})
         ORDER BY h""")
     n_train, n_val = cur.execute(f"SELECT count(*) FILTER (NOT is_val), count(*) FILTER (is_val) FROM {table}").fetchall()[0]
     if n_train == 0:
         raise SourceError(f"train(): no rows left for training after holding out validation := {spec.validation}; "
                           f"pass a larger source or validation := 0")
     return n_train, n_val
+
+
+def _split_hash(seed: int) -> str:
+    """The hash of a source row (every column of the query it is selected from) with the seed:
+    it decides the validation split and the order the scratch table stores the rows in
+    (``held_out_sql`` is the same rule for a reader of the source)."""
+    return f"hash(*COLUMNS(*), {int(seed)})"
+
+
+def _is_held_out(h: str, validation: float) -> str:
+    return f"{h} % {VALIDATION_BUCKETS} < {int(validation * VALIDATION_BUCKETS)}"
+
+
+def held_out_sql(seed: int, validation: float, exclude: tuple[str, ...] = ()) -> str:
+    """Whether a row of the source ``train`` read (every column of it, less ``exclude``: columns
+    a reader added) is one it held out for validation, given the job's ``seed`` and
+    ``validation``: ``_materialise``'s rule, so ``ML.EVALUATE(MODEL m)`` reads exactly those rows."""
+    columns = f"*COLUMNS(* EXCLUDE ({', '.join(exclude)}))" if exclude else "*COLUMNS(*)"
+    return _is_held_out(f"hash({columns}, {int(seed)})", validation)
 
 
 def _label_column(prep: Preprocessing) -> str:
@@ -230,6 +269,7 @@ class TrainLoop:
         self.n_train, self.device = n_train, device
         self.vanilla: int | None = None
         self._measured = False
+        self.early = EarlyStopping(spec)   # the best epoch's weights: copies of the runner's values
         # dropout draws from the job's own generator, as eager PyTorch does after
         # torch.manual_seed(seed), whatever runs beside it (scheduler/execute/rng.py); a
         # plain PyTorch step draws inside its modules, so it runs whole under that generator
@@ -251,10 +291,23 @@ class TrainLoop:
         self.progress.step(len(y))
         return loss
 
-    def end_epoch(self, record: dict) -> None:
+    def end_epoch(self, record: dict) -> bool:
+        """Report the epoch (with its validation, when measured); True to stop training here:
+        ``early_stop`` and no better validation loss for ``patience`` epochs."""
         if self.validate is not None:
             record.update(self.validate(self.forward_now()))
         self.progress.end_epoch(record, {**self.runner.stats(), "schedule": schedule_of(self.runner)})
+        return self.early.update(record, lambda: [v.detach().to("cpu", copy=True) for v in self.runner.values()])
+
+    def restore_best(self) -> None:
+        """After ``runner.finish()``: the model holds the best epoch's weights (early_stop), not
+        the last one's."""
+        if self.early.best is None:
+            return
+        tensors = list(self.module.parameters()) + list(self.module.buffers())
+        with torch.no_grad():
+            for t, v in zip(tensors, self.early.best, strict=True):
+                t.copy_(v)
 
     def forward_now(self):
         """The model's forward pass with the weights the runner holds now, in eval mode; it
@@ -276,6 +329,29 @@ class TrainLoop:
         return runners.memory_summary(stats, self.vanilla)
 
 
+class EarlyStopping:
+    """``early_stop``'s rule, for a job and for each member of a fused one (``dbml.fusion``):
+    after each epoch with a finite validation loss, a better one keeps that epoch's weights
+    (``best``, from ``weights()``), and ``patience`` epochs without one stop training."""
+
+    def __init__(self, spec: TrainSpec):
+        self.spec = spec
+        self.best_loss: float | None = None
+        self.best_epoch: int | None = None
+        self.best = None
+
+    def update(self, record: dict, weights) -> bool:
+        """After an epoch (``record``, its validation in it): True to stop training here."""
+        loss = record.get("val_loss")
+        if not self.spec.early_stop or loss is None or not math.isfinite(loss):
+            return False
+        if self.best_loss is None or loss < self.best_loss:
+            # the weights of the best epoch, copied (training goes on from them)
+            self.best_loss, self.best_epoch, self.best = loss, record["epoch"], weights()
+            return False
+        return record["epoch"] - self.best_epoch >= self.spec.patience
+
+
 def schedule_of(runner) -> tuple | None:
     """The plan the job runs and the access sequence it was made for (what
     ``dbml.plot.memory`` draws); None for an eager job."""
@@ -288,10 +364,15 @@ def schedule_of(runner) -> tuple | None:
 
 def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: int, n_val: int,
                progress: Progress) -> dict:
+    fitted = FITTERS.get(spec.arch)   # trees, k-means (dbml.kinds): fitted on the scratch table, not stepped
+    if fitted is not None:   # lr and early stopping are a stepped model's: its spec as given
+        return {**fitted(cur, table, prep, spec, n_train, n_val, progress), "spec": spec}
     device = resolve_device(spec.device)
     outputs = len(prep.classes) if prep.task == "classification" else 1
     config = models.config(spec.arch, prep.model_inputs(), outputs, spec.options_dict(), hidden=spec.hidden,
-                           dropout=spec.dropout or None)
+                           dropout=spec.dropout or None, rows=n_train)
+    if spec.lr is None:
+        spec = dataclasses.replace(spec, lr=default_lr(config.arch, spec.optimizer))
     runners.check_model_fits(config, spec, device)
     loss_fn = loss_function(prep)
     label = torch.int64 if prep.task == "classification" else torch.float32
@@ -303,7 +384,7 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
         # each epoch's validation runs in batches of the job's own size: its activations (no
         # gradients) stay below an iteration's
         validate = (lambda forward: _validation(cur, table, prep, forward, loss_fn, device, n_val, spec.batch_size)) \
-            if progress.validate_epochs and n_val else None
+            if (progress.validate_epochs or spec.early_stop) and n_val else None
         loop = TrainLoop(runner, module, loss_fn, spec, prep, progress, n_train, device, config, validate)
         progress.begin(spec.epochs, math.ceil(n_train / spec.batch_size))
         try:
@@ -314,21 +395,24 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
         finally:
             runner.close()
             progress.release_scheduler()
+    loop.restore_best()
     return trained_result(cur, table, prep, spec, config, module, loss_fn, device, n_val, history,
-                          stream_stats, loop.memory())
+                          stream_stats, loop.memory(), loop.early.best_epoch)
 
 
 def trained_result(cur, table: str, prep: Preprocessing, spec: TrainSpec, config: models.ModelConfig,
                    module: torch.nn.Module, loss_fn, device: str, n_val: int, history: list[dict],
-                   stream_stats: StreamStats, memory: dict) -> dict:
-    """A trained module, checked finite, as what ``Trained`` keeps: its metrics (final
-    loss, history, validation on the held-out rows) and memory figures."""
+                   stream_stats: StreamStats, memory: dict, best_epoch: int | None) -> dict:
+    """A trained module (with its best epoch's weights, where early stopping kept one),
+    checked finite, as what ``Trained`` keeps: its metrics (final loss, history, the best
+    epoch, whether it stopped early, validation on the held-out rows) and memory figures."""
     _check_finite(module, spec)
     module.eval()
-    stored = {"final_loss": history[-1]["loss"], "history": history,
+    stored = {"final_loss": history[-1]["loss"], "history": history, "best_epoch": best_epoch,
+              "stopped_early": len(history) < spec.epochs,
               "fetch_wait_seconds": stream_stats.wait_seconds, "memory": memory}
     stored.update(_validation(cur, table, prep, module, loss_fn, device, n_val, 8192 if prep.input is None else 256))
-    return {"config": config, "module": module.cpu(), "metrics": stored, "memory": memory}
+    return {"config": config, "module": module.cpu(), "metrics": stored, "memory": memory, "spec": spec}
 
 
 def _check_finite(module: torch.nn.Module, spec: TrainSpec) -> None:
@@ -379,7 +463,8 @@ def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int
             history.append({"epoch": epoch + 1, "loss": total.item() / n_train,
                             "seconds": time.perf_counter() - epoch_started,
                             "wait_seconds": stream.stats.wait_seconds})
-            on_epoch(history[-1])
+            if on_epoch(history[-1]):   # early stopping
+                break
     finally:
         for s in (stream, upcoming):
             if s is not None:

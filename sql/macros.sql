@@ -42,6 +42,11 @@ CREATE OR REPLACE TEMP MACRO export_model(model, path, version := NULL, overwrit
 CREATE OR REPLACE TEMP MACRO predictions(model, source) AS TABLE
     SELECT * FROM query(dbml_predictions_sql(model, source, getvariable('dbml_sources')));
 
+-- Every row of a table or SELECT with the model's prediction and each input column's
+-- attribution to it (dbml/explain.py), run on the calling connection as predictions is.
+CREATE OR REPLACE TEMP MACRO explain(model, source) AS TABLE
+    SELECT * FROM query(dbml_explain_sql(model, source, getvariable('dbml_sources')));
+
 -- Training jobs of this database, live: one row per job started since the process began.
 CREATE OR REPLACE TEMP VIEW dbml_jobs AS
     SELECT unnest(dbml_job_rows(), recursive := true);
@@ -49,6 +54,8 @@ CREATE OR REPLACE TEMP VIEW dbml_jobs AS
 -- Per-epoch metrics of every stored model (like BigQuery ML's TRAINING_INFO).
 CREATE OR REPLACE TEMP VIEW dbml_epochs AS
     SELECT name AS model, version, (e->>'epoch')::INTEGER AS epoch, (e->>'loss')::DOUBLE AS loss,
+           (e->>'val_loss')::DOUBLE AS val_loss, (e->>'val_metric')::DOUBLE AS val_metric,
+           (e->>'epoch')::INTEGER = (metrics->>'best_epoch')::INTEGER AS best,
            (e->>'seconds')::DOUBLE AS seconds, (e->>'wait_seconds')::DOUBLE AS data_wait_seconds
     FROM dbml_models, unnest(CAST(metrics->'history' AS JSON[])) AS h(e);
 

@@ -53,7 +53,7 @@ def test_another_connections_concurrent_statement_never_shows(moons_con):
     seen = Recorder()
     with progress.watching(moons_con, seen, interval=0.01):
         t = threading.Thread(target=lambda: other.sql(
-            "SELECT train('theirs', 'moons', label := 'label', epochs := 30, batch_size := 16)").fetchall())
+            "SELECT train('theirs', 'moons', label := 'label', epochs := 30, batch_size := 16, early_stop := false)").fetchall())
         t.start()     # started after the watch began: its job's id is above every earlier one
         wait_until(lambda: any(j.model == "theirs" for j in moons_con._instance.jobs.jobs()), timeout=30,
                    what="the other statement's job")

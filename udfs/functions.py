@@ -16,6 +16,7 @@ import pyarrow as pa
 from .. import inference, jobs, latency, progress, views
 from ..catalog import drop
 from ..errors import InvalidArgument
+from ..explain import explain_sql as explain_query, explanations
 from ..inference import ModelCache
 from ..inputs import DECODE_TOKEN, InputEncoder
 from ..notebook import renderer_for
@@ -173,6 +174,17 @@ def evaluate(ctx: Context, model: str, source: str, sources: str | None, temp_na
 def predictions_sql(ctx: Context, model: str, source: str, sources: str | None) -> str:
     return _with_cursor(ctx, lambda cur: inference.predictions_sql(
         cur, ctx.models, model, _checked(cur, source, sources, [], "predictions")))
+
+
+def explain(ctx: Context, models: pa.Array, uids: pa.Array, x: pa.Array) -> pa.Array:
+    """``explain``'s attributions for rows encoded by SQL, for the stored model the statement was built for."""
+    return inference.per_model(models, lambda name, rows: explanations(
+        ctx.models.get(name, fn="explain", uid=uids[rows[0]].as_py()), x.take(rows)))
+
+
+def explain_sql(ctx: Context, model: str, source: str, sources: str | None) -> str:
+    return _with_cursor(ctx, lambda cur: explain_query(cur, ctx.models, model,
+                                                       _checked(cur, source, sources, [], "explain")))
 
 
 def export_model(ctx: Context, model: str, path: str, version: int | None, overwrite: bool | None) -> dict:

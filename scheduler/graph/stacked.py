@@ -60,6 +60,8 @@ def stacked_update(spec, group: dict, params, grads, states, hyper: dict[str, to
     settings eager's optimizer uses; ``hyper``: :func:`hyper_parameters`)."""
     if group.get("maximize") or group.get("nesterov"):
         raise CaptureError("a stacked update supports neither maximize nor nesterov")
+    if spec.kind not in ("sgd", "adam", "adamw"):
+        raise CaptureError(f"a stacked update is written for sgd, adam and adamw, not {spec.kind!r}")
     if spec.kind == "sgd":
         _sgd(spec, group, params, grads, states, hyper)
     else:
