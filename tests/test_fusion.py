@@ -3,8 +3,9 @@ trained as one stacked model, one job, each member bit-identical to its trial tr
 
 What is checked: every fused member's weights equal train()'s alone with the same arguments
 (classification and a one-output regression; Adam, SGD with momentum and weight decay,
-AdamW), the members share one job; a member that diverges leaves at the epoch boundary and
-the others, stacked anew, still equal their trials alone; the stacked Linear equals the
+AdamW), the members share one job; a member that diverges, or whose early stopping runs out
+of patience, leaves at the epoch boundary and the others, stacked anew, still equal their
+trials alone (each stops at the epoch, with the best epoch's weights, its trial alone does); the stacked Linear equals the
 single model's on the shapes where the batched products do not (short batches, one output,
 a member's slice off the allocator's alignment).
 """
@@ -51,7 +52,8 @@ def assert_each_equals_its_trial_alone(db, rows, kept, source, fixed):
         if r["status"] != "finished":
             continue
         name = f"alone_{r['trial']}"
-        dbml.train(db, name, source, **{**fixed, **json.loads(r["params"])})
+        summary = dbml.train(db, name, source, **{**fixed, **json.loads(r["params"])})
+        assert summary["epochs"] == r["epochs"], f"trial {r['trial']} trained {r['epochs']} epochs, alone {summary}"
         alone = catalog.load(db, name, 1).module.state_dict()
         fused = kept[r["trial"]][1]
         assert all(torch.equal(fused[k], alone[k]) for k in alone), f"trial {r['trial']} {r['params']}"
@@ -81,6 +83,19 @@ def test_a_diverging_member_leaves_and_the_others_still_equal_their_trials_alone
     assert [r["status"] for r in rows].count("finished") == 3
     fused = [r for r in rows if r["status"] == "finished" and r["job_id"] == status[1e5]["job_id"]]
     assert len(fused) >= 2   # went on, in a fusion of the ones left
+    assert_each_equals_its_trial_alone(db, rows, kept, "moons", fixed)
+
+
+def test_each_member_stops_early_at_its_own_epoch_with_its_best_weights_as_alone(db, kept):
+    """Early stopping per member: lr 1 and 3 overshoot after an epoch or two and stop (patience
+    1) while lr 0.01 and 0.1 go on; each ends where, and with the weights, its trial alone does."""
+    fixed = {**CLASSIFY, "optimizer": "sgd", "hidden": [16, 8], "batch_size": 32, "epochs": 6, "patience": 1}
+    rows = dbml.tune(db, "m", "moons", space={"lr": {"choice": [0.01, 0.1, 1.0, 3.0]}}, sampler="grid",
+                     pruner="none", **fixed)
+    epochs = {json.loads(r["params"])["lr"]: r["epochs"] for r in rows}
+    assert all(r["status"] == "finished" for r in rows)
+    assert epochs[0.1] == 6 and epochs[1.0] < 6 and epochs[3.0] < 6, epochs
+    assert len({kept[r["trial"]][0] for r in rows if json.loads(r["params"])["lr"] != 0.01}) == 1   # one fused job
     assert_each_equals_its_trial_alone(db, rows, kept, "moons", fixed)
 
 
