@@ -30,7 +30,7 @@ and optimizer state carried over (``ScheduledStep(optimizer_state=...)``), re-ad
 by the scheduler at their smaller size.
 
 Early stopping (``early_stop``, ``patience``). Each member keeps its own best epoch, by
-the rule its trial alone follows (``training.EarlyStopping``): the weights of its best
+the rule its trial alone follows (``heldout.EarlyStopping``): the weights of its best
 validation loss so far are copied out of the stack, and when its patience runs out it
 leaves the fusion at that epoch boundary as finished, with those weights, while the others
 go on; a member still live at the last epoch finishes with its best epoch's weights too.
@@ -55,7 +55,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from . import models, runners, stacking, training
+from . import heldout, models, runners, stacking, training
 from .data import StreamStats
 from .errors import JobCancelled, TrainingError, scheduler_errors
 from .jobs import Job
@@ -143,7 +143,7 @@ class Member:
         self.spec, self.on_epoch, self.on_trained = spec, on_epoch, on_trained
         self.job: Job | None = None
         self.history: list[dict] = []
-        self.early = training.EarlyStopping(spec)   # its best epoch's weights: a module of its own
+        self.early = heldout.EarlyStopping(spec)   # its best epoch's weights: a module of its own
         self._fate: tuple[str, str | None, BaseException | None, datetime] | None = None
         self._left = threading.Event()
 
@@ -357,9 +357,9 @@ class Fusion:
 
         def forward(x: torch.Tensor) -> torch.Tensor:   # rows first
             return stacking.stacked_forward(self.model.members, values, x).movedim(0, 1)
-        out, y = training.validation_outputs(self.cur, self.data.table, self.data.prep, forward, self.device,
-                                             self.spec.batch_size)
-        return [training.scores(self.data.prep, self.loss_fn, out[:, k].contiguous(), y) for k in range(len(self.live))]
+        out, y = heldout.validation_outputs(self.cur, self.data.table, forward, self.device, self.spec.batch_size,
+                                            training._converter(self.data.prep, "train"))
+        return [heldout.scores(self.data.prep, self.loss_fn, out[:, k].contiguous(), y) for k in range(len(self.live))]
 
     def _leave(self, leaving: dict[int, tuple[str, BaseException]]) -> None:
         """Members ``leaving`` (live position -> status, why) leave; the others go on stacked anew."""

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import catalog, metrics, models, runners, threads
+from . import catalog, heldout, models, runners, threads
 from .columns import MEMORY_FIELDS
 from .data import BatchStream, StreamStats
 from .errors import SourceError, TrainingError, scheduler_errors
@@ -269,7 +269,7 @@ class TrainLoop:
         self.n_train, self.device = n_train, device
         self.vanilla: int | None = None
         self._measured = False
-        self.early = EarlyStopping(spec)   # the best epoch's weights: copies of the runner's values
+        self.early = heldout.EarlyStopping(spec)   # the best epoch's weights: copies of the runner's values
         # dropout draws from the job's own generator, as eager PyTorch does after
         # torch.manual_seed(seed), whatever runs beside it (scheduler/execute/rng.py); a
         # plain PyTorch step draws inside its modules, so it runs whole under that generator
@@ -329,29 +329,6 @@ class TrainLoop:
         return runners.memory_summary(stats, self.vanilla)
 
 
-class EarlyStopping:
-    """``early_stop``'s rule, for a job and for each member of a fused one (``dbml.fusion``):
-    after each epoch with a finite validation loss, a better one keeps that epoch's weights
-    (``best``, from ``weights()``), and ``patience`` epochs without one stop training."""
-
-    def __init__(self, spec: TrainSpec):
-        self.spec = spec
-        self.best_loss: float | None = None
-        self.best_epoch: int | None = None
-        self.best = None
-
-    def update(self, record: dict, weights) -> bool:
-        """After an epoch (``record``, its validation in it): True to stop training here."""
-        loss = record.get("val_loss")
-        if not self.spec.early_stop or loss is None or not math.isfinite(loss):
-            return False
-        if self.best_loss is None or loss < self.best_loss:
-            # the weights of the best epoch, copied (training goes on from them)
-            self.best_loss, self.best_epoch, self.best = loss, record["epoch"], weights()
-            return False
-        return record["epoch"] - self.best_epoch >= self.spec.patience
-
-
 def schedule_of(runner) -> tuple | None:
     """The plan the job runs and the access sequence it was made for (what
     ``dbml.plot.memory`` draws); None for an eager job."""
@@ -383,7 +360,8 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
         runner = runners.make_runner(module, loss_fn, spec, device, progress, config)
         # each epoch's validation runs in batches of the job's own size: its activations (no
         # gradients) stay below an iteration's
-        validate = (lambda forward: _validation(cur, table, prep, forward, loss_fn, device, n_val, spec.batch_size)) \
+        validate = (lambda forward: heldout.validate(cur, table, prep, forward, loss_fn, device, n_val, spec.batch_size,
+                                                    _converter(prep, "train"))) \
             if (progress.validate_epochs or spec.early_stop) and n_val else None
         loop = TrainLoop(runner, module, loss_fn, spec, prep, progress, n_train, device, config, validate)
         progress.begin(spec.epochs, math.ceil(n_train / spec.batch_size))
@@ -411,7 +389,8 @@ def trained_result(cur, table: str, prep: Preprocessing, spec: TrainSpec, config
     stored = {"final_loss": history[-1]["loss"], "history": history, "best_epoch": best_epoch,
               "stopped_early": len(history) < spec.epochs,
               "fetch_wait_seconds": stream_stats.wait_seconds, "memory": memory}
-    stored.update(_validation(cur, table, prep, module, loss_fn, device, n_val, 8192 if prep.input is None else 256))
+    stored.update(heldout.validate(cur, table, prep, module, loss_fn, device, n_val, 8192 if prep.input is None else 256,
+                                  _converter(prep, "train")))
     return {"config": config, "module": module.cpu(), "metrics": stored, "memory": memory, "spec": spec}
 
 
@@ -476,40 +455,3 @@ def diverged(loss: float, epoch: int, spec: TrainSpec) -> TrainingError:
     """The error of a job whose loss became NaN or infinite in ``epoch`` (from 1)."""
     return TrainingError(f"train(): loss became {loss} in epoch {epoch}; nothing was stored; pass a smaller "
                          f"lr := (now {spec.lr}), or look for extreme values in the features")
-
-
-def _validation(cur, table: str, prep: Preprocessing, forward, loss_fn, device, n_val: int, rows: int) -> dict:
-    """Accuracy (classification) or R^2 (regression), and the mean loss, on the held-out rows,
-    through ``forward`` (the module, or its weights of the moment) in batches of ``rows``."""
-    if n_val == 0:
-        return {"val_metric": None, "val_metric_name": _metric_name(prep), "val_loss": None}
-    return scores(prep, loss_fn, *validation_outputs(cur, table, prep, forward, device, rows))
-
-
-def validation_outputs(cur, table: str, prep: Preprocessing, forward, device, rows: int
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``forward``'s outputs on the held-out rows, in batches of ``rows``, joined along
-    dimension 0, and the rows' labels."""
-    outs, ys = [], []
-    with torch.no_grad():
-        for x, y in BatchStream(cur, f"SELECT x, y FROM {table} WHERE is_val", rows,
-                                convert=_converter(prep, "train")):
-            outs.append(forward(x.to(device)).cpu())
-            ys.append(y)
-    return torch.cat(outs), torch.cat(ys)
-
-
-def _metric_name(prep: Preprocessing) -> str:
-    return "accuracy" if prep.task == "classification" else "r2"
-
-
-def scores(prep: Preprocessing, loss_fn, out: torch.Tensor, y: torch.Tensor) -> dict:
-    """The validation figures of outputs ``out`` on labels ``y``: the mean loss, and
-    accuracy (classification) or R^2 (regression)."""
-    name = _metric_name(prep)
-    val_loss = float(loss_fn(out, y))
-    if prep.task == "classification":
-        value = metrics.accuracy(out.argmax(1).numpy(), y.numpy())
-    else:
-        value = metrics.r2(y.double().numpy(), out.squeeze(-1).double().numpy())
-    return {"val_metric": value, "val_metric_name": name, "val_loss": val_loss}

@@ -1,13 +1,14 @@
 """Fusion (issue 23 part 3): tune() trials that differ only in lr, weight_decay or momentum
 trained as one stacked model, one job, each member bit-identical to its trial trained alone.
 
-What is checked: every fused member's weights equal train()'s alone with the same arguments
-(classification and a one-output regression; Adam, SGD with momentum and weight decay,
-AdamW), the members share one job; a member that diverges, or whose early stopping runs out
-of patience, leaves at the epoch boundary and the others, stacked anew, still equal their
-trials alone (each stops at the epoch, with the best epoch's weights, its trial alone does); the stacked Linear equals the
-single model's on the shapes where the batched products do not (short batches, one output,
-a member's slice off the allocator's alignment).
+What is checked: every fused member's weights equal train()'s alone with the same
+arguments (classification and a one-output regression; Adam, SGD with momentum, weight
+decay and an L1 penalty, AdamW; adagrad, whose update is not stacked, is never fused), and
+the members share one job; a member that diverges, or whose early stopping runs out of
+patience, leaves at the epoch boundary, and the others, stacked anew, still equal their
+trials alone (each stops at the epoch, with the best epoch's weights, its trial alone
+does); the stacked Linear equals the single model's on the shapes where the batched
+products do not (short batches, one output, a member's slice off the allocator's alignment).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def assert_each_equals_its_trial_alone(db, rows, kept, source, fixed):
 
 @pytest.mark.parametrize("source, fixed, space", [
     ("moons", {**CLASSIFY, "hidden": [16, 8], "batch_size": 32}, {"lr": {"choice": [0.003, 0.01, 0.1]}}),
-    ("moons", {**CLASSIFY, "optimizer": "sgd", "batch_size": 64},
+    ("moons", {**CLASSIFY, "optimizer": "sgd", "batch_size": 64, "l1_reg": 0.001},
      {"lr": {"choice": [0.01, 0.1]}, "momentum": {"choice": [0.5, 0.9]}, "weight_decay": {"choice": [0.001, 0.01]}}),
     ("lin", {**REGRESS, "optimizer": "adamw", "hidden": [32], "batch_size": 32},
      {"lr": {"choice": [0.003, 0.03]}, "weight_decay": {"choice": [0.01, 0.1]}}),
@@ -72,6 +73,12 @@ def test_each_fused_member_equals_its_trial_trained_alone(db, kept, source, fixe
     jobs = [kept[r["trial"]][0] for r in rows]
     assert len(set(jobs[1:])) == 1 and len(rows) > 2, f"the trials after the probe were not fused: jobs {jobs}"
     assert_each_equals_its_trial_alone(db, rows, kept, source, fixed)
+
+
+def test_trials_of_an_optimizer_without_a_stacked_update_are_not_fused(db, kept):
+    rows = dbml.tune(db, "m", "moons", space={"lr": {"choice": [0.01, 0.05, 0.1]}}, sampler="grid", pruner="none",
+                     optimizer="adagrad", **CLASSIFY)
+    assert [r["status"] for r in rows] == ["finished"] * 3 and len({r["job_id"] for r in rows}) == 3
 
 
 def test_a_diverging_member_leaves_and_the_others_still_equal_their_trials_alone(db, kept):
