@@ -5,30 +5,39 @@ The search: a tabular MLP on a generated table (16 features, a binary label), a 
 method, no pruning (so every method trains the same 32 models and their best objectives
 compare), objective ``val_loss``.
 
-* ``serial``: ``tune(parallel := 1)``, one trial at a time;
-* ``packed``: ``tune()`` with ``parallel`` left to admission, under the device budget;
-* ``packed+median``: the same with the median pruner (fewer epochs, not the same models);
+* ``serial``: ``tune(parallel := 1)``, one trial at a time (never fused);
+* ``packed``: ``tune()`` with ``parallel`` left to admission, under the device budget, every
+  trial its own job (``search.FUSE_TRIALS`` off);
+* ``packed+fused``: the same with fusion (issue 23 part 3, ``dbml.fusion``): the trials that
+  differ only in ``lr`` (here: the four of each ``hidden`` and ``batch_size``) trained as one
+  stacked model, one job, as many stacked as fit the budget unscheduled;
+* ``packed+fused+median``: the same with the median pruner (fewer epochs, not the same
+  models; a pruned trial leaves its fusion at an epoch boundary);
+* ``packed+median``: packed, unfused, with the median pruner;
 * ``packed-by-admission``: packed with admission alone deciding (``search.PACK_WITHOUT_SWAPS``
   off): trials are added while none waits for memory, the joint plan swapping to fit them;
 * ``unscheduled``: the trials as ``policy := 'none'`` jobs (release after last use, no plan,
-  no admission), ``parallel`` of them at once: what packing without a scheduler does to
-  the same budget;
+  no admission, not fused), ``parallel`` of them at once: what packing without a
+  scheduler does to the same budget;
 * ``ray``: Ray Tune (``pip install 'ray[tune]'``) running the same trials in plain PyTorch
   with fractional CPUs, ``parallel`` at once; recorded as unavailable without Ray. Its
   peak is estimated: the most that its trials' own measured eager peaks (``EagerStep``)
   add up to while they run together (Ray has no device budget to keep).
 
 The budget is ``BUDGET_FACTOR`` (2) times the measured peak of the grid's largest trial
-trained alone, so a few trials fit at once; every trial's graphs are captured once before
-any method is timed. Figures per row: seconds, trials per hour, ``speedup_vs_serial``,
+trained alone, so a few trials fit at once; every trial's graphs, and every fusion's, are
+captured once before any method is timed. Figures per row: seconds, trials per hour, ``speedup_vs_serial``,
 best objective, the device ledger's measured peak (``peak_bytes``) and ``within_budget``.
 ``python -m dbml bench --sections tune``; ``run(quick, log) -> rows``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import os
+import statistics
 import time
 
 import dbml
@@ -49,7 +58,17 @@ def _table(con, rows: int) -> None:
                 f"FROM (SELECT {cols} FROM range({rows}))")
 
 
-def run(quick: bool = False, log=print, ray: bool = True) -> list[dict]:
+METHODS = {"serial": dict(parallel=1, pruner="none"), "packed": dict(pruner="none"),
+           "packed+fused": dict(pruner="none"), "packed+fused+median": dict(pruner="median"),
+           "packed+median": dict(pruner="median"), "packed-by-admission": dict(pruner="none")}
+
+
+def run(quick: bool = False, log=print, ray: bool = True, methods: list[str] | None = None,
+        repeats: int = 1) -> list[dict]:
+    """The section's rows: each of ``methods`` (default: all, then ``unscheduled`` and Ray)
+    ``repeats`` times, the repeats interleaved (serial, packed, ..., serial, ...) so that a
+    change of the machine's load falls on every method alike; ``speedup_vs_serial`` against
+    the median of the serial runs."""
     grid = QUICK_GRID if quick else GRID
     epochs, n_rows = (2, 1000) if quick else (4, 4000)
     trials = len(grid["lr"]) * len(grid["hidden"]) * len(grid["batch_size"])
@@ -64,34 +83,66 @@ def run(quick: bool = False, log=print, ray: bool = True) -> list[dict]:
     space = {k: {"choice": v} for k, v in grid.items()}
     log(f"tune: {trials} trials of an MLP, {epochs} epochs on {n_rows} rows; budget {budget / 1e6:.2f} MB "
         f"({BUDGET_FACTOR}x the largest trial's {alone['measured_peak_bytes'] / 1e6:.2f} MB)")
-    # every trial's graphs captured once before any method is timed (the graph cache), so the
-    # first method measured does not pay the captures for the others
-    _search(con, "warmup", space, fixed, dict(pruner="none"), log)
+    # every trial's graphs, and every fusion's, captured once before any method is timed (the
+    # graph cache), so the first method measured does not pay the captures for the others
+    for method in ("warmup", "warmup+fused"):
+        _search(con, method, space, fixed, dict(pruner="none"), log, fuse="fused" in method)
     base = dict(workload=f"mlp-{trials}-trials", budget_bytes=budget, trials=trials, section="tune", mode="cpu",
-                threads=1, load_average=round(os.getloadavg()[0], 2))
+                threads=1)
     rows = []
-    for method, args in (("serial", dict(parallel=1, pruner="none")), ("packed", dict(pruner="none")),
-                         ("packed+median", dict(pruner="median")), ("packed-by-admission", dict(pruner="none"))):
-        search.PACK_WITHOUT_SWAPS = method != "packed-by-admission"
-        try:
-            rows.append({**base, **_search(con, method, space, fixed, args, log)})
-        finally:
-            search.PACK_WITHOUT_SWAPS = True
-    parallel = max(2, max(r.get("max_concurrent") or 0 for r in rows))
+    for repeat in range(repeats):
+        for method in methods or METHODS:
+            search.PACK_WITHOUT_SWAPS = method != "packed-by-admission"
+            try:
+                rows.append({**base, "repeat": repeat,
+                             **_search(con, method, space, fixed, METHODS[method], log, fuse="fused" in method,
+                                     repeat=repeat)})
+            finally:
+                search.PACK_WITHOUT_SWAPS = True
+    if methods is not None:
+        return _speedups(rows, con)
+    parallel = max(2, max(r.get("max_concurrent") or 0 for r in rows if "fused" not in r["method"]))
     rows.append({**base, **_search(con, "unscheduled", space, {**fixed, "policy": "none"},
                                    dict(parallel=parallel, pruner="none"), log)})
     if ray:
         rows.append({**base, **_ray(con, grid, fixed, parallel, budget, log)})
-    serial = rows[0]["seconds"]
-    for r in rows:
-        r["speedup_vs_serial"] = serial / r["seconds"] if r.get("seconds") else None
+    return _speedups(rows, con)
+
+
+def _speedups(rows: list[dict], con) -> list[dict]:
     con.close()
+    serial = statistics.median([r["seconds"] for r in rows if r["method"] == "serial"] or [math.nan])
+    for r in rows:
+        r["speedup_vs_serial"] = serial / r["seconds"] if r.get("seconds") and not math.isnan(serial) else None
     return rows
 
 
-def _search(con, method: str, space: dict, fixed: dict, args: dict, log) -> dict:
-    """One tune() of the grid as ``method``: its figures, and how many trials held device memory at once."""
-    name = f"bench_{method.replace('+', '_')}"
+def medians(rows: list[dict]) -> list[dict]:
+    """Per method: the median seconds, trials per hour and speedup over its repeats, the
+    worst peak, and the load averages seen."""
+    out = []
+    for method in dict.fromkeys(r["method"] for r in rows):
+        runs = [r for r in rows if r["method"] == method and r.get("seconds")]
+        if not runs:
+            continue
+        out.append({"method": method, "runs": len(runs),
+                    "seconds": statistics.median(r["seconds"] for r in runs),
+                    "seconds_all": [round(r["seconds"], 1) for r in runs],
+                    "trials_per_hour": statistics.median(r["trials_per_hour"] for r in runs),
+                    "speedup_vs_serial": statistics.median(r["speedup_vs_serial"] or math.nan for r in runs),
+                    "finished": runs[0]["finished"], "pruned": [r["pruned"] for r in runs],
+                    "jobs": [r.get("jobs") for r in runs], "best_objective": min(r["best_objective"] for r in runs
+                                                                              if r["best_objective"] is not None),
+                    "peak_bytes": max(r["peak_bytes"] for r in runs),
+                    "within_budget": all(r["within_budget"] for r in runs),
+                    "load_average": [r.get("load_average") for r in runs]})
+    return out
+
+
+def _search(con, method: str, space: dict, fixed: dict, args: dict, log, fuse: bool = False, repeat: int = 0) -> dict:
+    """One tune() of the grid as ``method`` (``fuse``: with fusion): its figures, how many
+    jobs held device memory at once, and the load average over its run."""
+    name = f"bench_{method.replace('+', '_').replace('-', '_')}_{repeat}"   # a new search each run (a name resumes)
     counts, peaks, stop = [], [], __import__("threading").Event()
     ledger = device_ledger("cpu")
 
@@ -102,7 +153,8 @@ def _search(con, method: str, space: dict, fixed: dict, args: dict, log) -> dict
 
     watcher = __import__("threading").Thread(target=sample, daemon=True)
     watcher.start()
-    started = time.perf_counter()
+    started, fusing = time.perf_counter(), search.FUSE_TRIALS
+    search.FUSE_TRIALS = fuse
     try:
         rows = dbml.tune(con, name, "bench_tune", space=space, sampler="grid", **fixed, **args)
         error = None
@@ -110,6 +162,7 @@ def _search(con, method: str, space: dict, fixed: dict, args: dict, log) -> dict
         rows, error = [], str(e)
     finally:
         seconds = time.perf_counter() - started
+        search.FUSE_TRIALS = fusing
         stop.set()
         watcher.join()
     peak = max([*peaks, ledger.peak_bytes])
@@ -119,9 +172,12 @@ def _search(con, method: str, space: dict, fixed: dict, args: dict, log) -> dict
            "pruned": sum(r["status"] == "pruned" for r in rows), "best_objective": min(finished, default=None),
            "peak_bytes": peak, "within_budget": peak <= int(con.execute(
                "SELECT getvariable('dbml_memory_budget')").fetchall()[0][0]),
-           "max_concurrent": max(counts, default=0), "parallel": args.get("parallel"), "error": error}
-    log(f"tune: {method}: {seconds:.1f} s, {out['finished']} finished, best {out['best_objective']}, "
-        f"peak {peak / 1e6:.2f} MB, at most {out['max_concurrent']} at once")
+           "max_concurrent": max(counts, default=0), "parallel": args.get("parallel"), "error": error,
+           "jobs": len({r["job_id"] for r in rows if r["job_id"] is not None}),
+           "load_average": round(os.getloadavg()[0], 2)}
+    log(f"tune: {method}: {seconds:.1f} s, {out['finished']} finished in {out['jobs']} jobs, best "
+        f"{out['best_objective']}, peak {peak / 1e6:.2f} MB, at most {out['max_concurrent']} jobs at once, "
+        f"load {out['load_average']}")
     return out
 
 
@@ -212,5 +268,13 @@ def _concurrent_peak(spans: list[tuple[float, float, int]]) -> int:
 
 if __name__ == "__main__":
     import sys
-    print(json.dumps(run(quick="--quick" in sys.argv, log=lambda s: print(s, file=sys.stderr),
-                         ray="--no-ray" not in sys.argv), indent=1, default=str))
+    parser = argparse.ArgumentParser(description="tune section: one search run several ways under one budget")
+    parser.add_argument("--quick", action="store_true", help="the small grid (8 trials, 2 epochs, 1,000 rows)")
+    parser.add_argument("--no-ray", action="store_true", help="leave Ray Tune out")
+    parser.add_argument("--methods", help=f"comma-separated, of {', '.join(METHODS)} (default: all, "
+                                          f"then unscheduled and Ray)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each method, interleaved")
+    a = parser.parse_args()
+    rows = run(quick=a.quick, log=lambda s: print(s, file=sys.stderr), ray=not a.no_ray,
+               methods=a.methods.split(",") if a.methods else None, repeats=a.repeats)
+    print(json.dumps({"rows": rows, "medians": medians(rows)}, indent=1, default=str))

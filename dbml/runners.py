@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import Protocol
+from typing import Hashable, Protocol
 
 import torch
 
@@ -28,6 +28,7 @@ from .errors import InvalidArgument
 from .scheduler import config as scheduler_config
 from .scheduler.graph.access import build_sequence
 from .scheduler.graph.capture import state_keys
+from .scheduler.graph.optim import OptimizerSpec
 from .scheduler.graph.graphs import GraphCache
 from .scheduler.latency.estimate import RooflineModel
 from .scheduler.plan.planner import plan
@@ -62,18 +63,25 @@ class JobHandle(Protocol):
 
 
 def make_runner(model: torch.nn.Module, loss_fn, spec, device: str, job: JobHandle,
-                config: models.ModelConfig | None = None) -> StepRunner:
+                config: Hashable | None = None, *, optimizer: OptimizerSpec | None = None,
+                optimizer_state: list[dict] | None = None) -> StepRunner:
     """The step-runner boundary: the TENSILE scheduler, or plain PyTorch for policy 'eager'.
 
     A tensile job without a ``memory_budget`` of its own plans jointly with every other
     such job on the device through the process's shared MemoryScheduler, within the
     device budget (the ``memory_budget`` setting), waiting for admission when it does not
     fit beside the running ones. A job given its own budget, and the none/capuchin/vdnn/
-    pooch/swapadvisor policies, plan alone. Jobs with the same model ``config`` share captured graphs.
-    ``spec`` is the job's TrainSpec.
+    pooch/swapadvisor policies, plan alone. Jobs with the same model ``config`` (a
+    ``ModelConfig``, or any name of the architecture) share captured graphs. ``spec`` is
+    the job's TrainSpec; ``optimizer``: the optimizer spec when not ``spec``'s own (a
+    stacked model's, ``dbml.fusion``), ``optimizer_state``: the state to start from
+    (``ScheduledStep(optimizer_state=...)``; a scheduled runner only).
     """
+    optimizer = optimizer or spec.optimizer_spec()
     if spec.policy == "eager":
-        return EagerStep(model, loss_fn, spec.optimizer_spec())
+        if optimizer_state is not None:
+            raise ValueError("make_runner(): policy 'eager' starts from fresh optimizer state")
+        return EagerStep(model, loss_fn, optimizer)
     estimator, how = latency_model(spec.latency_model, device, spec.torch_threads)
     shared = spec.policy == "tensile" and spec.memory_budget is None
     budget = job_budget(spec, device)
@@ -86,9 +94,9 @@ def make_runner(model: torch.nn.Module, loss_fn, spec, device: str, job: JobHand
                                        cancelled=job.cancelled)
         job.attach_scheduler(scheduler)
         planner = scheduler.planner_for(job.name, wait=True, cancelled=job.cancelled)
-    runner = ScheduledStep(model, loss_fn, spec.optimizer_spec(), policy=spec.policy, budget_bytes=budget,
+    runner = ScheduledStep(model, loss_fn, optimizer, policy=spec.policy, budget_bytes=budget,
                            device=device, job=job.name, latency_model=estimator, planner=planner,
-                           ledger=device_ledger(device), share_graphs=config,
+                           ledger=device_ledger(device), share_graphs=config, optimizer_state=optimizer_state,
                            update=UpdateSettings(beta=spec.replan_beta, threshold=spec.replan_threshold,
                                                  max_plan_share=MAX_PLAN_SHARE))
     runner.latency_source = how   # the train summary reports it

@@ -18,6 +18,12 @@ unless ``parallel`` says otherwise. After each epoch the job's hook (``Job.on_ep
 reports the epoch's objective to the trial and asks the pruner; a pruned trial stops at
 that boundary, its memory given back at once, and the next trial is admitted.
 
+Fusion (``FUSE_TRIALS``). Trials are asked in rounds (``_round_size``), and the ones of a
+round that differ only in optimizer settings are trained as one job, a stacked model
+(``dbml.fusion``); each such trial holds a ``fusion.Member`` where a trial holds its job,
+with its own fate (a pruned member leaves the fusion at that epoch boundary). Packing
+and ``parallel`` count trials as before, a fused job as its members.
+
 The first trial of a search with no feasible trial yet runs alone, with the parameters
 that change memory at their smallest (``Space.corner``): if even it does not fit the
 budget, the search stops with that error and stores nothing.
@@ -34,10 +40,12 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Callable
 
+from . import fusion
 from . import trials as store
 from . import training
 from .errors import BudgetTooSmall, Interrupted, InvalidArgument, JobCancelled, TrainingError
@@ -59,6 +67,15 @@ SETUP_AHEAD = 2
 # 32-trial MLP search on 2 cores: 66.7 s packed by admission alone, 35.2 s one at a time).
 # False: admission alone decides (as for train()'s jobs).
 PACK_WITHOUT_SWAPS = True
+# Train trials that differ only in optimizer settings as one stacked job (dbml.fusion): a
+# small model's step is per-op overhead, paid once for the fusion instead of once per trial.
+# False: every trial its own job. Never with parallel := 1 (one trial at a time).
+FUSE_TRIALS = True
+# Trials asked of a TPE sampler at once, to find fusable ones among them. TPE learns from
+# ended trials, and no trial of a round has ended when the round is asked (as with trials
+# packed side by side); a grid's or random sampler's draws learn nothing, so a round is
+# every trial left.
+FUSE_ROUND = 8
 # tune()'s objective -> the key of each epoch's record that holds it
 RECORD_KEYS = {"val_loss": "val_loss", "val_metric": "val_metric", "loss": "loss"}
 
@@ -74,7 +91,7 @@ class Trial:
     ask: object                    # Optuna's trial (report, should_prune, tell)
     search: dict                   # the sampler's view: Optuna's params and distributions
     started: datetime = field(default_factory=datetime.now)
-    job: Job | None = None
+    job: Job | fusion.Member | None = None   # a fused trial's: its Member of the fused job
     status: str = "running"
     objectives: list[float] = field(default_factory=list)
     pruned: bool = False
@@ -108,6 +125,8 @@ class Search:
         self.best: Trial | None = None      # this call's best finished trial, its weights kept
         self.corner: int | None = None      # the trial that tells whether any fits the budget
         self.largest = 0                    # the largest unscheduled peak of a trial seen so far
+        self.queue: list[list[tuple[Trial, object]]] = []   # asked, not started: fusions of (trial, spec)
+        self.asked = 0
         self._lock = threading.Lock()       # Optuna's study, from the job threads and this one
 
     # -- the call ------------------------------------------------------------------------
@@ -175,12 +194,16 @@ class Search:
 
     # -- the loop --------------------------------------------------------------------------
     def _loop(self, wait: Wait) -> None:
-        while self.left > 0 or self._live():
+        while self.left > 0 or self.queue or self._live():
             if wait.interrupted.is_set():
                 return
             self._collect()
-            while self.left > 0 and self._room():
-                self._submit(wait)
+            while True:
+                if not self.queue and self.left > 0 and self._room(1):
+                    self._ask_round()
+                if not self.queue or not self._room(len(self.queue[0])):
+                    break
+                self._submit(self.queue.pop(0), wait)
             live = self._live()
             if live:
                 live[0].job.wait(POLL_S)
@@ -188,58 +211,99 @@ class Search:
     def _live(self) -> list[Trial]:
         return [t for t in self.trials if t.status == "running"]
 
-    def _room(self) -> bool:
-        """Whether to start another trial now (see the module docstring): never beside the
-        first, smallest trial before it is admitted; then up to ``parallel``, or while none
-        waits for memory, fewer than SETUP_AHEAD are being set up and (PACK_WITHOUT_SWAPS)
-        one more fits beside the running ones unscheduled."""
+    def _room(self, trials: int) -> bool:
+        """Whether to start ``trials`` more trials (one job) now (see the module docstring):
+        never beside the first, smallest trial before it is admitted; then up to
+        ``parallel`` trials, or while no job waits for memory, fewer than SETUP_AHEAD are
+        being set up and (PACK_WITHOUT_SWAPS) one more fits beside the running ones unscheduled."""
         live = self._live()
         if any(t.number == self.corner and not t.admitted() for t in live):
             return False
-        parallel = self.request.parallel
-        if parallel is None and not self._shared():
-            parallel = 1
+        parallel = self._parallel()
         if parallel is not None:
-            return len(live) < parallel
-        return (not any(t.job.waiting_for_memory() for t in live)
-                and sum(not t.admitted() for t in live) < SETUP_AHEAD
-                and (not PACK_WITHOUT_SWAPS or self._fits_unscheduled(live)))
+            return len(live) + trials <= parallel
+        jobs = list({t.job.name: t for t in live}.values())   # a fused job's members once
+        return (not any(t.job.waiting_for_memory() for t in jobs)
+                and sum(not t.admitted() for t in jobs) < SETUP_AHEAD
+                and (not PACK_WITHOUT_SWAPS or self._fits_unscheduled(live, trials)))
 
-    def _fits_unscheduled(self, live: list[Trial]) -> bool:
-        """Whether one more trial, as large as the largest seen, fits the budget beside the
-        running ones at their unscheduled peaks (release after last use: no plan needs a
-        swap or a recompute); a trial still being set up counts as the largest too."""
+    def _parallel(self) -> int | None:
+        """The most trials at once: ``parallel``, or one when trials do not share the device."""
+        parallel = self.request.parallel
+        return 1 if parallel is None and not self._shared() else parallel
+
+    def _fits_unscheduled(self, live: list[Trial], trials: int = 1) -> bool:
+        """Whether ``trials`` more trials (one job), each as large as the largest trial seen,
+        fit the budget beside the running jobs at their unscheduled peaks (release after
+        last use: no plan needs a swap or a recompute); a job still being set up counts as
+        its trials at the largest too. A fused job's trial counts as its share of the job."""
         scheduler = existing_scheduler(resolve_device(self.request.base.device))
         if scheduler is None or not live:   # one trial runs whatever its size (admission plans it)
             return True
         snap = scheduler.snapshot()
-        peaks = {t.job.name: snap["jobs"][t.job.name]["vanilla_peak_bytes"] for t in live
-                 if t.job.name in snap["jobs"]}
-        self.largest = max([self.largest, *peaks.values()])
-        return sum(peaks.values()) + (len(live) - len(peaks) + 1) * self.largest <= snap["budget_bytes"]
+        members = Counter(t.job.name for t in live)
+        peaks = {name: snap["jobs"][name]["vanilla_peak_bytes"] for name in members if name in snap["jobs"]}
+        self.largest = max([self.largest, *(peak / members[name] for name, peak in peaks.items())])
+        unknown = sum(n for name, n in members.items() if name not in peaks) + trials
+        return sum(peaks.values()) + unknown * self.largest <= snap["budget_bytes"]
 
     def _shared(self) -> bool:
         """Whether trials join the device's shared scheduler (its admission packs them)."""
         base = self.request.base
         return base.policy == "tensile" and base.memory_budget is None
 
-    def _submit(self, wait: Wait) -> None:
+    def _ask_round(self) -> None:
+        """Ask the sampler for the next round of trials and queue them, in fusions."""
+        asked = [t for t in (self._ask() for _ in range(self._round_size())) if t is not None]
+        parallel = self._parallel()
+        limit = min(fusion.MAX_MEMBERS, parallel or fusion.MAX_MEMBERS) if FUSE_TRIALS else 1
+        self.queue += [[asked[i] for i in positions] for positions in fusion.group([s for _, s in asked], limit)]
+
+    def _round_size(self) -> int:
+        """How many trials to ask at once (FUSE_ROUND): one to probe the space's corner first."""
+        if not FUSE_TRIALS or self._parallel() == 1 or (self.probe and self.asked == 0):
+            return 1
+        return min(self.left, FUSE_ROUND) if self.request.sampler == "tpe" else self.left
+
+    def _ask(self) -> tuple[Trial, object] | None:
+        """The sampler's next trial and its TrainSpec; None if train() refuses what it drew."""
         with self._lock:
             ask = self.study.ask(self.dists)
         trial = Trial(ask.number + self.offset, decode(self.request.space.dims, ask.params), ask,
                       {"params": dict(ask.params), "distributions": dists_json(ask.distributions)})
-        if self.probe and not self.trials:
+        if self.probe and self.asked == 0:
             self.corner = trial.number
-        self.trials.append(trial)
+        self.asked += 1
         self.left -= 1
         try:
-            spec = self.request.space.apply(self.request.base, trial.params)
+            return trial, self.request.space.apply(self.request.base, trial.params)
         except InvalidArgument as e:   # a combination train() refuses (e.g. width and heads)
+            self.trials.append(trial)
             self._failed(trial, str(e))
-            return
-        trial.job = self.manager.submit(spec, self.connection, run=self._work(trial))
-        wait.add(trial.job)
-        store.save(self.cur, self._record(trial))
+            return None
+
+    def _submit(self, group: list[tuple[Trial, object]], wait: Wait) -> None:
+        """Start one job: a trial, or a fusion of trials (``fusion.Member``s in the trials' place)."""
+        if len(group) == 1:
+            trial, spec = group[0]
+            job = trial.job = self.manager.submit(spec, self.connection, run=self._work(trial))
+        else:
+            members = [self._member(trial, spec) for trial, spec in group]
+            job = self.manager.submit(group[0][1], self.connection,
+                                      run=fusion.work(members, self.request.objective != "loss"))
+            for (trial, _), member in zip(group, members):
+                trial.job, member.job = member, job
+        wait.add(job)
+        for trial, _ in group:
+            trial.started = datetime.now()
+            self.trials.append(trial)
+            store.save(self.cur, self._record(trial))
+
+    def _member(self, trial: Trial, spec) -> fusion.Member:
+        """``trial`` as a member of a fused job: its epochs reported, its model kept."""
+        member = fusion.Member(spec, on_epoch=lambda record: self._epoch(trial, member, record),
+                               on_trained=lambda trained: setattr(trial, "trained", trained))
+        return member
 
     def _work(self, trial: Trial):
         """What the trial's job runs, on its thread: training, its epochs reported, nothing stored."""

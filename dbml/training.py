@@ -15,15 +15,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Protocol, runtime_checkable
+from typing import Iterator, Protocol, runtime_checkable
 
 import duckdb
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import catalog, metrics, models, runners, threads
+from . import catalog, heldout, models, runners, threads
 from .estimate import Estimate, estimate, slow_warning
 from .columns import MEMORY_FIELDS
 from .data import BatchStream, StreamStats
@@ -50,7 +51,12 @@ def _regression_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def loss_function(prep: Preprocessing):
     """One function object per task: jobs with equal models share captured graphs."""
-    return _classification_loss if prep.task == "classification" else _regression_loss
+    return loss_function_of(prep.task)
+
+
+def loss_function_of(task: str):
+    """The loss function of ``task`` ('classification' or 'regression')."""
+    return _classification_loss if task == "classification" else _regression_loss
 
 
 @runtime_checkable
@@ -138,8 +144,29 @@ def fit(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> 
     read and which is dropped when the job ends.
     """
     started = time.perf_counter()
+    with scratch(cur, spec, progress) as data:
+        result = _fit_model(cur, data.table, data.prep, data.spec, data.n_train, data.n_val, progress)
+    warnings = label_warnings(data.prep, data.n_train + data.n_val) + tuple(result["metrics"].get("warnings", ()))
+    return Trained(result["spec"], data.prep, result["config"], result["module"], result["metrics"], result["memory"],
+                   data.n_train, data.skipped, started, warnings)
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """A job's rows, encoded once: the scratch table and what fitting the preprocessing found."""
+    spec: TrainSpec   # the job's, its validation := NULL resolved for the rows (default_validation)
+    table: str
+    prep: Preprocessing
+    n_train: int
+    n_val: int
+    skipped: int   # source rows left out for an unusable label (features.label_usable)
+
+
+@contextmanager
+def scratch(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> Iterator[Scratch]:
+    """The job's source checked, its preprocessing fitted and its rows materialised
+    (``_materialise``) into the job's scratch table, dropped when the block ends."""
     threads.use(spec.torch_threads)
-    job_id = progress.id
     select_sql = as_select(spec.source, fn="train")
     if spec.sources == "tables":
         check_tables_only(cur, select_sql, fn="train")
@@ -148,21 +175,17 @@ def fit(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> 
                              features=None if spec.features is None else list(spec.features), task=spec.task,
                              text=spec.text, shape=spec.shape, image_size=spec.image_size,
                              series_scale=spec.series_scale)
-    table = f"dbml_scratch.job_{job_id}"
+    table = f"dbml_scratch.job_{progress.id}"
     total = cur.execute(f"SELECT count(*) FROM ({select_sql})").fetchall()[0][0]
     if spec.validation is None:
         spec = dataclasses.replace(spec, validation=default_validation(total))
     try:
         progress.check()
         n_train, n_val = _materialise(cur, table, select_sql, prep, spec)
-        skipped = total - n_train - n_val     # rows whose label is unusable (features.label_usable)
         progress.check()
-        result = _fit_model(cur, table, prep, spec, n_train, n_val, progress)
+        yield Scratch(spec, table, prep, n_train, n_val, total - n_train - n_val)
     finally:
         _drop_scratch(cur, table)
-    warnings = label_warnings(prep, n_train + n_val) + tuple(result["metrics"].get("warnings", ()))
-    return Trained(result["spec"], prep, result["config"], result["module"], result["metrics"], result["memory"],
-                   n_train, skipped, started, warnings)
 
 
 def label_warnings(prep: Preprocessing, rows: int) -> tuple[str, ...]:
@@ -255,10 +278,7 @@ class TrainLoop:
         self.slow: str | None = None             # ... and the warning it gave, if it passed slow_train_seconds
         self.vanilla: int | None = None
         self._measured = False
-        # early stopping: the best validation loss so far, its epoch and its weights
-        self.best_loss: float | None = None
-        self.best_epoch: int | None = None
-        self.best: list[torch.Tensor] | None = None
+        self.early = heldout.EarlyStopping(spec)   # the best epoch's weights: copies of the runner's values
         # dropout draws from the job's own generator, as eager PyTorch does after
         # torch.manual_seed(seed), whatever runs beside it (scheduler/execute/rng.py); a
         # plain PyTorch step draws inside its modules, so it runs whole under that generator
@@ -299,25 +319,17 @@ class TrainLoop:
         ``early_stop`` and no better validation loss for ``patience`` epochs."""
         if self.validate is not None:
             record.update(self.validate(self.forward_now()))
-        self.progress.end_epoch(record, {**self.runner.stats(), "schedule": _schedule(self.runner)})
-        loss = record.get("val_loss")
-        if not self.spec.early_stop or loss is None or not math.isfinite(loss):
-            return False
-        if self.best_loss is None or loss < self.best_loss:
-            # the weights of the best epoch, copied (the runner keeps training the others)
-            self.best_loss, self.best_epoch = loss, record["epoch"]
-            self.best = [v.detach().to("cpu", copy=True) for v in self.runner.values()]
-            return False
-        return record["epoch"] - self.best_epoch >= self.spec.patience
+        self.progress.end_epoch(record, {**self.runner.stats(), "schedule": schedule_of(self.runner)})
+        return self.early.update(record, lambda: [v.detach().to("cpu", copy=True) for v in self.runner.values()])
 
     def restore_best(self) -> None:
         """After ``runner.finish()``: the model holds the best epoch's weights (early_stop), not
         the last one's."""
-        if self.best is None or self.best_epoch is None:
+        if self.early.best is None:
             return
         tensors = list(self.module.parameters()) + list(self.module.buffers())
         with torch.no_grad():
-            for t, v in zip(tensors, self.best, strict=True):
+            for t, v in zip(tensors, self.early.best, strict=True):
                 t.copy_(v)
 
     def forward_now(self):
@@ -340,7 +352,7 @@ class TrainLoop:
         return runners.memory_summary(stats, self.vanilla)
 
 
-def _schedule(runner) -> tuple | None:
+def schedule_of(runner) -> tuple | None:
     """The plan the job runs and the access sequence it was made for (what
     ``dbml.plot.memory`` draws); None for an eager job."""
     plans, sequences = getattr(runner, "plans", None), getattr(runner, "sequences", None)
@@ -371,7 +383,8 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
         runner = runners.make_runner(module, loss_fn, spec, device, progress, config)
         # each epoch's validation runs in batches of the job's own size: its activations (no
         # gradients) stay below an iteration's
-        validate = (lambda forward: _validation(cur, table, prep, forward, loss_fn, device, n_val, spec.batch_size)) \
+        validate = (lambda forward: heldout.validate(cur, table, prep, forward, loss_fn, device, n_val, spec.batch_size,
+                                                    _converter(prep, "train"))) \
             if (progress.validate_epochs or spec.early_stop) and n_val else None
         loop = TrainLoop(runner, module, loss_fn, spec, prep, progress, n_train, device, config, validate, n_val)
         progress.begin(spec.epochs, math.ceil(n_train / spec.batch_size))
@@ -384,13 +397,24 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
             runner.close()
             progress.release_scheduler()
     loop.restore_best()
+    return trained_result(cur, table, prep, spec, config, module, loss_fn, device, n_val, history,
+                          stream_stats, loop.memory(), loop.early.best_epoch, loop.said())
+
+
+def trained_result(cur, table: str, prep: Preprocessing, spec: TrainSpec, config: models.ModelConfig,
+                   module: torch.nn.Module, loss_fn, device: str, n_val: int, history: list[dict],
+                   stream_stats: StreamStats, memory: dict, best_epoch: int | None, said: dict | None = None) -> dict:
+    """A trained module (with its best epoch's weights, where early stopping kept one),
+    checked finite, as what ``Trained`` keeps: its metrics (final loss, history, the best
+    epoch, whether it stopped early, validation on the held-out rows, ``said``: the estimate
+    and its warning, ``TrainLoop.said``) and memory figures."""
     _check_finite(module, spec)
     module.eval()
-    memory = loop.memory()
-    stored = {"final_loss": history[-1]["loss"], "history": history, "best_epoch": loop.best_epoch,
-              "stopped_early": len(history) < spec.epochs, **loop.said(),
+    stored = {"final_loss": history[-1]["loss"], "history": history, "best_epoch": best_epoch,
+              "stopped_early": len(history) < spec.epochs, **(said or {}),
               "fetch_wait_seconds": stream_stats.wait_seconds, "memory": memory}
-    stored.update(_validation(cur, table, prep, module, loss_fn, device, n_val, 8192 if prep.input is None else 256))
+    stored.update(heldout.validate(cur, table, prep, module, loss_fn, device, n_val, 8192 if prep.input is None else 256,
+                                  _converter(prep, "train")))
     return {"config": config, "module": module.cpu(), "metrics": stored, "memory": memory, "spec": spec}
 
 
@@ -436,9 +460,7 @@ def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int
             for x, y in stream:
                 loss = step(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
                 if not torch.isfinite(loss):
-                    raise TrainingError(f"train(): loss became {loss.item()} in epoch {epoch + 1}; "
-                                        f"nothing was stored; pass a smaller lr := (now {spec.lr}), or look "
-                                        f"for extreme values in the features")
+                    raise diverged(loss.item(), epoch + 1, spec)
                 total += loss.double().cpu() * len(y)
             stream_stats.add(stream.stats)
             history.append({"epoch": epoch + 1, "loss": total.item() / n_train,
@@ -453,22 +475,7 @@ def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int
     return history, stream_stats
 
 
-def _validation(cur, table: str, prep: Preprocessing, forward, loss_fn, device, n_val: int, rows: int) -> dict:
-    """Accuracy (classification) or R^2 (regression), and the mean loss, on the held-out rows,
-    through ``forward`` (the module, or its weights of the moment) in batches of ``rows``."""
-    name = "accuracy" if prep.task == "classification" else "r2"
-    if n_val == 0:
-        return {"val_metric": None, "val_metric_name": name, "val_loss": None}
-    outs, ys = [], []
-    with torch.no_grad():
-        for x, y in BatchStream(cur, f"SELECT x, y FROM {table} WHERE is_val", rows,
-                                convert=_converter(prep, "train")):
-            outs.append(forward(x.to(device)).cpu())
-            ys.append(y)
-    out, y = torch.cat(outs), torch.cat(ys)
-    val_loss = float(loss_fn(out, y))
-    if prep.task == "classification":
-        value = metrics.accuracy(out.argmax(1).numpy(), y.numpy())
-    else:
-        value = metrics.r2(y.double().numpy(), out.squeeze(-1).double().numpy())
-    return {"val_metric": value, "val_metric_name": name, "val_loss": val_loss}
+def diverged(loss: float, epoch: int, spec: TrainSpec) -> TrainingError:
+    """The error of a job whose loss became NaN or infinite in ``epoch`` (from 1)."""
+    return TrainingError(f"train(): loss became {loss} in epoch {epoch}; nothing was stored; pass a smaller "
+                         f"lr := (now {spec.lr}), or look for extreme values in the features")

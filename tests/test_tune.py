@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import dbml
-from dbml import catalog
+from dbml import catalog, search
 from dbml.scheduler.multijob.registry import device_ledger
 from helpers import load, moons, wait_until
 
@@ -114,7 +114,8 @@ def test_pruned_trials_stop_at_an_epoch_boundary_and_give_their_memory_back(db):
     assert device_ledger("cpu").current_bytes == 0
 
 
-def test_trials_are_packed_under_one_budget_that_is_kept(db):
+def test_trials_are_packed_under_one_budget_that_is_kept(db, monkeypatch):
+    monkeypatch.setattr(search, "FUSE_TRIALS", False)   # separate jobs side by side (fused: test_fusion.py)
     db.execute("SET VARIABLE dbml_memory_budget = '60KB'")
     seen, stop = [], threading.Event()
 

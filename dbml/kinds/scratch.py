@@ -22,7 +22,7 @@ def read(cur, table: str, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 def validation_metric(prep, out: np.ndarray, y: np.ndarray) -> dict:
     """Accuracy (classification) or R^2 (regression), and the loss, of raw outputs on the
-    held-out rows, as ``training._validation`` reports them (cross-entropy of the logits, or
+    held-out rows, as ``heldout.validate`` reports them (cross-entropy of the logits, or
     MSE on the standardised target)."""
     import torch
     import torch.nn.functional as F

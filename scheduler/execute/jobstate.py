@@ -20,10 +20,12 @@ from .iteration import ExecState
 __all__ = ["initial_state", "state_value", "model_values", "optimizer_states"]
 
 
-def initial_state(model: torch.nn.Module, spec: OptimizerSpec) -> ExecState:
+def initial_state(model: torch.nn.Module, spec: OptimizerSpec, optimizer_state: list[dict] | None = None
+                  ) -> ExecState:
     """The job's state as the executor holds it: parameters (a large one in pieces:
-    ``spec.update_chunk_bytes``), buffers, optimizer state (per piece)."""
-    return ExecState(graph_state(model, spec))
+    ``spec.update_chunk_bytes``), buffers, optimizer state (per piece; fresh, or
+    ``optimizer_state`` resumed, as :func:`optimizer_states` reads it)."""
+    return ExecState(graph_state(model, spec, optimizer_state))
 
 
 def state_value(state: ExecState, device: Device, i: int, like: torch.Tensor, move: bool = True) -> torch.Tensor:

@@ -207,6 +207,9 @@ class ScheduledStep:
     (:class:`~..graph.graphs.GraphCache`). ``iteration_plans`` lists the plan each
     iteration ran under, in order. ``latency_source``: where the latency model came from,
     for the caller's report (set by the caller; None here).
+    ``optimizer_state``: the optimizer state to start from (per trainable
+    parameter, as :meth:`optimizer_state` returns it; default: fresh), e.g. a training
+    that goes on in another runner.
     """
 
     def __init__(self, model: torch.nn.Module, loss_fn: LossFn, spec: OptimizerSpec, *,
@@ -215,7 +218,7 @@ class ScheduledStep:
                  planner_settings: PlanSettings | None = None,
                  planner: ExternalPlanner | Callable[[AccessSequence], Plan] | None = None,
                  update: UpdateSettings | None = None, ledger: DeviceLedger | None = None,
-                 share_graphs: Hashable | None = None):
+                 share_graphs: Hashable | None = None, optimizer_state: list[dict] | None = None):
         if policy not in RUNNER_POLICIES:
             raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(RUNNER_POLICIES)}")
         if policy == "capuchin" and budget_bytes is None and planner is None:
@@ -249,7 +252,7 @@ class ScheduledStep:
         self._reserved: Counter = Counter()   # host buffer sizes reserved ahead so far
         self.iteration_plans: list[Plan] = []
         self.plan_changes = 0       # plans taken at an iteration boundary, from any source
-        self.state = initial_state(model, spec)
+        self.state = initial_state(model, spec, optimizer_state)
 
     # -- views kept for callers and tests ----------------------------------------------
     def schedules(self) -> dict[Hashable, GraphSchedule]:

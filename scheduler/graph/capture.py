@@ -52,6 +52,7 @@ A new batch shape (e.g. the last, smaller batch) needs its own graph;
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -64,13 +65,14 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .chunks import unit_layout, unit_tensors
+from . import stacked
+from .chunks import split, unit_layout, unit_tensors
 from .optim import OptimizerSpec, add_l1, make_optimizer
 from .sequence import Phase, TensorKind
 from ..errors import CaptureError
 
 __all__ = ["CapturedStep", "CaptureError", "capture", "annotate", "state_keys",
-           "init_state", "initial_states", "graph_state", "trainable", "batch_signature", "tensor_slots"]
+           "init_state", "initial_states", "resumed_states", "graph_state", "trainable", "batch_signature", "tensor_slots"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -160,9 +162,10 @@ def _optimizer_update(spec: OptimizerSpec, group: dict, params, grads, states) -
 
 
 def _eager_group(spec: OptimizerSpec) -> dict:
-    """The param-group settings eager's optimizer uses for ``spec`` (one source of truth)."""
+    """The param-group settings eager's optimizer uses for ``spec`` (one source of truth;
+    a stacked spec's lr, weight_decay and momentum are its members', read from buffers)."""
     probe = torch.nn.Parameter(torch.empty(0))
-    group = dict(make_optimizer(spec, [probe]).param_groups[0])
+    group = dict(make_optimizer(dataclasses.replace(spec, stacked=False), [probe]).param_groups[0])
     if group.get("amsgrad"):
         raise CaptureError("amsgrad is not supported by the captured optimizer")
     return group
@@ -193,12 +196,33 @@ def initial_states(spec: OptimizerSpec, model: torch.nn.Module, params=None) -> 
     return [t for u in layout.trained for t in init_state(spec, units[u]).values()]
 
 
-def graph_state(model: torch.nn.Module, spec: OptimizerSpec) -> list[torch.Tensor]:
+def resumed_states(spec: OptimizerSpec, model: torch.nn.Module, given: list[dict]) -> list[torch.Tensor]:
+    """``given`` optimizer state (per trainable parameter, as torch.optim holds it and
+    ``ScheduledStep.optimizer_state`` returns it) as the graph takes it: per trained unit,
+    flat, in graph input order; copies, a piece's cut from its parameter's (``step`` whole)."""
+    layout = unit_layout(model, spec.update_chunk_bytes)
+    trained = [j for j, p in enumerate(model.parameters()) if p.requires_grad]
+    if len(given) != len(trained):
+        raise CaptureError(f"resuming optimizer state for {len(trained)} trainable parameters, got {len(given)}")
+    of = {p: i for i, p in enumerate(trained)}
+    out = []
+    for u in layout.trained:
+        p_index, span = layout.units[u]
+        for key in state_keys(spec):
+            value = given[of[p_index]][key].detach()
+            out.append(value.clone() if span is None or key == "step" else split(value, [span])[0])
+    return out
+
+
+def graph_state(model: torch.nn.Module, spec: OptimizerSpec, optimizer_state: list[dict] | None = None
+                ) -> list[torch.Tensor]:
     """The graph's inputs before the batch, as an executor holds them: the parameters'
     units (a whole parameter is the model's own tensor, detached; a piece a copy),
-    the buffers, the fresh optimizer state."""
+    the buffers, the optimizer state (fresh, or ``optimizer_state`` resumed:
+    :func:`resumed_states`)."""
     units = unit_tensors(unit_layout(model, spec.update_chunk_bytes), list(model.parameters()))
-    return units + [b.detach() for b in model.buffers()] + initial_states(spec, model)
+    states = initial_states(spec, model) if optimizer_state is None else resumed_states(spec, model, optimizer_state)
+    return units + [b.detach() for b in model.buffers()] + states
 
 
 def tensor_slots(model: torch.nn.Module) -> dict[str, str]:
@@ -248,7 +272,12 @@ def _make_step_fn(model, loss_fn, spec, names, buffer_names, marks):
         states = [dict(zip(keys, flat_states[j * len(keys):(j + 1) * len(keys)]))
                   for j in range(len(train))]
         with torch.no_grad():
-            _optimizer_update(spec, group, trained, add_l1(spec, trained, grads), states)
+            grads = add_l1(spec, trained, grads)
+            if spec.stacked:   # members with their own hyper-parameters, read from the model's buffers
+                hyper = stacked.hyper_parameters(dict(zip(buffer_names, buffers)))
+                stacked.stacked_update(spec, group, trained, grads, states, hyper)
+            else:
+                _optimizer_update(spec, group, trained, grads, states)
         return loss
 
     return step

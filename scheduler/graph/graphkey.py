@@ -13,7 +13,8 @@
 * the optimizer spec, the batch (shape, stride, dtype, device of ``x`` and ``y``), the
   capture options, torch's default dtype, the torch and Python versions, the file
   format's version and the source of the capture itself (``capture.py``, ``optim.py``,
-  ``store.py``: a change to how graphs are traced or annotated invalidates every file).
+  ``stacked.py``, ``store.py``: a change to how graphs are traced or annotated invalidates
+  every file).
 
 Torch's own classes are described by name and attributes: the torch version covers
 their code. A model that cannot be described reliably is not cached
@@ -38,7 +39,7 @@ from typing import Any
 
 import torch
 
-from . import capture as capture_module, optim as optim_module, store as store_module
+from . import capture as capture_module, optim as optim_module, stacked as stacked_module, store as store_module
 from .optim import OptimizerSpec
 from .store import FORMAT
 
@@ -174,7 +175,7 @@ def describe(model: torch.nn.Module, loss_fn: Any, spec: OptimizerSpec, x: torch
     if _global_hooks():
         raise Undescribable("global module hooks are registered")
     return {"format": FORMAT, "torch": torch.__version__, "python": list(sys.version_info[:2]),
-            "capture": [_file_hash(m.__name__) for m in (capture_module, optim_module, store_module)],
+            "capture": [_file_hash(m.__name__) for m in (capture_module, optim_module, stacked_module, store_module)],
             "default_dtype": str(torch.get_default_dtype()), "model": _modules(model),
             "loss": _value(loss_fn), "optimizer": _value(dataclasses.asdict(spec)),
             "batch": [_tensor(x), _tensor(y)], "options": _value(options or {})}

@@ -10,6 +10,13 @@ parameter larger than that many bytes, and its optimizer state, as separate piec
 about that size, updated one by one (:mod:`.chunks`), so that a plan need not hold a huge
 parameter, its gradient and its state whole at once. None: every parameter whole. Being
 part of the spec, it identifies a captured graph wherever the spec does.
+
+``stacked`` is not eager's either: the model stacks several models along its
+parameters' dimension 0, each with its own ``lr``, ``weight_decay`` and ``momentum`` held
+in the model's buffers (:mod:`.stacked`); the spec's own values of those then say only
+whether every member has a non-zero weight decay and momentum. Only the captured step
+trains a stacked model (it needs ``update_chunk_bytes=None``: a piece of a stacked
+parameter would cut across its members).
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ class OptimizerSpec:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     update_chunk_bytes: int | None = DEFAULT_UPDATE_CHUNK_BYTES  # capture only, see above
+    stacked: bool = False   # capture only, see above
 
     def __post_init__(self):
         if self.kind not in OPTIMIZERS:
@@ -49,6 +57,8 @@ class OptimizerSpec:
         chunk = self.update_chunk_bytes
         if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0):
             raise ValueError(f"update_chunk_bytes must be a positive int or None, got {chunk!r}")
+        if self.stacked and chunk is not None:
+            raise ValueError("a stacked spec updates whole parameters: pass update_chunk_bytes=None")
 
 
 def add_l1(spec: OptimizerSpec, params, grads) -> list:
@@ -60,6 +70,9 @@ def add_l1(spec: OptimizerSpec, params, grads) -> list:
 
 
 def make_optimizer(spec: OptimizerSpec, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    if spec.stacked:
+        raise ValueError("a stacked model's members each have their own hyper-parameters: torch.optim cannot "
+                         "train it; capture its step (ScheduledStep)")
     if spec.kind == "adagrad":
         return torch.optim.Adagrad(params, lr=spec.lr, weight_decay=spec.weight_decay, eps=1e-10, foreach=False)
     if spec.kind == "sgd":
