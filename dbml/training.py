@@ -293,7 +293,7 @@ class TrainLoop:
         started = time.perf_counter()
         runners.prepare(self.runner, models.sample_input(self.config, rows, self.device), label, self.device)
         prepare_seconds = time.perf_counter() - started
-        schedule = _schedule(self.runner)
+        schedule = schedule_of(self.runner)
         if schedule is not None:   # eager (and Capuchin before its first iteration) plan nothing ahead
             self.estimate = estimate(schedule[1], n_train=self.n_train, n_val=self.n_val,
                                      batch_size=self.spec.batch_size, epochs=self.spec.epochs,
