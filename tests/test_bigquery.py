@@ -270,3 +270,18 @@ def test_the_readme_names_every_option_function_and_model_type():
         assert f"`ML.{fn}" in section, fn
     for model_type in MODEL_TYPES:
         assert f"`{model_type}`" in section, model_type
+
+
+@pytest.mark.slow   # trains two models
+def test_ml_predict_after_drop_and_retrain_uses_the_new_model(con):
+    """Issue 21 item 1 through BigQuery ML: versions restart at 1 after a drop, and the
+    model served must be the new one."""
+    con.execute("CREATE TABLE up AS SELECT range / 100.0 AS x, 2 * range / 100.0 AS label FROM range(400)")
+    con.execute("CREATE TABLE down AS SELECT range / 100.0 AS x, -2 * range / 100.0 AS label FROM range(400)")
+    ask = "SELECT predicted_label FROM ML.PREDICT(MODEL m, (SELECT 3.0 AS x))"
+    dbml.execute(con, "CREATE MODEL m OPTIONS(model_type='linear_reg', max_iterations=20) AS SELECT x, label FROM up")
+    (before,), = dbml.execute(con, ask).fetchall()
+    dbml.execute(con, "DROP MODEL m")
+    dbml.execute(con, "CREATE MODEL m OPTIONS(model_type='linear_reg', max_iterations=20) AS SELECT x, label FROM down")
+    (after,), = dbml.execute(con, ask).fetchall()
+    assert before > 3 and after < -3, (before, after)

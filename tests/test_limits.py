@@ -95,7 +95,9 @@ def test_the_internal_image_decoder_takes_only_dbmls_own_sql(con):
     ("arch := 'ft_transformer', options := '{\"depth\": 1000000}'", r"option 'depth' .* must be at most 256"),
     ("hidden := range(1, 200001)::INTEGER[]", r"option 'hidden' of arch 'mlp' may list at most 256 layers"),
     ("options := '{\"hidden\": {\"a\": 1}}'", r"option 'hidden' of arch 'mlp' must be a non-empty list of positive "
-                                              r"integers"),
+                                              r"integers"),    # one layer of 10^15 units (torch's "Storage size ... overflowed" before the bound)
+    ("options := '{\"hidden\": [1000000000000000]}'", r"option 'hidden' of arch 'mlp' may list at most 256 layers of at most 1048576 "
+                                     r"units"),
 ])
 def test_model_options_are_bounded_before_the_model_is_built(con, args, message):
     con.execute("CREATE TABLE a AS SELECT x / 100 AS x, (x % 2)::INTEGER AS y FROM range(100) t(x)")
@@ -152,3 +154,14 @@ def test_lazy_modules_are_sized_by_a_first_batch(con):
         assert con.execute("SELECT predict('lz', [0.5, 3])").fetchall()[0][0] in (0.0, 1.0)
     finally:
         dbml.unregister_model("lazy_mlp")
+
+
+@pytest.mark.parametrize("shape, message", [
+    ("[65, 2, 2]", r"shape := \[c, h, w\] takes at most 64 channels, got 65"),
+    ("[1, 1, 5000]", r"shape sizes must be whole numbers from 1 to 4096, got 5000"),
+])
+def test_array_image_shapes_are_bounded(con, shape, message):
+    con.execute("CREATE TABLE arr AS SELECT [x, x, x, x]::FLOAT[] AS px, (x % 2)::INTEGER AS y FROM range(20) t(x)")
+    with pytest.raises(duckdb.Error, match=message):
+        con.execute(f"SELECT train('m', 'arr', label := 'y', shape := {shape})")
+    assert con.execute("SELECT count(*) FROM dbml_models").fetchall() == [(0,)]
