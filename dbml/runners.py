@@ -72,6 +72,9 @@ def make_runner(model: torch.nn.Module, loss_fn, spec, device: str, job: JobHand
     pooch/swapadvisor policies, plan alone. Jobs with the same model ``config`` share captured graphs.
     ``spec`` is the job's TrainSpec.
     """
+    if spec.workers > 1:   # one worker of a data-parallel job (dbml.parallel): plain PyTorch under DDP
+        from .ddp import DDPStep
+        return DDPStep(model, loss_fn, spec.optimizer_spec(), job)
     if spec.policy == "eager":
         return EagerStep(model, loss_fn, spec.optimizer_spec())
     estimator, how = latency_model(spec.latency_model, device, spec.torch_threads)
@@ -158,7 +161,7 @@ def check_plan_fits(cfg: models.ModelConfig, loss_fn, spec, device: str, rows: i
     nothing. Smaller models are built first; their own ahead-of-time plan (``prepare``)
     checks, still before any activation. The CPU's ``CPU_DEFAULT_BUDGET`` (2 GiB) is the
     budget of a job with none."""
-    if spec.policy != "tensile" or scheduler_config.scheduler_disabled():
+    if spec.policy != "tensile" or spec.workers > 1 or scheduler_config.scheduler_disabled():
         return
     budget = job_budget(spec, device)
     if state_bytes(cfg, spec)[0] < LARGE_MODEL_SHARE * budget:

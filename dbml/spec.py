@@ -63,6 +63,7 @@ TRAIN_PARAMS = (
     Param("image_size", "INTEGER[]", None),  # images: resize to [h, w] (or [s])
     Param("shape", "INTEGER[]", None),       # a numeric array column as an image: [c, h, w]
     Param("text", "VARCHAR[]", None),        # VARCHAR columns to read as text
+    Param("workers", "INTEGER", 1),           # > 1: data-parallel on a Ray cluster (dbml.parallel)
     Param("on_error", "VARCHAR", "raise", in_spec=False),
     Param("wait", "BOOLEAN", True, in_spec=False),
 )
@@ -120,6 +121,10 @@ class _TrainSpecChecks:
         if self.weight_decay is None or not 0 <= self.weight_decay < math.inf:
             raise InvalidArgument(f"{fn}(): weight_decay must be a finite number >= 0, got {self.weight_decay!r}; "
                                   f"pass e.g. weight_decay := 0.01")
+        _positive_int(self.workers, "workers", "workers := 2")
+        if self.workers > 1 or self.cluster != "local":
+            from .cluster import check_job   # where a job may run: the cluster's rules, in one place
+            check_job(self)
         if self.momentum is None or not 0 <= self.momentum < 1:
             raise InvalidArgument(f"{fn}(): momentum must be in [0, 1), got {self.momentum!r}; "
                                   f"pass e.g. momentum := 0.9")

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import catalog, metrics, models, runners, threads
+from . import catalog, checkpoints, metrics, models, runners, threads
 from .columns import MEMORY_FIELDS
 from .data import BatchStream, StreamStats
 from .errors import SourceError, TrainingError, scheduler_errors
@@ -77,6 +77,14 @@ class Progress(JobHandle, Protocol):
     # held-out rows with the weights of that moment (tune()'s objectives; a forward pass
     # over the validation rows every epoch, so off for train()).
     validate_epochs: bool
+
+    def checkpoint(self, state) -> None:
+        """After an epoch (once ``end_epoch`` let it go on): ``state()`` builds the job's state
+        (``dbml.checkpoints``) for a retry to resume from; a job on a Ray worker sends it home
+        when retries are allowed, a local job never calls it."""
+
+    def place(self, node: str | None, device: str | None, queued_for: str | None) -> None:
+        """Where the job runs on a Ray cluster, and what it waits for there (None: nothing)."""
 
 
 @dataclass
@@ -144,7 +152,11 @@ def fit(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> 
         n_train, n_val = _materialise(cur, table, select_sql, prep, spec)
         skipped = total - n_train - n_val     # rows whose label is unusable (features.label_usable)
         progress.check()
-        result = _fit_model(cur, table, prep, spec, n_train, n_val, progress)
+        if spec.cluster == "local":
+            result = _fit_model(cur, table, prep, spec, n_train, n_val, progress)
+        else:   # on a Ray cluster, its workers run _fit_model on a copy of the table (dbml.remote)
+            from . import remote
+            result = remote.fit_model(cur, table, prep, spec, n_train, n_val, progress, _fit_model)
     finally:
         _drop_scratch(cur, table)
     return Trained(spec, prep, result["config"], result["module"], result["metrics"], result["memory"],
@@ -207,6 +219,8 @@ class TrainLoop:
         self.spec, self.prep, self.progress = spec, prep, progress
         self.n_train, self.device = n_train, device
         self.vanilla: int | None = None
+        self.history: list[dict] = []    # the epochs' records so far (a checkpoint's)
+        self.checkpoints = False          # after each epoch, hand progress a checkpoint (retries allowed)
         self._measured = False
         # dropout draws from the job's own generator, as eager PyTorch does after
         # torch.manual_seed(seed), whatever runs beside it (scheduler/execute/rng.py); a
@@ -232,7 +246,16 @@ class TrainLoop:
     def end_epoch(self, record: dict) -> None:
         if self.validate is not None:
             record.update(self.validate(self.forward_now()))
+        self.history.append(record)
         self.progress.end_epoch(record, {**self.runner.stats(), "schedule": _schedule(self.runner)})
+        if self.checkpoints:
+            self.progress.checkpoint(lambda: checkpoints.capture(self.runner, self.random, self.history, self.vanilla))
+
+    def resume(self, state: dict) -> None:
+        """Go on from a checkpoint (its weights are in the module already): optimizer state,
+        generators, history, the vanilla."""
+        checkpoints.restore_run(self.runner, self.random, state)
+        self.history, self.vanilla, self._measured = list(state["history"]), state["vanilla"], True
 
     def forward_now(self):
         """The model's forward pass with the weights the runner holds now, in eval mode; it
@@ -265,7 +288,9 @@ def _schedule(runner) -> tuple | None:
 
 
 def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: int, n_val: int,
-               progress: Progress) -> dict:
+               progress: Progress, resume: dict | None = None) -> dict:
+    """Train the model on the job's scratch ``table``. ``resume``: a checkpoint to go on from
+    (a job retried on a Ray worker: ``dbml.checkpoints``)."""
     device = resolve_device(spec.device)
     outputs = len(prep.classes) if prep.task == "classification" else 1
     config = models.config(spec.arch, prep.model_inputs(), outputs, spec.options_dict(), hidden=spec.hidden,
@@ -277,17 +302,23 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
                           device_budget=lambda: runners.job_budget(spec, device)):
         runners.check_plan_fits(config, loss_fn, spec, device, min(spec.batch_size, n_train), label)
         module = models.build_seeded(config, spec.seed).to(device)
+        if resume is not None:
+            checkpoints.restore_model(module, resume)
         runner = runners.make_runner(module, loss_fn, spec, device, progress, config)
         # each epoch's validation runs in batches of the job's own size: its activations (no
         # gradients) stay below an iteration's
         validate = (lambda forward: _validation(cur, table, prep, forward, loss_fn, device, n_val, spec.batch_size)) \
             if progress.validate_epochs and n_val else None
         loop = TrainLoop(runner, module, loss_fn, spec, prep, progress, n_train, device, config, validate)
+        loop.checkpoints = spec.cluster != "local" and bool(spec.max_retries)
+        if resume is not None:
+            loop.resume(resume)
         progress.begin(spec.epochs, math.ceil(n_train / spec.batch_size))
         try:
             with rng.using(loop.random):
                 history, stream_stats = _run_epochs(cur, table, spec, loop.step, device, n_train + n_val, n_train,
-                                                    loop.end_epoch, loop.prepare, convert=_converter(prep, "train"))
+                                                    loop.end_epoch, loop.prepare, convert=_converter(prep, "train"),
+                                                    history=loop.history)
             runner.finish()
         finally:
             runner.close()
@@ -320,9 +351,10 @@ def _converter(prep: Preprocessing, fn: str):
 
 
 def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int, n_train: int, on_epoch,
-                before=None, convert=None):
+                before=None, convert=None, history: list[dict] | None = None):
     """Every epoch: stream the training rows, shuffled, through ``step``; return the history.
-    ``before()`` runs once the first epoch's stream has started, before its first batch."""
+    ``before()`` runs once the first epoch's stream has started, before its first batch.
+    ``history``: the epochs already trained (a resumed job starts after them)."""
     def epoch_stream(epoch: int) -> BatchStream:
         rng = np.random.default_rng([spec.seed % 2**64, epoch])   # any BIGINT seed, negative too
         start = int(rng.integers(n_rows))
@@ -331,12 +363,13 @@ def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int
         return BatchStream(cur, sql, spec.batch_size, spec.prefetch_batches, shuffle=int(rng.integers(2**63)),
                            window_rows=spec.shuffle_window, convert=convert).start()
 
-    stream_stats, history = StreamStats(), []
-    stream, upcoming = None, epoch_stream(0)
+    stream_stats, history = StreamStats(), list(history or [])
+    start = len(history)
+    stream, upcoming = None, epoch_stream(start) if start < spec.epochs else None
     try:
         if before is not None:
             before()
-        for epoch in range(spec.epochs):
+        for epoch in range(start, spec.epochs):
             epoch_started = time.perf_counter()
             stream, upcoming = upcoming, epoch_stream(epoch + 1) if epoch + 1 < spec.epochs else None
             total = torch.zeros((), dtype=torch.float64)
