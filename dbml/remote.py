@@ -93,7 +93,8 @@ class RemoteFit:
             outcome = self._follow(placement, sender, started)
             shipped = sender.shipment
             self.figures["data"] = {"how": shipped.how, "rows": shipped.rows, "bytes": shipped.bytes,
-                                    "chunks": shipped.chunks, "send_seconds": shipped.seconds}
+                                    "chunks": shipped.chunks, "most_in_flight": shipped.most_in_flight,
+                                    "send_seconds": shipped.seconds}
             return outcome
         finally:
             sender.stop()

@@ -33,6 +33,7 @@ import uuid
 from dataclasses import dataclass
 
 import pyarrow as pa
+from sqlglot import exp
 
 from .errors import JobCancelled
 from .hub import END
@@ -51,6 +52,7 @@ class Shipment:
     chunks: int = 0
     how: str = "object store"
     seconds: float = 0.0
+    most_in_flight: int = 0    # the most chunks in the object store that not every worker had taken
 
 
 class Sender:
@@ -107,11 +109,12 @@ class Sender:
         reader = cur.sql(f"SELECT x, y, is_val FROM {self.table}").to_arrow_reader(max(1, CHUNK_BYTES // row_bytes))
         index = 0
         for batch in reader:
-            while index - self.ray.get(self.hub.taken.remote(self.key)) > WINDOW:
-                if self._stop.wait(0.005):
+            while (in_flight := index - 1 - self.ray.get(self.hub.taken.remote(self.key))) >= WINDOW:
+                if self._stop.wait(0.01):
                     return
             if self._stop.is_set():
                 return
+            self.shipment.most_in_flight = max(self.shipment.most_in_flight, in_flight + 1)
             ref = self.ray.put(pa.Table.from_batches([batch]))
             self.ray.get(self.hub.feed.remote(self.key, index, [ref]))
             self.shipment.rows += batch.num_rows
@@ -126,7 +129,10 @@ class Sender:
         cur.execute(f"COPY (SELECT x, y, is_val FROM {self.table}) TO {literal(path)} "
                     f"(FORMAT parquet, COMPRESSION zstd)")
         self.shipment = Shipment(rows=rows, bytes=os.path.getsize(path), chunks=1, how="parquet")
-        self.ray.get(self.hub.feed.remote(self.key, 0, {"parquet": path}))
+        # Parquet has no fixed-size list: FLOAT[n] comes back as FLOAT[], so the types go along
+        types = dict(cur.execute(f"SELECT column_name, column_type FROM (DESCRIBE SELECT x, y, is_val "
+                                 f"FROM {self.table})").fetchall())
+        self.ray.get(self.hub.feed.remote(self.key, 0, {"parquet": path, "types": types}))
         self.ray.get(self.hub.feed.remote(self.key, 1, END))
 
 
@@ -156,7 +162,7 @@ def receive(ray, hub, key: str, rank: int, cur, table: str, progress) -> Receive
             break
         if isinstance(chunk, dict):
             path = chunk["parquet"]
-            cur.execute(f"CREATE TABLE {table} AS SELECT x, y, is_val FROM read_parquet({literal(path)})")
+            cur.execute(f"CREATE TABLE {table} AS SELECT {_typed(chunk['types'])} FROM read_parquet({literal(path)})")
             got.how, got.bytes = "parquet", os.path.getsize(path)
             got.rows = cur.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
         else:
@@ -167,6 +173,12 @@ def receive(ray, hub, key: str, rank: int, cur, table: str, progress) -> Receive
         index += 1
     got.seconds = time.perf_counter() - started
     return got
+
+
+def _typed(types: dict[str, str]) -> str:
+    """The select list that gives the columns read from Parquet the scratch table's types."""
+    return ", ".join(exp.alias_(exp.cast(exp.column(name), exp.DataType.build(sql_type, dialect="duckdb")), name)
+                     .sql("duckdb") for name, sql_type in types.items())
 
 
 def _append(cur, table: str, data: pa.Table, *, first: bool) -> None:

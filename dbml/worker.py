@@ -178,7 +178,8 @@ class DeviceWorker:
         import duckdb
         import ray
         gpus = ray.get_gpu_ids()
-        self.device = f"cuda:{int(gpus[0])}" if gpus else "cpu"   # the node's GPU; this process sees it as cuda
+        # the node's GPU (this process sees it as cuda), or which CPU slot: this worker's
+        self.device = f"cuda:{int(gpus[0])}" if gpus else f"cpu (worker {os.getpid()})"
         self.node = ray.util.get_node_ip_address()
         self.db = duckdb.connect()   # in memory: the rows of the jobs running here, gone with the worker
 
