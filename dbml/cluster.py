@@ -42,6 +42,11 @@ _LOCK = threading.Lock()
 _CLUSTER: "Cluster | None" = None
 
 
+class WorkerDied(Exception):
+    """A job's worker (or its node) is gone; the message says how Ray saw it (``dbml.remote``
+    retries the job or fails it naming the ``max_retries`` setting)."""
+
+
 def check_job(spec) -> None:
     """The cluster's rules for one job (``TrainSpec.__post_init__``): the setting's form,
     and what data-parallel training needs. Reaching the cluster happens when the job runs."""

@@ -21,6 +21,7 @@ import shutil
 import tempfile
 import threading
 
+from .cluster import WorkerDied
 from .errors import DbmlError
 from .worker import RemoteProgress, Task, run_task, unpack_error
 
@@ -70,7 +71,6 @@ class DataParallel:
         return not self._thread.is_alive()
 
     def outcome(self) -> tuple:
-        from .remote import WorkerDied
         result = self.cluster.ray.get(self.cluster.hub.result.remote(self.task.key))
         if result is not None:
             return result

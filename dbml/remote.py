@@ -28,17 +28,13 @@ from __future__ import annotations
 
 import time
 
-from .cluster import Cluster, connect
+from .cluster import Cluster, WorkerDied, connect
 from .errors import JobCancelled, TrainingError
 from .shipping import Sender
 from .worker import Task, unpack_error, unpack_result
 
 POLL_S = 0.05        # how often the driver looks at a remote job
 KILL_AFTER_S = 10.0  # a cancelled job's worker that has not stopped by then is killed
-
-
-class WorkerDied(Exception):
-    """A job's worker (or its node) is gone; ``detail`` says how Ray saw it."""
 
 
 def fit_model(cur, table: str, prep, spec, n_train: int, n_val: int, progress, fit) -> dict:
