@@ -256,6 +256,7 @@ def main(argv=None) -> dict:
     started = time.perf_counter()
     c.warm(2)
     report["start"]["two_cold_device_workers_s"] = time.perf_counter() - started
+    print("start", json.dumps(report["start"], indent=1), flush=True)
     _moons(con, 3000)
     with tempfile.TemporaryDirectory() as tmp:
         for name, run in (("data", lambda: section_data(con, a.rows, a.cols, tmp)),
