@@ -220,8 +220,9 @@ def run(args) -> dict:
             r, t = run_single(w, ctx, methods=methods)
             rows += r
             results["timelines"].update(t)
+            eager_s = next((row["seconds"] for row in r if row["method"] == "eager" and row.get("seconds")), None)
             for p in profiles:
-                t_gpu, t_cpu = _iteration_times(w, p, threads)
+                t_gpu, t_cpu = _iteration_times(w, p, threads, eager_s)
                 ctx.emulate, ctx.bandwidth = p, emulate.emulated_bandwidth(p, t_gpu, t_cpu)
                 results["emulation"].setdefault(p.name, {"profile": p.source, "efficiency": p.efficiency,
                                                          "launch": p.launch, "workloads": {}})
@@ -261,10 +262,10 @@ def run(args) -> dict:
     return results
 
 
-def _iteration_times(w, p, threads: int) -> tuple[float, float]:
+def _iteration_times(w, p, threads: int, eager_seconds: float | None = None) -> tuple[float, float]:
     """(seconds of one iteration on ``p``'s GPU by its achieved roofline, on this CPU by
-    eager PyTorch, the least of 5 after a warm-up: the machine's own speed, as little of
-    other processes' load as can be): the emulated bandwidth's ratio."""
+    eager PyTorch: the CPU rows' median, measured interleaved with every method under the
+    same load, else the least of 5 steps after a warm-up): the emulated bandwidth's ratio."""
     import copy
 
     from dbml.scheduler.execute.step import EagerStep
@@ -272,6 +273,9 @@ def _iteration_times(w, p, threads: int) -> tuple[float, float]:
     model = w.model()
     x, y = w.batch_tensors()
     captured = GraphCache(copy.deepcopy(model), loss_fn, SPEC, job="emulate", share=(w.name, int(x.shape[0]))).get(x, y)
+    t_gpu = emulate.gpu_iteration_seconds(p, captured.graph)
+    if eager_seconds:
+        return t_gpu, eager_seconds
     runner = EagerStep(model, loss_fn, SPEC, measured_steps=0)
     runner.step(x, y)
     times = []
@@ -279,7 +283,7 @@ def _iteration_times(w, p, threads: int) -> tuple[float, float]:
         t0 = time.perf_counter()
         runner.step(x, y)
         times.append(time.perf_counter() - t0)
-    return emulate.gpu_iteration_seconds(p, captured.graph), min(times)
+    return t_gpu, min(times)
 
 
 def _fastpath(quick: bool, log) -> list[dict]:

@@ -20,7 +20,6 @@ from . import settings as _settings
 from .errors import (CatalogError, DbmlError, Interrupted, InvalidArgument, ModelNotFound, SourceError,
                      TrainingError)
 from .api import drop_model, evaluate, list_jobs, predictions, train, tune
-from .zoo import register_model, unregister_model
 
 __version__ = "0.1.0"
 __all__ = ["connect", "install", "execute", "export_model", "train", "tune", "predictions", "evaluate", "drop_model",
@@ -45,7 +44,6 @@ class Connection:
         self._read_only = instance.read_only
         self._id = con.execute("SELECT current_connection_id()").fetchall()[0][0]
         self._lock = threading.Lock()        # cursor() from several threads at once
-        self._busy = 0                       # execute() calls running now
         self._settings = settings if settings is not None else self._read_settings()
 
     def __getattr__(self, name: str):
@@ -59,28 +57,20 @@ class Connection:
         from .api import sql
         return sql(self.duckdb, query, **kwargs)
 
-    def execute(self, *args, **kwargs):
-        """DuckDB's ``execute``; while it runs, ``cursor()`` from another thread copies the
-        settings this connection had when last idle instead of asking it."""
-        self._busy += 1
-        try:
-            return self.duckdb.execute(*args, **kwargs)
-        finally:
-            self._busy -= 1
-
     def cursor(self) -> "Connection":
         """A new connection to the same database (for another thread), with this one's dbml
         settings. Safe to call from several threads at once, and while this connection runs
         a statement in another thread: the settings are then those it had when last idle."""
         cur = self.duckdb.cursor()
+        # No wrapper of execute() marks this connection busy: DuckDB finds a query's Python
+        # variables (replacement scans) in the frame that calls execute, which must stay the user's.
         with self._lock:
-            if not self._busy:
-                try:
-                    read = self._read_settings()
-                    _settings.apply(cur, **read)   # checked: a read racing another call may be garbage
-                    self._settings = read
-                except (duckdb.Error, DbmlError, IndexError):   # busy elsewhere: DuckDB refuses to wait
-                    pass
+            try:
+                read = self._read_settings()
+                _settings.apply(cur, **read)   # checked: a read racing another call may be garbage
+                self._settings = read
+            except (duckdb.Error, DbmlError, IndexError):   # busy elsewhere: DuckDB refuses to wait
+                pass
             settings = dict(self._settings)
         _settings.apply(cur, **settings)
         _install_sql(cur, self._read_only)
@@ -117,14 +107,16 @@ class Connection:
         return f"<dbml.Connection {self.duckdb!r}>"
 
 
-def install(con: duckdb.DuckDBPyConnection | Connection, **settings) -> Connection:
+def install(con: duckdb.DuckDBPyConnection | Connection, *, preload: bool = True, **settings) -> Connection:
     """Install dbml into ``con``: settings, catalog tables, UDFs and macros (``sql/``, and
     ``train`` generated from ``dbml.spec``). Returns ``con`` as a ``Connection``.
 
     On a database opened read-only the catalog must already exist; ``predict``,
     ``predictions``, ``evaluate`` and the views work, and ``train``, ``drop_model`` and
-    ``calibrate`` are refused."""
-    from .catalog import migrate, require_catalog
+    ``calibrate`` are refused. ``preload=False`` leaves the UDFs' implementation (and torch)
+    to be imported at their first call, inside that statement (the shell: plain SQL never
+    imports torch); by default it is imported here, so the first statement costs no more
+    than the next."""
     from .instance import attach
     from .udfs import register
 
@@ -135,14 +127,22 @@ def install(con: duckdb.DuckDBPyConnection | Connection, **settings) -> Connecti
         connect_cluster(settings["cluster"], fn="dbml.connect")
 
     def first_install(instance) -> None:   # before any other connection finds the instance
-        register(instance)
-        if not instance.read_only:
+        register(instance, preload)
+        if not instance.read_only and _older_catalog_may_exist(con):
+            from .catalog import migrate   # it imports torch: only where there may be one to move
             migrate(con, resources.files("dbml.sql").joinpath("catalog.sql").read_text())
     instance, _ = attach(con, first_install)
     if instance.read_only:
+        from .catalog import require_catalog
         require_catalog(con)
     _install_sql(con, instance.read_only)
     return Connection(con, instance)
+
+
+def _older_catalog_may_exist(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether an older dbml's ``main.dbml_models`` is there (``catalog.migrate`` decides the rest)."""
+    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+                            "AND schema_name = 'main' AND table_name = 'dbml_models' AND NOT temporary").fetchall()[0][0])
 
 
 def _install_sql(con: duckdb.DuckDBPyConnection, read_only: bool) -> None:
@@ -165,6 +165,9 @@ def __getattr__(name: str):
     if name == "plot":   # dbml.plot.history(...) without importing dbml.plot first (matplotlib is an extra)
         import importlib
         return importlib.import_module(".plot", __name__)
+    if name in ("register_model", "unregister_model"):   # the zoo imports torch: on first use
+        from . import zoo
+        return getattr(zoo, name)
     raise AttributeError(f"module 'dbml' has no attribute {name!r}")
 
 

@@ -132,15 +132,17 @@ def tune(con, model: str, source: str, **arguments) -> list[dict]:
     return [dict(zip(columns, row)) for row in cur.fetchall()]
 
 
-def predictions(con, model: str, source: str):
+def predictions(con, model: str, source: str, on_error: str = "raise"):
     """Every row of ``source`` (a table or a SELECT) with the model's ``prediction``, as an
-    Arrow table (``.to_pandas()`` with pandas)."""
-    return con.sql("SELECT * FROM predictions(?, ?)", params=[model, source]).to_arrow_table()
+    Arrow table (``.to_pandas()`` with pandas); ``on_error='skip'``: a row whose image or
+    text does not decode gets NULL, named in a ``dbml.errors.RowSkipped`` warning."""
+    return con.sql("SELECT * FROM predictions(?, ?, on_error := ?)", params=[model, source, on_error]).to_arrow_table()
 
 
-def evaluate(con, model: str, source: str) -> dict:
-    """The model's metrics on ``source`` (a table or a SELECT holding the label)."""
-    return con.execute("SELECT evaluate(?, ?)", [model, source]).fetchall()[0][0]
+def evaluate(con, model: str, source: str, on_error: str = "raise") -> dict:
+    """The model's metrics on ``source`` (a table or a SELECT holding the label);
+    ``on_error='skip'``: rows whose image or text does not decode are left out, each named in a warning."""
+    return con.execute("SELECT evaluate(?, ?, on_error := ?)", [model, source, on_error]).fetchall()[0][0]
 
 
 def drop_model(con, model: str) -> int:

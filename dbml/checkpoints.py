@@ -4,9 +4,11 @@ A job on a Ray worker that dies is restarted from its last finished epoch when t
 ``max_retries`` setting allows (``dbml.remote``): after every epoch its worker sends
 this state home (``dbml.hub``), and the restarted job starts from it. The state is
 what the epochs that follow depend on: the weights and buffers, the optimizer's state
-(Adam's moments and step), the job's random generators (dropout), the history so far
-and the vanilla measured on the first batch. Epochs draw their order from (seed, epoch)
-(``training._run_epochs``), so a resumed job trains exactly as one that never stopped.
+(Adam's moments and step), the job's random generators (dropout), the history so far,
+the vanilla measured on the first batch, and early stopping's best epoch (its loss and
+weights: a resumed job stops where, and stores what, the uninterrupted one would).
+Epochs draw their order from (seed, epoch) (``training._run_epochs``), so a resumed job
+trains exactly as one that never stopped.
 
 Serialised with ``torch.save`` and read back with ``weights_only=True``: plain tensors,
 numbers, strings and lists, never arbitrary pickles.
@@ -19,9 +21,11 @@ import io
 import torch
 
 
-def capture(runner, random, history: list[dict], vanilla: int | None) -> dict:
+def capture(runner, random, history: list[dict], vanilla: int | None, early_stopping: dict) -> dict:
     """The job's state now, between iterations (``runner``: its StepRunner; ``random``: its
-    JobRandom), after ``len(history)`` epochs."""
+    JobRandom), after ``len(history)`` epochs; ``early_stopping``: the best epoch so far
+    (``TrainLoop.early_stopping``: its validation loss, number and weights)."""
+    best = early_stopping["best"]
     return {
         "epoch": len(history),
         "history": [dict(r) for r in history],
@@ -30,6 +34,9 @@ def capture(runner, random, history: list[dict], vanilla: int | None) -> dict:
         "random_cpu": random.cpu.get_state(),
         "random_cuda": random.cuda.get_state() if random.cuda is not None else None,
         "vanilla": vanilla,
+        "best_loss": early_stopping["best_loss"],
+        "best_epoch": early_stopping["best_epoch"],
+        "best": None if best is None else [t.detach().cpu().clone() for t in best],
     }
 
 

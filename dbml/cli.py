@@ -18,15 +18,8 @@ COMMANDS = {
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dbml", description="In-database machine learning for DuckDB.")
     sub = p.add_subparsers(dest="command", required=True)
-    shell = sub.add_parser("shell", help=COMMANDS["shell"], description=COMMANDS["shell"],
-                           epilog="Inside the shell, .help lists the dot commands (.mode, .read, .timer, ...).")
-    shell.add_argument("database", nargs="?", default=":memory:", help="DuckDB database file (default: in memory)")
-    shell.add_argument("-c", dest="command_sql", metavar="SQL",
-                       help="run SQL (statements and dot commands) and exit, as duckdb -c")
-    shell.add_argument("-init", dest="init", metavar="FILE",
-                       help="run the statements and dot commands in FILE first, as duckdb -init")
-    shell.add_argument("-readonly", dest="read_only", action="store_true",
-                       help="open the database read-only (predict and evaluate work; train is refused)")
+    # its options are DuckDB CLI's (python -m dbml shell -help; dbml/shell/options.py): main() hands them over
+    sub.add_parser("shell", help=COMMANDS["shell"], description=COMMANDS["shell"], add_help=False)
     demo = sub.add_parser("demo", help=COMMANDS["demo"], description=COMMANDS["demo"])
     demo.add_argument("database", nargs="?", default=":memory:", help="DuckDB database file (default: in memory)")
     install = sub.add_parser("install", help=COMMANDS["install"], description=COMMANDS["install"])
@@ -50,36 +43,15 @@ def progress_bar(out=sys.stderr, width: int = 40):
     return draw
 
 
-def _shell(args) -> int:
-    """The shell: a one-line error (exit 1) if the database cannot be opened."""
-    from . import shell
-
-    con, error = shell.open_database(args.database, args.read_only)
-    if con is None:
-        print(error, file=sys.stderr)
-        return 1
-    interactive = args.command_sql is None and sys.stdin.isatty()
-    sh = shell.Shell(con, args.database, interactive=interactive)
-    try:
-        if args.init:
-            sh.read_file(args.init)
-        if args.command_sql is not None:
-            return sh.run_lines(args.command_sql.splitlines())
-        return sh.interact() if interactive else sh.run_lines(sys.stdin)
-    finally:
-        sh.con.close()
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:
         from .bench import harness
         return harness.main(argv[1:])
+    if argv[:1] == ["shell"]:
+        from .shell import main as shell
+        return shell(argv[1:])
     args = parser().parse_args(argv)
-    import dbml
-
-    if args.command == "shell":
-        return _shell(args)
     if args.command == "install":
         from .latency import calibrate
         from .scheduler.latency.predictor import predictor_path

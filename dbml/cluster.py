@@ -57,6 +57,10 @@ def check_job(spec) -> None:
     if spec.workers > 1 and spec.policy not in ("tensile", "eager"):
         raise InvalidArgument(f"train(): workers := {spec.workers} runs each worker's step as plain PyTorch under "
                               f"DistributedDataParallel, not policy {spec.policy!r}; pass policy := 'eager'")
+    from .kinds import FITTERS
+    if spec.arch in FITTERS:   # fitted in one call, not stepped: no worker's training loop, no model bytes to ship
+        raise InvalidArgument(f"train(): arch {spec.arch!r} is fitted on this machine, not on a Ray cluster; "
+                              f"SET VARIABLE dbml_cluster = 'local' for it")
     if spec.max_retries is not None and spec.max_retries < 0:
         raise InvalidArgument(f"setting max_retries is {spec.max_retries}; SET VARIABLE dbml_max_retries = 0 (or more)")
 

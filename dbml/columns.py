@@ -12,7 +12,8 @@ from __future__ import annotations
 # then its memory figures (TRAIN_MEMORY, the runner's stats)
 TRAIN_JOB = {
     "job_id": "BIGINT", "model": "VARCHAR", "version": "INTEGER", "status": "VARCHAR", "error": "VARCHAR",
-    "epochs": "INTEGER", "rows": "BIGINT", "skipped_rows": "BIGINT", "final_loss": "DOUBLE", "val_metric": "DOUBLE",
+    "epochs": "INTEGER", "best_epoch": "INTEGER", "rows": "BIGINT", "skipped_rows": "BIGINT", "final_loss": "DOUBLE",
+    "val_metric": "DOUBLE", "val_loss": "DOUBLE", "warnings": "VARCHAR", "estimated_seconds": "DOUBLE",
     "seconds": "DOUBLE",
 }
 TRAIN_MEMORY = {
@@ -29,8 +30,8 @@ JOB_ROW = {
     "id": "BIGINT", "model": "VARCHAR", "status": "VARCHAR", "progress": "DOUBLE", "epoch": "INTEGER",
     "epochs": "INTEGER", "loss": "DOUBLE", "rows_per_s": "DOUBLE", "planned_peak_bytes": "BIGINT",
     "measured_peak_bytes": "BIGINT", "swaps": "BIGINT", "recomputes": "BIGINT", "passive_swaps": "BIGINT",
-    "replans": "BIGINT", "started": "TIMESTAMP", "finished": "TIMESTAMP", "error": "VARCHAR",
-    "node": "VARCHAR", "device": "VARCHAR", "queued_for": "VARCHAR",
+    "replans": "BIGINT", "estimated_seconds": "DOUBLE", "warnings": "VARCHAR", "started": "TIMESTAMP",
+    "finished": "TIMESTAMP", "error": "VARCHAR", "node": "VARCHAR", "device": "VARCHAR", "queued_for": "VARCHAR",
 }
 JOB_COLUMNS = tuple(JOB_ROW)
 
@@ -67,4 +68,12 @@ PREDICTOR_ROW = {
 EVALUATE_RESULT = {
     "rows": "BIGINT", "accuracy": "DOUBLE", "macro_f1": "DOUBLE", "log_loss": "DOUBLE",
     "rmse": "DOUBLE", "mae": "DOUBLE", "r2": "DOUBLE",
+}
+
+# explain(model, source): per row, after the source's columns and `prediction` (as
+# predictions): one attribution per input column, in the model's feature order, and the
+# explained output (dbml/explain.py) at the baseline row and at this row
+EXPLAIN_RESULT = {
+    "attributions": "STRUCT(feature VARCHAR, attribution DOUBLE)[]", "baseline_value": "DOUBLE",
+    "prediction_value": "DOUBLE", "approximation_error": "DOUBLE",
 }

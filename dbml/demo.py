@@ -141,7 +141,7 @@ FROM predictions('shapes_cnn', 'SELECT * FROM shapes WHERE split = ''test''') OR
 SELECT t.model, t.rows, round(t.val_metric, 3) AS val_accuracy, round(t.seconds, 1) AS seconds
 FROM (SELECT train('tickets', 'SELECT body, queue FROM tickets WHERE split = ''train''', label := 'queue',
                    arch := 'transformer', options := '{"width": 32, "depth": 1, "heads": 2, "ff": 64, "dropout": 0}',
-                   epochs := 3, batch_size := 64) AS t)"""),
+                   epochs := 10, batch_size := 64) AS t)"""),
     ("The transformer on the held-out tickets, and a few of its predictions", """
 SELECT round(m.accuracy, 3) AS accuracy, round(m.macro_f1, 3) AS macro_f1, m.rows
 FROM (SELECT evaluate('tickets', 'SELECT * FROM tickets WHERE split = ''test''') AS m);

@@ -12,6 +12,10 @@
     │                          its jobs were cancelled, nothing of them stored
     └── CatalogError           the catalog tables are not what this dbml expects
 
+    RowSkipped (a UserWarning) a row predictions() or evaluate() left out under
+                               on_error := 'skip' (an unreadable image, an empty text); the
+                               message names the row (its file) and why
+
 Inside DuckDB every one of them surfaces as the UDF's error, its message unchanged, so
 callers can match on the text whether they call Python or SQL.
 
@@ -65,6 +69,10 @@ class Interrupted(DbmlError):
 
 class CatalogError(DbmlError):
     """The catalog tables exist but are not what this version of dbml expects."""
+
+
+class RowSkipped(UserWarning):
+    """A source row that predictions() or evaluate() skipped under ``on_error := 'skip'``."""
 
 
 @contextmanager

@@ -14,8 +14,15 @@ extensions). What the exported graph takes, per input kind:
   per-channel normalisation is in the graph, decoding and resizing PNG/JPEG are not.
 * text and token ids: ``tokens`` INT64[batch, length], ids as dbml encodes them
   (``index in the vocabulary + 2``, 1 unknown, 0 padding; the vocabulary is in the
-  metadata: ``dbml.vocab`` for text, ``dbml.token_ids`` for token ids); tokenisation is
-  not in the graph.
+  metadata: ``dbml.vocab`` for text, ``dbml.token_ids`` for token ids). Tokenisation is
+  not in the graph; ``dbml.tokenizer`` (JSON, ``inputs.tokenizer_rule``) says how dbml
+  does it: ``lowercase`` (Python's ``str.lower``), ``pattern`` (a Python ``re`` pattern
+  whose matches are the tokens), ``ids``, ``unknown``, ``padding``, ``no_tokens`` (the ids
+  of a text without tokens) and ``max_len``. ``dbml.max_len`` is the longest sequence the
+  model takes; the graph cuts longer ones (as dbml's predict does), so any length runs.
+* series: ``series`` FLOAT[batch, length], NaN for NULL and for padding; the scaling
+  (``dbml.series_scale``: 'global', with the training mean and std in ``dbml.series_mean``
+  and ``dbml.series_std``, or 'row') and the cut at ``dbml.max_len`` steps are in the graph.
 
 Outputs: classifiers ``logits`` and ``probabilities`` (softmax; class order in the
 metadata, ``dbml.classes``); regressors ``value``, unscaled to the label's units. The batch
@@ -37,6 +44,9 @@ from torch import nn
 
 from . import catalog
 from .errors import InvalidArgument
+from .input_modules import Truncate
+from .inputs import tokenizer_rule
+from .kinds import FITTERS
 
 __all__ = ["export_model", "ExportedModel"]
 
@@ -53,8 +63,9 @@ class ExportedModel(nn.Module):
         self.net = stored.module.eval()
         self.classify = prep.task == "classification"
         enc = prep.input
-        self.scale = enc.normaliser if enc is not None and enc.kind == "image" else \
-            prep.standardiser() if enc is None and prep.all_numeric else nn.Identity()
+        self.scale = prep.standardiser() if enc is None and prep.all_numeric else nn.Identity() if enc is None \
+            else enc.normaliser if enc.kind == "image" else enc.series_scale if enc.kind == "series" \
+            else Truncate(enc.max_len)
         self.target_mean, self.target_std = float(prep.target_mean), float(prep.target_std)
 
     def forward(self, x: torch.Tensor):
@@ -72,10 +83,9 @@ def _example(stored: catalog.StoredModel) -> tuple[str, torch.Tensor, dict]:
         return "features", torch.zeros(2, prep.width), {0: "batch"}
     if enc.kind == "image":
         return "image", torch.zeros(2, *enc.shape), {0: "batch"}
-    if enc.kind in ("text", "tokens"):
-        return "tokens", torch.ones(2, min(8, enc.max_len), dtype=torch.int64), {0: "batch", 1: "length"}
-    raise InvalidArgument(f"export_model(): model {stored.name!r} takes a {enc.kind} column, which the ONNX "
-                          f"export does not cover yet (tabular, image and text models are exported)")
+    if enc.kind == "series":
+        return "series", torch.zeros(2, min(8, enc.max_len)), {0: "batch", 1: "length"}
+    return "tokens", torch.ones(2, min(8, enc.max_len), dtype=torch.int64), {0: "batch", 1: "length"}
 
 
 def _metadata(stored: catalog.StoredModel, input_name: str) -> dict[str, str]:
@@ -87,8 +97,16 @@ def _metadata(stored: catalog.StoredModel, input_name: str) -> dict[str, str]:
         meta["dbml.classes"] = json.dumps([c if isinstance(c, (int, float, str)) else str(c) for c in prep.classes])
     if prep.input is None and not prep.all_numeric:
         meta["dbml.features_sql"] = prep.features_sql()
-    if prep.input is not None and prep.input.kind == "text":
-        meta["dbml.vocab"] = json.dumps(list(prep.input.vocab))
+    enc = prep.input
+    if enc is not None and enc.kind != "image":
+        meta["dbml.max_len"] = str(enc.max_len)
+    if enc is not None and enc.kind == "text":
+        meta["dbml.vocab"] = json.dumps(list(enc.vocab))
+        meta["dbml.tokenizer"] = json.dumps(tokenizer_rule(enc))
+    if enc is not None and enc.kind == "series":
+        meta["dbml.series_scale"] = enc.scale
+        if enc.scale == "global":
+            meta["dbml.series_mean"], meta["dbml.series_std"] = repr(enc.mean[0]), repr(enc.std[0])
     if prep.input is not None and prep.input.ids:
         meta["dbml.token_ids"] = json.dumps(list(prep.input.ids))   # a token id's model id: index + 2
     return meta
@@ -160,6 +178,9 @@ def export_model(cur, model: str, path: str, version: int | None = None, overwri
                               f"path") from None
     version, _ = catalog.identify(cur, model, version, fn="export_model")
     stored = catalog.load(cur, model, version)
+    if stored.config.arch in FITTERS:   # LightGBM's trees run outside torch; k-means outputs a centroid id
+        raise InvalidArgument(f"export_model(): model {model!r} is a {stored.config.arch} model, which the ONNX "
+                              f"export does not cover (networks are exported: linear, mlp, dnn, ...)")
     wrapper = ExportedModel(stored)
     input_name, example, axes = _example(stored)
     outputs = ["logits", "probabilities"] if wrapper.classify else ["value"]

@@ -192,7 +192,7 @@ class Preprocessing:
 
 def fit(cur: duckdb.DuckDBPyConnection, select_sql: str, columns: list[Column], *,
         label: str | None, features: list[str] | None, task: str | None, text=None, shape=None,
-        image_size=None, fn: str = "train") -> Preprocessing:
+        image_size=None, series_scale: str = "global", fn: str = "train") -> Preprocessing:
     """Choose features, infer the task and compute every statistic with SQL over the source.
     An image, text or sequence column (``dbml.inputs``) is fitted by its encoder instead."""
     if label is None:
@@ -204,7 +204,9 @@ def fit(cur: duckdb.DuckDBPyConnection, select_sql: str, columns: list[Column], 
 
     def kind(c: Column) -> str | None:   # asked only of the feature columns, once each
         if c.name not in kinds:
-            kinds[c.name] = inputs.kind_of(cur, src, c, text=c.name in text_cols, shape=shape)
+            # text := [...] names the text columns; without it, VARCHARs of many words are detected
+            kinds[c.name] = inputs.kind_of(cur, src, c, text=True if c.name in text_cols else
+                                           None if text is None else False, shape=shape)
         return kinds[c.name]
 
     feature_cols = _feature_columns(columns, label_col, features, fn, usable=kind)
@@ -213,8 +215,10 @@ def fit(cur: duckdb.DuckDBPyConnection, select_sql: str, columns: list[Column], 
         src = _labelled_rows(cur, select_sql, label_col, fn, regression=True)
     special = [c for c in feature_cols if kind(c)]
     if special:
-        encoder = _one_input(cur, src, feature_cols, special[0], kind(special[0]), shape, image_size, fn)
+        encoder = _one_input(cur, src, feature_cols, special[0], kind(special[0]), shape, image_size, fn,
+                             series_scale=series_scale)
         return _with_label(cur, src, label_col, task, (), fn, input=encoder)
+    _series_scale_applies(series_scale, None, fn)
     numeric = _numeric_stats(cur, src, [c for c in feature_cols if c.is_numeric])
     feats = tuple(numeric[c.name] if c.is_numeric else
                   _array_stats(cur, src, c, array_size(c)) if array_size(c) else
@@ -236,8 +240,15 @@ def _with_label(cur, src: str, label_col: Column, task: str, feats: tuple, fn: s
     return Preprocessing(feats, label_col.name, task, target_mean=_finite(mean), target_std=_nonzero(std), input=input)
 
 
+def _series_scale_applies(series_scale: str, kind: str | None, fn: str) -> None:
+    """series_scale := 'row' is for a series input only; elsewhere it would change nothing, silently."""
+    if series_scale != "global" and kind != "series":
+        raise InvalidArgument(f"{fn}(): series_scale := {series_scale!r} applies to a series (a FLOAT[] or DOUBLE[] "
+                              f"column), and this model's input is {kind or 'tabular'}; leave series_scale out")
+
+
 def _one_input(cur, src: str, feature_cols: list[Column], col: Column, kind: str, shape, image_size,
-               fn: str) -> InputEncoder:
+               fn: str, series_scale: str = "global") -> InputEncoder:
     """The encoder of the one image, text or sequence column; the zoo's architectures take
     one kind of input, so other feature columns beside it are an error."""
     if len(feature_cols) > 1:
@@ -245,7 +256,8 @@ def _one_input(cur, src: str, feature_cols: list[Column], col: Column, kind: str
         raise InvalidArgument(f"{fn}(): column {col.name!r} is {'an' if kind == 'image' else 'a'} {kind} input and "
                               f"{others[0]!r} is another feature; dbml's architectures take one kind of input: "
                               f"pass features := [{col.name!r}] (or leave {col.name!r} out)")
-    return inputs.fit(cur, src, col, kind, image_size=image_size, shape=shape, fn=fn)
+    _series_scale_applies(series_scale, kind, fn)
+    return inputs.fit(cur, src, col, kind, image_size=image_size, shape=shape, series_scale=series_scale, fn=fn)
 
 
 def label_usable(col_sql: str, *, numeric: bool, regression: bool) -> str:

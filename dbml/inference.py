@@ -8,6 +8,7 @@ looks up the uid of the latest version first.
 from __future__ import annotations
 
 import threading
+import warnings
 from typing import Callable
 
 import duckdb
@@ -20,7 +21,7 @@ import torch
 
 from . import catalog, metrics
 from .data import BatchStream
-from .errors import InvalidArgument
+from .errors import InvalidArgument, RowSkipped
 from .features import Preprocessing
 from .forward_memory import rows_within
 from .source import as_select, describe, quote, resolve_column, value_sql
@@ -238,20 +239,69 @@ def _scatter(values, valid: np.ndarray, typ: pa.DataType) -> pa.Array:
     return pa.array([next(it) if v else None for v in valid], type=typ)
 
 
-def infer_encoded(model: catalog.StoredModel, x: pa.Array) -> pa.Array:
+# on_error of predictions() and evaluate(), as train()'s: 'raise' (the default): the first row
+# an image, text or sequence model cannot encode (an unreadable or undecodable image, an empty
+# text) fails the statement, its error naming the row; 'skip': every such row is skipped, its
+# prediction NULL (predictions) or left out of the metrics (evaluate), each named in a
+# RowSkipped warning.
+ON_ERROR = ("raise", "skip")
+
+
+def check_on_error(on_error, fn: str) -> None:
+    if on_error not in ON_ERROR:
+        raise InvalidArgument(f"{fn}(): unknown on_error {on_error!r}; "
+                              f"pass on_error := one of {', '.join(map(repr, ON_ERROR))}")
+
+
+def row_names(columns) -> exp.Expression:
+    """How errors and warnings name a source row (``inputs.row_name``): by its ``filename``
+    column (``read_blob``, ``read_text``) when the source has one, else by its number."""
+    filename = next((c.name for c in columns if c.name.lower() == "filename"), None)
+    if filename is None:
+        return sqlglot.parse_one("format('row {}', row_number() OVER ())", read="duckdb")
+    return exp.func("format", exp.Literal.string("file '{}'"),
+                    exp.func("coalesce", exp.cast(exp.column(filename), "VARCHAR"), exp.Literal.string("NULL")))
+
+
+def _skipped(errors: list[str], what: str) -> None:
+    for e in errors:
+        warnings.warn(f"{e} (skipped under on_error := 'skip': {what})", RowSkipped, stacklevel=3)
+
+
+def encode_skipping(model: catalog.StoredModel, x: pa.Array, names: list[str] | None, *, fn: str,
+                    on_error: str, what: str) -> tuple[torch.Tensor | None, np.ndarray]:
+    """An image, text or sequence model's column as its input tensor, under ``on_error``:
+    (tensor of the rows that encode, their mask); each skipped row named in a warning."""
+    tensor, ok, errors = model.preprocessing.input.encode(x, fn=fn, names=names, on_error=on_error)
+    _skipped(errors, what)
+    return tensor, ok
+
+
+def infer_encoded(model: catalog.StoredModel, x: pa.Array, *, on_error: str = "raise",
+                  names: pa.Array | None = None) -> pa.Array:
     """Model output for rows already encoded by ``features_sql`` (the table form), or for
-    the raw column of an image, text or sequence model, encoded here."""
+    the raw column of an image, text or sequence model, encoded here (rows named by
+    ``names`` in errors; under ``on_error := 'skip'`` a row that does not encode is NULL)."""
     x = flat(x)
-    if model.preprocessing.input is not None:
-        outs = [forward(model, model.preprocessing.input.to_tensor(x.slice(i, 256), fn="predictions"))
-                for i in range(0, len(x), 256)]
-        return pa.array(outputs_to_values(model.preprocessing, torch.cat(outs)), type=pa.float64())
+    prep = model.preprocessing
+    if prep.input is not None:   # a NULL input is a NULL prediction, as a function of NULL is
+        present = np.flatnonzero(~np.asarray(x.is_null().to_numpy(zero_copy_only=False)))
+        names = None if names is None else flat(names).take(pa.array(present)).to_pylist()
+        values, done = np.zeros(len(x)), np.zeros(len(x), bool)
+        for i in range(0, len(present), 256):
+            part = present[i:i + 256]
+            tensor, ok = encode_skipping(model, x.take(pa.array(part)), None if names is None else names[i:i + 256],
+                                         fn="predictions", on_error=on_error, what="its prediction is NULL")
+            if tensor is not None:
+                rows = part[ok]
+                values[rows], done[rows] = outputs_to_values(prep, forward(model, tensor)), True
+        return pa.array(values, type=pa.float64(), mask=~done)
     width = model.preprocessing.width
     rows = x.flatten().to_numpy(zero_copy_only=False).reshape(len(x), width)
     return pa.array(outputs_to_values(model.preprocessing, forward(model, rows)), type=pa.float64())
 
 
-def _model_and_source(cur, cache: ModelCache, name: str, source: str, fn: str):
+def model_and_source(cur, cache: ModelCache, name: str, source: str, fn: str):
     """The latest version of model ``name``, the source as one SELECT and its columns,
     which must hold every feature of the model."""
     model = cache.get(name, fn=fn)
@@ -262,33 +312,57 @@ def _model_and_source(cur, cache: ModelCache, name: str, source: str, fn: str):
     return model, select_sql, columns
 
 
-def predictions_sql(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, source: str) -> str:
-    """The query behind ``predictions(model, source)``: every source row plus a ``prediction`` column."""
-    model, select_sql, _ = _model_and_source(cur, cache, name, source, "predictions")
+def prediction_expression(model: catalog.StoredModel, on_error: str = "raise",
+                          names: exp.Expression | None = None) -> exp.Expression:
+    """The ``prediction`` column of ``predictions`` (and ``explain``) over a source row;
+    ``names``: how an error names the row (``row_names``; tabular rows need none)."""
     prep = model.preprocessing
     call: exp.Expression = exp.Anonymous(this=infer_function(prep), expressions=[
-        value_sql(name), value_sql(model.uid), sqlglot.parse_one(prep.features_sql(), read="duckdb")])
+        value_sql(model.name), value_sql(model.uid), sqlglot.parse_one(prep.features_sql(), read="duckdb"),
+        exp.Literal.string(on_error), names if names is not None else exp.Literal.string("")])
     if prep.task == "classification":   # the class index -> the class, from the catalog's classes
         index = exp.Add(this=exp.cast(call, "INTEGER"), expression=exp.Literal.number(1))
         call = exp.Bracket(this=value_sql(list(prep.classes)), expressions=[index], offset=1)   # 1-based, as written
+    return call
+
+
+def over_source(columns: list[exp.Expression], select_sql: str) -> str:
+    """``SELECT src.*, <columns> FROM (<source>) AS src``."""
     source = exp.Subquery(this=sqlglot.parse_one(select_sql, read="duckdb"), alias=exp.TableAlias(this="src"))
-    return exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier("src")),
-                      exp.alias_(call, "prediction")).from_(source).sql("duckdb")
+    return exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier("src")), *columns).from_(source).sql("duckdb")
 
 
-def evaluate(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, source: str) -> dict:
+def predictions_sql(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, source: str,
+                    on_error: str = "raise") -> str:
+    """The query behind ``predictions(model, source)``: every source row plus a ``prediction`` column."""
+    check_on_error(on_error, "predictions")
+    model, select_sql, columns = model_and_source(cur, cache, name, source, "predictions")
+    names = row_names(columns) if model.preprocessing.input is not None else None
+    return over_source([exp.alias_(prediction_expression(model, on_error, names), "prediction")], select_sql)
+
+
+def evaluate(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, source: str,
+             on_error: str = "raise") -> dict:
     """Metrics of the latest version of ``name`` on the rows of ``source`` (its label must be there)."""
     fn = "evaluate"
-    model, select_sql, columns = _model_and_source(cur, cache, name, source, fn)
+    check_on_error(on_error, fn)
+    model, select_sql, columns = model_and_source(cur, cache, name, source, fn)
     prep = model.preprocessing
     if not any(c.name.lower() == prep.label.lower() for c in columns):
         raise InvalidArgument(f"{fn}(): source has no column {prep.label!r}, the label of model {name!r}; "
                               f"include it in the SELECT")
     y_sql = prep.label_sql() + "::BIGINT" if prep.task == "classification" else f"{quote(prep.label)}::DOUBLE"
     outs, ys = [], []
-    query = f"SELECT {prep.features_sql()} AS x, {y_sql} AS y FROM ({select_sql}) WHERE {prep.label_filter()}"
-    convert = None if prep.input is None else (lambda col: prep.input.to_tensor(col, fn=fn))
-    for x, y in BatchStream(cur, query, 8192 if convert is None else 256, convert=convert):
+    if prep.input is None:
+        query = f"SELECT {prep.features_sql()} AS x, {y_sql} AS y FROM ({select_sql}) WHERE {prep.label_filter()}"
+        batches = BatchStream(cur, query, 8192)
+    else:   # the rows numbered (or named by file) before the label's filter
+        named = exp.select(exp.Star(), exp.alias_(row_names(columns), "__dbml_row_name")).from_(
+            exp.Subquery(this=sqlglot.parse_one(select_sql, read="duckdb"), alias=exp.TableAlias(this="src")))
+        query = (f"SELECT {prep.features_sql()} AS x, {y_sql} AS y, __dbml_row_name FROM ({named.sql('duckdb')}) "
+                 f"WHERE {prep.label_filter()}")
+        batches = _input_batches(cur, model, query, on_error, fn)
+    for x, y in batches:
         outs.append(forward(model, x))
         ys.append(y)
     if not ys:
@@ -298,6 +372,21 @@ def evaluate(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, sourc
     if prep.task == "classification":
         return {"rows": len(y), **metrics.classification(out, y, len(prep.classes))}
     return {"rows": len(y), **metrics.regression(y, prep.unscale(out.squeeze(-1).numpy()))}
+
+
+def _input_batches(cur, model: catalog.StoredModel, query: str, on_error: str, fn: str):
+    """(input tensor, labels) of an image, text or sequence model's rows, 256 at a time;
+    under on_error := 'skip' without the rows that do not encode."""
+    reader = cur.sql(query).to_arrow_reader(256)
+    try:
+        for batch in reader:
+            x, y, names = batch.column(0), batch.column(1), batch.column(2).to_pylist()
+            tensor, ok = encode_skipping(model, x, names, fn=fn, on_error=on_error,
+                                         what="left out of the metrics")
+            if tensor is not None:
+                yield tensor, torch.from_numpy(y.filter(pa.array(ok)).to_numpy(zero_copy_only=False))
+    finally:
+        reader.close()
 
 
 def per_model(models: pa.Array, run) -> pa.Array:

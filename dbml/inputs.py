@@ -8,7 +8,8 @@ validated on load) and turns an Arrow column of a batch into the model's tensor:
   thread; Pillow releases the GIL), or a numeric array column with ``shape := [c, h, w]``.
   Blobs are converted to grey ('L') if every training image is grey, else RGB, and resized
   to ``image_size := [h, w]`` (or one number for a square) when given; without it every
-  image must have the same size. Each channel is standardised with its mean and std over
+  training image must have the same size. At predict time an image of another size is
+  resized to the model's by the same rule (``InputEncoder._pixels``). Each channel is standardised with its mean and std over
   (a sample of up to ``STATS_SAMPLE`` of) the training images.
 * **text** — a VARCHAR column named in ``text := [...]``, or inferred as text when its
   values average at least ``TEXT_MIN_WORDS`` words. Tokeniser: lower-cased, split into
@@ -20,9 +21,12 @@ validated on load) and turns an Arrow column of a batch into the model's tensor:
   id's index + 2 (0 pads, 1 is any other id), so the embedding's size follows how many
   ids there are, never how large one is. (Models stored before ``ids`` existed see id + 1
   and refuse ids beyond the largest training id.)
-* **series** — a ``FLOAT[]``/``DOUBLE[]`` column of variable length, standardised with
-  the mean and std of all training values; the model sees ``[value, present]`` per step.
-  NULL, NaN, ±Inf and values beyond FLOAT's range are missing (``present`` 0).
+* **series** — a ``FLOAT[]``/``DOUBLE[]`` column of variable length, cut at ``max_len``
+  (the longest training series up to ``MAX_LEN``) and standardised
+  (``input_modules.SeriesScale``) with the mean and std of all training values, or under ``series_scale := 'row'`` each series with
+  the mean and (population) std of its own values (a std of 0 counts as 1); the model sees
+  ``[value, present]`` per step. NULL, NaN, ±Inf and values beyond FLOAT's range are
+  missing (``present`` 0) and count in no statistic.
 
 Sequences are padded per batch to the batch's longest, rounded up to a power of two
 (at least 8), so that a job captures a handful of graph shapes rather than one per length.
@@ -46,11 +50,12 @@ import pyarrow as pa
 import torch
 
 from .errors import CatalogError, InvalidArgument, SourceError
+from .input_modules import FLOAT_MAX, ChannelNormalise, SeriesScale
 from .source import Column, literal, quote
+from .spec import SERIES_SCALES
 from .zoo import Inputs
 
 KINDS = ("image", "text", "tokens", "series")
-FLOAT_MAX = 3.4028234663852886e38    # the largest FLOAT (features.FLOAT_MAX: features imports this module)
 MAX_VOCAB = 20000
 MAX_LEN = 512
 TEXT_MIN_WORDS = 4.0
@@ -64,12 +69,27 @@ MAX_SIDE = 4096                     # a model's input height or width (image_siz
 DECODE_TOKEN = secrets.token_hex(16)
 MAX_CHANNELS = 64                   # an array image's channels (shape := [c, h, w])
 _TOKEN = re.compile(r"\w+|[^\w\s]")
+PAD_ID, UNKNOWN_ID, FIRST_ID = 0, 1, 2   # text and token ids: padding, a token not in the vocabulary, the first known
 _POOL: ThreadPoolExecutor | None = None
 
 
 def tokenize(text: str) -> list[str]:
     """The text tokeniser: lower-cased words and single punctuation marks."""
     return _TOKEN.findall(text.lower())
+
+
+def tokenizer_rule(enc: "InputEncoder") -> dict:
+    """How a text becomes the ids a text model takes (``tokenize``, then ``InputEncoder._ids``),
+    said for another program: the ONNX export's ``dbml.tokenizer`` metadata."""
+    return {"lowercase": "str.lower", "pattern": _TOKEN.pattern, "pattern_syntax": "python re, unicode",
+            "ids": f"vocab index + {FIRST_ID}", "unknown": UNKNOWN_ID, "padding": PAD_ID,
+            "no_tokens": [UNKNOWN_ID], "max_len": enc.max_len, "longer": "cut at max_len"}
+
+
+def row_name(row: int | str) -> str:
+    """How an error names a row: its 0-based number in the batch ("row 3"), or the name the
+    caller gave it (``names``: "file 'photos/e.png'", "row 5" of the whole source)."""
+    return row if isinstance(row, str) else f"row {row + 1}"
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -85,13 +105,15 @@ class InputEncoder:
     column: str
     blob: bool = False                 # image: decoded from PNG/JPEG bytes (else a numeric array)
     shape: tuple[int, ...] = ()        # image: (channels, height, width)
-    resize: bool = False               # image blob: resized to shape[1:]
+    resize: bool = False               # image blob: trained with image_size (every image is resized to
+                                       # shape[1:] when its size differs, at training and at predict)
     mean: tuple[float, ...] = ()       # image: per channel; series: one value
     std: tuple[float, ...] = ()
     vocab: tuple[str, ...] = ()        # text: id = index + 2
     vocab_size: int = 0                # text / tokens: ids < vocab_size (0 pads)
     max_len: int = 0                   # text / tokens / series
     ids: tuple[int, ...] = ()          # tokens: the training ids the model knows, id = index + 2
+    scale: str = "global"              # series: SERIES_SCALES (train()'s series_scale)
 
     # -- what the model sees ----------------------------------------------------------------
     def inputs(self) -> Inputs:
@@ -116,77 +138,98 @@ class InputEncoder:
                     f"{literal(DECODE_TOKEN)})")
         return self.raw_sql()
 
-    def decode(self, col: pa.Array, *, fn: str = "train") -> pa.Array:
+    def decode(self, col: pa.Array, *, fn: str = "train", names=None) -> pa.Array:
         """PNG/JPEG BLOBs -> raw uint8 CHW bytes per row, decoded on the pool in slices
         (one task per slice, not per image: fewer hand-offs of the GIL)."""
-        rows = list(enumerate(_flat(col).to_pylist()))
+        rows = list(zip(names or range(len(col)), _flat(col).to_pylist()))
         step = max(1, -(-len(rows) // DECODE_WORKERS))
         slices = [rows[i:i + step] for i in range(0, len(rows), step)]
         done = _pool().map(lambda part: [self._decode(i, data, fn=fn).tobytes() for i, data in part], slices)
         return pa.array([b for part in done for b in part], type=pa.binary())
 
-    def to_tensor(self, col: pa.Array, *, fn: str = "train", decoded: bool = False) -> torch.Tensor:
+    def to_tensor(self, col: pa.Array, *, fn: str = "train", decoded: bool = False, names=None) -> torch.Tensor:
         """A batch's column as the model's input tensor (``decoded``: images already raw
-        bytes, as ``scratch_sql`` stores them)."""
+        bytes, as ``scratch_sql`` stores them). An error names the row by ``names`` (one
+        string a row, ``row_name``), else by its number in the batch."""
         col = _flat(col)
         if self.kind == "image":
-            return self._images(col, fn, decoded)
+            return self._images(col, fn, decoded, names)
         if self.kind == "series":
             return self._series(col)
-        return _pad([self._ids(v, i, fn) for i, v in enumerate(col.to_pylist())], self.max_len)
+        return _pad([self._ids(v, i, fn) for i, v in zip(names or range(len(col)), col.to_pylist())], self.max_len)
+
+    def encode(self, col: pa.Array, *, fn: str, names, on_error: str = "raise"):
+        """``to_tensor`` of the rows that encode: (tensor or None, mask of those rows, the
+        errors of the others). Under ``on_error := 'raise'`` the first error is raised; under
+        'skip' the rows that do not decode (an unreadable image, an empty text...) are
+        left out and their errors returned, each naming its row."""
+        col = _flat(col)
+        names = [row_name(i) for i in range(len(col))] if names is None else list(names)
+        try:
+            return self.to_tensor(col, fn=fn, names=names), np.ones(len(col), bool), []
+        except InvalidArgument:
+            if on_error == "raise":
+                raise
+        ok, errors = np.ones(len(col), bool), []
+        for i in range(len(col)):   # the batch failed: find its bad rows, one by one
+            try:
+                self.to_tensor(col.slice(i, 1), fn=fn, names=names[i:i + 1])
+            except InvalidArgument as e:
+                ok[i] = False
+                errors.append(str(e))
+        kept = [n for n, keep in zip(names, ok) if keep]
+        return (self.to_tensor(col.filter(pa.array(ok)), fn=fn, names=kept) if ok.any() else None), ok, errors
 
     # -- images ------------------------------------------------------------------------------
-    def _images(self, col: pa.Array, fn: str, decoded: bool) -> torch.Tensor:
+    def _images(self, col: pa.Array, fn: str, decoded: bool, names) -> torch.Tensor:
         c, h, w = self.shape
         if self.blob:
-            x = _binary_bytes(col if decoded else self.decode(col, fn=fn)).astype(np.float32) / 255.0
+            x = _binary_bytes(col if decoded else self.decode(col, fn=fn, names=names)).astype(np.float32) / 255.0
         else:
-            x = np.stack([_array(v, c * h * w, i, self.column, fn) for i, v in enumerate(col.to_pylist())])
+            x = np.stack([_array(v, c * h * w, i, self.column, fn)
+                          for i, v in zip(names or range(len(col)), col.to_pylist())])
         x = torch.from_numpy(np.ascontiguousarray(x.reshape(len(col), c, h, w), dtype=np.float32))
         with torch.no_grad():
             return self.normaliser(x)
 
     @cached_property
-    def normaliser(self) -> "ChannelNormalise":
+    def normaliser(self) -> torch.nn.Module:
         """Pixels in [0, 1] (channels, height, width) -> the model's input; the ONNX export runs it too."""
         return ChannelNormalise(self.mean, self.std)
 
-    def _decode(self, row: int, data: bytes | None, *, fn: str) -> np.ndarray:
-        image = open_image(data, row, self.column, fn)
-        if not self.resize and image.size != (self.shape[2], self.shape[1]):
-            raise InvalidArgument(f"{fn}(): row {row + 1} of column {self.column!r} is a {image.size[0]}x"
-                                  f"{image.size[1]} image, but the model takes {self.shape[2]}x{self.shape[1]}; "
-                                  f"pass image_size := [{self.shape[1]}, {self.shape[2]}] when training to resize")
-        return self._pixels(image)
+    def _decode(self, row: int | str, data: bytes | None, *, fn: str) -> np.ndarray:
+        return self._pixels(open_image(data, row, self.column, fn))
 
     def _pixels(self, image) -> np.ndarray:
-        """A Pillow image as the model's channels: grey or RGB, resized if asked, (c, h, w) uint8.
+        """A Pillow image as the model's channels: grey or RGB, then resized to the model's
+        height and width if it has another size, (c, h, w) uint8. The one resize rule: training
+        with ``image_size`` and predicting on images of any other size both go through it.
         16-bit grey (mode I;16, or I) is scaled to 8 bits, not clipped as Pillow's convert does."""
         if image.mode.startswith("I"):
             wide = np.asarray(image, dtype=np.float64)
             top = 65535.0 if image.mode.startswith("I;16") or wide.max(initial=0) > 255 else 255.0
             image = _pil_image(np.clip(np.rint(wide * (255.0 / top)), 0, 255).astype(np.uint8))
         image = image.convert("L" if self.shape[0] == 1 else "RGB")
-        if self.resize:
-            image = image.resize((self.shape[2], self.shape[1]))
+        if image.size != (self.shape[2], self.shape[1]):
+            image = image.resize((self.shape[2], self.shape[1]))   # Pillow's default filter (bicubic)
         a = np.asarray(image, dtype=np.uint8)
         return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
 
     # -- sequences ---------------------------------------------------------------------------
-    def _ids(self, value, row: int, fn: str) -> list[int]:
+    def _ids(self, value, row: int | str, fn: str) -> list[int]:
         if self.kind == "text":
             if value is None or not value.strip():
-                raise InvalidArgument(f"{fn}(): row {row + 1} of text column {self.column!r} is empty; "
+                raise InvalidArgument(f"{fn}(): {row_name(row)} of text column {self.column!r} is empty; "
                                       f"filter such rows out (WHERE length(trim({self.column})) > 0)")
             index = self._index
-            return [index.get(t, 1) for t in tokenize(value)][:self.max_len] or [1]
+            return [index.get(t, UNKNOWN_ID) for t in tokenize(value)][:self.max_len] or [UNKNOWN_ID]
         ids = [v for v in (value or []) if v is not None][:self.max_len]
         if self.ids:
             index = self._id_index
             return [index.get(v, 1) for v in ids] or [0]
         bad = [v for v in ids if not 0 <= v < self.vocab_size - 1]
         if bad:
-            raise InvalidArgument(f"{fn}(): row {row + 1} of column {self.column!r} holds token id {bad[0]}, "
+            raise InvalidArgument(f"{fn}(): {row_name(row)} of column {self.column!r} holds token id {bad[0]}, "
                                   f"outside the model's range 0..{self.vocab_size - 2} (the largest training id); "
                                   f"map unseen ids to a known one, or retrain on data that has them")
         return [v + 1 for v in ids] or [0]
@@ -199,20 +242,21 @@ class InputEncoder:
     @cached_property
     def _index(self) -> dict[str, int]:
         """token -> id, built once per loaded encoder."""
-        return {t: i + 2 for i, t in enumerate(self.vocab)}
+        return {t: i + FIRST_ID for i, t in enumerate(self.vocab)}
 
     def _series(self, col: pa.Array) -> torch.Tensor:
         rows = [[np.nan if v is None else v for v in (r or [])][:self.max_len] for r in col.to_pylist()]
         length = _bucket(max((len(r) for r in rows), default=1), self.max_len)
-        x = np.zeros((len(rows), length, 2), dtype=np.float32)
+        raw = np.full((len(rows), length), np.nan)              # NaN: missing, and the padding
         for i, r in enumerate(rows):
-            raw = np.asarray(r, dtype=np.float64)
-            ok = np.isfinite(raw) & (np.abs(raw) <= FLOAT_MAX)    # NULL, NaN, ±Inf, beyond FLOAT: missing
-            with np.errstate(over="ignore", invalid="ignore"):
-                v = (raw - self.mean[0]) / self.std[0]
-            x[i, :len(r), 0] = np.where(ok, np.clip(v, -FLOAT_MAX, FLOAT_MAX), 0.0)
-            x[i, :len(r), 1] = ok
-        return torch.from_numpy(x)
+            raw[i, :len(r)] = r
+        with torch.no_grad():
+            return self.series_scale(torch.from_numpy(raw))
+
+    @cached_property
+    def series_scale(self) -> torch.nn.Module:
+        """Raw series -> the model's input; the ONNX export runs it too."""
+        return SeriesScale(self.mean[0], self.std[0], per_row=self.scale == "row", max_len=self.max_len)
 
     # -- the catalog -------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -232,26 +276,15 @@ class InputEncoder:
                 assert len(enc.shape) == 3 and len(enc.mean) == len(enc.std) == enc.shape[0]
                 assert enc.shape[0] in ((1, 3) if enc.blob else range(1, MAX_CHANNELS + 1))
             assert all(isinstance(t, int) and not isinstance(t, bool) for t in enc.ids)
+            assert enc.scale in SERIES_SCALES and (enc.scale == "global" or enc.kind == "series")
+            if enc.kind == "series":
+                assert len(enc.mean) == len(enc.std) == 1
             assert 0 <= enc.max_len <= MAX_LEN and enc.vocab_size >= 0
             if enc.kind == "text" or enc.ids:
                 assert enc.vocab_size == len(enc.vocab or enc.ids) + 2 <= MAX_VOCAB + 2
         except (TypeError, AssertionError) as e:
             raise CatalogError(f"the stored input encoder is not valid ({e or 'a field has a wrong value'})") from None
         return enc
-
-
-class ChannelNormalise(torch.nn.Module):
-    """``(x - mean) / std`` per channel of (batch, channels, height, width) images, in
-    float32; a NaN (a NULL element of an array image) or ±Inf becomes 0."""
-
-    def __init__(self, means, stds):
-        super().__init__()
-        self.register_buffer("mean", torch.tensor(means, dtype=torch.float32).reshape(1, -1, 1, 1))
-        self.register_buffer("std", torch.tensor(stds, dtype=torch.float32).reshape(1, -1, 1, 1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z = (x - self.mean) / self.std
-        return torch.where(torch.isfinite(z), z, torch.zeros_like(z))
 
 
 def _pil_image(a: np.ndarray):
@@ -270,7 +303,7 @@ def _flat(col: pa.Array | pa.ChunkedArray) -> pa.Array:
     return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
 
 
-def open_image(data: bytes | None, row: int, column: str, fn: str):
+def open_image(data: bytes | None, row: int | str, column: str, fn: str):
     """A BLOB as a Pillow image; an error naming the row and column if it is not a PNG or
     JPEG (``IMAGE_FORMATS``: no other decoder ever sees the bytes, so no EPS reaches
     Ghostscript) or holds more than ``MAX_IMAGE_PIXELS`` (checked on the header, before
@@ -278,12 +311,12 @@ def open_image(data: bytes | None, row: int, column: str, fn: str):
     from PIL import Image, UnidentifiedImageError
 
     if data is None:
-        raise InvalidArgument(f"{fn}(): row {row + 1} of image column {column!r} is NULL; filter such rows out")
+        raise InvalidArgument(f"{fn}(): {row_name(row)} of image column {column!r} is NULL; filter such rows out")
     try:
         image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
         w, h = image.size
         if w * h > MAX_IMAGE_PIXELS:
-            raise InvalidArgument(f"{fn}(): row {row + 1} of column {column!r} is a {w}x{h} image "
+            raise InvalidArgument(f"{fn}(): {row_name(row)} of column {column!r} is a {w}x{h} image "
                                   f"({w * h / 1e6:.0f} megapixels), more than dbml decodes "
                                   f"({MAX_IMAGE_PIXELS / 1e6:.0f}); downscale such images before training on them")
         image.load()
@@ -291,7 +324,7 @@ def open_image(data: bytes | None, row: int, column: str, fn: str):
     except InvalidArgument:
         raise
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
-        raise InvalidArgument(f"{fn}(): row {row + 1} of column {column!r} is not a PNG or JPEG image dbml can "
+        raise InvalidArgument(f"{fn}(): {row_name(row)} of column {column!r} is not a PNG or JPEG image dbml can "
                               f"decode ({type(e).__name__}); pass only PNG or JPEG files, e.g. "
                               f"read_blob('photos/*.png')") from None
 
@@ -304,10 +337,10 @@ def image_side(value, arg: str, fn: str) -> int:
     return value
 
 
-def _array(value, size: int, row: int, column: str, fn: str) -> np.ndarray:
+def _array(value, size: int, row: int | str, column: str, fn: str) -> np.ndarray:
     if value is None or len(value) != size:
         n = "NULL" if value is None else f"{len(value)} numbers"
-        raise InvalidArgument(f"{fn}(): row {row + 1} of column {column!r} holds {n}, but shape := [c, h, w] "
+        raise InvalidArgument(f"{fn}(): {row_name(row)} of column {column!r} holds {n}, but shape := [c, h, w] "
                               f"needs c*h*w = {size}; fix shape := or the arrays")
     return np.asarray([np.nan if v is None else v for v in value], dtype=np.float32)
 
@@ -325,8 +358,9 @@ def _pad(rows: list[list[int]], cap: int) -> torch.Tensor:
 
 
 # -- recognising and fitting -----------------------------------------------------------------
-def kind_of(cur, src: str, col: Column, *, text: bool, shape) -> str | None:
-    """The input kind of a feature column, or None for a tabular one."""
+def kind_of(cur, src: str, col: Column, *, text: bool | None, shape) -> str | None:
+    """The input kind of a feature column, or None for a tabular one. ``text``: the column is text
+    (True), is not (False), or is when its values average many words (None)."""
     t = col.type.strip().upper()
     if t in ("BLOB", "BYTEA"):
         return "image"
@@ -339,7 +373,7 @@ def kind_of(cur, src: str, col: Column, *, text: bool, shape) -> str | None:
         if base.is_numeric:
             return "series"
         return None
-    if t == "VARCHAR" and (text or _looks_like_text(cur, src, col)):
+    if t == "VARCHAR" and (text or text is None and _looks_like_text(cur, src, col)):
         return "text"
     return None
 
@@ -350,7 +384,8 @@ def _looks_like_text(cur, src: str, col: Column) -> bool:
     return words is not None and words >= TEXT_MIN_WORDS
 
 
-def fit(cur, src: str, col: Column, kind: str, *, image_size, shape, fn: str = "train") -> InputEncoder:
+def fit(cur, src: str, col: Column, kind: str, *, image_size, shape, series_scale: str = "global",
+        fn: str = "train") -> InputEncoder:
     """Fit the encoder of ``col`` on the training rows ``src`` (a subquery)."""
     if kind == "image":
         return _fit_array_image(cur, src, col, shape, fn) if shape is not None else \
@@ -368,6 +403,8 @@ def fit(cur, src: str, col: Column, kind: str, *, image_size, shape, fn: str = "
         counts = Counter(int(v) for v in flat)
         ids = tuple(sorted(t for t, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_VOCAB]))
         return InputEncoder("tokens", col.name, vocab_size=len(ids) + 2, max_len=_max_len(values), ids=ids)
+    if series_scale == "row":    # each series scaled by its own statistics: none kept
+        return InputEncoder("series", col.name, mean=(0.0,), std=(1.0,), max_len=_max_len(values), scale="row")
     finite = np.asarray([v for v in flat if math.isfinite(v) and abs(v) <= FLOAT_MAX], dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):   # values near DOUBLE's range overflow a sum
         mean = float(finite.mean()) if finite.size else 0.0
@@ -389,7 +426,7 @@ def _fit_text(values: list, col: Column, fn: str) -> InputEncoder:
     counts, longest = Counter(), 1
     for row, v in enumerate(values):
         if v is None or not v.strip():
-            raise InvalidArgument(f"{fn}(): row {row + 1} of text column {col.name!r} is empty; "
+            raise InvalidArgument(f"{fn}(): {row_name(row)} of text column {col.name!r} is empty; "
                                   f"filter such rows out (WHERE length(trim({col.name})) > 0)")
         tokens = tokenize(v)
         counts.update(tokens)

@@ -27,7 +27,6 @@ from typing import Callable
 
 import duckdb
 
-from . import training
 from .jobs import JobManager, interrupt_off_main_thread
 
 _INSTANCES: dict[str, "Instance"] = {}
@@ -37,13 +36,19 @@ _SIGINT_HOOKED = False
 _USERS: "weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, weakref.finalize]" = weakref.WeakKeyDictionary()
 
 
+def _train(*args, **kwargs):
+    """``training.train``, imported with torch when the first job runs."""
+    from .training import train
+    return train(*args, **kwargs)
+
+
 class Instance:
     def __init__(self, owner: duckdb.DuckDBPyConnection, owns: bool, path: str = ""):
         self.id = uuid.uuid4().hex
         self.owner = owner
         self.path = path
         self.functions: list[str] = []   # filled by dbml.udfs.register
-        self.jobs = JobManager(self.cursor, run=training.train)
+        self.jobs = JobManager(self.cursor, run=_train)
         self._owns = owns
         self._users = 0
         # dbml.connect(path, read_only=True): predict, predictions and evaluate work; whatever

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import duckdb
 
-from . import catalog
 from .columns import TRAIN_RESULT
 from .errors import DbmlError, Interrupted, InvalidArgument, JobCancelled
 
@@ -48,6 +47,8 @@ class Job:
     recomputes: int | None = None
     passive_swaps: int | None = None
     replans: int | None = None
+    estimated_seconds: float | None = None   # the job's predicted time (dbml.estimate), once planned
+    warnings: str | None = None              # what the job said before training (a slow estimate)
     started: datetime | None = None
     finished: datetime | None = None
     error: str | None = None
@@ -152,6 +153,9 @@ class Job:
         why = f": {self._reason}" if self._reason else ""
         return JobCancelled(f"job {self.id} ({self.model!r}) was cancelled{why}; nothing was stored")
 
+    def estimated(self, seconds: float, warning: str | None) -> None:
+        self.estimated_seconds, self.warnings = seconds, warning
+
     def end_epoch(self, record: dict, memory: dict) -> None:
         self.epoch, self.loss = record["epoch"], record["loss"]
         self.history.append(record)
@@ -208,7 +212,8 @@ class JobManager:
         the DuckDB connection id of the statement that starts it. ``run``: what the job does
         instead of the manager's function (a tune() trial trains without storing)."""
         cur = self._cursor()
-        job = Job(id=catalog.next_job_id(cur), model=spec.model, epochs=spec.epochs, connection=connection)
+        from .catalog import next_job_id   # torch comes with the catalog: imported when a job starts
+        job = Job(id=next_job_id(cur), model=spec.model, epochs=spec.epochs, connection=connection)
         thread = threading.Thread(target=self._run, args=(job, spec, cur, run or self._run_job),
                                   name=f"dbml-job-{job.id}", daemon=True)
         with self._lock:

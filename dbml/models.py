@@ -52,11 +52,11 @@ def _frozen(options: dict) -> tuple:
 
 
 def config(arch: str, inputs: Inputs, outputs: int, options: dict | None = None, *, hidden=None,
-           dropout: float | None = None, fn: str = "train") -> ModelConfig:
+           dropout: float | None = None, fn: str = "train", rows: int | None = None) -> ModelConfig:
     """Validate the arguments that choose the architecture: ``arch`` ('auto' picks one for the
     input kind), its ``options`` (a JSON object from SQL), and the older ``hidden`` and
     ``dropout`` arguments, which are options of 'mlp' (and 'dropout' of most archs)."""
-    name = auto(inputs) if arch == "auto" else arch
+    name = auto(inputs, rows) if arch == "auto" else arch
     a = zoo_arch(name, fn=fn)
     options = dict(options or {})
     for key, value in (("hidden", hidden), ("dropout", dropout)):

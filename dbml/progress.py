@@ -29,18 +29,21 @@ class JobView:
     progress: float          # 0..1 of all its iterations
     loss: float | None
     rows_per_s: float | None
+    estimated_seconds: float | None = None   # predicted before the first iteration (dbml.estimate)
 
     @property
     def ended(self) -> bool:
         return self.status in ("finished", "failed", "cancelled")
 
     def describe(self) -> str:
-        """``job 3 churn  epoch 2/10   45%  loss 0.4123  1,234 rows/s``"""
+        """``job 3 churn  epoch 2/10   45%  loss 0.4123  1,234 rows/s  est. 95 s``"""
         parts = [f"job {self.id} {self.model}", f"epoch {self.epoch}/{self.epochs}", f"{100 * self.progress:3.0f}%"]
         if self.loss is not None:
             parts.append(f"loss {self.loss:.4g}")
         if self.rows_per_s is not None:
             parts.append(f"{self.rows_per_s:,.0f} rows/s")
+        if self.estimated_seconds is not None and not self.ended:
+            parts.append(f"est. {self.estimated_seconds:,.0f} s")
         if self.status not in ("running", "finished"):
             parts.append(self.status)
         return "  ".join(parts)
@@ -59,7 +62,8 @@ def _instance(con):
 def snapshot(con, after: int = 0, connection: int | None = None) -> list[JobView]:
     """Views of the jobs of ``con``'s database whose id is above ``after`` (and, given
     ``connection``, that a statement of that DuckDB connection started), oldest first."""
-    return [JobView(j.id, j.model, j.shown_status, j.epoch, j.epochs, j.progress, j.loss, j.rows_per_s)
+    return [JobView(j.id, j.model, j.shown_status, j.epoch, j.epochs, j.progress, j.loss, j.rows_per_s,
+                    j.estimated_seconds)
             for j in _instance(con).jobs.jobs() if j.id > after and (connection is None or j.connection == connection)]
 
 

@@ -130,6 +130,8 @@ class RemoteFit:
                 self.figures["received"] = {**got, "rows_per_s": got["rows"] / max(got["seconds"], 1e-9)}
             if "begin" in u:
                 self.progress.begin(*u["begin"])
+            if "estimated" in u:
+                self.progress.estimated(*u["estimated"])
             for rows in u.get("steps", ()):
                 try:
                     self.progress.step(rows)
@@ -158,7 +160,7 @@ class RemoteFit:
             if self.progress.cancelled():
                 raise self._cancelled()
             raise unpack_error(value)
-        result = unpack_result(value)
+        result = unpack_result(value, self.spec)
         self.figures.update(node=self.where[0], device=self.where[1], resumed_from_epoch=result.pop("resumed_from"))
         result["metrics"]["cluster"] = self.figures
         return result

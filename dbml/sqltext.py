@@ -10,7 +10,10 @@ a tokenizer rather than the parser.
 A script that mixes BigQuery ML with DuckDB SQL is read by both dialects' rules, and
 where they end statements in different places (``SELECT 'x\\'; DROP TABLE t; …``, one
 statement to BigQuery, three to DuckDB) it is refused rather than guessed
-(:class:`AmbiguousScript`).
+(:class:`AmbiguousScript`). Only the ends are compared: a statement may start at another
+token in each (BigQuery's ``#standardSQL`` line is a comment there, not in DuckDB); the
+statement's text is then the given dialect's, comment included, which the BigQuery
+translation reads as a comment.
 
 >>> split_statements("SELECT 1; SELECT $$a;b$$; -- done")
 ['SELECT 1', 'SELECT $$a;b$$']
@@ -75,26 +78,29 @@ def split_statements(text: str, dialect: str = "duckdb") -> list[str]:
     ``UnterminatedText``."""
     if dialect == "bigquery" or not _BIGQUERY_ML.search(text):
         return _split(text, dialect)
-    splits = []
+    ends = []
     for each in (dialect, "bigquery"):
         try:
-            splits.append(_split(text, each))
+            ends.append([end for _, end in _spans(text, each)])
         except UnterminatedText:
-            splits.append(None)
-    if splits[0] is None and splits[1] is None:
+            ends.append(None)
+    if ends[0] is None and ends[1] is None:
         return _split(text, dialect)    # raises UnterminatedText
-    if splits[0] != splits[1]:
+    if ends[0] != ends[1]:
         raise AmbiguousScript(
             "the script holds BigQuery ML, and BigQuery's string rules (\\' escapes a quote) and DuckDB's "
             "('' escapes a quote) end its statements in different places; dbml runs neither reading: write "
             "strings without \\' in BigQuery ML scripts")
-    return splits[0]
+    return _split(text, dialect)
 
 
-def _split(text: str, dialect: str) -> list[str]:
+def _spans(text: str, dialect: str) -> list[tuple[int, int]]:
     try:
-        spans, _ = _semicolons(text, dialect)
+        return _semicolons(text, dialect)[0]
     except TokenError as e:
         raise UnterminatedText(f"the SQL text ends inside a string, a quoted name or a block comment "
                                f"({str(e).splitlines()[0][:80]}); close it") from None
-    return [text[start:end].strip() for start, end in spans]
+
+
+def _split(text: str, dialect: str) -> list[str]:
+    return [text[start:end].strip() for start, end in _spans(text, dialect)]

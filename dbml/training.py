@@ -12,6 +12,7 @@ imports the job manager.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -23,16 +24,18 @@ import torch
 import torch.nn.functional as F
 
 from . import catalog, checkpoints, metrics, models, runners, threads
+from .estimate import Estimate, estimate, slow_warning
 from .columns import MEMORY_FIELDS
 from .data import BatchStream, StreamStats
 from .errors import SourceError, TrainingError, scheduler_errors
 from .features import Preprocessing, fit as fit_preprocessing
+from .kinds import FITTERS
 from .runners import JobHandle
 from .scheduler.execute import rng
 from .scheduler.execute.step import EagerStep, StepRunner
 from .settings import resolve_device
 from .source import as_select, check_tables_only, describe
-from .spec import TrainSpec
+from .spec import TrainSpec, default_lr, default_validation
 
 VALIDATION_BUCKETS = 1_000_000
 
@@ -69,6 +72,10 @@ class Progress(JobHandle, Protocol):
     def check(self) -> None:
         """Raises JobCancelled if cancelled (between the stages of a job, and before storing)."""
 
+    def estimated(self, seconds: float, warning: str | None) -> None:
+        """Before the first iteration, when the runner planned one: the job's estimated time
+        (``dbml.estimate``), and the warning of a slow job (None if it is not)."""
+
     def end_epoch(self, record: dict, memory: dict) -> None:
         """After an epoch: its history ``record`` and the runner's memory figures so far.
         May raise JobCancelled to stop the job at this boundary (a pruned tune() trial)."""
@@ -99,14 +106,17 @@ class Trained:
     rows: int              # training rows
     skipped: int           # source rows left out for an unusable label
     started: float         # time.perf_counter() when the job started
+    warnings: tuple[str, ...] = ()   # what looks wrong with the data (label_warnings)
 
     def summary(self, job_id: int, version: int | None) -> dict:
         """The train() row of the job, stored as ``version``."""
         return {
             "job_id": job_id, "model": self.spec.model, "version": version, "status": "finished",
-            "epochs": self.spec.epochs, "rows": self.rows, "skipped_rows": self.skipped,
+            "epochs": len(self.metrics["history"]), "best_epoch": self.metrics.get("best_epoch"),
+            "rows": self.rows, "skipped_rows": self.skipped,
             "final_loss": self.metrics["final_loss"], "val_metric": self.metrics["val_metric"],
-            "seconds": time.perf_counter() - self.started, **{k: self.memory.get(k) for k in MEMORY_FIELDS},
+            "val_loss": self.metrics.get("val_loss"), "warnings": "; ".join(self.warnings) or None,
+            "estimated_seconds": self.metrics.get("estimated_seconds"), "seconds": time.perf_counter() - self.started, **{k: self.memory.get(k) for k in MEMORY_FIELDS},
         }
 
 
@@ -144,9 +154,12 @@ def fit(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> 
     columns = describe(cur, select_sql, fn="train")
     prep = fit_preprocessing(cur, select_sql, columns, label=spec.label,
                              features=None if spec.features is None else list(spec.features), task=spec.task,
-                             text=spec.text, shape=spec.shape, image_size=spec.image_size)
+                             text=spec.text, shape=spec.shape, image_size=spec.image_size,
+                             series_scale=spec.series_scale)
     table = f"dbml_scratch.job_{job_id}"
     total = cur.execute(f"SELECT count(*) FROM ({select_sql})").fetchall()[0][0]
+    if spec.validation is None:
+        spec = dataclasses.replace(spec, validation=default_validation(total))
     try:
         progress.check()
         n_train, n_val = _materialise(cur, table, select_sql, prep, spec)
@@ -159,8 +172,21 @@ def fit(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> 
             result = remote.fit_model(cur, table, prep, spec, n_train, n_val, progress, _fit_model)
     finally:
         _drop_scratch(cur, table)
-    return Trained(spec, prep, result["config"], result["module"], result["metrics"], result["memory"],
-                   n_train, skipped, started)
+    warnings = label_warnings(prep, n_train + n_val) + tuple(result["metrics"].get("warnings", ()))
+    return Trained(result["spec"], prep, result["config"], result["module"], result["metrics"], result["memory"],
+                   n_train, skipped, started, warnings)
+
+
+def label_warnings(prep: Preprocessing, rows: int) -> tuple[str, ...]:
+    """What looks wrong with the label, said in the summary (``warnings``): a class per row or
+    nearly (an identifier?), or a regression target that barely varies."""
+    out = []
+    if prep.task == "classification" and rows >= 20 and len(prep.classes) >= 0.5 * rows:
+        out.append(f"label {prep.label!r} has {len(prep.classes)} classes in {rows} rows: nearly every row is "
+                   f"its own class (an identifier?); pass another label, or task := 'regression'")
+    if prep.task == "regression" and prep.target_std <= 1e-9 * max(1.0, abs(prep.target_mean)):
+        out.append(f"label {prep.label!r} is (nearly) constant ({prep.target_mean:g}): there is little to learn")
+    return tuple(out)
 
 
 def _drop_scratch(cur, table: str) -> None:
@@ -180,24 +206,43 @@ def _params(spec: TrainSpec) -> dict:
 def _materialise(cur, table: str, select_sql: str, prep: Preprocessing, spec: TrainSpec) -> tuple[int, int]:
     """Features and labels computed once by DuckDB, with a deterministic validation split.
 
-    ``h`` hashes each row's content with the seed: it decides the split and the one
-    random order the rows are stored in (the only sort of the job), so both are
-    reproducible whatever order the source yields rows in. Epochs then stream that order
-    from a random starting row through a shuffle buffer (``data.shuffle_windows``).
+    ``h`` hashes each source row (every column it has, as the source gives it: not the
+    encoded features, so models of one source with other features or encodings hold out
+    the same rows) with the seed: it decides the split and the one random order the rows
+    are stored in (the only sort of the job), so both are reproducible whatever order the
+    source yields rows in. Epochs then stream that order from a random starting row
+    through a shuffle buffer (``data.shuffle_windows``).
     """
-    val_cut = int(spec.validation * VALIDATION_BUCKETS)
     cur.execute(f"""
         CREATE TABLE {table} AS
-        SELECT x, y, h % {VALIDATION_BUCKETS} < {val_cut} AS is_val
-        FROM (SELECT x, y, hash(x, y, {int(spec.seed)}) AS h
-              FROM (SELECT {prep.scratch_sql()} AS x, {_label_column(prep)} AS y
-                    FROM ({select_sql}) WHERE {prep.label_filter()}))
+        SELECT x, y, {_is_held_out("h", spec.validation)} AS is_val
+        FROM (SELECT {prep.scratch_sql()} AS x, {_label_column(prep)} AS y, {_split_hash(spec.seed)} AS h
+              FROM ({select_sql}) WHERE {prep.label_filter()})
         ORDER BY h""")
     n_train, n_val = cur.execute(f"SELECT count(*) FILTER (NOT is_val), count(*) FILTER (is_val) FROM {table}").fetchall()[0]
     if n_train == 0:
         raise SourceError(f"train(): no rows left for training after holding out validation := {spec.validation}; "
                           f"pass a larger source or validation := 0")
     return n_train, n_val
+
+
+def _split_hash(seed: int) -> str:
+    """The hash of a source row (every column of the query it is selected from) with the seed:
+    it decides the validation split and the order the scratch table stores the rows in
+    (``held_out_sql`` is the same rule for a reader of the source)."""
+    return f"hash(*COLUMNS(*), {int(seed)})"
+
+
+def _is_held_out(h: str, validation: float) -> str:
+    return f"{h} % {VALIDATION_BUCKETS} < {int(validation * VALIDATION_BUCKETS)}"
+
+
+def held_out_sql(seed: int, validation: float, exclude: tuple[str, ...] = ()) -> str:
+    """Whether a row of the source ``train`` read (every column of it, less ``exclude``: columns
+    a reader added) is one it held out for validation, given the job's ``seed`` and
+    ``validation``: ``_materialise``'s rule, so ``ML.EVALUATE(MODEL m)`` reads exactly those rows."""
+    columns = f"*COLUMNS(* EXCLUDE ({', '.join(exclude)}))" if exclude else "*COLUMNS(*)"
+    return _is_held_out(f"hash({columns}, {int(seed)})", validation)
 
 
 def _label_column(prep: Preprocessing) -> str:
@@ -213,15 +258,21 @@ class TrainLoop:
 
     def __init__(self, runner: StepRunner, module: torch.nn.Module, loss_fn, spec: TrainSpec,
                  prep: Preprocessing, progress: Progress, n_train: int, device: str, config: models.ModelConfig,
-                 validate=None):
+                 validate=None, n_val: int = 0):
         self.runner, self.module, self.loss_fn, self.config = runner, module, loss_fn, config
         self.validate = validate   # forward -> {"val_loss", "val_metric"}: each epoch, if the job wants it
         self.spec, self.prep, self.progress = spec, prep, progress
-        self.n_train, self.device = n_train, device
+        self.n_train, self.n_val, self.device = n_train, n_val, device
+        self.estimate: Estimate | None = None   # the job's predicted time, once its first batch is planned
+        self.slow: str | None = None             # ... and the warning it gave, if it passed slow_train_seconds
         self.vanilla: int | None = None
         self.history: list[dict] = []    # the epochs' records so far (a checkpoint's)
         self.checkpoints = False          # after each epoch, hand progress a checkpoint (retries allowed)
         self._measured = False
+        # early stopping: the best validation loss so far, its epoch and its weights
+        self.best_loss: float | None = None
+        self.best_epoch: int | None = None
+        self.best: list[torch.Tensor] | None = None
         # dropout draws from the job's own generator, as eager PyTorch does after
         # torch.manual_seed(seed), whatever runs beside it (scheduler/execute/rng.py); a
         # plain PyTorch step draws inside its modules, so it runs whole under that generator
@@ -233,7 +284,21 @@ class TrainLoop:
         """The first batch's graph and plan, while DuckDB reads the rows."""
         rows = min(self.spec.batch_size, self.n_train)
         label = torch.int64 if self.prep.task == "classification" else torch.float32
+        started = time.perf_counter()
         runners.prepare(self.runner, models.sample_input(self.config, rows, self.device), label, self.device)
+        prepare_seconds = time.perf_counter() - started
+        schedule = _schedule(self.runner)
+        if schedule is not None:   # eager (and Capuchin before its first iteration) plan nothing ahead
+            self.estimate = estimate(schedule[1], n_train=self.n_train, n_val=self.n_val,
+                                     batch_size=self.spec.batch_size, epochs=self.spec.epochs,
+                                     validate_epochs=self.validate is not None, prepare_seconds=prepare_seconds)
+            self.slow = slow_warning(self.estimate, self.config, self.spec)
+            self.progress.estimated(self.estimate.seconds, self.slow)
+
+    def said(self) -> dict:
+        """What the job stores of its estimate: ``estimated_seconds``, and the warning of a slow one."""
+        return {"estimated_seconds": None if self.estimate is None else self.estimate.seconds,
+                "warnings": [self.slow] if self.slow else []}
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if not self._measured:
@@ -243,19 +308,50 @@ class TrainLoop:
         self.progress.step(len(y))
         return loss
 
-    def end_epoch(self, record: dict) -> None:
+    def end_epoch(self, record: dict) -> bool:
+        """Report the epoch (with its validation, when measured); True to stop training here:
+        ``early_stop`` and no better validation loss for ``patience`` epochs."""
         if self.validate is not None:
             record.update(self.validate(self.forward_now()))
         self.history.append(record)
         self.progress.end_epoch(record, {**self.runner.stats(), "schedule": _schedule(self.runner)})
-        if self.checkpoints:
-            self.progress.checkpoint(lambda: checkpoints.capture(self.runner, self.random, self.history, self.vanilla))
+        stop = self._early_stop(record)
+        if self.checkpoints and not stop:
+            self.progress.checkpoint(lambda: checkpoints.capture(self.runner, self.random, self.history, self.vanilla,
+                                                                 self.early_stopping()))
+        return stop
+
+    def _early_stop(self, record: dict) -> bool:
+        loss = record.get("val_loss")
+        if not self.spec.early_stop or loss is None or not math.isfinite(loss):
+            return False
+        if self.best_loss is None or loss < self.best_loss:
+            # the weights of the best epoch, copied (the runner keeps training the others)
+            self.best_loss, self.best_epoch = loss, record["epoch"]
+            self.best = [v.detach().to("cpu", copy=True) for v in self.runner.values()]
+            return False
+        return record["epoch"] - self.best_epoch >= self.spec.patience
+
+    def early_stopping(self) -> dict:
+        """Early stopping's state (a checkpoint's): the best validation loss, its epoch, its weights."""
+        return {"best_loss": self.best_loss, "best_epoch": self.best_epoch, "best": self.best}
+
+    def restore_best(self) -> None:
+        """After ``runner.finish()``: the model holds the best epoch's weights (early_stop), not
+        the last one's."""
+        if self.best is None or self.best_epoch is None:
+            return
+        tensors = list(self.module.parameters()) + list(self.module.buffers())
+        with torch.no_grad():
+            for t, v in zip(tensors, self.best, strict=True):
+                t.copy_(v)
 
     def resume(self, state: dict) -> None:
         """Go on from a checkpoint (its weights are in the module already): optimizer state,
-        generators, history, the vanilla."""
+        generators, history, the vanilla, early stopping's best epoch."""
         checkpoints.restore_run(self.runner, self.random, state)
         self.history, self.vanilla, self._measured = list(state["history"]), state["vanilla"], True
+        self.best_loss, self.best_epoch, self.best = state["best_loss"], state["best_epoch"], state["best"]
 
     def forward_now(self):
         """The model's forward pass with the weights the runner holds now, in eval mode; it
@@ -291,10 +387,15 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
                progress: Progress, resume: dict | None = None) -> dict:
     """Train the model on the job's scratch ``table``. ``resume``: a checkpoint to go on from
     (a job retried on a Ray worker: ``dbml.checkpoints``)."""
+    fitted = FITTERS.get(spec.arch)   # trees, k-means (dbml.kinds): fitted on the scratch table, not stepped
+    if fitted is not None:   # lr and early stopping are a stepped model's: its spec as given
+        return {**fitted(cur, table, prep, spec, n_train, n_val, progress), "spec": spec}
     device = resolve_device(spec.device)
     outputs = len(prep.classes) if prep.task == "classification" else 1
     config = models.config(spec.arch, prep.model_inputs(), outputs, spec.options_dict(), hidden=spec.hidden,
-                           dropout=spec.dropout or None)
+                           dropout=spec.dropout or None, rows=n_train)
+    if spec.lr is None:
+        spec = dataclasses.replace(spec, lr=default_lr(config.arch, spec.optimizer))
     runners.check_model_fits(config, spec, device)
     loss_fn = loss_function(prep)
     label = torch.int64 if prep.task == "classification" else torch.float32
@@ -308,8 +409,8 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
         # each epoch's validation runs in batches of the job's own size: its activations (no
         # gradients) stay below an iteration's
         validate = (lambda forward: _validation(cur, table, prep, forward, loss_fn, device, n_val, spec.batch_size)) \
-            if progress.validate_epochs and n_val else None
-        loop = TrainLoop(runner, module, loss_fn, spec, prep, progress, n_train, device, config, validate)
+            if (progress.validate_epochs or spec.early_stop) and n_val else None
+        loop = TrainLoop(runner, module, loss_fn, spec, prep, progress, n_train, device, config, validate, n_val)
         loop.checkpoints = spec.cluster != "local" and bool(spec.max_retries)
         if resume is not None:
             loop.resume(resume)
@@ -323,13 +424,15 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
         finally:
             runner.close()
             progress.release_scheduler()
+    loop.restore_best()
     _check_finite(module, spec)
     module.eval()
     memory = loop.memory()
-    stored = {"final_loss": history[-1]["loss"], "history": history,
+    stored = {"final_loss": history[-1]["loss"], "history": history, "best_epoch": loop.best_epoch,
+              "stopped_early": len(history) < spec.epochs, **loop.said(),
               "fetch_wait_seconds": stream_stats.wait_seconds, "memory": memory}
     stored.update(_validation(cur, table, prep, module, loss_fn, device, n_val, 8192 if prep.input is None else 256))
-    return {"config": config, "module": module.cpu(), "metrics": stored, "memory": memory}
+    return {"config": config, "module": module.cpu(), "metrics": stored, "memory": memory, "spec": spec}
 
 
 def _check_finite(module: torch.nn.Module, spec: TrainSpec) -> None:
@@ -384,7 +487,8 @@ def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int
             history.append({"epoch": epoch + 1, "loss": total.item() / n_train,
                             "seconds": time.perf_counter() - epoch_started,
                             "wait_seconds": stream.stats.wait_seconds})
-            on_epoch(history[-1])
+            if on_epoch(history[-1]):   # early stopping
+                break
     finally:
         for s in (stream, upcoming):
             if s is not None:

@@ -29,12 +29,9 @@ import random
 from dataclasses import dataclass
 
 from .errors import InvalidArgument
-from .scheduler import OptimizerSpec
-from .scheduler.graph.capture import state_keys
 from .settings import SETTINGS
 from .source import literal
 from .spec import TRAIN_PARAMS, Param, TrainSpec, from_sql_row
-from .zoo import arch as zoo_arch
 
 SEARCH_PARAMS = (
     Param("space", "VARCHAR", None),       # the search space, a JSON object (module docstring)
@@ -54,7 +51,7 @@ SAMPLERS = ("tpe", "random", "grid")
 DEFAULT_TRIALS = 20
 MAX_GRID = 10_000   # the most points a grid may have
 # train() parameters a space may search; the others describe the data, the run or its memory
-SEARCHABLE = ("lr", "batch_size", "optimizer", "weight_decay", "momentum", "dropout", "hidden", "arch", "seed")
+SEARCHABLE = ("lr", "batch_size", "optimizer", "weight_decay", "l1_reg", "momentum", "dropout", "hidden", "arch", "seed")
 # distribution -> the parameter types it draws
 KINDS = {"uniform": ("DOUBLE",), "log_uniform": ("DOUBLE",), "int": ("INTEGER", "BIGINT"),
          "log_int": ("INTEGER", "BIGINT"), "choice": ("DOUBLE", "INTEGER", "BIGINT", "VARCHAR", "INTEGER[]", "BOOLEAN")}
@@ -147,6 +144,8 @@ def _memory_rank(name: str, value):
     """Smaller is less memory, for one parameter's values (hidden: weights between layers,
     as if 16 features; optimizer: its state per parameter)."""
     if name == "optimizer":
+        from .scheduler import OptimizerSpec   # torch comes with the scheduler: imported when a tune runs
+        from .scheduler.graph.capture import state_keys
         return len(state_keys(OptimizerSpec(kind=value)))
     if isinstance(value, (list, tuple)):
         return sum(a * b for a, b in zip([16, *value], value)), len(value)
@@ -193,7 +192,7 @@ def make_request(base: TrainSpec, space, trials: int | None, parallel: int | Non
         if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
             raise InvalidArgument(f"tune(): {name} must be a positive integer, got {value!r}; "
                                   f"pass e.g. {name} := {DEFAULT_TRIALS if name == 'trials' else 4}")
-    if objective != "loss" and not base.validation:
+    if objective != "loss" and base.validation == 0:
         raise InvalidArgument(f"tune(): objective {objective!r} is measured on held-out rows, and validation is "
                               f"{base.validation}; pass validation := 0.1, or objective := 'loss'")
     parsed = parse_space(space, base)
@@ -284,6 +283,8 @@ def _option_type(name: str, base: TrainSpec) -> str:
     if base.arch == "auto":
         raise InvalidArgument(f"tune(): space's {name} is an option of an arch, and arch is 'auto'; "
                               f"pass arch := '<name>' (e.g. 'mlp') so its options are known")
+    from .zoo import arch as zoo_arch   # the zoo imports torch
+    from . import kinds  # noqa: F401 - registers the kinds' archs in the zoo
     defaults = zoo_arch(base.arch, fn="tune").options
     if option not in defaults:
         allowed = ", ".join(f"options.{k}" for k in defaults) or "none"

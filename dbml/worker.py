@@ -18,6 +18,7 @@ first, come back.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -90,6 +91,9 @@ class RemoteProgress:
             self._pending.setdefault("steps", []).append(rows)
         if not self.collective:
             self.check()
+
+    def estimated(self, seconds: float, warning: str | None) -> None:
+        self._add("estimated", (seconds, warning))
 
     def check(self) -> None:
         if self._cancel.is_set():
@@ -208,7 +212,7 @@ def run_task(task: Task, cur, progress: RemoteProgress) -> tuple:
         saved = ray.get(task.hub.checkpoint.remote(task.key))
         resume = checkpoints.from_bytes(saved[1]) if saved is not None else None
         result = task.fit(cur, table, task.prep, task.spec, task.n_train, task.n_val, progress, resume=resume)
-        return "ok", pack_result(result, resumed_from=0 if resume is None else resume["epoch"])
+        return "ok", pack_result(result, task.spec, resumed_from=0 if resume is None else resume["epoch"])
     except BaseException as e:   # the driver raises it as the job's error
         return "error", pack_error(e)
     finally:
@@ -218,17 +222,21 @@ def run_task(task: Task, cur, progress: RemoteProgress) -> tuple:
 
 # -- outcomes, as bytes and back -----------------------------------------------------------
 
-def pack_result(result: dict, resumed_from: int = 0) -> bytes:
-    """``_fit_model``'s result with the module as its state dict (tensors, plain values)."""
+def pack_result(result: dict, sent_spec, resumed_from: int = 0) -> bytes:
+    """``_fit_model``'s result with the module as its state dict (tensors, plain values), and
+    its spec as what the job resolved there (``lr := NULL``'s rate) against ``sent_spec``."""
     buf = io.BytesIO()
+    resolved = {f.name: getattr(result["spec"], f.name) for f in dataclasses.fields(sent_spec)
+                if getattr(result["spec"], f.name) != getattr(sent_spec, f.name)}
     torch.save({"config": result["config"].to_json(), "weights": result["module"].state_dict(),
                 "metrics": json.dumps(result["metrics"]), "memory": json.dumps(result["memory"]),
-                "resumed_from": resumed_from}, buf)
+                "resolved": resolved, "resumed_from": resumed_from}, buf)
     return buf.getvalue()
 
 
-def unpack_result(data: bytes) -> dict:
-    """The driver's side: ``_fit_model``'s result, the module rebuilt on the CPU."""
+def unpack_result(data: bytes, sent_spec) -> dict:
+    """The driver's side: ``_fit_model``'s result, the module rebuilt on the CPU, the spec
+    ``sent_spec`` with what the job resolved."""
     from .models import ModelConfig, build
     d = torch.load(io.BytesIO(data), weights_only=True)
     config = ModelConfig.from_json(d["config"])
@@ -236,7 +244,7 @@ def unpack_result(data: bytes) -> dict:
     module.load_state_dict(d["weights"])
     module.eval()
     return {"config": config, "module": module, "metrics": json.loads(d["metrics"]), "memory": json.loads(d["memory"]),
-            "resumed_from": d["resumed_from"]}
+            "spec": dataclasses.replace(sent_spec, **d["resolved"]), "resumed_from": d["resumed_from"]}
 
 
 def pack_error(e: BaseException) -> tuple:

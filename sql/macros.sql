@@ -24,8 +24,9 @@ CREATE OR REPLACE TEMP MACRO dbml_temp_names() AS (
         UNION ALL SELECT view_name FROM duckdb_views() WHERE temporary AND NOT internal));
 
 -- Metrics of a model on a table or SELECT that holds its label.
-CREATE OR REPLACE TEMP MACRO evaluate(model, source) AS
-    dbml_evaluate(model, source, getvariable('dbml_sources'), dbml_temp_names());
+-- on_error := 'skip': image/text rows that do not decode are left out, each named in a warning.
+CREATE OR REPLACE TEMP MACRO evaluate(model, source, on_error := 'raise') AS
+    dbml_evaluate(model, source, getvariable('dbml_sources'), dbml_temp_names(), on_error);
 
 -- Block until a job started with wait := false ends; the connection id lets its
 -- interrupt() end the wait (not the job).
@@ -39,8 +40,14 @@ CREATE OR REPLACE TEMP MACRO export_model(model, path, version := NULL, overwrit
 -- query() runs the source on the calling connection (a table function takes no subquery,
 -- so dbml_temp_names() cannot be passed: a TEMP object shadowing a table is read as the
 -- caller sees it; its columns are checked against the database's object of that name).
-CREATE OR REPLACE TEMP MACRO predictions(model, source) AS TABLE
-    SELECT * FROM query(dbml_predictions_sql(model, source, getvariable('dbml_sources')));
+-- on_error := 'skip': an image/text row that does not decode gets a NULL prediction, named in a warning.
+CREATE OR REPLACE TEMP MACRO predictions(model, source, on_error := 'raise') AS TABLE
+    SELECT * FROM query(dbml_predictions_sql(model, source, getvariable('dbml_sources'), on_error));
+
+-- Every row of a table or SELECT with the model's prediction and each input column's
+-- attribution to it (dbml/explain.py), run on the calling connection as predictions is.
+CREATE OR REPLACE TEMP MACRO explain(model, source) AS TABLE
+    SELECT * FROM query(dbml_explain_sql(model, source, getvariable('dbml_sources')));
 
 -- Training jobs of this database, live: one row per job started since the process began.
 CREATE OR REPLACE TEMP VIEW dbml_jobs AS
@@ -49,6 +56,8 @@ CREATE OR REPLACE TEMP VIEW dbml_jobs AS
 -- Per-epoch metrics of every stored model (like BigQuery ML's TRAINING_INFO).
 CREATE OR REPLACE TEMP VIEW dbml_epochs AS
     SELECT name AS model, version, (e->>'epoch')::INTEGER AS epoch, (e->>'loss')::DOUBLE AS loss,
+           (e->>'val_loss')::DOUBLE AS val_loss, (e->>'val_metric')::DOUBLE AS val_metric,
+           (e->>'epoch')::INTEGER = (metrics->>'best_epoch')::INTEGER AS best,
            (e->>'seconds')::DOUBLE AS seconds, (e->>'wait_seconds')::DOUBLE AS data_wait_seconds
     FROM dbml_models, unnest(CAST(metrics->'history' AS JSON[])) AS h(e);
 

@@ -101,7 +101,7 @@ def test_memory_plots_the_plan_of_a_job_under_a_budget(wide):
 def test_jobs_plots_the_shares_of_running_jobs(pts):
     pytest.importorskip("matplotlib")
     pts.execute("CREATE TABLE big AS SELECT (range % 50) / 50.0 AS a, (range % 50 > 25)::INT AS y FROM range(20000)")
-    job = pts.sql("SELECT train('slow', 'big', label := 'y', epochs := 30, wait := false).job_id").fetchall()[0][0]
+    job = pts.sql("SELECT train('slow', 'big', label := 'y', epochs := 30, early_stop := false, wait := false).job_id").fetchall()[0][0]
     try:
         fig = dbml.plot.jobs(pts, seconds=1.5, interval=0.1)
     finally:

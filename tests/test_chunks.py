@@ -100,11 +100,14 @@ def test_capture_holds_pieces_as_separate_inputs():
 SPECS = [OptimizerSpec("adam", lr=0.01, update_chunk_bytes=CHUNK),
          OptimizerSpec("adam", lr=0.01, weight_decay=0.1, update_chunk_bytes=CHUNK),
          OptimizerSpec("adamw", lr=0.01, weight_decay=0.1, update_chunk_bytes=CHUNK),
-         OptimizerSpec("sgd", lr=0.05, momentum=0.9, weight_decay=0.01, update_chunk_bytes=CHUNK)]
+         OptimizerSpec("sgd", lr=0.05, momentum=0.9, weight_decay=0.01, update_chunk_bytes=CHUNK),
+         OptimizerSpec("adagrad", lr=0.05, weight_decay=0.01, update_chunk_bytes=CHUNK),
+         OptimizerSpec("sgd", lr=0.05, momentum=0.9, l1=0.01, update_chunk_bytes=CHUNK),
+         OptimizerSpec("adam", lr=0.01, l1=0.01, update_chunk_bytes=CHUNK)]
 
 
 @pytest.mark.parametrize("spec", [pytest.param(s, marks=() if s.kind == "sgd" else pytest.mark.slow) for s in SPECS],
-                         ids=["adam", "adam_wd", "adamw", "sgd_momentum"])
+                         ids=["adam", "adam_wd", "adamw", "sgd_momentum", "adagrad", "sgd_l1", "adam_l1"])
 def test_chunked_updates_are_bit_identical_to_eager(spec):
     data = batches()
     torch.manual_seed(0)

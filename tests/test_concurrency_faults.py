@@ -43,8 +43,8 @@ def db(con):
 
 def catalog_rows(con) -> list[tuple]:
     """(name, version, has weights) of every stored model."""
-    return con.sql("SELECT m.name, m.version, w.name IS NOT NULL FROM dbml_models m "
-                   "LEFT JOIN dbml_weights w USING (name, version) ORDER BY ALL").fetchall()
+    return con.sql("SELECT m.name, m.version, w.name IS NOT NULL FROM dbml.models m "
+                   "LEFT JOIN dbml.weights w USING (name, version) ORDER BY ALL").fetchall()
 
 
 # -- 13. jobs training one name at once --------------------------------------------------------
@@ -233,10 +233,10 @@ def check_catalog(path, loaded: set) -> int:
     from dbml import catalog
     con = duckdb.connect(str(path))
     try:
-        orphans = con.sql("SELECT name, version FROM dbml_weights ANTI JOIN dbml_models USING (name, version)")
+        orphans = con.sql("SELECT name, version FROM dbml.weights ANTI JOIN dbml.models USING (name, version)")
         assert orphans.fetchall() == [], "weights without their model row"
-        rows = con.sql("SELECT m.name, m.version, m.trained_at, m.bytes, octet_length(w.weights) FROM dbml_models m "
-                       "LEFT JOIN dbml_weights w USING (name, version) ORDER BY ALL").fetchall()
+        rows = con.sql("SELECT m.name, m.version, m.trained_at, m.bytes, octet_length(w.weights) FROM dbml.models m "
+                       "LEFT JOIN dbml.weights w USING (name, version) ORDER BY ALL").fetchall()
         for name, version, at, size, stored in rows:
             assert stored == size, f"{name} v{version}: weights {stored} bytes, row says {size}"
             if (name, version, at) not in loaded:

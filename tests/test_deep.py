@@ -157,6 +157,9 @@ def test_sequence_models_learn_token_lists_and_series(db):
                ).fetchall()[0][0]
     assert r["status"] == "finished"      # arch 'auto' for a series: the tcn
     assert db.sql("SELECT config->>'arch' FROM dbml_models WHERE name = 'series'").fetchall() == [("tcn",)]
+    # predictions() over a DOUBLE[] series column (dbml_infer_numbers once took FLOAT[] only: a binder error)
+    rows = db.sql("SELECT prediction FROM predictions('series', 'SELECT series, churned FROM sessions LIMIT 5')").fetchall()
+    assert len(rows) == 5 and all(p in ("0", "1", 0, 1) for (p,) in rows), rows
 
 
 def test_ft_transformer_beats_linear_on_interactions(db):
@@ -327,7 +330,7 @@ def test_image_and_text_jobs_run_concurrently_and_one_is_cancelled(digits_db):
     keep = con.sql("SELECT train('conc_keep', 'SELECT image, label FROM digits LIMIT 400', label := 'label', "
                    "arch := 'cnn', epochs := 2, wait := false).job_id").fetchall()[0][0]
     doomed = con.sql("SELECT train('conc_doomed', 'SELECT image, label FROM digits', label := 'label', "
-                     "arch := 'cnn', epochs := 200, wait := false).job_id").fetchall()[0][0]
+                     "arch := 'cnn', epochs := 200, early_stop := false, wait := false).job_id").fetchall()[0][0]
     from helpers import wait_until
     wait_until(lambda: con.sql(f"SELECT progress > 0 FROM dbml_jobs WHERE id = {doomed}").fetchall()[0][0], timeout=60)
     assert con.sql(f"SELECT cancel_job({doomed})").fetchall()[0][0] in ("running", "queued")

@@ -19,7 +19,7 @@ from dbml import instance as dbml_instance
 
 TABLE = ("CREATE OR REPLACE TABLE t AS SELECT random() AS x1, random() AS x2, "
          "(random() > 0.5)::INT AS y FROM range(2000)")
-ASYNC = "SELECT train('m', 't', label := 'y', epochs := 100000, wait := false)"
+ASYNC = "SELECT train('m', 't', label := 'y', epochs := 100000, early_stop := false, wait := false)"
 RUNNING = "SELECT count(*) FROM dbml_jobs WHERE status = 'running' AND progress > 0"
 
 

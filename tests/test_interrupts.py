@@ -26,8 +26,8 @@ from helpers import wait_until
 
 pytestmark = pytest.mark.slow
 
-LONG = "SELECT train('long', 't', label := 'y', epochs := 400, batch_size := 32)"
-BACKGROUND = "SELECT train('bg', 't', label := 'y', epochs := 30, batch_size := 32, wait := false).job_id"
+LONG = "SELECT train('long', 't', label := 'y', epochs := 400, batch_size := 32, early_stop := false)"
+BACKGROUND = "SELECT train('bg', 't', label := 'y', epochs := 30, batch_size := 32, early_stop := false, wait := false).job_id"
 TABLE = "CREATE TABLE t AS SELECT i::DOUBLE AS x, (i % 7)::DOUBLE AS z, (i % 2)::INTEGER AS y FROM range(3000) r(i)"
 
 
@@ -175,7 +175,9 @@ def test_ctrl_c_reaches_a_statement_whose_udf_runs_off_the_main_thread():
 def test_ctrl_c_in_the_shell_returns_to_the_prompt(tmp_path):
     pexpect = pytest.importorskip("pexpect")
     shell = pexpect.spawn(sys.executable, ["-m", "dbml", "shell", str(tmp_path / "sh.duckdb")],
-                          encoding="utf-8", timeout=120, dimensions=(50, 400), preexec_fn=_terminal_sigint)
+                          encoding="utf-8", timeout=120, dimensions=(50, 400), preexec_fn=_terminal_sigint,
+                          # Ctrl-C can cut the progress bar mid-character ('█' is three bytes)
+                          codec_errors="replace")
     shell.expect_exact("dbml> ")
     shell.sendline("SET VARIABLE dbml_latency_model = 'roofline';")
     shell.expect_exact("dbml> ")

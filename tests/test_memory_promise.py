@@ -62,7 +62,9 @@ def test_a_model_whose_parameters_exceed_the_budget_is_refused_before_it_is_buil
     assert "ERROR" in out, r.stdout
     assert re.search(r"memory_budget 2147\.5 MB \(2147483648 bytes\) is below the smallest budget this model "
                      r"and batch can be trained in, [0-9.]+ MB", out["ERROR"]), out["ERROR"]
-    assert float(out["SECONDS"]) < 10   # a fresh process: includes torch's one-time tracing warm-up (~3 s)
+    # refused before it is built: the memory did not grow (below); the time only rules out a build
+    # (minutes), not a measure: a fresh process with torch's tracing warm-up (~3 s quiet, 10 at load 7)
+    assert float(out["SECONDS"]) < 60
     assert int(out["GROWTH"]) < 500e6
     assert out["MODELS"] == "0"
 

@@ -53,10 +53,17 @@ def test_another_connections_concurrent_statement_never_shows(moons_con):
     seen = Recorder()
     with progress.watching(moons_con, seen, interval=0.01):
         t = threading.Thread(target=lambda: other.sql(
-            "SELECT train('theirs', 'moons', label := 'label', epochs := 30, batch_size := 16)").fetchall())
+            "SELECT train('theirs', 'moons', label := 'label', epochs := 30, batch_size := 16, early_stop := false)").fetchall())
         t.start()     # started after the watch began: its job's id is above every earlier one
         wait_until(lambda: any(j.model == "theirs" for j in moons_con._instance.jobs.jobs()), timeout=30,
                    what="the other statement's job")
         moons_con.sql("SELECT train('mine', 'moons', label := 'label', epochs := 10, batch_size := 16)").fetchall()
     t.join()
     assert {v.model for views in seen.updates for v in views} | {v.model for v in seen.closed} == {"mine"}
+
+
+def test_line_renderer_shows_the_estimate_while_the_job_runs():
+    out = io.StringIO()
+    view = progress.JobView(3, "churn", "running", 2, 10, 0.45, None, None, estimated_seconds=95.2)
+    progress.LineRenderer(out, force=True).update([view])
+    assert out.getvalue() == "\rjob 3 churn  epoch 2/10   45%  est. 95 s"

@@ -1,31 +1,23 @@
-"""python -m dbml shell and demo."""
+"""python -m dbml shell: input, statements, errors and robustness as in DuckDB's CLI, and the demo.
+
+In-process through ``dbml.shell.run`` where possible; the command line is in
+test_shell_options.py, the modes in test_shell_render.py, dot commands in
+test_shell_commands.py. DuckDB's own shell tests run against the shell through
+``benchmarks/duckdb_shell_conformance.py``.
+"""
 
 import io
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import dbml
-from dbml.shell import run, statement_complete
-
-
-@pytest.mark.parametrize("text,complete", [
-    ("SELECT 1;", True),
-    ("SELECT 1", False),
-    ("SELECT ';'", False),
-    ("SELECT ';';", True),
-    ("SELECT 'it''s';  ", True),
-    ('SELECT 1 AS "a;"', False),
-    ("SELECT 1; -- done", True),
-    ("SELECT 1 -- not yet;", False),
-    ("SELECT /* ; */ 1", False),
-    ("SELECT /* ; */ 1;", True),
-])
-def test_statement_complete(text, complete):
-    assert statement_complete(text) is complete
+from dbml.shell import run
+from dbml.shell.reader import SqlBuffer, all_whitespace
 
 
 def shell(con, text):
@@ -34,23 +26,143 @@ def shell(con, text):
     return status, out.getvalue(), err.getvalue()
 
 
-def test_multiline_statements_dot_commands_and_errors(con):
-    status, out, err = shell(con, "CREATE TABLE t AS\n SELECT range AS x FROM range(5);\n"
-                                  "SELECT sum(x)\n  AS total\nFROM t;\n.tables\nSELECT nope;\nSELECT 'after' AS a;\n")
-    assert status == 1                                  # one statement failed ...
-    assert "total" in out and "10" in out and "after" in out   # ... and the rest still ran
-    assert "dbml_models" in out and " t" in out
-    assert 'Referenced column "nope" was not found' in err
+@pytest.mark.parametrize("lines,complete", [
+    (["SELECT 1;"], True), (["SELECT 1"], False), (["SELECT ';'"], False), (["SELECT ';';"], True),
+    (["SELECT 'it''s';  "], True), (['SELECT 1 AS "a;"'], False), (["SELECT 1; -- done"], True),
+    (["SELECT 1 -- not yet;"], False), (["SELECT /* ; */ 1"], False), (["SELECT /* ; */ 1;"], True),
+    (["SELECT $$a;", "b$$;"], True), (["SELECT $tag$ ; $x$ ;", "$tag$"], False), (["SELECT $1;"], True),
+    (["/*", ";", "*/"], False), (["SELECT 'a", ";", "b';"], True), (["SELECT 1;", "-- trailing ;"], True),
+    (["SELECT E'it\\'s';"], True), (["SELECT E'a\\\\';"], True), (["SELECT e'\\';", "x';"], True),
+    (["SELECT sE'it\\'s';"], False),
+])
+def test_a_statement_ends_at_a_semicolon_outside_quotes_dollar_strings_and_comments(lines, complete):
+    buf = SqlBuffer()
+    assert [buf.add(line) for line in lines][-1] is complete
 
 
-def test_help_lists_dbml_functions(con):
-    _, out, _ = shell(con, ".help\n")
-    assert ".tables" in out and "train(model, source" in out and "predict(model" in out
+def test_a_line_of_spaces_and_comments_is_no_statement():
+    assert all_whitespace("  -- a comment ;") and all_whitespace("/* ; */  ") and not all_whitespace("/* open")
+    assert not all_whitespace("SELECT 1")
 
 
-def test_quit_stops_reading(con):
-    _, out, _ = shell(con, "SELECT 1 AS one;\n.quit\nSELECT 2 AS two;\n")
-    assert "one" in out and "two" not in out
+def test_reading_a_statement_is_linear_in_its_length():
+    """Each line is scanned once (the old shell rescanned the buffer: a 2,000-line statement took 31 s)."""
+    def read(n):
+        buf, t0 = SqlBuffer(), time.perf_counter()
+        for i in range(n):
+            assert not buf.add(f"  '{i};' || $$x;{i}$$ || /* ; */ {i} -- ; comment")
+        assert buf.add(";")
+        return time.perf_counter() - t0
+    small, large = read(4_000), read(40_000)
+    assert large < 2.0 and large < 25 * small, (small, large)
+
+
+def test_multiline_statements_several_per_line_and_one_left_open_at_the_end(con):
+    status, out, err = shell(con, ".mode list\nCREATE TABLE t AS\n  SELECT range AS x FROM range(5);\n"
+                                  "SELECT sum(x)\n  AS total\nFROM t; SELECT 'two' AS second;\n"
+                                  "SELECT $$a;b$$ AS dollars; -- a comment ;\nSELECT 'no semicolon' AS last")
+    assert status == 0, err
+    assert out.splitlines() == ["total", "10", "second", "two", "dollars", "a;b", "last", "no semicolon"]
+
+
+def test_errors_are_duckdbs_messages_and_the_rest_still_runs(con):
+    status, out, err = shell(con, "invalid sql;\nSELECT 'reached' AS r;\nSELECT nope;\n")
+    assert status == 1 and "reached" in out
+    assert err.startswith('Parser Error: syntax error at or near "invalid"\n\nLINE 1: invalid sql;\n        ^^^^^^^\n')
+    assert 'Binder Error: Referenced column "nope" was not found' in err and "Traceback" not in err
+
+
+def test_a_text_that_does_not_parse_runs_none_of_its_statements(con):
+    """As in the CLI: DuckDB's parser splits the text; a parse error stops all of it."""
+    status, out, err = shell(con, "CREATE TABLE kept(i INT); SELEC 2;\n")
+    assert status == 1 and 'syntax error at or near "SELEC"' in err
+    assert con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'kept'").fetchall() == [(0,)]
+
+
+def test_bail_stops_files_at_their_first_error_but_not_stdin(con, tmp_path):
+    script = tmp_path / "s.sql"
+    script.write_text("SELEC 1;\nSELECT 'after in file' AS a;\n")
+    status, out, err = shell(con, f".read {script}\nSELECT 'after read' AS b;\n")
+    assert "after in file" not in out and "after read" in out and status == 1
+    _, out, _ = shell(con, f".bail off\n.read {script}\n")
+    assert "after in file" in out
+    status, out, err = shell(con, ".bail on\nSELECT nope;\nSELECT 'after' AS a;\n")
+    assert status == 1 and out == "" and "nope" in err
+
+
+def test_quit_stops_reading_the_input_it_is_in(con, tmp_path):
+    inner = tmp_path / "inner.sql"
+    inner.write_text("SELECT 'one' AS x;\n.quit\nSELECT 'two' AS x;\n")
+    _, out, _ = shell(con, f".mode list\n.read {inner}\nSELECT 'three' AS x;\n.exit\nSELECT 'four' AS x;\n")
+    assert out.split() == ["x", "one", "x", "three"]
+
+
+def test_a_file_that_reads_itself_stops_with_an_error(con, tmp_path):
+    loop = tmp_path / "loop.sql"
+    loop.write_text(f"SELECT 1 AS one;\n.read {loop}\n")
+    status, out, err = shell(con, f".mode list\n.read {loop}\n")
+    assert status == 1 and "Traceback" not in err
+    assert f'Error: cannot read "{loop}": .read nested more than 64 files deep' in err
+
+
+def test_read_takes_only_regular_files(con, tmp_path):
+    for path in ("/dev/zero", tmp_path, tmp_path / "missing.sql"):
+        status, _, err = shell(con, f".read {path}\n")
+        assert status == 1 and err == f'Error: cannot open "{path}"\n'
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_writing_to_a_full_device_is_one_error_line(con):
+    status, out, err = shell(con, ".output /dev/full\nSELECT 1;\nSELECT 2;\n.output\nSELECT 'back' AS b;\n")
+    assert err == 'Error: cannot write to "/dev/full": No space left on device\n'
+    assert "back" in out
+
+
+def test_input_without_line_breaks_stops_instead_of_filling_memory(con, monkeypatch):
+    from dbml.shell import session
+    monkeypatch.setattr(session, "MAX_LINE", 1000)
+    out, err = io.StringIO(), io.StringIO()
+    status = session.Shell(con, out=out, err=err).process(session.read_lines(io.StringIO("\0" * 5000)))
+    assert status == 1 and err.getvalue() == "Error: an input line is longer than 0 MiB; stopped reading\n"
+
+
+def test_the_last_result_is_the_table_underscore(con):
+    status, out, err = shell(con, "FROM _;\n.mode list\nSELECT 42 AS a;\nSELECT a + 100 AS b FROM _;\n"
+                                  "SELECT eek;\nSELECT b * 10 AS c FROM _ AS d;\n")
+    assert err.startswith('Binder Error: Failed to query last result "_": no result available\n')
+    assert out.split() == ["a", "42", "b", "142", "c", "1420"]
+
+
+def test_changes_timer_echo_and_parameters(con):
+    status, out, err = shell(con, "CREATE TABLE t(i INT);\n.changes on\nINSERT INTO t VALUES (1), (2);\n"
+                                  "INSERT INTO t VALUES (3);\n.changes off\n.echo on\nSELECT 7 AS seven;\n"
+                                  ".echo off\n.timer on\nSELECT 1;\n.timer off\nSELECT ?;\n")
+    assert "changes:   2   total_changes: 2\nchanges:   1   total_changes: 3\n" in out
+    assert "SELECT 7 AS seven;\n" in out and "Run Time (s): real " in out
+    assert err == ("Prepared statement parameters cannot be used directly\nTo use prepared statement parameters, "
+                   "use PREPARE to prepare a statement, followed by EXECUTE\n")
+
+
+def test_only_query_results_print(con):
+    status, out, err = shell(con, "CREATE TABLE t(a INT);\nINSERT INTO t VALUES (1);\nUPDATE t SET a = 2;\n"
+                                  "SET threads = 2;\nINSERT INTO t VALUES (3) RETURNING a * 10 AS tens;\n"
+                                  "CALL pragma_version();\nPIVOT t ON a USING count(*);\n")
+    assert status == 0, err
+    assert "Count" not in out and "Success" not in out
+    assert "tens" in out and "library_version" in out and "│   2   │" in out
+
+
+@pytest.mark.parametrize("mode", ["duckbox", "box", "line", "csv", "json", "jsonlines", "markdown", "insert", "html",
+                                  "tcl", "quote", "latex", "table", "column", "list", "ascii", "tabs"])
+def test_every_value_of_test_all_types_shows_in_every_mode(con, mode):
+    status, out, err = shell(con, f".mode {mode}\nSELECT * FROM test_all_types();\n")
+    assert status == 0 and err == "", err
+    assert "Traceback" not in out and "294247-01-10 04:00:54" in out and "5877642-06-25 (BC)" in out
+
+
+def test_bigquery_ml_parse_errors_are_duckdbs_when_nothing_is_bigquery(con):
+    status, _, err = shell(con, "CREATE MODLE m AS SELECT 1;\n")
+    assert status == 1 and err.startswith('Parser Error: syntax error at or near "MODLE"')
 
 
 @pytest.mark.slow
@@ -58,16 +170,16 @@ def test_piped_shell_trains_and_a_second_process_predicts(tmp_path):
     db = str(tmp_path / "piped.duckdb")
     script = ("SET VARIABLE dbml_latency_model = 'roofline';\n"
               "CREATE TABLE pts AS SELECT range::DOUBLE AS x, (range % 2 = 0) AS even, range % 3 AS y "
-              "FROM range(300);\n"
+              "FROM range(300);\n.mode line\n"
               "SELECT t.status FROM (SELECT train('m', 'pts', label := 'y', epochs := 1) AS t);\n")
     first = subprocess.run([sys.executable, "-m", "dbml", "shell", db], input=script, text=True,
                            capture_output=True, timeout=300)
     assert first.returncode == 0, first.stderr
-    assert "finished" in first.stdout
-    second = subprocess.run([sys.executable, "-m", "dbml", "shell", db], text=True, capture_output=True,
+    assert "status = finished" in first.stdout
+    second = subprocess.run([sys.executable, "-m", "dbml", "shell", db, "-csv"], text=True, capture_output=True,
                             input="SELECT count(prediction) AS n FROM predictions('m', 'pts');\n", timeout=300)
     assert second.returncode == 0, second.stderr
-    assert "300" in second.stdout
+    assert second.stdout.splitlines() == ["n", "300"]
     assert "leaked" not in first.stderr + second.stderr
 
 
@@ -104,105 +216,3 @@ def test_quickstart_script_runs_in_the_shell(con):
     assert status == 0, err
     assert "accuracy" in out and "moons_mlp" in out
     assert con.sql("SELECT count(*) FROM dbml_models").fetchall() == [(0,)]  # dropped at the end
-
-
-# --- DuckDB CLI's conventions -----------------------------------------------------------------
-
-def test_every_statement_that_returns_rows_prints_them_and_counts_do_not(con):
-    status, out, err = shell(con, "CREATE TABLE t(a INT, b VARCHAR);\n"
-                                  "INSERT INTO t VALUES (1, 'x'), (2, NULL) RETURNING a * 10 AS tens;\n"
-                                  "INSERT INTO t VALUES (3, 'z');\nUPDATE t SET a = 4 WHERE a = 3;\n"
-                                  "CALL pragma_version();\nPIVOT t ON b USING count(*);\nSHOW TABLES;\n")
-    assert status == 0, err
-    assert "tens" in out and "10" in out and "20" in out             # INSERT ... RETURNING
-    assert "library_version" in out                                   # CALL
-    assert "│ x " in out.replace("│ x      ", "│ x ") and "│ z " in out.replace("│ z      ", "│ z ")   # PIVOT's columns
-    assert "Count" not in out                                         # changed-row counts are not printed
-
-
-def test_modes_print_the_same_rows_each_way(con):
-    con.execute("CREATE TABLE t AS SELECT * FROM (VALUES (1, 'a,b'), (2, NULL)) v(n, s)")
-    outputs = {m: shell(con, f".mode {m}\nSELECT * FROM t ORDER BY n;\n")[1] for m in
-               ("line", "csv", "json", "markdown", "box", "duckbox")}
-    assert outputs["line"].split("\n\n")[0].split() == ["n", "=", "1", "s", "=", "a,b"]
-    assert outputs["csv"].splitlines() == ["n,s", '1,"a,b"', "2,"]
-    assert outputs["json"].strip() == '[{"n": 1, "s": "a,b"}, {"n": 2, "s": null}]'
-    assert outputs["markdown"].splitlines()[:3] == ["| n | s |", "|---|---|", "| 1 | a,b |"]
-    assert "INTEGER" in outputs["duckbox"] and "INTEGER" not in outputs["box"] and "┌" in outputs["box"]
-    _, _, err = shell(con, ".mode yaml\n")
-    assert "unknown mode 'yaml'; modes are duckbox, box, line, csv, json, markdown" in err
-
-
-def test_maxrows_cuts_the_middle_and_says_how_many(con):
-    _, out, _ = shell(con, ".maxrows 4\nSELECT range AS r FROM range(100);\n")
-    body = [line for line in out.splitlines() if line.startswith("│")]
-    assert [c.strip("│ ") for c in body[2:]] == ["0", "1", "·", "98", "99"]
-    assert "100 rows (4 shown)" in out
-
-
-def test_output_once_read_echo_timer_and_schema(con, tmp_path):
-    script = tmp_path / "setup.sql"
-    script.write_text("CREATE TABLE s(id INT);\nINSERT INTO s VALUES (7);\n.tables\n")
-    once, kept = tmp_path / "once.txt", tmp_path / "kept.txt"
-    _, out, err = shell(con, f".read {script}\n.once {once}\nSELECT 1 AS first;\nSELECT 2 AS second;\n"
-                             f".output {kept}\nSELECT 3 AS third;\nSELECT 4 AS fourth;\n.output\n"
-                             ".echo on\n.timer on\nSELECT id FROM s;\n.schema s\n.schema nope\n")
-    assert err.strip() == "Error: no table or view named 'nope'; .tables lists them"
-    assert "first" in once.read_text() and "second" not in once.read_text()
-    assert "third" in kept.read_text() and "fourth" in kept.read_text()
-    assert "first" not in out and "second" in out and "third" not in out
-    assert " s" in out.splitlines()[0] or "s" in out.split()   # .tables from the file
-    assert "SELECT id FROM s;" in out and "Run Time (s): real" in out and "CREATE TABLE s(id INTEGER);" in out
-
-
-def test_bail_stops_at_the_first_error(con):
-    status, out, err = shell(con, ".bail on\nSELECT nope;\nSELECT 'after' AS a;\n")
-    assert status == 1 and "after" not in out and len(err.strip().splitlines()) == 1
-
-
-def test_errors_are_one_line_and_unknown_commands_say_so(con):
-    _, _, err = shell(con, "SELECT * FROM missing_table;\n.frobnicate\n.maxrows lots\n")
-    lines = err.strip().splitlines()
-    assert len(lines) == 3 and all(line.startswith("Error: ") for line in lines), lines
-    assert "missing_table" in lines[0] and ".frobnicate" in lines[1] and ".maxrows 100" in lines[2]
-
-
-def test_a_train_summary_prints_one_field_per_column(con):
-    con.execute("CREATE TABLE pts AS SELECT range::DOUBLE AS x, range % 2 AS y FROM range(200)")
-    _, out, err = shell(con, ".mode line\nSELECT train('m', 'pts', label := 'y', epochs := 1);\n")
-    fields = dict(map(str.strip, line.split(" = ", 1)) for line in out.splitlines() if " = " in line)
-    assert fields["model"] == "m" and fields["status"] == "finished" and fields["epochs"] == "1", err
-
-
-@pytest.mark.slow   # two shells as subprocesses
-def test_c_and_init_on_the_command_line(tmp_path):
-    init = tmp_path / "init.sql"
-    init.write_text("CREATE TABLE greet AS SELECT 'hello' AS word;\n.mode csv\n")
-    db = str(tmp_path / "c.duckdb")
-    r = subprocess.run([sys.executable, "-m", "dbml", "shell", db, "-init", str(init), "-c",
-                        "SELECT word FROM greet; SELECT 2 AS two;"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == ["word", "hello", "two", "2"]
-    bad = subprocess.run([sys.executable, "-m", "dbml", "shell", db, "-c", "SELECT nope;"],
-                         capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 1 and bad.stderr.startswith("Error: ") and "Traceback" not in bad.stderr
-
-
-@pytest.mark.slow   # shells as subprocesses
-def test_an_unopenable_or_locked_database_is_a_one_line_error(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "dbml", "shell", str(tmp_path / "no" / "such" / "dir.duckdb"),
-                        "-c", "SELECT 1;"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 1 and "Traceback" not in r.stderr
-    assert r.stderr.startswith("Error: cannot open ") and len(r.stderr.strip().splitlines()) == 1
-    db = str(tmp_path / "locked.duckdb")
-    holder = subprocess.Popen([sys.executable, "-c", f"import duckdb, sys; c = duckdb.connect({db!r}); "
-                               "print('open', flush=True); sys.stdin.read()"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "open"
-        r = subprocess.run([sys.executable, "-m", "dbml", "shell", db, "-c", "SELECT 1;"],
-                           capture_output=True, text=True, timeout=120)
-    finally:
-        holder.communicate("", timeout=30)
-    assert r.returncode == 1 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    assert r.stderr.startswith(f"Error: cannot open {db!r}: ") and "lock" in r.stderr.lower()

@@ -1,5 +1,6 @@
 """The interactive shell through a pseudo-terminal: Ctrl-C and Ctrl-D at the prompts, and
-the history file across two sessions (Ctrl-C during a long train: test_interrupts.py)."""
+the history file across two sessions, a statement typed over several lines kept as one
+entry (Ctrl-C during a long train: test_interrupts.py)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def test_ctrl_d_at_a_continuation_prompt_discards_and_at_the_prompt_leaves(tmp_p
     sh.expect_exact("...> ")
     sh.sendeof()                             # Ctrl-D: discarded, never run
     sh.expect_exact("dbml> ")
-    assert "│ 1 " in ask(sh, "SELECT count(*) AS n FROM keep;").replace("│ 1     ", "│ 1 ")
+    assert "│     1 │" in ask(sh, "SELECT count(*) AS n FROM keep;")
     sh.sendeof()                             # Ctrl-D at the prompt: the shell ends
     sh.expect(pexpect.EOF)
     sh.close()
@@ -57,10 +58,12 @@ def test_ctrl_d_at_a_continuation_prompt_discards_and_at_the_prompt_leaves(tmp_p
 
 def test_history_is_kept_across_two_sessions(tmp_path):
     sh = spawn(tmp_path)
-    ask(sh, "SELECT 4242 AS remembered;")
+    sh.sendline("SELECT 4242")
+    sh.expect_exact("...> ")
+    ask(sh, "  AS remembered;")
     sh.sendline(".quit")
     sh.expect(pexpect.EOF)
-    assert "SELECT 4242 AS remembered;" in (tmp_path / "history").read_text()
+    assert "SELECT 4242 AS remembered;\n" in (tmp_path / "history").read_text()   # one entry, both lines
     sh = spawn(tmp_path)
     sh.send("\x1b[A\x1b[A")                 # up twice: the statement before the last session's .quit
     sh.sendline("")

@@ -133,10 +133,14 @@ def test_epochs_see_different_batches_and_the_same_ones_for_a_seed(con):
 
 
 def test_sql_defaults_equal_trainspec_defaults(moons_con):
-    """Every TrainSpec field a SQL call leaves out (argument or setting) is stored as TrainSpec's default."""
+    """Every TrainSpec field a SQL call leaves out (argument or setting) is stored as TrainSpec's
+    default; lr and validation left NULL are stored as what the job chose (the arch family's lr,
+    a validation share for the rows)."""
+    from dbml.spec import default_lr, default_validation
     train(moons_con, "'d', 'SELECT x1, x2, label FROM moons LIMIT 300', label := 'label', epochs := 1")
     params = json.loads(moons_con.sql("SELECT params FROM dbml_models WHERE name = 'd'").fetchall()[0][0])
-    given = {"label": "label", "epochs": 1, "latency_model": "roofline"}   # the last one by the fixture
+    given = {"label": "label", "epochs": 1, "latency_model": "roofline",   # the last one by the fixture
+             "lr": default_lr("mlp", "adam"), "validation": default_validation(300)}
     assert params == {f.name: given.get(f.name, f.default) for f in dataclasses.fields(TrainSpec)
                       if f.name not in ("model", "source")}
 

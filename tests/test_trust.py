@@ -16,7 +16,7 @@ def _two_lines(con) -> None:
 
 
 def _train_line(con, source: str) -> None:
-    con.execute(f"SELECT train('m', '{source}', label := 'y', arch := 'linear', epochs := 30, lr := 0.05, "
+    con.execute(f"SELECT train('m', '{source}', label := 'y', arch := 'linear', epochs := 30, lr := 0.05, early_stop := false, "
                 f"policy := 'eager')")
 
 
@@ -159,7 +159,7 @@ def test_one_connections_budget_never_shrinks_anothers_running_job(tmp_path):
     big = dbml.connect(path, latency_model="roofline", memory_budget="1GB")
     small = dbml.connect(path, latency_model="roofline", memory_budget="300MB")
     big.execute("CREATE TABLE a AS SELECT x / 1000 AS x, (x % 2)::INTEGER AS y FROM range(4000) t(x)")
-    first = big.execute("SELECT train('big', 'a', label := 'y', epochs := 1000, wait := false)").fetchall()[0][0]
+    first = big.execute("SELECT train('big', 'a', label := 'y', epochs := 1000, early_stop := false, wait := false)").fetchall()[0][0]
     wait_until(lambda: big.execute(f"SELECT status FROM dbml_jobs WHERE id = {first['job_id']}").fetchall()
                == [("running",)], timeout=60, what="the first job runs")
     wait_until(lambda: existing_scheduler("cpu") is not None and existing_scheduler("cpu").jobs(), timeout=60,

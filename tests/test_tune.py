@@ -193,7 +193,7 @@ def test_a_budget_too_small_for_the_smallest_trial_stops_the_search_storing_noth
 
 
 def test_an_interrupt_stops_the_search_and_keeps_the_ended_trials(db):
-    fixed = FIXED.replace("epochs := 3", "epochs := 40")
+    fixed = FIXED.replace("epochs := 3", "epochs := 40, early_stop := false")
     result = {}
 
     def run():
@@ -203,9 +203,9 @@ def test_an_interrupt_stops_the_search_and_keeps_the_ended_trials(db):
         except duckdb.Error as e:
             result["error"] = str(e)
 
+    watcher = db.cursor()   # before the search starts on db: a cursor reads db's settings from db
     thread = threading.Thread(target=run)
     thread.start()
-    watcher = db.cursor()
     wait_until(lambda: watcher.execute("SELECT count(*) FROM dbml_trials WHERE status = 'finished'").fetchall()[0][0],
                timeout=60, what="a finished trial")
     # what Connection.interrupt() does first (it then interrupts DuckDB too, whose own "Interrupted!"

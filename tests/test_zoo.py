@@ -47,6 +47,7 @@ CASES = {
     "densenet121": (RGB16, {"width": 0.125}, 8),
     "inception_v3": (RGB16, {"width": 0.0625}, 8),
     "inception_v4": (RGB16, {"width": 0.0625}, 8),
+    "bow": (TOKENS, {"buckets": 256}, 16),
     "transformer": (TOKENS, {"width": 16, "heads": 2, "ff": 32}, 16),
     "tcn": (SERIES, {"width": 16, "depth": 3}, 16),
 }
@@ -60,6 +61,8 @@ NOT_AT_HALF = {
     # matmul reads it again with only the loss's few tiny ops between them: no compute to
     # hide a swap behind (the planner reaches ~0.8 of the peak)
     "linear": "one layer: the batch, read twice with nothing in between, is most of the peak",
+    "bow": "a linear model too: its two tables and their optimizer state are most of the peak, each "
+           "updated whole in one op",
 }
 
 
@@ -111,6 +114,9 @@ def test_inputs_round_trip_and_reject_bad_json():
 
 # -- every built-in -------------------------------------------------------------------------
 
+ZERO_INIT = {"bow"}
+
+
 def test_cases_cover_every_builtin():
     assert list(CASES) == list(ARCHS)
 
@@ -123,14 +129,16 @@ def test_builds_deterministically_and_maps_a_batch_to_outputs(name):
     x, _ = batch(inputs, 4)
     out = a(x)
     assert out.shape == (4, OUTPUTS) and out.dtype == torch.float32 and torch.isfinite(out).all()
-    assert not torch.equal(state_of(a)[0], state_of(model_for(name, seed=1))[0])
+    if name not in ZERO_INIT:   # a linear model starts at zero, whatever the seed
+        assert not torch.equal(state_of(a)[0], state_of(model_for(name, seed=1))[0])
 
 
 def learns(name: str, steps: int = 12) -> tuple[float, float]:
-    """(first, last) loss of ``steps`` Adam steps on one fixed batch, dropout off."""
+    """(first, last) loss of ``steps`` Adam steps on one fixed batch, dropout off (a linear
+    bag of words at its family's learning rate, 0.1: from zero weights, 0.01 moves slowly)."""
     inputs, options, b = CASES[name]
     model = model_for(name, **({"dropout": 0.0} if "dropout" in ARCHS[name].options else {}))
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1 if name in ZERO_INIT else 0.01)
     x, y = batch(inputs, max(b, 16))
     losses = []
     for _ in range(steps):
@@ -199,17 +207,21 @@ def test_padding_changes_nothing_in_sequence_models():
 
 # -- names and options ----------------------------------------------------------------------
 
-def test_auto_picks_per_input_kind():
-    assert auto(TAB) == "mlp" and auto(DIGITS) == "cnn" and auto(RGB16) == "resnet18"
-    assert auto(TOKENS) == "transformer" and auto(SERIES) == "tcn"
+def test_auto_picks_per_input_kind_size_and_rows():
+    """Issue 24: small images or few rows get the small CNN, few texts a bag of words."""
+    big = Inputs("image", shape=(3, 96, 96))
+    assert auto(TAB) == "mlp" and auto(DIGITS) == "cnn" and auto(RGB16) == "cnn"
+    assert auto(big) == "resnet18" and auto(big, rows=50_000) == "resnet18" and auto(big, rows=5_000) == "cnn"
+    assert auto(TOKENS) == "transformer" and auto(TOKENS, rows=3_000) == "bow" and auto(SERIES, rows=3_000) == "tcn"
     torch.manual_seed(0)
     assert isinstance(build("auto", DIGITS, 10), torch.nn.Module)
 
 
 def test_unknown_arch_lists_the_builtins_and_how_to_register():
     with pytest.raises(InvalidArgument, match=r"^train\(\): unknown arch 'resnet81' \(did you mean 'resnet18'\?\); "
-                                              r"pass arch := one of 'auto', 'linear', 'mlp', .*'tcn', or register "
-                                              r"your own with dbml\.register_model\(name, factory\)$"):
+                                              r"pass arch := one of 'auto', 'linear', 'mlp', .*'tcn', 'dnn', "
+                                              r"'boosted_tree', 'random_forest', 'kmeans', or register "
+                                              r"your own with dbml\.register_model\(name, factory\)$"):   # dbml/kinds/
         arch("resnet81")
     with pytest.raises(InvalidArgument, match=r"^predict\(\): unknown arch 'zz'; "):
         build("zz", TAB, 2, fn="predict")
@@ -237,7 +249,7 @@ def test_option_errors_name_the_option_the_arch_and_the_allowed_ones():
 def test_an_arch_refuses_inputs_of_another_kind():
     with pytest.raises(InvalidArgument, match=r"^train\(\): arch 'resnet18' takes image inputs; the source gives tabular "
                                               r"columns; pass arch := 'auto' or one of 'linear', 'mlp', 'resnet_tabular', "
-                                              r"'ft_transformer'$"):
+                                              r"'ft_transformer', 'dnn', 'boosted_tree', 'random_forest', 'kmeans'$"):
         build("resnet18", TAB, 2)
     with pytest.raises(InvalidArgument, match=r"needs images of at least 8x8 pixels, got 4x4"):
         build("cnn", Inputs("image", shape=(1, 4, 4)), 2)

@@ -10,25 +10,22 @@ it and a test checks that the README documents every entry.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
-from functools import partial
 from inspect import Parameter, Signature
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import duckdb
 from duckdb import sqltypes as t
 
-from ..inference import ModelCache
-from ..instance import Instance
 from ..source import refuse_in_sources
-from . import functions as f
-from .types import (CALIBRATE_RESULT, DOUBLES, EVALUATE_RESULT, EXPORT_RESULT, PREDICT_INPUT, JOB_ROWS, MEMORY_ROWS, PREDICTOR_ROWS, TRAIN_ARGS,
+from .types import (CALIBRATE_RESULT, DOUBLES, EVALUATE_RESULT, EXPLAIN_RESULT, EXPORT_RESULT, PREDICT_INPUT, JOB_ROWS, MEMORY_ROWS, PREDICTOR_ROWS, TRAIN_ARGS,
                     TRAIN_RESULT, TRIAL_ROWS, TUNE_ARGS, sql)
 
 SQL_FUNCTIONS: dict[str, str] = {
     "train": "train(model, source, label := ..., features, arch, epochs, batch_size, lr, optimizer, seed, "
-             "validation, hidden, dropout, options, task, weight_decay, momentum, policy, memory_budget, measure_vanilla, "
-             "image_size, shape, text, workers, on_error) -> STRUCT: "
+             "validation, hidden, dropout, options, task, weight_decay, l1_reg, momentum, policy, memory_budget, measure_vanilla, "
+             "image_size, shape, text, series_scale, early_stop, patience, workers, on_error) -> STRUCT: "
              "train a model on a table or one SELECT under the memory scheduler and store it as the next "
              "version of `model`",
     "tune": "SELECT * FROM tune(model, source, label := ..., space := '<JSON>', trials, parallel, objective, "
@@ -40,10 +37,16 @@ SQL_FUNCTIONS: dict[str, str] = {
                "for numeric labels)",
     "predict_label": "predict_label(model, [x1, ...]) -> VARCHAR: the predicted class as text",
     "predict_proba": "predict_proba(model, [x1, ...]) -> DOUBLE[]: class probabilities, in class order",
-    "predictions": "SELECT * FROM predictions(model, source): every row of a table or SELECT plus a "
-                   "`prediction` column; takes the model's features by name (categorical ones too)",
-    "evaluate": "evaluate(model, source) -> STRUCT: accuracy, macro_f1, log_loss (classification) or "
-                "rmse, mae, r2 (regression) on a table or SELECT that holds the label",
+    "predictions": "SELECT * FROM predictions(model, source, on_error := 'raise'): every row of a table or "
+                   "SELECT plus a `prediction` column; takes the model's features by name (categorical ones "
+                   "too); on_error := 'skip': a row whose image or text does not decode gets NULL, named in a warning",
+    "explain": "SELECT * FROM explain(model, source): every row of a table or SELECT with `prediction` and "
+               "each input column's attribution to it (`attributions`: exact for linear models, TreeSHAP for "
+               "trees, integrated gradients for networks), `baseline_value`, `prediction_value`, "
+               "`approximation_error`; tabular models",
+    "evaluate": "evaluate(model, source, on_error := 'raise') -> STRUCT: accuracy, macro_f1, log_loss "
+                "(classification) or rmse, mae, r2 (regression) on a table or SELECT that holds the label; "
+                "on_error := 'skip' leaves out rows whose image or text does not decode, naming each",
     "drop_model": "drop_model(model) -> BIGINT: delete every version of a model and its weights; "
                   "returns how many versions were dropped",
     "export_model": "export_model(model, path, version := NULL, overwrite := false) -> STRUCT: write the model "
@@ -57,9 +60,31 @@ SQL_FUNCTIONS: dict[str, str] = {
                  "and train the latency predictor the scheduler plans with (as python -m dbml install)",
 }
 
+if TYPE_CHECKING:
+    from ..instance import Instance
+
+
+class _Deferred:
+    """A function of ``functions.py`` named before it is imported: the module (and torch
+    with it) is imported when DuckDB first calls a UDF, not when dbml is installed."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __call__(self, *args):
+        return getattr(importlib.import_module(".functions", __package__), self.name)(*args)
+
+
+class _Functions:
+    def __getattr__(self, name: str) -> _Deferred:
+        return _Deferred(name)
+
+
+f = _Functions()
+
 # Internal functions the macros call; not part of the documented surface.
 INTERNAL_FUNCTIONS = ("dbml_instance_id", "dbml_export_model", "dbml_train", "dbml_tune", "dbml_wait_job", "dbml_evaluate", "dbml_temp_names",
-                      "dbml_predictions_sql", "dbml_infer", "dbml_infer_blob", "dbml_decode_image", "dbml_infer_text", "dbml_infer_ids", "dbml_infer_numbers", "dbml_job_rows",
+                      "dbml_predictions_sql", "dbml_explain_sql", "dbml_explain", "dbml_infer", "dbml_infer_blob", "dbml_decode_image", "dbml_infer_text", "dbml_infer_ids", "dbml_infer_numbers", "dbml_job_rows",
                       "dbml_calibrate", "dbml_predictor_rows", "dbml_memory_rows")
 
 
@@ -110,17 +135,23 @@ FUNCTIONS = (
              nulls=True),
     Function("predict_proba", f.predict_proba, (t.VARCHAR, PREDICT_INPUT), DOUBLES, effects=False, arrow=True,
              nulls=True),
-    Function("dbml_infer", f.infer, (t.VARCHAR, t.VARCHAR, sql("FLOAT[]")), t.DOUBLE, effects=False, arrow=True),
-    # the same for an image, text or sequence model's raw column (dbml.inference.INFER_FUNCTIONS)
+    Function("dbml_infer", f.infer, (t.VARCHAR, t.VARCHAR, sql("FLOAT[]"), t.VARCHAR, t.VARCHAR), t.DOUBLE, effects=False, arrow=True, nulls=True),
+    # the same for an image, text or sequence model's raw column (dbml.inference.INFER_FUNCTIONS); they
+    # return NULL for a row skipped under on_error := 'skip' (and for a NULL input), so see NULLs
     Function("dbml_decode_image", f.decode_image, (t.BLOB, t.VARCHAR, t.VARCHAR), t.BLOB, effects=False, arrow=True),
-    Function("dbml_infer_blob", f.infer, (t.VARCHAR, t.VARCHAR, t.BLOB), t.DOUBLE, effects=False, arrow=True),
-    Function("dbml_infer_text", f.infer, (t.VARCHAR, t.VARCHAR, t.VARCHAR), t.DOUBLE, effects=False, arrow=True),
-    Function("dbml_infer_ids", f.infer, (t.VARCHAR, t.VARCHAR, sql("BIGINT[]")), t.DOUBLE, effects=False, arrow=True),
-    Function("dbml_infer_numbers", f.infer, (t.VARCHAR, t.VARCHAR, sql("FLOAT[]")), t.DOUBLE, effects=False,
-             arrow=True),
-    Function("dbml_evaluate", f.evaluate, (t.VARCHAR, t.VARCHAR, t.VARCHAR, sql("VARCHAR[]")), EVALUATE_RESULT,
+    Function("dbml_infer_blob", f.infer, (t.VARCHAR, t.VARCHAR, t.BLOB, t.VARCHAR, t.VARCHAR), t.DOUBLE, effects=False, arrow=True, nulls=True),
+    Function("dbml_infer_text", f.infer, (t.VARCHAR, t.VARCHAR, t.VARCHAR, t.VARCHAR, t.VARCHAR), t.DOUBLE, effects=False, arrow=True, nulls=True),
+    Function("dbml_infer_ids", f.infer, (t.VARCHAR, t.VARCHAR, sql("BIGINT[]"), t.VARCHAR, t.VARCHAR), t.DOUBLE, effects=False, arrow=True, nulls=True),
+    # DOUBLE[]: a series is read as DOUBLE[] (raw_sql), which DuckDB does not cast to FLOAT[] implicitly
+    Function("dbml_infer_numbers", f.infer, (t.VARCHAR, t.VARCHAR, sql("DOUBLE[]"), t.VARCHAR, t.VARCHAR), t.DOUBLE, effects=False,
+             arrow=True, nulls=True),
+    Function("dbml_evaluate", f.evaluate, (t.VARCHAR, t.VARCHAR, t.VARCHAR, sql("VARCHAR[]"), t.VARCHAR), EVALUATE_RESULT,
              effects=False, runs_sql=True),
-    Function("dbml_predictions_sql", f.predictions_sql, (t.VARCHAR, t.VARCHAR, t.VARCHAR), t.VARCHAR,
+    Function("dbml_predictions_sql", f.predictions_sql, (t.VARCHAR, t.VARCHAR, t.VARCHAR, t.VARCHAR), t.VARCHAR,
+             effects=False, runs_sql=True),
+    Function("dbml_explain", f.explain, (t.VARCHAR, t.VARCHAR, sql("FLOAT[]")), EXPLAIN_RESULT, effects=False,
+             arrow=True),
+    Function("dbml_explain_sql", f.explain_sql, (t.VARCHAR, t.VARCHAR, t.VARCHAR), t.VARCHAR,
              effects=False, runs_sql=True),
     Function("drop_model", f.drop_model, (t.VARCHAR,), t.BIGINT, effects=True),
     Function("dbml_export_model", f.export_model, (t.VARCHAR, t.VARCHAR, t.INTEGER, t.BOOLEAN), EXPORT_RESULT,
@@ -170,21 +201,37 @@ def refused_names() -> frozenset[str]:
 refuse_in_sources(refused_names())
 
 
-def register(instance: Instance) -> None:
+def register(instance: Instance, preload: bool = True) -> None:
     """Register every dbml UDF in a database instance (a ``dbml.instance.Instance``).
 
     UDFs are instance-wide in DuckDB; they are registered through the instance's owner
-    connection and take their cursors from it.
+    connection and take their cursors from it. Their implementation (``functions.py``, and
+    torch with it) is imported now with ``preload``, else at the first call of one of them.
     """
-    ctx = f.Context(instance, ModelCache(instance.cursor))
+    if preload:
+        importlib.import_module(".functions", __package__)
+    contexts = []
+
+    def context():
+        """The instance's ``functions.Context``, made at the first call of any of its UDFs."""
+        if not contexts:
+            from ..inference import ModelCache
+            from .functions import Context
+            contexts.append(Context(instance, ModelCache(instance.cursor)))
+        return contexts[0]
+
     for fn in FUNCTIONS:
-        instance.owner.create_function(fn.name, _bound(fn, ctx), list(fn.params), fn.returns, **fn.options())
+        instance.owner.create_function(fn.name, _bound(fn, context), list(fn.params), fn.returns, **fn.options())
         instance.functions.append(fn.name)
 
 
-def _bound(fn: Function, ctx: f.Context) -> Callable:
-    """``fn.function`` with ``ctx`` bound, with one positional parameter per SQL argument in
-    its signature: DuckDB counts them there (``functions.train`` takes ``*columns``)."""
-    bound = partial(fn.function, ctx)
+def _bound(fn: Function, context: Callable) -> Callable:
+    """``fn.function`` called with the instance's context first, with one positional parameter
+    per SQL argument in its signature: DuckDB counts them there (``functions.train`` takes
+    ``*columns``)."""
+    function = fn.function
+
+    def bound(*args):
+        return function(context(), *args)
     bound.__signature__ = Signature([Parameter(f"arg{i}", Parameter.POSITIONAL_ONLY) for i in range(len(fn.params))])
     return bound

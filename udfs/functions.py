@@ -16,6 +16,7 @@ import pyarrow as pa
 from .. import inference, jobs, latency, progress, views
 from ..catalog import drop
 from ..errors import InvalidArgument
+from ..explain import explain_sql as explain_query, explanations
 from ..inference import ModelCache
 from ..inputs import DECODE_TOKEN, InputEncoder
 from ..notebook import renderer_for
@@ -124,11 +125,14 @@ def predict_proba(ctx: Context, models: pa.Array, features: pa.Array) -> pa.Arra
     return _predict(ctx, models, features, "proba", "predict_proba")
 
 
-def infer(ctx: Context, models: pa.Array, uids: pa.Array, x: pa.Array) -> pa.Array:
-    """The table form's forward pass (``predictions``): rows already encoded by SQL, for
-    the stored model (its catalog uid) the statement was built for."""
+def infer(ctx: Context, models: pa.Array, uids: pa.Array, x: pa.Array, on_error: pa.Array,
+          names: pa.Array) -> pa.Array:
+    """The table form's forward pass (``predictions``): rows already encoded by SQL (or an
+    image, text or sequence column), for the stored model (its catalog uid) the statement
+    was built for; ``on_error`` and the rows' ``names`` as ``predictions_sql`` wrote them."""
     return inference.per_model(models, lambda name, rows: inference.infer_encoded(
-        ctx.models.get(name, fn="predictions", uid=uids[rows[0]].as_py()), x.take(rows)))
+        ctx.models.get(name, fn="predictions", uid=uids[rows[0]].as_py()), x.take(rows),
+        on_error=on_error[0].as_py(), names=names.take(rows)))
 
 
 def decode_image(ctx: Context, images: pa.Array, encoders: pa.Array, tokens: pa.Array) -> pa.Array:
@@ -165,14 +169,26 @@ def _checked(cur, source: str, sources: str | None, temp_names: list[str], fn: s
     return select_sql
 
 
-def evaluate(ctx: Context, model: str, source: str, sources: str | None, temp_names: list[str]) -> dict:
+def evaluate(ctx: Context, model: str, source: str, sources: str | None, temp_names: list[str],
+             on_error: str | None) -> dict:
     return _with_cursor(ctx, lambda cur: inference.evaluate(
-        cur, ctx.models, model, _checked(cur, source, sources, temp_names, "evaluate")))
+        cur, ctx.models, model, _checked(cur, source, sources, temp_names, "evaluate"), on_error))
 
 
-def predictions_sql(ctx: Context, model: str, source: str, sources: str | None) -> str:
+def predictions_sql(ctx: Context, model: str, source: str, sources: str | None, on_error: str | None) -> str:
     return _with_cursor(ctx, lambda cur: inference.predictions_sql(
-        cur, ctx.models, model, _checked(cur, source, sources, [], "predictions")))
+        cur, ctx.models, model, _checked(cur, source, sources, [], "predictions"), on_error))
+
+
+def explain(ctx: Context, models: pa.Array, uids: pa.Array, x: pa.Array) -> pa.Array:
+    """``explain``'s attributions for rows encoded by SQL, for the stored model the statement was built for."""
+    return inference.per_model(models, lambda name, rows: explanations(
+        ctx.models.get(name, fn="explain", uid=uids[rows[0]].as_py()), x.take(rows)))
+
+
+def explain_sql(ctx: Context, model: str, source: str, sources: str | None) -> str:
+    return _with_cursor(ctx, lambda cur: explain_query(cur, ctx.models, model,
+                                                       _checked(cur, source, sources, [], "explain")))
 
 
 def export_model(ctx: Context, model: str, path: str, version: int | None, overwrite: bool | None) -> dict:

@@ -9,15 +9,14 @@ column or a parameter.
 from __future__ import annotations
 
 import duckdb
-import pyarrow as pa
 
 from .. import columns
 from ..settings import SETTINGS
 from ..spec import TRAIN_PARAMS
 from ..tunespec import TUNE_PARAMS
 
-# the Arrow type of each SQL type an Arrow UDF returns
-ARROW = {"BIGINT": pa.int64(), "INTEGER": pa.int32(), "DOUBLE": pa.float64(), "VARCHAR": pa.string()}
+# the Arrow type name of each SQL type an Arrow UDF returns
+ARROW = {"BIGINT": "int64", "INTEGER": "int32", "DOUBLE": "float64", "VARCHAR": "string"}
 
 
 def sql(name: str) -> duckdb.sqltypes.DuckDBPyType:
@@ -29,8 +28,9 @@ def struct(table: dict[str, str]) -> duckdb.sqltypes.DuckDBPyType:
     return duckdb.struct_type({name: sql(sql_type) for name, sql_type in table.items()})
 
 
-def arrow_struct(table: dict[str, str]) -> pa.StructType:
-    return pa.struct([(name, ARROW[sql_type]) for name, sql_type in table.items()])
+def arrow_struct(table: dict[str, str]):
+    import pyarrow as pa   # on first use: a shell that never trains never imports it
+    return pa.struct([(name, getattr(pa, ARROW[sql_type])()) for name, sql_type in table.items()])
 
 
 def rows(table: dict[str, str]) -> duckdb.sqltypes.DuckDBPyType:
@@ -47,15 +47,21 @@ TUNE_ARGS = (tuple(sql(p.sql_type) for p in TUNE_PARAMS) + tuple(sql(s.sql_type)
 TRIAL_ROWS = rows(columns.TRIAL_ROW)
 
 TRAIN_RESULT = struct(columns.TRAIN_RESULT)
-TRAIN_RESULT_ARROW = arrow_struct(columns.TRAIN_RESULT)
 JOB_ROWS = rows(columns.JOB_ROW)
 MEMORY_ROWS = rows(columns.MEMORY_ROW)
 PREDICTOR_ROWS = rows(columns.PREDICTOR_ROW)
 CALIBRATE_RESULT = struct(columns.CALIBRATE_RESULT)
 EVALUATE_RESULT = struct(columns.EVALUATE_RESULT)
+EXPLAIN_RESULT = struct(columns.EXPLAIN_RESULT)
 DOUBLES = sql("DOUBLE[]")
 EXPORT_RESULT = sql("STRUCT(path VARCHAR, bytes BIGINT, version INTEGER, input VARCHAR, outputs VARCHAR[], "
                     "features VARCHAR[])")
 # predict()'s input: a list of numbers, an image BLOB or a text. A Python UDF cannot be
 # overloaded, but DuckDB casts each of those to this UNION implicitly.
 PREDICT_INPUT = sql("UNION(image BLOB, text VARCHAR, numbers DOUBLE[])")
+
+
+def __getattr__(name: str):
+    if name == "TRAIN_RESULT_ARROW":   # the Arrow type train() returns, made (with pyarrow) when first asked for
+        return arrow_struct(columns.TRAIN_RESULT)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,7 +14,7 @@ import torch
 
 from .measure import live_tensors, measure_peak
 from ..hostmem import keep_freed_host_memory
-from ..graph.optim import OptimizerSpec, make_optimizer
+from ..graph.optim import OptimizerSpec, add_l1, make_optimizer
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -60,6 +60,7 @@ class EagerStep:
         self.model, self.loss_fn = model, loss_fn
         keep_freed_host_memory()   # as ScheduledStep: the same host allocator for both
         self.optimizer = make_optimizer(spec, model.parameters())
+        self.spec = spec
         self.measured_steps = measured_steps
         self.steps = 0
         self.peak_bytes: int | None = None
@@ -84,6 +85,10 @@ class EagerStep:
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.loss_fn(self.model(x), y)
         loss.backward()
+        if self.spec.l1:
+            params = [p for p in self.model.parameters() if p.grad is not None]
+            for p, g in zip(params, add_l1(self.spec, params, [p.grad for p in params])):
+                p.grad = g
         self.optimizer.step()
         return loss.detach()
 

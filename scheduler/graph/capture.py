@@ -65,7 +65,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .chunks import unit_layout, unit_tensors
-from .optim import OptimizerSpec, make_optimizer
+from .optim import OptimizerSpec, add_l1, make_optimizer
 from .sequence import Phase, TensorKind
 from ..errors import CaptureError
 
@@ -108,6 +108,8 @@ def state_keys(spec: OptimizerSpec) -> tuple[str, ...]:
     """The per-parameter optimizer state, in the order the graph takes it."""
     if spec.kind == "sgd":
         return ("momentum_buffer",) if spec.momentum != 0 else ()
+    if spec.kind == "adagrad":
+        return ("sum", "step")
     return ("exp_avg", "exp_avg_sq", "step")
 
 
@@ -140,6 +142,13 @@ def _optimizer_update(spec: OptimizerSpec, group: dict, params, grads, states) -
         _single_tensor_sgd(params, grads, bufs, None, None, weight_decay=group["weight_decay"],
                            momentum=group["momentum"], lr=group["lr"], dampening=group["dampening"],
                            nesterov=group["nesterov"], maximize=group["maximize"], has_sparse_grad=False)
+        return
+    if spec.kind == "adagrad":
+        from torch.optim.adagrad import _single_tensor_adagrad
+        _single_tensor_adagrad(params, grads, [s["sum"] for s in states], [s["step"] for s in states], None, None,
+                               lr=group["lr"], weight_decay=group["weight_decay"], lr_decay=group["lr_decay"],
+                               eps=group["eps"], has_sparse_grad=False, maximize=group["maximize"],
+                               differentiable=False, has_complex=False)
         return
     from torch.optim.adam import _single_tensor_adam
     _single_tensor_adam(params, grads, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
@@ -239,7 +248,7 @@ def _make_step_fn(model, loss_fn, spec, names, buffer_names, marks):
         states = [dict(zip(keys, flat_states[j * len(keys):(j + 1) * len(keys)]))
                   for j in range(len(train))]
         with torch.no_grad():
-            _optimizer_update(spec, group, trained, list(grads), states)
+            _optimizer_update(spec, group, trained, add_l1(spec, trained, grads), states)
         return loss
 
     return step

@@ -1,0 +1,161 @@
+"""BigQuery ML statements, rewritten into dbml calls and DuckDB SQL: ``translate`` is the one
+entry point of ``dbml.execute`` (``run``) and the shell (which runs and draws the SQL it returns).
+
+A statement written for BigQuery (``looks_like_bigquery``) is parsed with sqlglot's BigQuery
+dialect, extended for the model functions sqlglot lacks (``parse``), and every piece is
+built as a sqlglot tree:
+
+* ``CREATE [OR REPLACE] MODEL [IF NOT EXISTS] m [TRANSFORM(...)] OPTIONS(...) AS <query>``:
+  ``create.plan`` checks every option and model type first, then ``train`` runs (once per
+  trial with ``num_trials``: ``tuning``); ``store`` keeps what the model functions need
+  beside the catalog. dbml keeps versions: ``OR REPLACE`` trains the next one.
+* ``ML.<function>(MODEL m, ...)``: ``functions`` computes the result from the loaded model
+  and registers it as an Arrow table, which the query reads in the function's place.
+  CREATE and DROP MODEL run when translated; the SQL returned reads their result the same way.
+* ``DROP MODEL [IF EXISTS] m``: ``drop_model``.
+* BigQuery's names and functions in any other statement (``names``): ``project.dataset.t``
+  is ``dataset.t``, wildcard tables, ``ST_DISTANCE``, ``GENERATE_ARRAY``, ML's
+  preprocessing functions (``preprocess``).
+
+A model named ``dataset.model`` is the dbml model ``model`` (dbml has no datasets). Any
+other SQL runs unchanged. Whatever is not supported is an error that names it and says
+"not supported in dbml", before anything trains.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from sqlglot import exp
+
+from ..errors import InvalidArgument
+from ..sqltext import split_statements
+from ..catalog import MODELS
+from . import create, functions, names, store, tuning
+from .create import MODEL_TYPES, OPTIONS, model_name
+from .parse import MLFunction, parse
+
+__all__ = ["OPTIONS", "MODEL_TYPES", "run", "execute", "translate", "looks_like_bigquery"]
+
+
+def looks_like_bigquery(sql: str) -> bool:
+    """Whether ``sql`` is written for BigQuery: a backquoted name, a ``#`` comment, an ``ML.``
+    function, or CREATE/DROP MODEL. Anything else is DuckDB's and runs unchanged."""
+    from sqlglot.tokens import TokenType
+    from sqlglot.dialects.bigquery import BigQuery
+    if "`" in sql or any(line.lstrip().startswith("#") for line in sql.splitlines()):
+        return True
+    try:
+        tokens = BigQuery().tokenize(sql)
+    except Exception:   # noqa: BLE001 - not BigQuery's either: DuckDB reports it
+        return False
+    words = [t.text.upper() for t in tokens if t.token_type != TokenType.STRING]
+    pairs = list(zip(words, words[1:]))
+    model_statement = words[:1] in (["CREATE"], ["DROP"]) and "MODEL" in words[1:4]
+    return ("ML", ".") in pairs or model_statement
+
+
+def run(con, statement: str):
+    """Run one statement: BigQuery (ML) rewritten into dbml and DuckDB, anything else unchanged.
+    Returns DuckDB's result (``con.execute``'s): rows to fetch, a description of its columns."""
+    return con.execute(translate(con, statement))
+
+
+def translate(con, statement: str) -> str:
+    """One statement as the DuckDB SQL that gives its result: anything not written for BigQuery
+    unchanged; CREATE and DROP MODEL run here (train, drop_model) and the SQL reads what they
+    returned; model functions are computed here and read as registered Arrow tables."""
+    if not looks_like_bigquery(statement):
+        return statement
+    tree = parse(statement)
+    if isinstance(tree, exp.Create) and str(tree.args.get("kind", "")).upper() == "MODEL":
+        return _create_model(con, tree)
+    if isinstance(tree, exp.Drop) and str(tree.args.get("kind", "")).upper() == "MODEL":
+        return _drop_model(con, tree)
+    if any(tree.find_all(MLFunction, exp.Predict)):
+        tree = tree.transform(_predict_node)
+        tree = functions.rewrite(con, names.to_duckdb(con, tree))
+    else:
+        tree = names.to_duckdb(con, tree)
+    return tree.sql("duckdb")
+
+
+def _predict_node(node):
+    """sqlglot's own ML.PREDICT node as the MLFunction every other model function is."""
+    if isinstance(node, exp.Predict):
+        args = [a for a in (node.args.get("expression"), node.args.get("params_struct")) if a is not None]
+        return MLFunction(this=node.this, name=exp.Literal.string("PREDICT"), expressions=args)
+    return node
+
+
+def execute(con, text: str):
+    """Run a script of statements, BigQuery ML ones rewritten into dbml calls and any other
+    SQL unchanged; the last statement's result (a DuckDB result whose rows can be fetched)."""
+    result = None
+    for statement in split_statements(text):
+        result = run(con, statement)
+    return result
+
+
+def _exists(con, name: str) -> bool:
+    return con.execute(f"SELECT count(*) FROM {MODELS} WHERE name = ?", [name]).fetchall()[0][0] > 0
+
+
+def _create_model(con, tree: exp.Create):
+    plan = create.plan(con, tree)   # every option checked: nothing trains before this passes
+    name = plan["name"]
+    if _exists(con, name):
+        if tree.args.get("exists"):
+            return functions.result(con, pa.table({"model": pa.array([], pa.string())}))
+        if not tree.args.get("replace"):
+            raise InvalidArgument(f"Already exists: model {name}; use CREATE OR REPLACE MODEL to train a new version")
+    if plan["trials"]:
+        return _trials(con, plan)
+    summary = _train(con, plan, plan["runs"][0][0])
+    _record(con, plan, summary["version"], None)
+    return functions.result(con, pa.Table.from_pylist([summary]))
+
+
+def _train(con, plan: dict, args: dict) -> dict:
+    """One ``train`` call of the plan: its summary."""
+    return con.execute(create.train_statement(plan["name"], plan["source"], args).sql("duckdb")).fetchall()[0][0]
+
+
+def _record(con, plan: dict, version: int, trial: dict | None) -> None:
+    store.record(con, plan["name"], version, plan["kind"], plan["query"], plan["held_out"], plan["transform"], trial)
+
+
+def _trials(con, plan: dict):
+    """``num_trials`` versions, each with other hyperparameters (``tuning``); the one with the best
+    validation metric is the optimal trial (what ML.PREDICT and ML.EVALUATE use)."""
+    summaries = [_train(con, plan, args) for args, _ in plan["runs"]]
+    best = tuning.optimal([(i, s["val_metric"]) for i, s in enumerate(summaries, 1)])
+    rows = []
+    for trial, (summary, (_, hyperparameters)) in enumerate(zip(summaries, plan["runs"]), 1):
+        record = {"trial_id": trial, "hyperparameters": hyperparameters,
+                  "hparam_tuning_evaluation_metrics": {_metric_name(con, plan["name"], summary["version"]):
+                                                       summary["val_metric"]},
+                  "training_loss": summary["final_loss"], "eval_loss": None, "status": "SUCCEEDED",
+                  "error_message": None, "is_optimal": trial == best,
+                  "run": summaries[0]["version"]}   # which tuning run: its first version
+        _record(con, plan, summary["version"], record)
+        rows.append({"trial_id": trial, "version": summary["version"], "val_metric": summary["val_metric"],
+                     "is_optimal": trial == best})
+    return functions.result(con, pa.Table.from_pylist(rows))
+
+
+def _metric_name(con, name: str, version: int) -> str:
+    import json
+    metrics = con.execute(f"SELECT metrics FROM {MODELS} WHERE name = ? AND version = ?", [name, version]).fetchall()
+    return {"r2": "r2_score"}.get(json.loads(metrics[0][0]).get("val_metric_name"), "accuracy")
+
+
+def _drop_model(con, tree: exp.Drop):
+    dropped = 0
+    for table in tree.args.get("tables") or [tree.this]:
+        name = model_name(table)
+        if not _exists(con, name):
+            if not tree.args.get("exists"):
+                raise InvalidArgument(f"Not found: model {name}")
+            continue
+        dropped += con.execute(exp.select(exp.func("drop_model", exp.Literal.string(name))).sql("duckdb")).fetchall()[0][0]
+    return functions.result(con, pa.table({"versions_dropped": pa.array([dropped], pa.int64())}))

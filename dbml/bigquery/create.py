@@ -1,0 +1,307 @@
+"""``CREATE [OR REPLACE] MODEL [IF NOT EXISTS] m [TRANSFORM(...)] OPTIONS(...) AS <query>`` as a
+``train`` call, built as a sqlglot tree (no name, label or option value becomes SQL text).
+
+``MODEL_TYPES`` maps BigQuery's model types onto dbml archs; ``OPTIONS`` lists, per option,
+which types take it and the ``train`` argument it becomes. An unknown or unsupported option
+or type is refused, naming it, before anything trains.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+from sqlglot import exp
+
+from ..errors import InvalidArgument
+from ..kinds.kmeans import NO_LABEL
+from ..spec import TRAIN_PARAMS
+from ..zoo import arch as zoo_arch
+from . import names, preprocess, tuning
+from .parse import constant
+
+# model_type -> (dbml arch, task)
+MODEL_TYPES = {
+    "linear_reg": ("linear", "regression"), "logistic_reg": ("linear", "classification"),
+    "dnn_classifier": ("dnn", "classification"), "dnn_regressor": ("dnn", "regression"),
+    "boosted_tree_classifier": ("boosted_tree", "classification"),
+    "boosted_tree_regressor": ("boosted_tree", "regression"),
+    "random_forest_classifier": ("random_forest", "classification"),
+    "random_forest_regressor": ("random_forest", "regression"),
+    "kmeans": ("kmeans", "regression"),
+}
+REMOTE_OR_AUTOML = ("automl_classifier", "automl_regressor", "tensorflow", "tensorflow_lite", "onnx", "xgboost")
+TORCH, TREES = ("linear", "dnn"), ("boosted_tree", "random_forest")
+ALL = TORCH + TREES + ("kmeans",)
+SUPERVISED = TORCH + TREES
+# option -> the archs that take it
+OPTIONS = {
+    "model_type": ALL, "input_label_cols": SUPERVISED, "max_iterations": TORCH + ("boosted_tree", "kmeans"),
+    "early_stop": ALL,
+    "min_rel_progress": ALL, "data_split_method": SUPERVISED, "data_split_eval_fraction": SUPERVISED,
+    "data_split_col": SUPERVISED, "enable_global_explain": SUPERVISED, "auto_class_weights": SUPERVISED,
+    "learn_rate": TORCH + ("boosted_tree",), "ls_init_learn_rate": ("linear",), "learn_rate_strategy": ("linear",),
+    "optimize_strategy": ("linear",), "l2_reg": TORCH + TREES, "l1_reg": TORCH + TREES, "batch_size": ("dnn",),
+    "hidden_units": ("dnn",), "dropout": ("dnn",), "activation_fn": ("dnn",), "optimizer": ("dnn",),
+    "booster_type": ("boosted_tree",), "num_parallel_tree": TREES, "tree_method": TREES, "subsample": TREES,
+    "max_tree_depth": TREES, "min_split_loss": TREES, "min_tree_child_weight": TREES,
+    "colsample_bytree": TREES, "colsample_bynode": TREES,
+    "num_clusters": ("kmeans",), "kmeans_init_method": ("kmeans",), "distance_type": ("kmeans",),
+    "standardize_features": ("kmeans",), "num_trials": SUPERVISED, "max_parallel_trials": SUPERVISED,
+}
+# BigQuery's DNN optimizers dbml has (FTRL and RMSPROP it has not)
+OPTIMIZERS = {"adam": "adam", "sgd": "sgd", "adagrad": "adagrad"}
+
+# Who reads each option (test_bigquery checks that every (option, type) pair has one owner):
+# the translation itself,
+TRANSLATED = ("model_type", "input_label_cols", "data_split_method", "data_split_eval_fraction", "data_split_col",
+              "enable_global_explain", "num_trials", "max_parallel_trials")
+# for linear and DNN models, a train() argument (TORCH_PLAIN), an option of the dnn arch
+# (DNN_OPTIONS) or a rule of _torch_arguments (TORCH_RULES);
+TORCH_PLAIN = {"max_iterations": "epochs", "learn_rate": "lr", "ls_init_learn_rate": "lr",
+               "batch_size": "batch_size", "l2_reg": "weight_decay", "l1_reg": "l1_reg", "optimizer": "optimizer"}
+DNN_OPTIONS = {"hidden_units": "hidden", "activation_fn": "activation", "dropout": "dropout"}
+TORCH_RULES = {
+    "auto_class_weights": "the rarer classes' rows repeated (class_weighted)",
+    "early_stop": "train()'s early_stop: stop once the validation loss has not improved for patience epochs, "
+                  "keeping the best epoch",
+    "min_rel_progress": "taken with early_stop: dbml's criterion is patience (5 epochs), not a relative step",
+    "learn_rate_strategy": "LINE_SEARCH and CONSTANT: dbml's lr is constant (Adam)",
+    "optimize_strategy": "AUTO_STRATEGY and BATCH_GRADIENT_DESCENT: dbml descends by mini-batches",
+}
+TORCH_ARGUMENTS = {*TORCH_PLAIN, *DNN_OPTIONS, *TORCH_RULES}
+LINEAR_LR = 0.1   # LINEAR_REG and LOGISTIC_REG without learn_rate: BigQuery's first line-search step
+# and for the fitted kinds (trees, k-means), the arch's own option of the same name (dbml/kinds/).
+
+
+# sqlglot names SELECT * EXCEPT's argument "except_" from version 26 on, "except" before
+_EXCEPT = "except_" if "except_" in exp.Star.arg_types else "except"
+
+
+def star_except(*columns: str) -> exp.Star:
+    """``*`` less ``columns`` (DuckDB's ``* EXCLUDE (...)``)."""
+    return exp.Star(**{_EXCEPT: [exp.column(c, quoted=True) for c in columns]})
+
+
+def _value(v) -> exp.Expression:
+    if isinstance(v, bool):
+        return exp.Boolean(this=v)
+    if isinstance(v, str):
+        return exp.Literal.string(v)
+    if isinstance(v, list):
+        return exp.Array(expressions=[_value(x) for x in v])
+    if isinstance(v, int):
+        return exp.Literal.number(v) if v >= 0 else exp.Neg(this=exp.Literal.number(-v))
+    return preprocess._num(v)
+
+
+def model_name(table: exp.Expression) -> str:
+    return table.name if isinstance(table, exp.Table) else table.sql("bigquery")
+
+
+def given_options(tree: exp.Create) -> tuple[dict, list | None]:
+    """OPTIONS(...) as {lower name: value}, and TRANSFORM's expressions (or None)."""
+    options, transform = {}, None
+    properties = tree.args.get("properties")
+    for p in properties.expressions if properties is not None else []:
+        if isinstance(p, exp.TransformModelProperty):
+            transform = list(p.expressions)
+        elif isinstance(p, exp.Property):
+            found = tuning.space(p.name.lower(), p.args["value"], model_name(tree.this))
+            options[p.name.lower()] = found if found is not None else constant(p.args["value"], f"option {p.name}")
+        else:
+            raise InvalidArgument(f"BigQuery ML: CREATE MODEL: {p.sql('bigquery')[:60]} is not supported in dbml")
+    return options, transform
+
+
+def model_kind(name: str, options: dict) -> tuple[str, str, str]:
+    kind = str(options.get("model_type", "")).lower()
+    if not kind:
+        raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: needs OPTIONS(model_type = '...'), one of "
+                              f"{', '.join(MODEL_TYPES)}")
+    if kind in REMOTE_OR_AUTOML:
+        raise InvalidArgument(f"BigQuery ML: model_type {options['model_type']!r} (remote, imported and AutoML "
+                              f"models) is not supported in dbml; use one of {', '.join(MODEL_TYPES)}")
+    if kind not in MODEL_TYPES:
+        raise InvalidArgument(f"BigQuery ML: model_type {options['model_type']!r} is not supported in dbml; use "
+                              f"one of {', '.join(MODEL_TYPES)}")
+    return (kind, *MODEL_TYPES[kind])
+
+
+def check_options(name: str, kind: str, arch: str, options: dict) -> None:
+    for option in options:
+        if option not in OPTIONS:
+            raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: option {option} is not supported in dbml; "
+                                  f"supported options are {', '.join(OPTIONS)} (the README's BigQuery ML table)")
+        if arch not in OPTIONS[option]:
+            raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: option {option} is not supported for "
+                                  f"model_type {kind} in dbml")
+
+
+def train_arguments(name: str, kind: str, arch: str, task: str, options: dict) -> dict:
+    """The named arguments of ``train`` (Python values) for the options."""
+    label = options.get("input_label_cols", ["label"] if arch != "kmeans" else None)
+    if arch != "kmeans" and (not isinstance(label, list) or len(label) != 1 or not isinstance(label[0], str)):
+        raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: input_label_cols must name one column, "
+                              f"e.g. input_label_cols = ['price'], got {label!r}")
+    args = {"label": label[0] if arch != "kmeans" else NO_LABEL, "arch": arch, "task": task, "text": []}
+    if arch in TORCH:
+        args.update(_torch_arguments(name, arch, options))
+    else:   # a fitted kind (dbml/kinds/) takes BigQuery's options under their own names
+        taken = zoo_arch(arch).options
+        args["options"] = json.dumps({k: v for k, v in options.items() if k in taken})
+    if arch == "kmeans":
+        args["validation"] = 0.0
+    return args
+
+
+def _torch_arguments(name: str, arch: str, options: dict) -> dict:
+    args = {TORCH_PLAIN[k]: v for k, v in options.items() if k in TORCH_PLAIN}
+    if "optimizer" in options:
+        opt = str(options["optimizer"]).lower()
+        if opt not in OPTIMIZERS:
+            raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: optimizer {options['optimizer']!r} is not "
+                                  f"supported in dbml; use one of {', '.join(o.upper() for o in OPTIMIZERS)}")
+        args["optimizer"] = OPTIMIZERS[opt]
+    if str(options.get("optimize_strategy", "auto_strategy")).lower() not in ("auto_strategy", "batch_gradient_descent"):
+        raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: optimize_strategy {options['optimize_strategy']!r} "
+                              f"is not supported in dbml, which trains by gradient descent; use AUTO_STRATEGY or "
+                              f"BATCH_GRADIENT_DESCENT")
+    if str(options.get("learn_rate_strategy", "line_search")).lower() not in ("line_search", "constant"):
+        raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: learn_rate_strategy "
+                              f"{options['learn_rate_strategy']!r} is not BigQuery's; use LINE_SEARCH or CONSTANT")
+    if arch == "linear" and "lr" not in args:
+        args["lr"] = LINEAR_LR   # BigQuery's ls_init_learn_rate default, not dbml's own for linear
+    if "early_stop" in options:   # see TORCH_RULES
+        args["early_stop"] = bool(options["early_stop"])
+    if arch == "dnn":
+        dnn = {DNN_OPTIONS[k]: v for k, v in options.items() if k in DNN_OPTIONS}
+        dnn["activation"] = str(dnn.get("activation", "relu")).lower()
+        if "hidden" in dnn and not isinstance(dnn["hidden"], list):
+            dnn["hidden"] = [dnn["hidden"]]
+        args["options"] = json.dumps(dnn)
+    return args
+
+
+def split(name: str, options: dict, query: exp.Select, arch: str) -> tuple[exp.Select, exp.Select | None, dict]:
+    """(training query, held-out query or None, train arguments) for the data split options."""
+    method = str(options.get("data_split_method", "auto_split")).lower()
+    fraction = options.get("data_split_eval_fraction", 0.2)
+    col = options.get("data_split_col")
+    sub = lambda q: exp.select(exp.Star()).from_(exp.Subquery(this=q, alias=exp.TableAlias(this=exp.to_identifier("__dbml_q"))))  # noqa: E731
+    if method in ("auto_split", "random"):
+        return query, None, {} if arch == "kmeans" else {"validation": float(fraction)}
+    if method == "no_split":
+        return query, None, {"validation": 0.0}
+    if method in ("seq", "custom") and isinstance(col, str):
+        c = exp.column(col, quoted=True)
+        if method == "seq":
+            rank = exp.Window(this=exp.func("percent_rank"), partition_by=None,
+                              order=exp.Order(expressions=[exp.Ordered(this=c.copy())]), over="OVER")
+            held = exp.GTE(this=rank, expression=preprocess._num(1 - float(fraction)))
+            train_q = sub(query).qualify(exp.Not(this=exp.Paren(this=held.copy())))
+            eval_q = sub(query).qualify(held)
+        else:
+            train_q, eval_q = sub(query).where(exp.Not(this=c.copy())), sub(query).where(c.copy())
+        drop = lambda q: exp.select(star_except(col)).from_(  # noqa: E731
+            exp.Subquery(this=q, alias=exp.TableAlias(this=exp.to_identifier("__dbml_s"))))
+        return drop(train_q), drop(eval_q), {"validation": 0.0}
+    raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: data_split_method {options['data_split_method']!r} "
+                          f"is not supported (SEQ and CUSTOM need data_split_col); use AUTO_SPLIT, RANDOM, NO_SPLIT, "
+                          f"SEQ or CUSTOM")
+
+
+def class_weighted(query: exp.Select, label: str) -> exp.Select:
+    """``auto_class_weights`` for the torch models: each row repeated about (largest class / its class)
+    times, so every class weighs alike in the loss. (Copies of a row hash alike, so the validation
+    split keeps them together.)"""
+    lab = exp.column(label, quoted=True)
+    sub = lambda q, alias: exp.Subquery(this=q, alias=exp.TableAlias(this=exp.to_identifier(alias)))  # noqa: E731
+    counted = exp.select(exp.Star(), exp.alias_(exp.Window(this=exp.func("count", exp.Star()), partition_by=[lab],
+                                                           over="OVER"), "__dbml_n")).from_(sub(query, "__dbml_q"))
+    reps = exp.func("greatest", exp.Literal.number(1), exp.cast(exp.func("round", exp.Div(
+        this=exp.Window(this=exp.func("max", exp.column("__dbml_n")), over="OVER"), expression=exp.column("__dbml_n"))),
+        "BIGINT"))
+    weighted = exp.select(exp.Star(), exp.alias_(reps, "__dbml_r")).from_(sub(counted, "__dbml_c"))
+    copies = exp.Table(this=exp.func("range", exp.column("__dbml_r")),
+                       alias=exp.TableAlias(this=exp.to_identifier("__dbml_k"), columns=[exp.to_identifier("__dbml_i")]))
+    return exp.select(star_except("__dbml_n", "__dbml_r", "__dbml_i")).from_(sub(weighted, "__dbml_w")).join(
+        copies, join_type="CROSS")
+
+
+def temporal_as_numbers(con, query: exp.Select) -> exp.Select:
+    """DATE/TIMESTAMP/TIME columns as seconds since the epoch (BigQuery ML takes them as features)."""
+    rel = con.sql(query.sql("duckdb"))
+    temporal = [n for n, t in zip(rel.columns, rel.types) if str(t).split(" ")[0] in ("DATE", "TIMESTAMP", "TIME", "TIMESTAMP_NS", "TIMESTAMP_MS", "TIMESTAMP_S") or str(t).startswith("TIMESTAMP")]
+    if not temporal:
+        return query
+    star = exp.Star(replace=[exp.alias_(exp.func("epoch", exp.column(n, quoted=True)), n, quoted=True) for n in temporal])
+    return exp.select(star).from_(exp.Subquery(this=query, alias=exp.TableAlias(this=exp.to_identifier("__dbml_t"))))
+
+
+def train_statement(name: str, source: str, args: dict) -> exp.Select:
+    """``SELECT train(name, source, k := v, ...)``, each value cast to its parameter's SQL type
+    (``train``'s, from ``TRAIN_PARAMS``): BigQuery's ``0.1`` is a DECIMAL to DuckDB, and
+    ``max_iterations = 10.0`` must reach ``epochs INTEGER``."""
+    types = {p.name: p.sql_type for p in TRAIN_PARAMS}
+    unknown = [k for k in args if k not in types]
+    if unknown:
+        raise AssertionError(f"BigQuery ML: train() has no parameter {unknown[0]} (create.py maps an option to it)")
+    return exp.select(exp.func("train", exp.Literal.string(name), exp.Literal.string(source),
+                               *[exp.Kwarg(this=exp.var(k), expression=exp.cast(_value(v), types[k], dialect="duckdb"))
+                                 for k, v in args.items()]))
+
+
+def plan(con, tree: exp.Create) -> dict:
+    """Everything CREATE MODEL will do, checked before anything trains: the ``train`` arguments,
+    the source it trains on (TRANSFORM applied), and what the store keeps (the queries before
+    TRANSFORM, which the model functions apply as to any input)."""
+    name = model_name(tree.this)
+    if tree.expression is None:
+        raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: needs AS <query> (the training data); dbml trains "
+                              f"only from a query")
+    options, transform = given_options(tree)
+    kind, arch, task = model_kind(name, options)
+    check_options(name, kind, arch, options)
+    if arch in TREES and importlib.util.find_spec("lightgbm") is None:
+        raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: model_type {kind} needs LightGBM, which is not "
+                              f"installed; pip install 'dbml[trees]'")
+    trials = int(options.get("num_trials", 0) or 0)
+    given = tuning.given_spaces(options)
+    if given and not trials:
+        raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: HPARAM_RANGE and HPARAM_CANDIDATES need "
+                              f"num_trials = <number of trials>")
+    spaces = (given or tuning.DEFAULT_SPACES[arch]) if trials else {}
+    runs = [tuning.trial_options(options, spaces, t, not given) for t in range(1, trials + 1)] or [(options, None)]
+    # every trial's arguments, checked before any trains
+    runs = [(train_arguments(name, kind, arch, task, o), hp) for o, hp in runs]
+    args = runs[0][0]
+    query = names.to_duckdb(con, tree.expression.copy())
+    query, held_out, split_args = split(name, options, query, arch)
+    for run_args, _ in runs:
+        run_args.update(split_args)
+    frozen = None
+    source = query
+    if transform is not None:
+        frozen = preprocess.freeze(con, [names.to_duckdb(con, e, live=False) for e in transform],
+                                   query.sql("duckdb"))
+        for e in frozen:
+            if not e.alias_or_name:
+                raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: TRANSFORM's {e.sql('bigquery')[:60]} "
+                                      f"needs AS <name>")
+        source = apply_transform(query, frozen)
+    if arch == "kmeans":
+        source = exp.select(exp.Star(), exp.alias_(exp.Literal.number(0.0), NO_LABEL)).from_(
+            exp.Subquery(this=source, alias=exp.TableAlias(this=exp.to_identifier("__dbml_k"))))
+    source = temporal_as_numbers(con, source)
+    if options.get("auto_class_weights") and arch in TORCH:
+        source = class_weighted(source, args["label"])
+    return {"name": name, "kind": kind, "args": args, "source": source.sql("duckdb"), "query": query.sql("duckdb"),
+            "held_out": None if held_out is None else held_out.sql("duckdb"),
+            "transform": None if frozen is None else [e.sql("duckdb") for e in frozen],
+            "runs": runs, "trials": trials, "options": options}
+
+
+def apply_transform(query: exp.Expression, frozen: list) -> exp.Select:
+    return exp.select(*[e.copy() for e in frozen]).from_(
+        exp.Subquery(this=query, alias=exp.TableAlias(this=exp.to_identifier("__dbml_in"))))

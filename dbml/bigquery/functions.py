@@ -1,0 +1,386 @@
+"""BigQuery ML's model functions, computed in Python from dbml's models and registered with the
+connection as Arrow tables; the query then reads that table where the function stood.
+
+``ML.PREDICT``, ``ML.EVALUATE``, ``ML.TRAINING_INFO``, ``ML.CONFUSION_MATRIX``, ``ML.ROC_CURVE``,
+``ML.FEATURE_INFO``, ``ML.WEIGHTS``, ``ML.EXPLAIN_PREDICT``, ``ML.GLOBAL_EXPLAIN``,
+``ML.FEATURE_IMPORTANCE``, ``ML.TRIAL_INFO``, ``ML.CENTROIDS``, with BigQuery's documented
+output columns. The input rows (a ``(SELECT ...)``, which may use the outer query's CTEs, or
+``TABLE t``) are read once, with the model's stored TRANSFORM applied.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+
+import numpy as np
+import pyarrow as pa
+import torch
+from sqlglot import exp
+
+from .. import catalog, explain as attributions
+from ..errors import InvalidArgument
+from ..inference import forward
+from ..training import held_out_sql
+from . import evaluation, names, store
+from .create import apply_transform, model_name, temporal_as_numbers
+from .parse import MLFunction, function_name, settings
+
+_NAMES = itertools.count(1)
+KEEP_REGISTERED = 16
+
+
+class Model:
+    """A model as the functions see it: the loaded catalog model, its BigQuery record."""
+
+    def __init__(self, con, node, fn: str, trial: int | None = None):
+        self.name = model_name(node.this)
+        version = store.latest(con, self.name, fn)
+        latest = store.info(con, self.name, version).get("trial")
+        # the trials of the latest tuning run (an earlier CREATE OR REPLACE had its own)
+        trials = [(v, t) for v, t in store.trials(con, self.name) if t.get("run") == latest.get("run")] \
+            if latest else []
+        if trials:
+            chosen = [v for v, t in trials if (t["trial_id"] == trial if trial is not None else t["is_optimal"])]
+            if not chosen:
+                raise InvalidArgument(f"BigQuery ML: {fn}: model {self.name} has no trial {trial}")
+            version = chosen[0]
+        self.version, self.trials = version, trials
+        self.stored = catalog.load(con, self.name, version)
+        self.params = json.loads(con.execute(f"SELECT params FROM {catalog.MODELS} WHERE uid = ?",
+                                             [self.stored.uid]).fetchall()[0][0])
+        self.prep = self.stored.preprocessing
+        if self.prep.input is not None:
+            raise InvalidArgument(f"BigQuery ML: {fn}: model {self.name} takes {self.prep.input.kind} input; "
+                                  f"BigQuery ML's functions take tabular models (use predictions() or evaluate())")
+        self.info = store.info(con, self.name, version)
+        self.is_kmeans = self.stored.config.arch == "kmeans"
+        self.classes = list(self.prep.classes) if self.prep.task == "classification" else []
+
+
+def input_query(con, arg, outer: exp.Expression) -> exp.Select:
+    if arg is None:
+        raise InvalidArgument("BigQuery ML: this function needs its input rows: (SELECT ...) or TABLE t")
+    if isinstance(arg, exp.Subquery):
+        query = arg.this.copy()
+    else:
+        query = exp.select(exp.Star()).from_(arg.copy())
+    with_ = outer.args.get("with_") or outer.args.get("with")
+    if with_ is not None and isinstance(query, exp.Select):
+        for cte in with_.expressions:
+            if not any(c.alias == cte.alias for c in (query.args.get("with_") or exp.With()).expressions):
+                query = query.with_(cte.alias, cte.this.copy())
+    return names.to_duckdb(con, query)
+
+
+def rows(con, model: Model, query: exp.Select, labelled: bool,
+         held_out: bool = False) -> tuple[pa.Table, np.ndarray, np.ndarray | None]:
+    """(the input rows, their encoded features, the label as class index or value) in one read;
+    ``held_out``: only the rows ``train`` held out for validation (the training query's)."""
+    import sqlglot
+    inner = exp.select(exp.alias_(exp.column("__in"), "__dbml_row"), exp.Star()).from_(
+        exp.Subquery(this=query, alias=exp.TableAlias(this=exp.to_identifier("__in"))))
+    transform = model.info.get("transform")
+    src = inner
+    if transform:
+        src = apply_transform(inner, [*transform, exp.column("__dbml_row")])
+    src = temporal_as_numbers(con, src)
+    cols = [exp.column("__dbml_row"), exp.alias_(sqlglot.parse_one(model.prep.features_sql(), read="duckdb"), "__dbml_x")]
+    outer = exp.select(*cols).from_(exp.Subquery(this=src, alias=exp.TableAlias(this=exp.to_identifier("__dbml_s"))))
+    if labelled:
+        y = model.prep.label_sql() if model.prep.task == "classification" else f"{exp.column(model.prep.label, quoted=True).sql('duckdb')}::DOUBLE"
+        outer = outer.select(exp.alias_(sqlglot.parse_one(y, read="duckdb"), "__dbml_y")).where(
+            sqlglot.parse_one(model.prep.label_filter(), read="duckdb"))
+    if held_out:
+        # src is train's source (the query, TRANSFORM, dates as numbers) with __dbml_row beside it
+        outer = outer.where(sqlglot.parse_one(held_out_sql(model.params["seed"], model.params["validation"],
+                                                           exclude=("__dbml_row",)), read="duckdb"))
+    table = _arrow(con, outer)
+    width = model.prep.width
+    x = table.column("__dbml_x").combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(np.float32)
+    row = table.column("__dbml_row").combine_chunks()
+    inputs = pa.Table.from_arrays(row.flatten(), names=[row.type.field(i).name for i in range(row.type.num_fields)])
+    y = table.column("__dbml_y").to_numpy() if labelled else None
+    return inputs, x.reshape(table.num_rows, width), y
+
+
+def _outputs(model: Model, x: np.ndarray) -> np.ndarray:
+    if model.is_kmeans:
+        with torch.no_grad():
+            return model.stored.module.distances(torch.as_tensor(x)).double().numpy()
+    return forward(model.stored, x).double().numpy()
+
+
+def probabilities(out: np.ndarray) -> np.ndarray:
+    return torch.softmax(torch.as_tensor(out), 1).numpy()
+
+
+def predicted(model: Model, out: np.ndarray, threshold: float | None) -> np.ndarray:
+    """Class indices (classification; binary with ``threshold`` on the second class's probability)
+    or values."""
+    if model.prep.task != "classification":
+        return model.prep.unscale(out[:, 0])
+    if len(model.classes) == 2:
+        return (probabilities(out)[:, 1] >= (0.5 if threshold is None else threshold)).astype(np.int64)
+    return out.argmax(1)
+
+
+def _label_array(model: Model, idx: np.ndarray) -> pa.Array:
+    return pa.array([model.classes[i] for i in idx])
+
+
+def _predict(con, node, outer, model: Model) -> pa.Table:
+    args = node.expressions
+    opts = settings(args[1] if len(args) > 1 else None, "ML.PREDICT")
+    inputs, x, _ = rows(con, model, input_query(con, args[0] if args else None, outer), labelled=False)
+    out = _outputs(model, x)
+    if model.is_kmeans:
+        order = np.argsort(out, axis=1)
+        nearest = [[{"CENTROID_ID": int(c) + 1, "DISTANCE": float(out[r, c])} for c in order[r]] for r in range(len(out))]
+        cols = {"CENTROID_ID": pa.array(order[:, 0] + 1 if len(out) else [], pa.int64()),
+                "NEAREST_CENTROIDS_DISTANCE": pa.array(nearest, pa.list_(pa.struct([("CENTROID_ID", pa.int64()), ("DISTANCE", pa.float64())])))}
+    else:
+        label = model.prep.label
+        value = predicted(model, out, opts.get("threshold"))
+        cols = {f"predicted_{label}": _label_array(model, value) if model.classes else pa.array(value, pa.float64())}
+        if model.classes:
+            p = probabilities(out)
+            cols[f"predicted_{label}_probs"] = pa.array(
+                [[{"label": c, "prob": float(p[r, i])} for i, c in sorted(enumerate(model.classes), key=lambda t: -p[r, t[0]])]
+                 for r in range(len(p))])
+    return _with_inputs(cols, inputs)
+
+
+def _with_inputs(cols: dict, inputs: pa.Table) -> pa.Table:
+    names_ = list(cols) + [n for n in inputs.column_names if n not in cols]
+    arrays = list(cols.values()) + [inputs.column(n) for n in inputs.column_names if n not in cols]
+    return pa.Table.from_arrays(arrays, names=names_)
+
+
+def stored_query(model: Model, key: str, fn: str) -> exp.Select:
+    """A query the store kept for the model (before TRANSFORM), parsed and checked read-only
+    (the catalog is data: an edited row must not become a write)."""
+    import sqlglot
+    from ..source import as_select
+    text = model.info.get(key)
+    if text is None:
+        raise InvalidArgument(f"BigQuery ML: {fn} reads the training query, which dbml keeps for models made by "
+                              f"CREATE MODEL; {model.name} was trained by train(): pass the rows, e.g. "
+                              f"{fn}(MODEL {model.name}, (SELECT ...))")
+    return sqlglot.parse_one(as_select(text, fn=fn), read="duckdb")
+
+
+def _evaluated(con, node, outer, model: Model, fn: str) -> tuple[exp.Select, list, bool]:
+    """(the rows to evaluate on, the arguments after them, whether only the held-out rows count).
+    Without input: the evaluation rows of the model's data split, as BigQuery ML: SEQ's and
+    CUSTOM's held-out query, else the rows ``train`` held out for validation, else (NO_SPLIT,
+    k-means) the training rows."""
+    args = node.expressions
+    if args and not isinstance(args[0], exp.Struct):
+        return input_query(con, args[0], outer), args[1:], False
+    if model.info.get("eval_source") is not None:
+        return stored_query(model, "eval_source", fn), args, False
+    return stored_query(model, "source", fn), args, bool(model.params.get("validation"))
+
+
+def _arrow(con, tree: exp.Expression) -> pa.Table:
+    return getattr(con, "duckdb", con).sql(tree.sql("duckdb")).to_arrow_table()
+
+
+def result(con, table: pa.Table) -> str:
+    """The query that reads ``table`` (registered on ``con``) as the result of a statement."""
+    view = f"__dbml_ml_{next(_NAMES)}"
+    con.register(view, table)
+    _forget_old(con, view)
+    return exp.select(exp.Star()).from_(exp.to_identifier(view)).sql("duckdb")
+
+
+def _evaluate(con, node, outer, model: Model) -> pa.Table:
+    query, rest, held_out = _evaluated(con, node, outer, model, "ML.EVALUATE")
+    opts = settings(rest[0] if rest else None, "ML.EVALUATE")
+    if model.is_kmeans:
+        _, x, _ = rows(con, model, query, labelled=False)
+        return pa.Table.from_pylist([evaluation.clustering(_outputs(model, x),
+                                                        model.stored.module.between_centroids().double().numpy())])
+    _, x, y = rows(con, model, query, labelled=True, held_out=held_out)
+    out = _outputs(model, x)
+    if model.classes:
+        figures = evaluation.classification(y, probabilities(out), predicted(model, out, opts.get("threshold")))
+    else:
+        figures = evaluation.regression(y, model.prep.unscale(out[:, 0]))
+    return pa.Table.from_pylist([figures])
+
+
+def _confusion(con, node, outer, model: Model) -> pa.Table:
+    query, rest, held_out = _evaluated(con, node, outer, model, "ML.CONFUSION_MATRIX")
+    opts = settings(rest[0] if rest else None, "ML.CONFUSION_MATRIX")
+    _, x, y = rows(con, model, query, labelled=True, held_out=held_out)
+    pred = predicted(model, _outputs(model, x), opts.get("threshold"))
+    table = {"expected_label": [str(c) for c in model.classes]}
+    for j, c in enumerate(model.classes):
+        col = str(c) if re.fullmatch(r"[A-Za-z_]\w*", str(c)) else "_" + re.sub(r"\W", "_", str(c))
+        table[col] = [int(np.sum((y == i) & (pred == j))) for i in range(len(model.classes))]
+    return pa.table(table)
+
+
+def _roc(con, node, outer, model: Model) -> pa.Table:
+    query, rest, held_out = _evaluated(con, node, outer, model, "ML.ROC_CURVE")
+    if len(model.classes) != 2:
+        raise InvalidArgument(f"BigQuery ML: ML.ROC_CURVE is for binary classification models; {model.name} has "
+                              f"{len(model.classes) or 'no'} classes")
+    thresholds = None
+    if rest:
+        # BigQuery's 0.5 is a FLOAT64 (DuckDB's a DECIMAL, which rounds a long literal)
+        given = exp.cast(names.to_duckdb(con, rest[0].copy()), "DOUBLE[]", dialect="duckdb")
+        thresholds = con.execute(exp.select(given).sql("duckdb")).fetchall()[0][0]
+    _, x, y = rows(con, model, query, labelled=True, held_out=held_out)
+    return pa.Table.from_pylist(evaluation.roc_curve(y, probabilities(_outputs(model, x))[:, 1], thresholds))
+
+
+def _training_info(con, node, outer, model: Model) -> pa.Table:
+    import json
+    params, metrics = con.execute("SELECT params, metrics FROM dbml_models WHERE name = ? AND version = ?",
+                                  [model.name, model.version]).fetchall()[0]
+    lr = json.loads(params).get("lr")
+    out = []
+    for e in json.loads(metrics).get("history", []):
+        out.append({"training_run": 0, "iteration": int(e["epoch"]) - 1, "loss": e.get("loss"),
+                    "eval_loss": e.get("eval_loss", e.get("val_loss")),
+                    "learning_rate": e["learning_rate"] if "learning_rate" in e else lr,
+                    "duration_ms": int(round(1000 * e.get("seconds", 0.0)))})
+    return pa.Table.from_pylist(out)
+
+
+def _training_rows(con, model: Model, fn: str, limit: int = 2000):
+    """Up to ``limit`` rows of the training query (what GLOBAL_EXPLAIN averages over)."""
+    return rows(con, model, stored_query(model, "source", fn).limit(limit), labelled=False)
+
+
+def _explain_predict(con, node, outer, model: Model) -> pa.Table:
+    args = node.expressions
+    opts = settings(args[1] if len(args) > 1 else None, "ML.EXPLAIN_PREDICT")
+    top_k = int(opts.get("top_k_features", 5))
+    inputs, x, _ = rows(con, model, input_query(con, args[0] if args else None, outer), labelled=False)
+    e = attributions.explain_rows(model.stored, x)
+    out = _outputs(model, x)
+    label = model.prep.label
+    cols = {}
+    if model.classes:
+        idx = predicted(model, out, opts.get("threshold"))
+        cols[f"predicted_{label}"] = _label_array(model, idx)
+        cols["probability"] = pa.array(probabilities(out)[np.arange(len(out)), idx])
+    else:
+        cols[f"predicted_{label}"] = pa.array(model.prep.unscale(out[:, 0]))
+    top = []
+    for r in range(len(x)):
+        order = np.argsort(-np.abs(e["attributions"][r]), kind="stable")[:top_k]
+        top.append([{"feature": e["features"][i], "attribution": float(e["attributions"][r, i])} for i in order])
+    cols["top_feature_attributions"] = pa.array(top, pa.list_(pa.struct([("feature", pa.string()), ("attribution", pa.float64())])))
+    cols["baseline_prediction_value"] = pa.array(e["baseline"])
+    cols["prediction_value"] = pa.array(e["prediction"])
+    cols["approximation_error"] = pa.array(e["approximation_error"])
+    return _with_inputs(cols, inputs)
+
+
+def _global_explain(con, node, outer, model: Model) -> pa.Table:
+    opts = settings(node.expressions[0] if node.expressions else None, "ML.GLOBAL_EXPLAIN")
+    _, x, _ = _training_rows(con, model, "ML.GLOBAL_EXPLAIN")
+    e = attributions.explain_rows(model.stored, x)
+    mean = np.abs(e["attributions"]).mean(0)
+    out = [{"feature": f, "attribution": float(mean[i])} for i, f in enumerate(e["features"])]
+    if opts.get("class_level_explain") and model.classes:
+        out = [{"class_label": str(model.classes[c]), "feature": f,
+                "attribution": float(np.abs(e["attributions"][e["target"] == c, i]).mean()) if (e["target"] == c).any() else 0.0}
+               for c in range(len(model.classes)) for i, f in enumerate(e["features"])]
+    return pa.Table.from_pylist(sorted(out, key=lambda d: -d["attribution"]))
+
+
+def _feature_importance(con, node, outer, model: Model) -> pa.Table:
+    module = model.stored.module
+    if not hasattr(module, "model"):
+        raise InvalidArgument(f"BigQuery ML: ML.FEATURE_IMPORTANCE is for boosted tree and random forest models; "
+                              f"{model.name} is {model.stored.config.arch} (use ML.GLOBAL_EXPLAIN)")
+    booster = module.model()
+    split, gain = booster.feature_importance("split"), booster.feature_importance("gain")
+    out, start = [], 0
+    for f in model.prep.features:
+        sl = slice(start, start + f.width)
+        out.append({"feature": f.name, "importance_weight": int(split[sl].sum()), "importance_gain": float(gain[sl].sum()),
+                    "importance_cover": None})
+        start += f.width
+    return pa.Table.from_pylist(out, schema=pa.schema([("feature", pa.string()), ("importance_weight", pa.int64()),
+                                                       ("importance_gain", pa.float64()), ("importance_cover", pa.float64())]))
+
+
+def _weights(con, node, outer, model: Model) -> pa.Table:
+    opts = settings(node.expressions[0] if node.expressions else None, "ML.WEIGHTS")
+    return pa.Table.from_pylist(evaluation.weights(model, bool(opts.get("standardize", False))))
+
+
+def _feature_info(con, node, outer, model: Model) -> pa.Table:
+    query = stored_query(model, "source", "ML.FEATURE_INFO")
+    transform = model.info.get("transform")
+    if transform:
+        query = apply_transform(query, transform)
+    return pa.Table.from_pylist(evaluation.feature_info(con, model, temporal_as_numbers(con, query)))
+
+
+def _centroids(con, node, outer, model: Model) -> pa.Table:
+    if not model.is_kmeans:
+        raise InvalidArgument(f"BigQuery ML: ML.CENTROIDS is for k-means models; {model.name} is not one")
+    c = model.stored.module.centroids.numpy() / model.stored.module.scale.numpy()
+    out, start = [], 0
+    for f in model.prep.features:
+        for k in range(len(c)):
+            value = f.mean + f.std * float(c[k, start]) if f.kind == "numeric" else None
+            out.append({"centroid_id": k + 1, "feature": f.name, "numerical_value": value,
+                        "categorical_value": [] if f.kind == "numeric" else
+                        [{"category": cat, "value": float(c[k, start + j])} for j, cat in enumerate(f.categories)]})
+        start += f.width
+    return pa.Table.from_pylist(out)
+
+
+def _trial_info(con, node, outer, model: Model) -> pa.Table:
+    if not model.trials:
+        raise InvalidArgument(f"BigQuery ML: ML.TRIAL_INFO is for models created with num_trials; {model.name} has none")
+    return pa.Table.from_pylist([{k: v for k, v in t.items() if k != "run"} for _, t in model.trials])
+
+
+HANDLERS = {"PREDICT": _predict, "EVALUATE": _evaluate, "TRAINING_INFO": _training_info,
+            "CONFUSION_MATRIX": _confusion, "ROC_CURVE": _roc, "FEATURE_INFO": _feature_info, "WEIGHTS": _weights,
+            "EXPLAIN_PREDICT": _explain_predict, "GLOBAL_EXPLAIN": _global_explain,
+            "FEATURE_IMPORTANCE": _feature_importance, "TRIAL_INFO": _trial_info, "CENTROIDS": _centroids}
+
+
+def rewrite(con, tree: exp.Expression) -> exp.Expression:
+    """The query with every model function replaced by a registered Arrow table of its result."""
+    for node in list(tree.find_all(MLFunction)):
+        name = function_name(node)
+        if name not in HANDLERS:
+            raise InvalidArgument(f"BigQuery ML: ML.{name} is not supported in dbml; supported: "
+                                  f"{', '.join('ML.' + n for n in HANDLERS)}")
+        structs = [a for a in node.expressions if isinstance(a, exp.Struct)]
+        trial = settings(structs[-1], f"ML.{name}").get("trial_id") if structs else None
+        model = Model(con, node, f"ML.{name}", trial)
+        table_ = HANDLERS[name](con, node, tree, model)
+        view = f"__dbml_ml_{next(_NAMES)}"
+        con.register(view, table_)
+        _forget_old(con, view)
+        table = node.parent if isinstance(node.parent, exp.Table) else node
+        alias = table.alias if isinstance(table, exp.Table) and table.alias else None
+        table.replace(exp.Table(this=exp.to_identifier(view), alias=exp.TableAlias(this=exp.to_identifier(alias)) if alias else None))
+    return tree
+
+
+_REGISTERED: dict[int, list[str]] = {}
+
+
+def _forget_old(con, view: str) -> None:
+    views = _REGISTERED.setdefault(id(con), [])
+    views.append(view)
+    while len(views) > KEEP_REGISTERED:
+        try:
+            con.unregister(views.pop(0))
+        except Exception:   # the connection may be gone
+            pass

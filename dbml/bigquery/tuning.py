@@ -1,0 +1,113 @@
+"""Hyperparameter tuning (``num_trials``): which options each trial trains with.
+
+An option given as ``HPARAM_RANGE(min, max)`` or ``HPARAM_CANDIDATES([...])`` is searched;
+without any, the model type's default search space is (as BigQuery ML tunes ``l1_reg`` and
+``l2_reg`` of a linear model by default). Trial 1 takes each searched option's default, or
+the middle of its range; later trials draw from a generator seeded by the trial's number,
+a range log-uniformly when it spans more than a decade from a positive lower end, else
+uniformly. So the trials, and the optimal one, are the same every time.
+
+The optimal trial is the one with the best validation metric (accuracy or R^2, what
+``train`` reports; ties: the earliest), which ML.PREDICT and ML.EVALUATE use.
+
+Why not ``dbml.tuning.tune`` (main's tune(), made for this too): BigQuery ML serves every
+trial (``ML.PREDICT(..., STRUCT(3 AS trial_id))``, ``ML.TRIAL_INFO``), and tune() stores only
+the best trial's model. Until it can keep every trial's, CREATE MODEL trains one version
+per trial here, one after another.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from sqlglot import exp
+
+from ..errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class Range:
+    low: float
+    high: float
+    integer: bool = False
+
+    def draw(self, rng: np.random.Generator):
+        if self.low > 0 and self.high / self.low > 10:
+            value = math.exp(rng.uniform(math.log(self.low), math.log(self.high)))
+        else:
+            value = rng.uniform(self.low, self.high)
+        return int(round(value)) if self.integer else value
+
+    def first(self):
+        middle = math.sqrt(self.low * self.high) if self.low > 0 else (self.low + self.high) / 2
+        return int(round(middle)) if self.integer else middle
+
+
+@dataclass(frozen=True)
+class Candidates:
+    values: tuple
+
+    def draw(self, rng: np.random.Generator):
+        return self.values[int(rng.integers(len(self.values)))]
+
+    def first(self):
+        return self.values[0]
+
+
+# model arch -> option -> its search space when num_trials is given without HPARAM_* options
+DEFAULT_SPACES = {
+    "linear": {"l1_reg": Range(1e-5, 10.0), "l2_reg": Range(1e-5, 10.0)},
+    "dnn": {"learn_rate": Range(1e-4, 0.1), "dropout": Range(0.0, 0.5), "l2_reg": Range(1e-5, 1.0)},
+    "boosted_tree": {"learn_rate": Range(0.01, 1.0), "max_tree_depth": Candidates((4, 6, 8, 10)),
+                     "l2_reg": Range(1e-5, 10.0), "subsample": Range(0.5, 1.0)},
+    "random_forest": {"max_tree_depth": Candidates((8, 12, 15, 20)), "subsample": Range(0.5, 0.9),
+                      "colsample_bynode": Range(0.5, 1.0)},
+}
+# the value a default space's trial 1 takes (the option's own default)
+FIRST = {"l1_reg": 0.0, "l2_reg": 0.0, "dropout": 0.0}
+INTEGER_OPTIONS = ("max_tree_depth", "batch_size", "num_parallel_tree", "max_iterations", "num_clusters")
+
+
+def space(option: str, node: exp.Expression, model: str):
+    """``HPARAM_RANGE(a, b)`` / ``HPARAM_CANDIDATES([...])`` as a search space, or None for any
+    other value."""
+    from .parse import constant
+    if not (isinstance(node, exp.Anonymous) and str(node.this).upper() in ("HPARAM_RANGE", "HPARAM_CANDIDATES")):
+        return None
+    fn = str(node.this).upper()
+    args = [constant(a, f"option {option}: {fn}") for a in node.expressions]
+    if fn == "HPARAM_RANGE":
+        if len(args) != 2 or not all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in args) \
+                or not args[0] < args[1]:
+            raise InvalidArgument(f"BigQuery ML: CREATE MODEL {model}: option {option} = HPARAM_RANGE(min, max) "
+                                  f"takes two numbers, min < max; got {node.sql('bigquery')[:60]}")
+        return Range(float(args[0]), float(args[1]), integer=option in INTEGER_OPTIONS)
+    if len(args) != 1 or not isinstance(args[0], list) or not args[0]:
+        raise InvalidArgument(f"BigQuery ML: CREATE MODEL {model}: option {option} = HPARAM_CANDIDATES([...]) takes "
+                              f"one non-empty array; got {node.sql('bigquery')[:60]}")
+    return Candidates(tuple(args[0]))
+
+
+def given_spaces(options: dict) -> dict:
+    """option -> space of the options given as HPARAM_RANGE or HPARAM_CANDIDATES."""
+    return {k: v for k, v in options.items() if isinstance(v, (Range, Candidates))}
+
+
+def trial_options(options: dict, spaces: dict, trial: int, defaults: bool) -> tuple[dict, dict]:
+    """(the options of trial ``trial`` (1-based), the hyperparameters it searched); ``defaults``:
+    trial 1 takes the options' defaults (a default space's), else each space's first value."""
+    rng = np.random.default_rng(trial)
+    chosen = {}
+    for option, sp in sorted(spaces.items()):
+        if trial == 1:
+            chosen[option] = FIRST.get(option, sp.first()) if defaults else sp.first()
+        else:
+            chosen[option] = sp.draw(rng)
+    return {**options, **chosen}, chosen
+
+
+def optimal(results: list[tuple[int, float | None]]) -> int:
+    """The trial id with the best metric (None counts as worst; ties: the earliest)."""
+    return max(results, key=lambda r: (-math.inf if r[1] is None else r[1], -r[0]))[0]

@@ -1,0 +1,221 @@
+"""Where the shell's output goes (stdout, ``.output``/``.once`` files and pipes, the pager)
+and how one result is shown in the current mode.
+
+A write that fails (``.output /dev/full``, a closed pipe) is reported once, as an error
+line, never as a traceback; the statement still counts as run.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from typing import TextIO
+
+from .render import Result, render_text, terminal_width, varchar_sql
+
+__all__ = ["Output", "emit", "show", "show_kept", "system_pager"]
+
+FETCH_ROWS = 2048
+
+
+class Output:
+    """The stream results go to, and the CLI's rules for switching it back to stdout."""
+
+    def __init__(self, stdout: TextIO, err: TextIO, console: bool):
+        self.stdout, self.err, self.console = stdout, err, console
+        self.stream: TextIO = stdout
+        self.name = ""              # '' (stdout), a file name, or '|command'
+        self.count = 0              # .once: how many commands until stdout again (the CLI's outCount)
+        self._pipe = None
+        self._reported = False
+        self._on_reset = None       # .excel: open the file once written
+
+    @property
+    def to_file(self) -> bool:
+        return bool(self.name) and not self.name.startswith("|") and self.name not in ("stdout", "stderr")
+
+    def write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+        except (OSError, ValueError) as e:
+            self._report(e)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except (OSError, ValueError) as e:
+            self._report(e)
+
+    def _report(self, e: Exception) -> None:
+        if self._reported:
+            return
+        self._reported = True
+        where = self.name or "stdout"
+        reason = getattr(e, "strerror", None) or str(e)
+        try:
+            self.err.write(f'Error: cannot write to "{where}": {reason}\n')
+            self.err.flush()
+        except OSError:
+            pass
+
+    def open(self, name: str, once: bool, on_reset=None) -> str | None:
+        """``.output NAME`` / ``.once NAME``: the error text, or None. ``on_reset`` runs when
+        the output goes back to stdout (``.excel`` opens its file then)."""
+        self.reset()
+        self.count = 2 if once else 0
+        self._on_reset = on_reset
+        if name in ("stdout", ""):
+            return None
+        if name == "off":
+            return 'Error: cannot write to "off"'
+        if name == "stderr":
+            self.stream, self.name = self.err, name
+            return None
+        try:
+            if name.startswith("|"):
+                self._pipe = subprocess.Popen(name[1:], shell=True, stdin=subprocess.PIPE, text=True,
+                                              encoding="utf-8", errors="surrogateescape")
+                self.stream = self._pipe.stdin
+            else:
+                self.stream = open(_expand(name), "w", encoding="utf-8", errors="surrogateescape", newline="")
+        except OSError:
+            self.stream, self._on_reset = self.stdout, None
+            return f'Error: cannot open "{name}"' if not name.startswith("|") else \
+                f'Error: cannot open pipe "{name[1:]}"'
+        self.name = name
+        self._reported = False
+        return None
+
+    def reset(self) -> None:
+        """Back to stdout; a file is closed, a pipe waited for."""
+        if self.stream is not self.stdout and self.stream is not self.err:
+            try:
+                self.stream.close()
+            except OSError as e:
+                self._report(e)
+            if self._pipe is not None:
+                self._pipe.wait()
+        else:
+            self.flush()
+        self.stream, self.name, self._pipe, self._reported = self.stdout, "", None, False
+        callback, self._on_reset = self._on_reset, None
+        if callback is not None:
+            callback()
+
+    def statement_done(self) -> None:
+        """After SQL ran: a ``.once`` file is done."""
+        if self.count:
+            self.reset()
+            self.count = 0
+        else:
+            self.flush()
+
+    def command_done(self) -> None:
+        """After a dot command ran: count it toward ``.once``."""
+        if self.count:
+            self.count -= 1
+            if self.count == 0:
+                self.reset()
+
+
+def _expand(path: str) -> str:
+    import os
+    return os.path.expanduser(path)
+
+
+def system_pager() -> str:
+    import os
+    return os.environ.get("DUCKDB_PAGER") or os.environ.get("PAGER") or "less -SRX"
+
+
+def emit(shell, text: str) -> None:
+    """Write a drawn result, through the pager where the CLI would use one: at an
+    interactive terminal, ``.pager on``, or automatic with more lines than the threshold
+    (``.pager set_row_threshold``) or wider than the terminal."""
+    out, pager = shell.output, shell.pager
+    wanted = shell.interactive and out.console and out.stream is out.stdout and pager["mode"] != "off"
+    if wanted and pager["mode"] == "automatic":
+        lines = text.split("\n")
+        wanted = len(lines) >= pager["min_rows"] or max(map(len, lines)) > terminal_width()
+    if not wanted:
+        out.write(text)
+        return
+    out.flush()
+    try:
+        subprocess.run(pager["command"] or system_pager(), shell=True, input=text, text=True, encoding="utf-8")
+    except OSError as e:
+        shell.error(f"Error: Failed to start pager process: {e}. Output will be sent to stdout.")
+        out.write(text)
+
+
+def show(shell, outcome, sql: str, kind: str):
+    """Print what a query returned in the shell's mode; its rows, kept (the shell's last
+    result: ``_``, ``.last``). A duckbox is drawn by DuckDB from the result itself."""
+    from . import engine
+    if shell.display.mode == "duckbox" and kind != "EXPLAIN" and not _describes(shell, sql, outcome.names):
+        from .numbers import wants_formatting
+        if wants_formatting(shell.display):
+            kept = engine.keep(shell.db, outcome)
+            emit(shell, _formatted_box(shell, kept))
+            return kept
+        text = _box(shell, outcome.result)
+        kept = engine.keep(shell.db, outcome)
+        emit(shell, text)
+        return kept
+    kept = engine.keep(shell.db, outcome)
+    show_kept(shell, kept, sql, kind)
+    return kept
+
+
+def _describes(shell, sql: str, names: list[str]) -> bool:
+    from .metadata import describe_name
+    return describe_name(shell.db, sql, names) is not None
+
+
+def _box(shell, result, unlimited: bool = False) -> str:
+    from .duckbox import box
+    out, display = shell.output, shell.display
+    console = out.console and out.stream is out.stdout
+    highlight = shell.highlight_results if shell.highlight_results is not None else console
+    width = terminal_width() if console else None
+    return box(result, display, width, shell.highlight if highlight else None,
+               unlimited or (out.to_file and not display.max_width))
+
+
+def _formatted_box(shell, kept, unlimited: bool = False) -> str:
+    """A box with the CLI's number formatting (``dbml/shell/numbers.py``), where it applies."""
+    from .engine import UNLIMITED
+    from .numbers import formatted_box
+    out = shell.output
+    console = out.console and out.stream is out.stdout
+    width = shell.display.max_width or (terminal_width() if console and not unlimited else UNLIMITED)
+    return formatted_box(kept, shell.display, width) or _box(shell, kept.select(), unlimited)
+
+
+def show_kept(shell, kept, sql: str, kind: str, unlimited: bool = False) -> bool:
+    """Print kept rows in the shell's mode (``.last``: every row, however many)."""
+    from .duckbox import explain_text
+    display, out = shell.display, shell.output
+    if kind == "EXPLAIN":
+        out.write(explain_text(kept.select().fetchall()))
+        return True
+    if display.mode == "trash":
+        return True
+    if display.mode == "duckbox":
+        from .metadata import describe_name, render_describe
+        name = describe_name(shell.db, sql, kept.names) if sql else None
+        if name is not None:
+            emit(shell, render_describe(shell, name, kept.select().fetchall()))
+        else:
+            emit(shell, _box(shell, kept.select(), unlimited))
+        return True
+    exprs = [varchar_sql(f"c{i}", t, display.mode) for i, t in enumerate(kept.types)]
+    render_text(Result(list(kept.names), list(kept.types), _rows(kept.select(exprs))), display, out.write)
+    return True
+
+
+def _rows(result):
+    while True:
+        batch = result.fetchmany(FETCH_ROWS)
+        if not batch:
+            return
+        yield from batch

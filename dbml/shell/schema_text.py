@@ -1,0 +1,134 @@
+"""Schema as SQL text: ``.schema --indent``'s layout and ``.dump`` (the CLI's ModePrettyRenderer
+and DumpTable), over DuckDB's ``sqlite_schema`` view of the catalog."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+from .render import Result, render_text, sql_identifier, sql_string
+
+__all__ = ["pretty_schema", "dump_database", "dbml_owned"]
+
+_SPACE = " \t\n\r\f\v"
+# dbml's own objects: its catalog in schema dbml, its dbml_* views (sqlite_schema has no schema column)
+_DBML_SQL = re.compile(r'^CREATE (?:UNIQUE )?(?:TABLE|VIEW|SEQUENCE|INDEX \S+ ON) (?:"?dbml"?\.|dbml_)')
+
+
+def dbml_owned(name: str, sql: str) -> bool:
+    """Whether a catalog entry is dbml's own, which .schema and .dump leave out."""
+    return name.startswith("dbml_") or bool(_DBML_SQL.match(sql or ""))
+
+
+def pretty_schema(sql: str) -> str:
+    """One CREATE statement as ``.schema --indent`` prints it: spaces collapsed, and a long
+    one with each top-level element of its parenthesis on a line of its own."""
+    if sql.startswith(("CREATE VIEW", "CREATE TRIG")):
+        return sql + ";\n"
+    z: list[str] = []
+    for c in sql.lstrip(_SPACE):
+        if c in _SPACE and z:
+            if z[-1] == "\r":
+                z[-1] = "\n"
+            if z[-1] in _SPACE or z[-1] == "(":
+                continue
+        elif c in "()" and z and z[-1] in _SPACE:
+            z.pop()
+        z.append(c)
+    text = "".join(z).rstrip(_SPACE)
+    if len(text.encode()) < 79:
+        return text + ";\n"
+    return _break_lines(text) + ";\n"
+
+
+def _break_lines(z: str) -> str:
+    out, buf, end, depth, lines, i = [], [], None, 0, 0, 0
+    while i < len(z):
+        c = z[i]
+        if c == end:
+            end = None
+        elif end is not None:
+            pass
+        elif c in "\"'`":
+            end = c
+        elif c == "[":
+            end = "]"
+        elif c == "-" and z[i + 1:i + 2] == "-":
+            end = "\n"
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if lines > 0 and depth == 0 and buf:
+                out.append("".join(buf) + "\n")
+                buf = []
+        buf.append(c)
+        if depth == 1 and end is None and (c in "(\n" or (c == "," and not _comment_to_eol(z, i + 1))):
+            if c == "\n":
+                buf.pop()
+            out.append("".join(buf) + "\n  ")
+            buf, lines = [], lines + 1
+            while i + 1 < len(z) and z[i + 1] in _SPACE:
+                i += 1
+        i += 1
+    return "".join(out) + "".join(buf)
+
+
+def _comment_to_eol(z: str, i: int) -> bool:
+    """Whether only spaces and a comment follow position ``i`` on its line."""
+    while i < len(z):
+        if z[i] == "\n" or z.startswith("--", i):
+            return True
+        if z[i] not in _SPACE:
+            return False
+        i += 1
+    return True
+
+
+def dump_database(shell, patterns: list[str], newlines: bool) -> int:
+    db, write = shell.db, shell.output.write
+    like = " OR ".join(f"name LIKE {sql_string(p)} ESCAPE '\\'" for p in patterns) or "true"
+    write("BEGIN TRANSACTION;\n")
+    errors = 0
+    for (schema,) in db.execute(
+            "SELECT DISTINCT table_schema FROM information_schema.tables WHERE table_schema NOT IN ('main', 'dbml') AND "
+            "table_schema NOT LIKE 'pg_%' AND table_schema != 'information_schema' AND table_name IN "
+            f"(SELECT name FROM sqlite_schema WHERE ({like}) AND type=='table') ORDER BY table_schema").fetchall():
+        write(f"CREATE SCHEMA IF NOT EXISTS {sql_identifier(schema)};;\n")
+    for name, kind, sql in db.execute(f"SELECT name, type, sql FROM sqlite_schema WHERE ({like}) AND type=='table' "
+                                      "AND sql NOT NULL ORDER BY tbl_name='sqlite_sequence'").fetchall():
+        if dbml_owned(name, sql):
+            continue
+        write(sql + ";\n")
+        if kind == "table" and not _dump_rows(shell, name, newlines):
+            errors += 1
+            break
+    for sql, name in db.execute(f"SELECT sql, name FROM sqlite_schema WHERE ({like}) AND sql NOT NULL AND type IN "
+                                "('index','trigger','view')").fetchall():
+        if not dbml_owned(name, sql):
+            write(sql + ("\n;\n" if "--" in sql else ";\n"))
+    write("ROLLBACK; -- due to errors\n" if errors else "COMMIT;\n")
+    return 0
+
+
+def _dump_rows(shell, table: str, newlines: bool) -> bool:
+    """One table's rows as INSERT statements (the insert mode, without column names)."""
+    from . import engine
+    db = shell.db
+    found = db.execute("SELECT table_schema FROM information_schema.tables WHERE table_name = ? AND "
+                       "table_type='BASE TABLE' ORDER BY (table_schema='main') DESC LIMIT 1", [table]).fetchall()
+    schema = found[0][0] if found else ""
+    qualified = f"{sql_identifier(schema)}.{sql_identifier(table)}"
+    columns = [r[1] for r in db.execute(f"PRAGMA table_info={sql_string(qualified)}").fetchall()]
+    if not columns:
+        return False
+    outcome = engine.run(db, f"SELECT {', '.join(sql_identifier(c) for c in columns)} FROM {qualified}")
+    kept = engine.keep(db, outcome)
+    display = replace(shell.display, mode="insert", header=False, newlines=newlines,
+                      table=qualified if schema else sql_identifier(table))
+    exprs = [f"CAST(c{i} AS VARCHAR)" for i in range(len(kept.names))]
+    result = kept.select(exprs)
+    rows = iter(lambda: result.fetchmany(2048), [])
+    render_text(Result(kept.names, kept.types, (row for batch in rows for row in batch)), display,
+                shell.output.write)
+    return True
