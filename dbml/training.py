@@ -27,6 +27,7 @@ from . import catalog, checkpoints, metrics, models, runners, threads
 from .estimate import Estimate, estimate, slow_warning
 from .columns import MEMORY_FIELDS
 from .data import BatchStream, StreamStats
+from .early_stopping import EarlyStopping
 from .errors import SourceError, TrainingError, scheduler_errors
 from .features import Preprocessing, fit as fit_preprocessing
 from .kinds import FITTERS
@@ -269,10 +270,7 @@ class TrainLoop:
         self.history: list[dict] = []    # the epochs' records so far (a checkpoint's)
         self.checkpoints = False          # after each epoch, hand progress a checkpoint (retries allowed)
         self._measured = False
-        # early stopping: the best validation loss so far, its epoch and its weights
-        self.best_loss: float | None = None
-        self.best_epoch: int | None = None
-        self.best: list[torch.Tensor] | None = None
+        self.early = EarlyStopping(spec.early_stop, spec.patience)   # the best epoch so far, its weights
         # dropout draws from the job's own generator, as eager PyTorch does after
         # torch.manual_seed(seed), whatever runs beside it (scheduler/execute/rng.py); a
         # plain PyTorch step draws inside its modules, so it runs whole under that generator
@@ -315,43 +313,22 @@ class TrainLoop:
             record.update(self.validate(self.forward_now()))
         self.history.append(record)
         self.progress.end_epoch(record, {**self.runner.stats(), "schedule": _schedule(self.runner)})
-        stop = self._early_stop(record)
+        stop = self.early.stop(record, self.runner.values)
         if self.checkpoints and not stop:
             self.progress.checkpoint(lambda: checkpoints.capture(self.runner, self.random, self.history, self.vanilla,
-                                                                 self.early_stopping()))
+                                                                 self.early.state()))
         return stop
 
-    def _early_stop(self, record: dict) -> bool:
-        loss = record.get("val_loss")
-        if not self.spec.early_stop or loss is None or not math.isfinite(loss):
-            return False
-        if self.best_loss is None or loss < self.best_loss:
-            # the weights of the best epoch, copied (the runner keeps training the others)
-            self.best_loss, self.best_epoch = loss, record["epoch"]
-            self.best = [v.detach().to("cpu", copy=True) for v in self.runner.values()]
-            return False
-        return record["epoch"] - self.best_epoch >= self.spec.patience
-
-    def early_stopping(self) -> dict:
-        """Early stopping's state (a checkpoint's): the best validation loss, its epoch, its weights."""
-        return {"best_loss": self.best_loss, "best_epoch": self.best_epoch, "best": self.best}
-
     def restore_best(self) -> None:
-        """After ``runner.finish()``: the model holds the best epoch's weights (early_stop), not
-        the last one's."""
-        if self.best is None or self.best_epoch is None:
-            return
-        tensors = list(self.module.parameters()) + list(self.module.buffers())
-        with torch.no_grad():
-            for t, v in zip(tensors, self.best, strict=True):
-                t.copy_(v)
+        """After ``runner.finish()``: the model holds the best epoch's weights (early_stop)."""
+        self.early.restore(self.module)
 
     def resume(self, state: dict) -> None:
         """Go on from a checkpoint (its weights are in the module already): optimizer state,
         generators, history, the vanilla, early stopping's best epoch."""
         checkpoints.restore_run(self.runner, self.random, state)
         self.history, self.vanilla, self._measured = list(state["history"]), state["vanilla"], True
-        self.best_loss, self.best_epoch, self.best = state["best_loss"], state["best_epoch"], state["best"]
+        self.early.load(state)
 
     def forward_now(self):
         """The model's forward pass with the weights the runner holds now, in eval mode; it
@@ -428,7 +405,7 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
     _check_finite(module, spec)
     module.eval()
     memory = loop.memory()
-    stored = {"final_loss": history[-1]["loss"], "history": history, "best_epoch": loop.best_epoch,
+    stored = {"final_loss": history[-1]["loss"], "history": history, "best_epoch": loop.early.best_epoch,
               "stopped_early": len(history) < spec.epochs, **loop.said(),
               "fetch_wait_seconds": stream_stats.wait_seconds, "memory": memory}
     stored.update(_validation(cur, table, prep, module, loss_fn, device, n_val, 8192 if prep.input is None else 256))
