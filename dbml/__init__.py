@@ -122,6 +122,9 @@ def install(con: duckdb.DuckDBPyConnection | Connection, *, preload: bool = True
 
     con = con.duckdb if isinstance(con, Connection) else con
     _settings.apply(con, **settings)
+    if settings.get("cluster", "local") != "local":   # an unreachable cluster fails here, in one line
+        from .cluster import connect as connect_cluster
+        connect_cluster(settings["cluster"], fn="dbml.connect")
 
     def first_install(instance) -> None:   # before any other connection finds the instance
         register(instance, preload)

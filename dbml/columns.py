@@ -31,7 +31,7 @@ JOB_ROW = {
     "epochs": "INTEGER", "loss": "DOUBLE", "rows_per_s": "DOUBLE", "planned_peak_bytes": "BIGINT",
     "measured_peak_bytes": "BIGINT", "swaps": "BIGINT", "recomputes": "BIGINT", "passive_swaps": "BIGINT",
     "replans": "BIGINT", "estimated_seconds": "DOUBLE", "warnings": "VARCHAR", "started": "TIMESTAMP",
-    "finished": "TIMESTAMP", "error": "VARCHAR",
+    "finished": "TIMESTAMP", "error": "VARCHAR", "node": "VARCHAR", "device": "VARCHAR", "queued_for": "VARCHAR",
 }
 JOB_COLUMNS = tuple(JOB_ROW)
 

@@ -1,6 +1,11 @@
-"""The held-out rows of a job: their validation figures, and early stopping by them.
+"""The held-out rows of a job: which rows they are, their validation figures, and early
+stopping by them.
 
-``validate`` measures a model (or its weights of the moment) on the scratch table's
+``split_hash`` and ``is_held_out`` are the split's one rule: a hash of each source row
+(every column, as the source gives it: not the encoded features, so models of one source
+with other features hold out the same rows) with the seed, in ``VALIDATION_BUCKETS``;
+``training._materialise`` applies it once per job and ``held_out_sql`` is the same rule for
+a reader of the source (BigQuery ML's ``ML.EVALUATE(MODEL m)``). ``validate`` measures a model (or its weights of the moment) on the scratch table's
 held-out rows (``is_val``, ``training._materialise``'s split): the mean loss, and accuracy
 or R^2. ``EarlyStopping`` is ``early_stop``'s one rule, followed by a job's ``TrainLoop``
 and by each member of a fused one (``dbml.fusion``), so a member stops where its trial
@@ -18,7 +23,29 @@ from .data import BatchStream
 from .features import Preprocessing
 from .spec import TrainSpec
 
-__all__ = ["EarlyStopping", "validate", "validation_outputs", "scores"]
+__all__ = ["EarlyStopping", "held_out_sql", "is_held_out", "split_hash", "validate", "validation_outputs", "scores"]
+
+
+VALIDATION_BUCKETS = 1_000_000
+
+
+def split_hash(seed: int) -> str:
+    """The hash of a source row (every column of the query it is selected from) with the seed:
+    it decides the validation split and the order the scratch table stores the rows in
+    (``held_out_sql`` is the same rule for a reader of the source)."""
+    return f"hash(*COLUMNS(*), {int(seed)})"
+
+
+def is_held_out(h: str, validation: float) -> str:
+    return f"{h} % {VALIDATION_BUCKETS} < {int(validation * VALIDATION_BUCKETS)}"
+
+
+def held_out_sql(seed: int, validation: float, exclude: tuple[str, ...] = ()) -> str:
+    """Whether a row of the source ``train`` read (every column of it, less ``exclude``: columns
+    a reader added) is one it held out for validation, given the job's ``seed`` and
+    ``validation``: ``training._materialise``'s rule, so ``ML.EVALUATE(MODEL m)`` reads exactly those rows."""
+    columns = f"*COLUMNS(* EXCLUDE ({', '.join(exclude)}))" if exclude else "*COLUMNS(*)"
+    return is_held_out(f"hash({columns}, {int(seed)})", validation)
 
 
 class EarlyStopping:
@@ -42,6 +69,14 @@ class EarlyStopping:
             self.best_loss, self.best_epoch, self.best = loss, record["epoch"], weights()
             return False
         return record["epoch"] - self.best_epoch >= self.spec.patience
+
+    def state(self) -> dict:
+        """What a checkpoint keeps of it (``dbml.checkpoints``), so a job resumed on another
+        Ray worker stops where, and keeps what, the uninterrupted job does."""
+        return {"best_loss": self.best_loss, "best_epoch": self.best_epoch, "best": self.best}
+
+    def load(self, state: dict) -> None:
+        self.best_loss, self.best_epoch, self.best = state["best_loss"], state["best_epoch"], state["best"]
 
 
 def validate(cur, table: str, prep: Preprocessing, forward, loss_fn, device, n_val: int, rows: int, convert) -> dict:

@@ -61,6 +61,11 @@ class Job:
     # that boundary (its pruner); ``validate_epochs``: records hold val_loss and val_metric.
     on_epoch: Callable[[dict], None] | None = field(default=None, repr=False)
     validate_epochs: bool = False
+    # On a Ray cluster (dbml.remote): the node and device its worker runs on, and what it
+    # waits for there ('memory': admission on its device; 'a device': a worker to start)
+    node: str | None = None
+    device: str | None = None
+    queued_for: str | None = None
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     _done: threading.Event = field(default_factory=threading.Event, repr=False)
     _scheduler: object = field(default=None, repr=False)
@@ -108,12 +113,23 @@ class Job:
             self._scheduler = None
 
     def waiting_for_memory(self) -> bool:
+        if self.queued_for is not None and self.queued_for.startswith("memory"):
+            return True
         return self._scheduler is not None and self.name in self._scheduler.waiting()
 
     @property
     def shown_status(self) -> str:
-        """The status dbml_jobs shows: a running job that waits for admission is 'queued'."""
-        return "queued" if self.status == "running" and self.waiting_for_memory() else self.status
+        """The status dbml_jobs shows: a running job that waits for admission (or, on a Ray
+        cluster, for a device) is 'queued'."""
+        waiting = self.waiting_for_memory() or self.queued_for is not None
+        return "queued" if self.status == "running" and waiting else self.status
+
+    def place(self, node: str | None, device: str | None, queued_for: str | None) -> None:
+        """Where the job runs on a Ray cluster and what it waits for (``dbml.remote``)."""
+        self.node, self.device, self.queued_for = node, device, queued_for
+
+    def checkpoint(self, state) -> None:
+        """A local job keeps no checkpoint (see ``training.Progress.checkpoint``)."""
 
     # -- reporting, called by the training loop on the job's thread ------------------------
     def begin(self, epochs: int, steps_per_epoch: int) -> None:

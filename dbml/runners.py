@@ -77,6 +77,9 @@ def make_runner(model: torch.nn.Module, loss_fn, spec, device: str, job: JobHand
     stacked model's, ``dbml.fusion``), ``optimizer_state``: the state to start from
     (``ScheduledStep(optimizer_state=...)``; a scheduled runner only).
     """
+    if spec.workers > 1:   # one worker of a data-parallel job (dbml.parallel): plain PyTorch under DDP
+        from .ddp import DDPStep
+        return DDPStep(model, loss_fn, spec.optimizer_spec(), job)
     optimizer = optimizer or spec.optimizer_spec()
     if spec.policy == "eager":
         if optimizer_state is not None:
@@ -166,7 +169,7 @@ def check_plan_fits(cfg: models.ModelConfig, loss_fn, spec, device: str, rows: i
     nothing. Smaller models are built first; their own ahead-of-time plan (``prepare``)
     checks, still before any activation. The CPU's ``CPU_DEFAULT_BUDGET`` (2 GiB) is the
     budget of a job with none."""
-    if spec.policy != "tensile" or scheduler_config.scheduler_disabled():
+    if spec.policy != "tensile" or spec.workers > 1 or scheduler_config.scheduler_disabled():
         return
     budget = job_budget(spec, device)
     if state_bytes(cfg, spec)[0] < LARGE_MODEL_SHARE * budget:

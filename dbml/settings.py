@@ -59,6 +59,19 @@ SETTINGS = (
             "what train(), evaluate() and predictions() sources may read: 'any' (tables, views, files such as read_parquet(...) and "
             "attached databases, as DuckDB's enable_external_access allows) or 'tables' (only this database's "
             "tables and views)"),
+    Setting("cluster", "VARCHAR", "local",
+            "where training jobs run: 'local' (threads of this process), 'ray' (the Ray cluster this process is "
+            "connected to, else RAY_ADDRESS, else one started on this machine with ray start --head) or "
+            "'ray://host:port' (a remote Ray cluster through Ray Client)"),
+    Setting("max_retries", "INTEGER", 0,
+            "on a Ray cluster: how many times a job whose worker died restarts from its last finished epoch"),
+    Setting("cluster_parquet_bytes", "VARCHAR", 10**9,
+            "on a Ray cluster: a job's encoded rows above this size go to its workers as Parquet files in "
+            "cluster_storage (when set) instead of through Ray's object store", size=True),
+    Setting("cluster_storage", "VARCHAR", None,
+            "on a Ray cluster: a directory every node reads and writes (a shared mount), for Ray Train's run "
+            "files (workers := N) and large jobs' Parquet files; unset: a temporary directory here, which serves "
+            "a cluster of one node"),
 )
 SOURCES = ("any", "tables")      # the values of the sources setting
 SETTING = {s.name: s for s in SETTINGS}

@@ -69,6 +69,7 @@ TRAIN_PARAMS = (
     Param("series_scale", "VARCHAR", "global"),  # series: one mean/std for all ('global') or each row's own ('row')
     Param("early_stop", "BOOLEAN", True),    # stop when the validation loss stops falling; keep the best epoch
     Param("patience", "INTEGER", 5),         # ... after this many epochs without a better one
+    Param("workers", "INTEGER", 1),           # > 1: data-parallel on a Ray cluster (dbml.parallel)
     Param("on_error", "VARCHAR", "raise", in_spec=False),
     Param("wait", "BOOLEAN", True, in_spec=False),
 )
@@ -136,6 +137,10 @@ class _TrainSpecChecks:
         if self.weight_decay is None or not 0 <= self.weight_decay < math.inf:
             raise InvalidArgument(f"{fn}(): weight_decay must be a finite number >= 0, got {self.weight_decay!r}; "
                                   f"pass e.g. weight_decay := 0.01")
+        _positive_int(self.workers, "workers", "workers := 2")
+        if self.workers > 1 or self.cluster != "local":
+            from .cluster import check_job   # where a job may run: the cluster's rules, in one place
+            check_job(self)
         if self.l1_reg is None or not 0 <= self.l1_reg < math.inf:
             raise InvalidArgument(f"{fn}(): l1_reg must be a finite number >= 0, got {self.l1_reg!r}; "
                                   f"pass e.g. l1_reg := 0.001")

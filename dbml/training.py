@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import catalog, heldout, models, runners, threads
+from . import catalog, checkpoints, heldout, models, runners, threads
 from .estimate import Estimate, estimate, slow_warning
 from .columns import MEMORY_FIELDS
 from .data import BatchStream, StreamStats
@@ -38,7 +38,6 @@ from .settings import resolve_device
 from .source import as_select, check_tables_only, describe
 from .spec import TrainSpec, default_lr, default_validation
 
-VALIDATION_BUCKETS = 1_000_000
 
 
 def _classification_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -90,6 +89,14 @@ class Progress(JobHandle, Protocol):
     # held-out rows with the weights of that moment (tune()'s objectives; a forward pass
     # over the validation rows every epoch, so off for train()).
     validate_epochs: bool
+
+    def checkpoint(self, state) -> None:
+        """After an epoch (once ``end_epoch`` let it go on): ``state()`` builds the job's state
+        (``dbml.checkpoints``) for a retry to resume from; a job on a Ray worker sends it home
+        when retries are allowed, a local job never calls it."""
+
+    def place(self, node: str | None, device: str | None, queued_for: str | None) -> None:
+        """Where the job runs on a Ray cluster, and what it waits for there (None: nothing)."""
 
 
 @dataclass
@@ -145,7 +152,12 @@ def fit(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> 
     """
     started = time.perf_counter()
     with scratch(cur, spec, progress) as data:
-        result = _fit_model(cur, data.table, data.prep, data.spec, data.n_train, data.n_val, progress)
+        if data.spec.cluster == "local":
+            result = _fit_model(cur, data.table, data.prep, data.spec, data.n_train, data.n_val, progress)
+        else:   # on a Ray cluster, its workers run _fit_model on a copy of the table (dbml.remote)
+            from . import remote
+            result = remote.fit_model(cur, data.table, data.prep, data.spec, data.n_train, data.n_val, progress,
+                                      _fit_model)
     warnings = label_warnings(data.prep, data.n_train + data.n_val) + tuple(result["metrics"].get("warnings", ()))
     return Trained(result["spec"], data.prep, result["config"], result["module"], result["metrics"], result["memory"],
                    data.n_train, data.skipped, started, warnings)
@@ -226,8 +238,8 @@ def _materialise(cur, table: str, select_sql: str, prep: Preprocessing, spec: Tr
     """
     cur.execute(f"""
         CREATE TABLE {table} AS
-        SELECT x, y, {_is_held_out("h", spec.validation)} AS is_val
-        FROM (SELECT {prep.scratch_sql()} AS x, {_label_column(prep)} AS y, {_split_hash(spec.seed)} AS h
+        SELECT x, y, {heldout.is_held_out("h", spec.validation)} AS is_val
+        FROM (SELECT {prep.scratch_sql()} AS x, {_label_column(prep)} AS y, {heldout.split_hash(spec.seed)} AS h
               FROM ({select_sql}) WHERE {prep.label_filter()})
         ORDER BY h""")
     n_train, n_val = cur.execute(f"SELECT count(*) FILTER (NOT is_val), count(*) FILTER (is_val) FROM {table}").fetchall()[0]
@@ -235,25 +247,6 @@ def _materialise(cur, table: str, select_sql: str, prep: Preprocessing, spec: Tr
         raise SourceError(f"train(): no rows left for training after holding out validation := {spec.validation}; "
                           f"pass a larger source or validation := 0")
     return n_train, n_val
-
-
-def _split_hash(seed: int) -> str:
-    """The hash of a source row (every column of the query it is selected from) with the seed:
-    it decides the validation split and the order the scratch table stores the rows in
-    (``held_out_sql`` is the same rule for a reader of the source)."""
-    return f"hash(*COLUMNS(*), {int(seed)})"
-
-
-def _is_held_out(h: str, validation: float) -> str:
-    return f"{h} % {VALIDATION_BUCKETS} < {int(validation * VALIDATION_BUCKETS)}"
-
-
-def held_out_sql(seed: int, validation: float, exclude: tuple[str, ...] = ()) -> str:
-    """Whether a row of the source ``train`` read (every column of it, less ``exclude``: columns
-    a reader added) is one it held out for validation, given the job's ``seed`` and
-    ``validation``: ``_materialise``'s rule, so ``ML.EVALUATE(MODEL m)`` reads exactly those rows."""
-    columns = f"*COLUMNS(* EXCLUDE ({', '.join(exclude)}))" if exclude else "*COLUMNS(*)"
-    return _is_held_out(f"hash({columns}, {int(seed)})", validation)
 
 
 def _label_column(prep: Preprocessing) -> str:
@@ -277,8 +270,10 @@ class TrainLoop:
         self.estimate: Estimate | None = None   # the job's predicted time, once its first batch is planned
         self.slow: str | None = None             # ... and the warning it gave, if it passed slow_train_seconds
         self.vanilla: int | None = None
+        self.history: list[dict] = []    # the epochs' records so far (a checkpoint's)
+        self.checkpoints = False          # after each epoch, hand progress a checkpoint (retries allowed)
         self._measured = False
-        self.early = heldout.EarlyStopping(spec)   # the best epoch's weights: copies of the runner's values
+        self.early = heldout.EarlyStopping(spec)   # the best epoch so far, its weights: copies of the runner's values
         # dropout draws from the job's own generator, as eager PyTorch does after
         # torch.manual_seed(seed), whatever runs beside it (scheduler/execute/rng.py); a
         # plain PyTorch step draws inside its modules, so it runs whole under that generator
@@ -319,8 +314,13 @@ class TrainLoop:
         ``early_stop`` and no better validation loss for ``patience`` epochs."""
         if self.validate is not None:
             record.update(self.validate(self.forward_now()))
+        self.history.append(record)
         self.progress.end_epoch(record, {**self.runner.stats(), "schedule": schedule_of(self.runner)})
-        return self.early.update(record, lambda: [v.detach().to("cpu", copy=True) for v in self.runner.values()])
+        stop = self.early.update(record, lambda: [v.detach().to("cpu", copy=True) for v in self.runner.values()])
+        if self.checkpoints and not stop:
+            self.progress.checkpoint(lambda: checkpoints.capture(self.runner, self.random, self.history, self.vanilla,
+                                                                 self.early.state()))
+        return stop
 
     def restore_best(self) -> None:
         """After ``runner.finish()``: the model holds the best epoch's weights (early_stop), not
@@ -331,6 +331,13 @@ class TrainLoop:
         with torch.no_grad():
             for t, v in zip(tensors, self.early.best, strict=True):
                 t.copy_(v)
+
+    def resume(self, state: dict) -> None:
+        """Go on from a checkpoint (its weights are in the module already): optimizer state,
+        generators, history, the vanilla, early stopping's best epoch."""
+        checkpoints.restore_run(self.runner, self.random, state)
+        self.history, self.vanilla, self._measured = list(state["history"]), state["vanilla"], True
+        self.early.load(state)
 
     def forward_now(self):
         """The model's forward pass with the weights the runner holds now, in eval mode; it
@@ -363,7 +370,9 @@ def schedule_of(runner) -> tuple | None:
 
 
 def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: int, n_val: int,
-               progress: Progress) -> dict:
+               progress: Progress, resume: dict | None = None) -> dict:
+    """Train the model on the job's scratch ``table``. ``resume``: a checkpoint to go on from
+    (a job retried on a Ray worker: ``dbml.checkpoints``)."""
     fitted = FITTERS.get(spec.arch)   # trees, k-means (dbml.kinds): fitted on the scratch table, not stepped
     if fitted is not None:   # lr and early stopping are a stepped model's: its spec as given
         return {**fitted(cur, table, prep, spec, n_train, n_val, progress), "spec": spec}
@@ -380,6 +389,8 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
                           device_budget=lambda: runners.job_budget(spec, device)):
         runners.check_plan_fits(config, loss_fn, spec, device, min(spec.batch_size, n_train), label)
         module = models.build_seeded(config, spec.seed).to(device)
+        if resume is not None:
+            checkpoints.restore_model(module, resume)
         runner = runners.make_runner(module, loss_fn, spec, device, progress, config)
         # each epoch's validation runs in batches of the job's own size: its activations (no
         # gradients) stay below an iteration's
@@ -387,11 +398,15 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
                                                     _converter(prep, "train"))) \
             if (progress.validate_epochs or spec.early_stop) and n_val else None
         loop = TrainLoop(runner, module, loss_fn, spec, prep, progress, n_train, device, config, validate, n_val)
+        loop.checkpoints = spec.cluster != "local" and bool(spec.max_retries)
+        if resume is not None:
+            loop.resume(resume)
         progress.begin(spec.epochs, math.ceil(n_train / spec.batch_size))
         try:
             with rng.using(loop.random):
                 history, stream_stats = _run_epochs(cur, table, spec, loop.step, device, n_train + n_val, n_train,
-                                                    loop.end_epoch, loop.prepare, convert=_converter(prep, "train"))
+                                                    loop.end_epoch, loop.prepare, convert=_converter(prep, "train"),
+                                                    history=loop.history)
             runner.finish()
         finally:
             runner.close()
@@ -437,9 +452,10 @@ def _converter(prep: Preprocessing, fn: str):
 
 
 def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int, n_train: int, on_epoch,
-                before=None, convert=None):
+                before=None, convert=None, history: list[dict] | None = None):
     """Every epoch: stream the training rows, shuffled, through ``step``; return the history.
-    ``before()`` runs once the first epoch's stream has started, before its first batch."""
+    ``before()`` runs once the first epoch's stream has started, before its first batch.
+    ``history``: the epochs already trained (a resumed job starts after them)."""
     def epoch_stream(epoch: int) -> BatchStream:
         rng = np.random.default_rng([spec.seed % 2**64, epoch])   # any BIGINT seed, negative too
         start = int(rng.integers(n_rows))
@@ -448,12 +464,13 @@ def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int
         return BatchStream(cur, sql, spec.batch_size, spec.prefetch_batches, shuffle=int(rng.integers(2**63)),
                            window_rows=spec.shuffle_window, convert=convert).start()
 
-    stream_stats, history = StreamStats(), []
-    stream, upcoming = None, epoch_stream(0)
+    stream_stats, history = StreamStats(), list(history or [])
+    start = len(history)
+    stream, upcoming = None, epoch_stream(start) if start < spec.epochs else None
     try:
         if before is not None:
             before()
-        for epoch in range(spec.epochs):
+        for epoch in range(start, spec.epochs):
             epoch_started = time.perf_counter()
             stream, upcoming = upcoming, epoch_stream(epoch + 1) if epoch + 1 < spec.epochs else None
             total = torch.zeros((), dtype=torch.float64)

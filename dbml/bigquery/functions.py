@@ -22,7 +22,7 @@ from sqlglot import exp
 from .. import catalog, explain as attributions
 from ..errors import InvalidArgument
 from ..inference import forward
-from ..training import held_out_sql
+from ..heldout import held_out_sql
 from . import evaluation, names, store
 from .create import apply_transform, model_name, temporal_as_numbers
 from .parse import MLFunction, function_name, settings

@@ -4,7 +4,8 @@ The executor holds parameters, buffers and optimizer state by graph input positi
 (:class:`~.iteration.ExecState`), a large parameter in pieces (:mod:`..graph.chunks`).
 This module builds that state from a model (:func:`initial_state`) and reads it back as
 the model's parameters and buffers (:func:`model_values`) and as torch.optim's
-per-parameter state (:func:`optimizer_states`), pieces joined whole.
+per-parameter state (:func:`optimizer_states`), pieces joined whole; and puts such a state
+back (:func:`load_optimizer_states`: a job resumed from a checkpoint).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from ..graph.optim import OptimizerSpec
 from .devices import Device, as_view
 from .iteration import ExecState
 
-__all__ = ["initial_state", "state_value", "model_values", "optimizer_states"]
+__all__ = ["initial_state", "state_value", "model_values", "optimizer_states", "load_optimizer_states"]
 
 
 def initial_state(model: torch.nn.Module, spec: OptimizerSpec, optimizer_state: list[dict] | None = None
@@ -86,3 +87,31 @@ def optimizer_states(state: ExecState, device: Device, model: torch.nn.Module,
                     else state_value(state, device, at[units[0]] + m, torch.zeros(()))
                     for m, k in enumerate(keys)})
     return out
+
+
+def load_optimizer_states(state: ExecState, device: Device, model: torch.nn.Module, spec: OptimizerSpec,
+                          states: list[dict[str, torch.Tensor]]) -> None:
+    """Put ``states`` (per trainable parameter, as :func:`optimizer_states` returns them) into
+    ``state`` in place of the fresh state: a parameter held in pieces gets each piece's
+    part, and every piece the parameter's ``step``."""
+    layout = unit_layout(model, spec.update_chunk_bytes)
+    keys = state_keys(spec)
+    base = len(layout.units) + len(list(model.buffers()))
+    at = {u: base + j * len(keys) for j, u in enumerate(layout.trained)}
+    trained = [(j, p) for j, (p, train) in enumerate(zip(model.parameters(), trainable(model))) if train]
+    if len(trained) != len(states):
+        raise ValueError(f"{len(states)} optimizer states for {len(trained)} trainable parameters")
+    with torch.no_grad():
+        for (j, p), saved in zip(trained, states):
+            units = layout.of_param(j)
+            for m, k in enumerate(keys):
+                if k == "step" or len(units) == 1:
+                    for u in units:
+                        like = torch.zeros(()) if k == "step" else p
+                        state_value(state, device, at[u] + m, like).copy_(saved[k])
+                    continue
+                flat = saved[k].reshape(-1)
+                for u in units:
+                    a, b = layout.units[u][1]
+                    piece = torch.empty(b - a, dtype=p.dtype, device="meta")
+                    state_value(state, device, at[u] + m, piece).copy_(flat[a:b])

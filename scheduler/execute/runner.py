@@ -75,7 +75,7 @@ from ..plan.vdnn import vdnn_plan
 from .codegen import fast_path_for
 from .devices import Device, make_device
 from .executor import Executor, Program
-from .jobstate import initial_state, model_values, optimizer_states
+from .jobstate import initial_state, load_optimizer_states, model_values, optimizer_states
 from .planners import SEARCHES, ExternalPlanner, FixedPlanner, LocalPlanner, SearchPlanner, as_planner
 from .policies import PlanCounts, Planning, make_policy
 from .step import LossFn
@@ -425,6 +425,10 @@ class ScheduledStep:
     def optimizer_state(self) -> list[dict[str, torch.Tensor]]:
         """Per trainable parameter, its optimizer state (as torch.optim would hold it)."""
         return optimizer_states(self.state, self.device, self.model, self.spec)
+
+    def load_optimizer_state(self, states: list[dict[str, torch.Tensor]]) -> None:
+        """Before the first iteration: start from ``states`` (``optimizer_state``'s form), not fresh."""
+        load_optimizer_states(self.state, self.device, self.model, self.spec, states)
 
     def close(self) -> None:
         """Stop the copy threads; the job's account in the device ledger closes (call it

@@ -36,6 +36,13 @@ class StepRunner(Protocol):
         """Between iterations: the model's parameters, then its buffers, as they are now, to
         read (e.g. a validation pass); nothing the runner holds moves."""
 
+    def optimizer_state(self) -> list[dict[str, torch.Tensor]]:
+        """Between iterations: per trainable parameter, its optimizer state as torch.optim holds it."""
+
+    def load_optimizer_state(self, states: list[dict[str, torch.Tensor]]) -> None:
+        """Before the first iteration: start from ``states`` (``optimizer_state``'s form), not
+        fresh (a job resumed from a checkpoint)."""
+
     def close(self) -> None:
         """Give back what the runner holds besides the model (threads, accounts)."""
 
@@ -88,6 +95,18 @@ class EagerStep:
     def values(self) -> list[torch.Tensor]:
         """The model's own: plain PyTorch updates it in place."""
         return list(self.model.parameters()) + list(self.model.buffers())
+
+    def optimizer_state(self) -> list[dict[str, torch.Tensor]]:
+        return [dict(self.optimizer.state[p]) for p in self._trained()]
+
+    def load_optimizer_state(self, states: list[dict[str, torch.Tensor]]) -> None:
+        for p, saved in zip(self._trained(), states, strict=True):
+            # Adam keeps its step on the CPU (capturable=False); the rest lives with the parameter
+            self.optimizer.state[p] = {k: v.clone() if k == "step" else v.to(p.device, copy=True)
+                                       for k, v in saved.items()}
+
+    def _trained(self) -> list[torch.Tensor]:
+        return [p for group in self.optimizer.param_groups for p in group["params"] if p.requires_grad]
 
     def finish(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
