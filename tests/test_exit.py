@@ -23,13 +23,13 @@ ASYNC = "SELECT train('m', 't', label := 'y', epochs := 100000, early_stop := fa
 RUNNING = "SELECT count(*) FROM dbml_jobs WHERE status = 'running' AND progress > 0"
 
 
-def script(body: str, path) -> subprocess.CompletedProcess:
+def script(body: str, path, *args: str) -> subprocess.CompletedProcess:
     code = textwrap.dedent(f"""
         import dbml, duckdb, sys, time
         con = dbml.connect({str(path)!r}, latency_model='roofline')
         con.execute({TABLE!r})
     """) + textwrap.dedent(body)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=180)
 
 
 @pytest.mark.slow   # five Python processes, each mid-training at exit
@@ -39,14 +39,17 @@ def test_exit_with_a_running_job_cancels_it_in_one_line(tmp_path):
         end = time.monotonic() + 60
         while con.execute({RUNNING!r}).fetchall()[0][0] == 0 and time.monotonic() < end:
             time.sleep(0.05)   # until the job is mid-training
+        with open(sys.argv[1], "w") as seen:   # what the job was doing at exit, for a failure's message
+            seen.write(repr(con.execute("SELECT status, progress, error FROM dbml_jobs").fetchall()))
         print("exiting")
     """
     for run in range(5):
-        result = script(body, tmp_path / f"exit{run}.duckdb")
+        seen = tmp_path / f"exit{run}.jobs"
+        result = script(body, tmp_path / f"exit{run}.duckdb", str(seen))
         assert result.returncode == 0, (run, result.returncode, result.stderr[-2000:])
         assert result.stdout == "exiting\n"
         lines = result.stderr.splitlines()
-        assert len(lines) == 1, (run, result.stderr[-2000:])
+        assert len(lines) == 1, (run, result.stderr[-2000:], seen.read_text())
         assert "cancelled" in lines[0] and "'m'" in lines[0], lines
         assert "terminate called" not in result.stderr and "leaked" not in result.stderr
 
