@@ -50,7 +50,7 @@ def _float_series(node: exp.Expression) -> exp.Expression:
 
 
 def _table(con, table: exp.Table) -> exp.Expression:
-    if not isinstance(table.this, exp.Identifier):
+    if not isinstance(table.this, exp.Identifier) or _is_model(table):
         return table
     if table.name.endswith("*"):
         return _wildcard(con, table)
@@ -58,6 +58,12 @@ def _table(con, table: exp.Table) -> exp.Expression:
         table = table.copy()
         table.set("catalog", None)
     return table
+
+
+def _is_model(table: exp.Table) -> bool:
+    """``MODEL m`` of a model function: a model's name, never a table (``m*`` is no wildcard)."""
+    from .parse import MLFunction
+    return isinstance(table.parent, (MLFunction, exp.Predict)) and table.arg_key == "this"
 
 
 def _wildcard(con, table: exp.Table) -> exp.Expression:

@@ -220,8 +220,21 @@ class Executor:
         if inflight_out:
             mem.wait_for_room(nbytes, self.budget, inflight_out)
             self.it.counts["budget_waits"] += 1
+        if self.it.deferred and mem.total + nbytes > self.budget:
+            self._release_deferred(k)
         if self.evictor is not None and mem.total + nbytes > self.budget:
             self.evictor.make_room(nbytes, k, self.budget, keep)
+
+    def _release_deferred(self, k: int) -> None:
+        """Compute ran ahead of the plan, and a release it planned with a delay has not come
+        due while op ``k`` needs the room: release now every such tensor that no op from ``k``
+        on reads this iteration (the plan frees it before its next use anyway; waiting for
+        the clock would hold bytes the plan counted as free)."""
+        last = self.prog.live.last_access
+        early = [d for d in self.it.deferred if last(d[1]) < k]
+        for d in early:
+            self.it.deferred.remove(d)
+            self._release(d[1], k - 1)
 
     def _passive_room(self, nbytes: int, k: int, keep: tuple = ()) -> None:
         """Before a swap-in or recompute on the compute thread takes ``nbytes``."""
@@ -270,6 +283,9 @@ class Executor:
             elif kind is EventKind.SWAP_OUT:
                 self.transfers.swap_out(sid, now + delay)
             elif kind is EventKind.SWAP_IN:
+                if self.budget is not None and self.it.deferred and \
+                        self.mem.total + self.prog.nbytes[sid] > self.budget:
+                    self._release_deferred(k + 1)
                 self.transfers.swap_in(sid, now + delay, self.budget)
             elif kind is WAIT:
                 self.transfers.wait_out(sid)
