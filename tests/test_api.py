@@ -23,6 +23,7 @@ def versions(con, name="m") -> int:
     return con.execute("SELECT count(*) FROM dbml_models WHERE name = ?", [name]).fetchall()[0][0]
 
 
+@pytest.mark.slow   # ~1.8 s: out of the -m 'not slow' inner loop (under a minute)
 def test_a_train_relation_trains_once_however_often_it_is_looked_at(pts):
     r = pts.sql("SELECT train('m', 'pts', label := 'y', epochs := 1)")
     assert versions(pts) == 0                          # lazy, as DuckDB's relations are
@@ -43,6 +44,7 @@ def test_df_without_pandas_fails_before_training(pts, monkeypatch):
     assert versions(pts) == 0
 
 
+@pytest.mark.slow   # ~1.4 s: out of the -m 'not slow' inner loop (under a minute)
 def test_the_python_api_mirrors_the_sql_functions(pts):
     summary = dbml.train(pts, "m", "pts", label="y", epochs=2, arch="linear", lr=0.1)
     assert summary["status"] == "finished" and summary["epochs"] == 2
@@ -84,6 +86,7 @@ def test_history_plots_the_stored_losses(pts):
         dbml.plot.history(pts, "nope")
 
 
+@pytest.mark.slow   # ~1.1 s: out of the -m 'not slow' inner loop (under a minute)
 def test_memory_plots_the_plan_of_a_job_under_a_budget(wide):
     pytest.importorskip("matplotlib")
     wide.execute("SET VARIABLE dbml_memory_budget = 1500000")

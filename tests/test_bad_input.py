@@ -29,6 +29,7 @@ def fails(con, sql: str, match: str) -> None:
     assert state(con) == before
 
 
+@pytest.mark.slow   # ~0.7 s: out of the -m 'not slow' inner loop (under a minute)
 def test_unknown_table(db):
     fails(db, "SELECT train('m', 'no_such_table', label := 'label')",
           r"train\(\): source refers to something that does not exist: .*no_such_table.*; check the table name")
@@ -55,6 +56,7 @@ def test_label_with_one_class(db):
           r"train\(\): label 'label' has only one class \(1\) in the source; pass a source with at least two")
 
 
+@pytest.mark.slow   # ~0.9 s: out of the -m 'not slow' inner loop (under a minute)
 def test_empty_source(db):
     fails(db, "SELECT train('m', 'SELECT x1, x2, label FROM moons WHERE false', label := 'label')",
           r"train\(\): source has no rows with a non-NULL label 'label'")
@@ -62,6 +64,7 @@ def test_empty_source(db):
           r"train\(\): source is empty; pass a table name or one SELECT statement")
 
 
+@pytest.mark.slow   # ~0.7 s: out of the -m 'not slow' inner loop (under a minute)
 def test_source_that_is_not_one_select(db):
     fails(db, "SELECT train('m', 'moons; DROP TABLE moons', label := 'label')",
           r"train\(\): source holds 2 statements; pass a table name or exactly one SELECT")
@@ -104,6 +107,7 @@ def test_epochs_not_positive(db, value):
 
 
 @pytest.mark.parametrize("value", [0, -1])
+@pytest.mark.slow   # ~0.8 s: out of the -m 'not slow' inner loop (under a minute)
 def test_batch_size_not_positive(db, value):
     fails(db, f"SELECT train('m', 'moons', label := 'label', batch_size := {value})",
           rf"train\(\): batch_size must be a positive integer, got {value}; pass e.g. batch_size := 64")
@@ -123,6 +127,7 @@ def test_predictions_unknown_model(db):
     fails(db, "SELECT * FROM predictions('nope', 'moons')", r"predictions\(\): no model named 'nope'")
 
 
+@pytest.mark.slow   # ~0.9 s: out of the -m 'not slow' inner loop (under a minute)
 def test_predict_wrong_number_of_features(db):
     fails(db, "SELECT predict('existing', [x1]) FROM moons",
           r"predict\(\): model 'existing' takes 2 features \(x1, x2\), got a list of 1; pass \[x1, x2\] in that order")

@@ -130,6 +130,7 @@ def test_every_option_has_one_owner():
     ("model_type='logistic_reg', input_label_cols=['y'], max_iterations=(SELECT 1)",
      "option max_iterations must be a constant"),
 ])
+@pytest.mark.slow   # ~1.0 s: out of the -m 'not slow' inner loop (under a minute)
 def test_unsupported_pieces_are_named_and_nothing_is_trained(con, options, message):
     con.execute(TABLE)
     with pytest.raises(dbml.InvalidArgument, match=message):

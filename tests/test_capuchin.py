@@ -45,6 +45,7 @@ def batches(model_fn, n):
 
 @pytest.mark.parametrize("model_fn, kind", [pytest.param(mlp, "adam", marks=pytest.mark.slow), (cnn, "sgd")],
                          ids=["mlp_adam", "cnn_bn_sgd"])
+@pytest.mark.slow   # ~0.6 s: out of the -m 'not slow' inner loop (under a minute)
 def test_capuchin_is_bit_identical_passive_first_then_planned(model_fn, kind):
     spec = OptimizerSpec(kind, lr=0.01, **({"momentum": 0.9} if kind == "sgd" else {}))
     data = batches(model_fn, 5)

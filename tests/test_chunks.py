@@ -159,6 +159,7 @@ def _floor(model, spec, batch):
     return tensor_granularity_floor(seq)
 
 
+@pytest.mark.slow   # ~1.0 s: out of the -m 'not slow' inner loop (under a minute)
 def test_chunking_lowers_the_tensor_granularity_floor():
     """One 4 MiB weight dominates: whole, its Adam update holds three of it at once
     (its in-place update counted once); in 256 KiB pieces, rebuilding the weight (the

@@ -90,6 +90,7 @@ def job_row(con, job_id: int) -> dict:
 
 # -- the setting, without a cluster ---------------------------------------------------------
 
+@pytest.mark.slow   # ~0.9 s: out of the -m 'not slow' inner loop (under a minute)
 def test_cluster_setting_refuses_what_it_cannot_use(con):
     load(con, "moons", moons(200))
     with pytest.raises(duckdb.Error, match=r"setting cluster is 'yarn'; SET VARIABLE dbml_cluster = 'local', 'ray'"):

@@ -75,6 +75,7 @@ def smallest_budget(m, x, y) -> int:
     return err.value.min_budget
 
 
+@pytest.mark.slow   # ~0.8 s: out of the -m 'not slow' inner loop (under a minute)
 def test_the_ledger_is_exact_for_interleaved_jobs():
     """Two jobs stepping in turn: the global peak is, exactly, the largest of one job's
     iteration peak plus what the other holds between its iterations."""

@@ -26,6 +26,7 @@ def epochs_of(con, model: str) -> list[tuple]:
                    "ORDER BY epoch").fetchall()
 
 
+@pytest.mark.slow   # ~0.7 s: out of the -m 'not slow' inner loop (under a minute)
 def test_early_stop_stops_after_patience_and_keeps_the_best_epoch(noisy):
     r = train(noisy, "'n', 'noisy', label := 'y', epochs := 60, lr := 0.05, hidden := [256, 256], patience := 3")
     history = epochs_of(noisy, "n")
@@ -63,6 +64,7 @@ def test_bad_patience_and_lr_name_the_argument(noisy, arg, message):
     assert noisy.sql("SELECT count(*) FROM dbml_models WHERE name = 'n'").fetchall()[0][0] == 0
 
 
+@pytest.mark.slow   # ~1.0 s: out of the -m 'not slow' inner loop (under a minute)
 def test_an_identifier_label_is_warned_about(con):
     con.execute("CREATE TABLE ids AS SELECT range AS id, range % 7 AS x FROM range(100)")
     r = train(con, "'i', 'ids', label := 'id', task := 'classification', epochs := 1")
@@ -71,6 +73,7 @@ def test_an_identifier_label_is_warned_about(con):
     assert r["warnings"] is None
 
 
+@pytest.mark.slow   # ~1.9 s: out of the -m 'not slow' inner loop (under a minute)
 def test_the_validation_rows_are_chosen_by_source_row_not_by_features(noisy):
     """Models of one source with other features hold out the same rows (hashed as the source
     gives them, not as encoded), so their validation figures compare."""

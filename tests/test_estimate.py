@@ -21,6 +21,7 @@ def rows(con):
     return con
 
 
+@pytest.mark.slow   # ~0.7 s: out of the -m 'not slow' inner loop (under a minute)
 def test_the_estimate_is_said_and_near_the_measured_time(rows):
     r = train(rows, "'m', 'rows', label := 'y', hidden := [64, 64], epochs := 3, early_stop := false")
     measured = rows.sql("SELECT sum(seconds) FROM dbml_epochs WHERE model = 'm'").fetchall()[0][0]
@@ -32,6 +33,7 @@ def test_the_estimate_is_said_and_near_the_measured_time(rows):
     assert job == [(r["estimated_seconds"], None)]
 
 
+@pytest.mark.slow   # ~0.7 s: out of the -m 'not slow' inner loop (under a minute)
 def test_a_slow_estimate_warns_with_cheaper_choices(rows):
     rows.execute("SET VARIABLE dbml_slow_train_seconds = 1e-6")
     r = train(rows, "'m', 'rows', label := 'y', epochs := 50")

@@ -196,6 +196,7 @@ def test_late_or_missing_swap_in_is_passive_and_counted():
     assert check_event_log(ex.event_log) == []
 
 
+@pytest.mark.slow   # ~0.7 s: out of the -m 'not slow' inner loop (under a minute)
 def test_cross_iteration_swaps_updated_state_and_prefetches_it():
     """Updated optimizer state leaves in the optimizer phase, comes back just before its
     next use in the next iteration: the device never holds params + state together."""
@@ -392,6 +393,7 @@ def test_a_swap_in_never_runs_before_its_delayed_swap_out():
     assert ex.totals["swap_outs"] == ex.totals["swap_ins"] == len(h.data)
 
 
+@pytest.mark.slow   # ~3.6 s: out of the -m 'not slow' inner loop (under a minute)
 def test_a_chain_of_recomputation_runs_and_changes_nothing():
     """Copies too slow to hide: the planner recomputes in chains (Event.via); the executor
     remakes each chain's tensors from the resident ones and drops them again, within the

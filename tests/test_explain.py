@@ -88,6 +88,7 @@ def test_classification_explains_the_predicted_class(tab):
     assert complete(e).max() < 1e-4
 
 
+@pytest.mark.slow   # ~2.4 s: out of the -m 'not slow' inner loop (under a minute)
 def test_explain_names_what_it_cannot_do(tab):
     with pytest.raises(duckdb.Error, match="no model named 'nope'"):
         tab.execute("SELECT * FROM explain('nope', 't')")

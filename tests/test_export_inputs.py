@@ -29,6 +29,7 @@ def _meta(path) -> dict:
 
 
 @pytest.mark.parametrize("scale", ["global", "row"])
+@pytest.mark.slow   # ~0.7 s: out of the -m 'not slow' inner loop (under a minute)
 def test_a_series_model_runs_in_onnxruntime_on_longer_series(con, tmp_path, scale):
     con.execute("""CREATE TABLE s AS SELECT range AS id, list_transform(range(4 + range % 5),
         lambda i: ((range % 4) * 10.0 + CASE WHEN range % 2 = 0 THEN i ELSE -i END * 0.5)::FLOAT)::DOUBLE[] AS xs,

@@ -59,6 +59,7 @@ def seeded(model_fn):
 @pytest.mark.parametrize("model_fn", [mlp, pytest.param(cnn, marks=pytest.mark.slow)], ids=["mlp_dropout", "cnn_bn"])
 @pytest.mark.parametrize("kind", ["adam", "sgd"])
 @pytest.mark.parametrize("policy, budget", [("none", None), ("tensile", LARGE)], ids=["none", "tensile_unbound"])
+@pytest.mark.slow   # ~1.5 s: out of the -m 'not slow' inner loop (under a minute)
 def test_bit_identical_to_eager_with_the_interpreters_books(monkeypatch, model_fn, kind, policy, budget):
     spec = OptimizerSpec(kind, lr=0.01, momentum=0.9)
     model, data = seeded(model_fn), data_for(model_fn)

@@ -67,6 +67,7 @@ def assert_each_equals_its_trial_alone(db, rows, kept, source, fixed):
     ("lin", {**REGRESS, "optimizer": "adamw", "hidden": [32], "batch_size": 32},
      {"lr": {"choice": [0.003, 0.03]}, "weight_decay": {"choice": [0.01, 0.1]}}),
 ], ids=["adam-classification", "sgd-momentum-weight-decay", "adamw-regression-one-output"])
+@pytest.mark.slow   # ~12.2 s: out of the -m 'not slow' inner loop (under a minute)
 def test_each_fused_member_equals_its_trial_trained_alone(db, kept, source, fixed, space):
     rows = dbml.tune(db, "m", source, space=space, sampler="grid", pruner="none", **fixed)
     assert all(r["status"] == "finished" for r in rows)
@@ -75,12 +76,14 @@ def test_each_fused_member_equals_its_trial_trained_alone(db, kept, source, fixe
     assert_each_equals_its_trial_alone(db, rows, kept, source, fixed)
 
 
+@pytest.mark.slow   # ~1.5 s: out of the -m 'not slow' inner loop (under a minute)
 def test_trials_of_an_optimizer_without_a_stacked_update_are_not_fused(db, kept):
     rows = dbml.tune(db, "m", "moons", space={"lr": {"choice": [0.01, 0.05, 0.1]}}, sampler="grid", pruner="none",
                      optimizer="adagrad", **CLASSIFY)
     assert [r["status"] for r in rows] == ["finished"] * 3 and len({r["job_id"] for r in rows}) == 3
 
 
+@pytest.mark.slow   # ~2.2 s: out of the -m 'not slow' inner loop (under a minute)
 def test_a_diverging_member_leaves_and_the_others_still_equal_their_trials_alone(db, kept):
     fixed = {**CLASSIFY, "optimizer": "sgd", "momentum": 0.9, "batch_size": 32, "epochs": 3}
     rows = dbml.tune(db, "m", "moons", space={"lr": {"choice": [0.01, 0.05, 1e5, 0.1]}}, sampler="grid",
@@ -93,6 +96,7 @@ def test_a_diverging_member_leaves_and_the_others_still_equal_their_trials_alone
     assert_each_equals_its_trial_alone(db, rows, kept, "moons", fixed)
 
 
+@pytest.mark.slow   # ~4.0 s: out of the -m 'not slow' inner loop (under a minute)
 def test_each_member_stops_early_at_its_own_epoch_with_its_best_weights_as_alone(db, kept):
     """Early stopping per member: lr 1 and 3 overshoot after an epoch or two and stop (patience
     1) while lr 0.01 and 0.1 go on; each ends where, and with the weights, its trial alone does."""

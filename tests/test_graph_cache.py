@@ -103,6 +103,7 @@ def _layout(val):
 
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("kind", ["adam", "sgd"])
+@pytest.mark.slow   # ~3.3 s: out of the -m 'not slow' inner loop (under a minute)
 def test_loaded_step_equals_capture_and_trains_like_eager(cache, case, kind):
     spec = OptimizerSpec(kind, lr=0.01)
     model, data = data_for(case)
@@ -181,6 +182,7 @@ def _reload(model, spec, x, y) -> GraphCache:
 
 @pytest.mark.parametrize("damage", ["truncated", "other key", "foreign op", "python target", "bad ref",
                                     "bad dtype", "format"])
+@pytest.mark.slow   # ~2.4 s: out of the -m 'not slow' inner loop (under a minute)
 def test_damaged_or_hostile_files_are_ignored_and_replaced(cache, damage):
     spec = OptimizerSpec("sgd")
     model, data = data_for("mlp_dropout", 1)

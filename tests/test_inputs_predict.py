@@ -38,6 +38,7 @@ def _proba(con, model: str, blobs: list[bytes]) -> np.ndarray:
     return np.array([con.execute(f"SELECT predict_proba('{model}', ?::BLOB)", [b]).fetchall()[0][0] for b in blobs])
 
 
+@pytest.mark.slow   # ~1.3 s: out of the -m 'not slow' inner loop (under a minute)
 def test_images_of_another_size_are_resized_as_training_resized(con):
     _images(con, "small", [_png(a) for a in _grey(12)])
     con.execute(f"SELECT train('i', 'small', label := 'y', {CNN})").fetchall()

@@ -20,6 +20,7 @@ TRAIN = ("SELECT train(?, 'moons', label := 'label', epochs := 3, batch_size := 
          "dropout := 0.5, seed := 11, policy := ?)")
 
 
+@pytest.mark.slow   # ~5.7 s: out of the -m 'not slow' inner loop (under a minute)
 def test_jobs_with_dropout_running_together_equal_each_alone(moons_con):
     moons_con.execute(TRAIN, ["alone", "tensile"])
     cursors = [moons_con.cursor() for _ in range(3)]
@@ -35,6 +36,7 @@ def test_jobs_with_dropout_running_together_equal_each_alone(moons_con):
     assert [_weights(moons_con, f"together{i}") == alone for i in range(3)] == [True] * 3
 
 
+@pytest.mark.slow   # ~1.5 s: out of the -m 'not slow' inner loop (under a minute)
 def test_a_job_leaves_the_processs_generator_as_it_was(moons_con):
     before = torch.get_rng_state()
     moons_con.execute(TRAIN, ["m", "tensile"])
@@ -43,6 +45,7 @@ def test_a_job_leaves_the_processs_generator_as_it_was(moons_con):
 
 
 @pytest.mark.skipif(not threads.per_thread(), reason="PyTorch's thread count is process-wide in this build")
+@pytest.mark.slow   # ~0.8 s: out of the -m 'not slow' inner loop (under a minute)
 def test_a_jobs_thread_count_is_its_own(moons_con):
     old = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -54,6 +57,7 @@ def test_a_jobs_thread_count_is_its_own(moons_con):
         torch.set_num_threads(old)
 
 
+@pytest.mark.slow   # ~2.7 s: out of the -m 'not slow' inner loop (under a minute)
 def test_cursors_from_many_threads_at_once(con):
     import dbml
     errors = []
@@ -75,6 +79,7 @@ def test_cursors_from_many_threads_at_once(con):
     assert isinstance(con.cursor(), dbml.Connection)
 
 
+@pytest.mark.slow   # ~5.0 s: out of the -m 'not slow' inner loop (under a minute)
 def test_connecting_and_closing_from_many_threads_at_once(tmp_path):
     import dbml
     path = str(tmp_path / "x.duckdb")

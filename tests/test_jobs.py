@@ -129,6 +129,7 @@ def test_rows_of_one_statement_run_concurrently_and_match_running_alone(db, gate
         assert weights(db, name) == weights(db, f"alone_{name}")
 
 
+@pytest.mark.slow   # ~0.9 s: out of the -m 'not slow' inner loop (under a minute)
 def test_jobs_from_two_connections_overlap(tmp_path, gate):
     # Overlap: both jobs meet at their first iteration boundary (see above).
     path = str(tmp_path / "two.duckdb")

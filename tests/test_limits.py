@@ -99,6 +99,7 @@ def test_the_internal_image_decoder_takes_only_dbmls_own_sql(con):
     ("options := '{\"hidden\": [1000000000000000]}'", r"option 'hidden' of arch 'mlp' may list at most 256 layers of at most 1048576 "
                                      r"units"),
 ])
+@pytest.mark.slow   # ~0.6 s: out of the -m 'not slow' inner loop (under a minute)
 def test_model_options_are_bounded_before_the_model_is_built(con, args, message):
     con.execute("CREATE TABLE a AS SELECT x / 100 AS x, (x % 2)::INTEGER AS y FROM range(100) t(x)")
     started = time.perf_counter()

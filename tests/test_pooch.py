@@ -86,6 +86,7 @@ def test_the_papers_classification_leaves_parameters_and_optimizer_state_alone()
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seq=random_sequences(), frac=st.floats(0.0, 1.0), recompute=st.booleans())
+@pytest.mark.slow   # ~1.0 s: out of the -m 'not slow' inner loop (under a minute)
 def test_random_sequences_plan_within_the_budget_or_raise(seq, frac, recompute):
     budget = int(frac * prepare(seq).vanilla)
     try:
@@ -96,6 +97,7 @@ def test_random_sequences_plan_within_the_budget_or_raise(seq, frac, recompute):
     check_plan(seq, plan, budget)
 
 
+@pytest.mark.slow   # ~1.6 s: out of the -m 'not slow' inner loop (under a minute)
 def test_the_smallest_feasible_budget_it_names_is_feasible_or_nearly():
     """The least peak the search reached is an estimate (as TENSILE's planner's): the
     search at that budget takes another path. Seed 36 reaches 246 bytes from 134 and
@@ -170,6 +172,7 @@ def test_module_doctest():
 
 
 @pytest.mark.parametrize("policy", ["pooch", "swapadvisor"])   # both seeds' planners, from SQL
+@pytest.mark.slow   # ~2.6 s: out of the -m 'not slow' inner loop (under a minute)
 def test_train_from_sql_under_the_policy_matches_eager_within_the_budget(wide, policy):
     args = "label := 'y', epochs := 1, hidden := [256, 256], batch_size := 256"
     eager = wide.sql(f"SELECT train('eager', 't', {args}, policy := 'eager')").fetchall()[0][0]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
 from dbml import progress
 
 
@@ -18,6 +20,7 @@ class Recorder:
         self.closed = jobs
 
 
+@pytest.mark.slow   # ~1.4 s: out of the -m 'not slow' inner loop (under a minute)
 def test_watching_reports_the_statements_job_until_it_ends(moons_con):
     moons_con.sql("SELECT train('before', 'moons', label := 'label', epochs := 1)").fetchall()
     seen = Recorder()
@@ -46,6 +49,7 @@ def test_line_renderer_is_silent_off_a_terminal():
     assert out.getvalue() == ""
 
 
+@pytest.mark.slow   # ~7.6 s: out of the -m 'not slow' inner loop (under a minute)
 def test_another_connections_concurrent_statement_never_shows(moons_con):
     import threading
     from helpers import wait_until

@@ -126,6 +126,7 @@ def _min_budget(model_fn, spec, batch) -> int:
 
 
 @pytest.mark.parametrize("kind", ["adam", "sgd"])
+@pytest.mark.slow   # ~0.9 s: out of the -m 'not slow' inner loop (under a minute)
 def test_cross_iteration_below_params_plus_state(kind):
     """A budget below parameters + optimizer state: updated tensors leave in the
     optimizer phase and are prefetched in the next iteration; results unchanged."""
@@ -208,6 +209,7 @@ def test_finish_writes_weights_back_even_from_the_host():
     assert_same(state_of(sched), state_of(eager))
 
 
+@pytest.mark.slow   # ~0.8 s: out of the -m 'not slow' inner loop (under a minute)
 def test_frozen_parameters_stay_frozen_like_eager():
     """A parameter with requires_grad off gets no gradient in eager, so the optimizer
     leaves it (and creates no state for it): the captured step must do the same."""

@@ -154,6 +154,7 @@ def test_only_query_results_print(con):
 
 @pytest.mark.parametrize("mode", ["duckbox", "box", "line", "csv", "json", "jsonlines", "markdown", "insert", "html",
                                   "tcl", "quote", "latex", "table", "column", "list", "ascii", "tabs"])
+@pytest.mark.slow   # ~1.5 s: out of the -m 'not slow' inner loop (under a minute)
 def test_every_value_of_test_all_types_shows_in_every_mode(con, mode):
     status, out, err = shell(con, f".mode {mode}\nSELECT * FROM test_all_types();\n")
     assert status == 0 and err == "", err

@@ -148,6 +148,7 @@ def test_highlighted_errors_colour_the_suggestion(con):
 
 @pytest.mark.parametrize("command", [".sh ls", ".cd ..", ".log file", ".import file.csv tbl", ".open new_file",
                                      ".output out", ".once out", ".excel out", ".read myfile.sql"])
+@pytest.mark.slow   # ~0.7 s: out of the -m 'not slow' inner loop (under a minute)
 def test_safe_mode_refuses_what_reaches_outside(con, command):
     status, _, err = shell(con, f".safe_mode\n{command}\n")
     assert status == 1 and "cannot be used in -safe mode" in err

@@ -35,6 +35,7 @@ def test_the_test_harness_flags_batch_and_no_init_with_one_dash_or_two():
     assert r.returncode == 0 and "42" in r.stdout, r.stderr
 
 
+@pytest.mark.slow   # ~1.1 s: out of the -m 'not slow' inner loop (under a minute)
 def test_c_f_and_cmd_run_in_their_order_and_sql_may_follow_the_database(tmp_path):
     script = tmp_path / "ins.sql"
     script.write_text("INSERT INTO tbl VALUES (42);\n")
@@ -46,6 +47,7 @@ def test_c_f_and_cmd_run_in_their_order_and_sql_may_follow_the_database(tmp_path
     assert r.stdout == "seven\n7\ndone\n", r.stderr
 
 
+@pytest.mark.slow   # ~1.0 s: out of the -m 'not slow' inner loop (under a minute)
 def test_modes_headers_separators_and_null_text_from_the_command_line():
     r = dbml_shell("-csv", "-noheader", "-nullvalue", "MYNULL", "-separator", "MYSEP", "-c", "SELECT 42 AS a, NULL AS b")
     assert r.stdout == "42MYSEPMYNULL\n"
@@ -53,6 +55,7 @@ def test_modes_headers_separators_and_null_text_from_the_command_line():
     assert r.stdout == '[{"a":42}]\n'
 
 
+@pytest.mark.slow   # ~0.9 s: out of the -m 'not slow' inner loop (under a minute)
 def test_a_failing_c_stops_with_status_1_and_exit_takes_a_code():
     r = dbml_shell("-c", "SELECT nope", "-c", "SELECT 'not reached'")
     assert r.returncode == 1 and "not reached" not in r.stdout and r.stderr.startswith("Binder Error: ")
@@ -73,6 +76,7 @@ def test_version_prints_duckdbs_version():
     assert r.returncode == 0 and r.stdout.startswith(f"v{duckdb.__version__} (")
 
 
+@pytest.mark.slow   # ~3.0 s: out of the -m 'not slow' inner loop (under a minute)
 def test_an_init_file_runs_first_and_stops_at_its_error(tmp_path):
     good, bad = tmp_path / "good.sql", tmp_path / "bad.sql"
     good.write_text("CREATE TABLE greet AS SELECT 'hello' AS word;\n.mode csv\n")
@@ -85,6 +89,7 @@ def test_an_init_file_runs_first_and_stops_at_its_error(tmp_path):
     assert r.returncode == 1 and "missing.sql" in r.stderr and "reached here" not in r.stdout
 
 
+@pytest.mark.slow   # ~0.9 s: out of the -m 'not slow' inner loop (under a minute)
 def test_the_default_init_file_is_duckdbs_and_no_init_skips_it(tmp_path):
     (tmp_path / ".duckdbrc").write_text(".mode csv\n")
     env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
@@ -92,6 +97,7 @@ def test_the_default_init_file_is_duckdbs_and_no_init_skips_it(tmp_path):
     assert dbml_shell("-no-init", "-c", "SELECT 1 AS one", env=env).stdout.startswith("┌")
 
 
+@pytest.mark.slow   # ~2.6 s: out of the -m 'not slow' inner loop (under a minute)
 def test_safe_and_readonly(tmp_path):
     db = str(tmp_path / "s.duckdb")
     r = dbml_shell(db, "-safe", stdin="CREATE TABLE t(i INT);\nINSERT INTO t VALUES (1), (2), (3);\n"
@@ -122,6 +128,7 @@ def test_a_locked_database_is_one_error(tmp_path):
     assert r.returncode == 1 and "Traceback" not in r.stderr and "lock" in r.stderr.lower()
 
 
+@pytest.mark.slow   # ~0.7 s: out of the -m 'not slow' inner loop (under a minute)
 def test_a_shell_running_plain_sql_never_imports_torch():
     probe = ("import sys\nfrom dbml.cli import main\nassert main(['shell', '-c', 'SELECT 42']) == 0\n"
              "print('torch' in sys.modules, 'dbml.scheduler' in sys.modules, 'dbml.zoo' in sys.modules)")

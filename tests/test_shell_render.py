@@ -303,11 +303,13 @@ def shell(con, text):
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.slow   # ~1.2 s: out of the -m 'not slow' inner loop (under a minute)
 def test_every_mode_prints_what_duckdbs_cli_prints(con, mode):
     assert shell(con, f".mode {mode}\n{QUERY}") == MODES[mode]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.slow   # ~0.9 s: out of the -m 'not slow' inner loop (under a minute)
 def test_boxes_numbers_and_catalog_listings_are_the_clis(con, name):
     text, want = CASES[name]
     assert shell(con, text) == want

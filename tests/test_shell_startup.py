@@ -5,6 +5,8 @@ shell that runs plain SQL never imports torch). By default install preloads them
 import subprocess
 import sys
 
+import pytest
+
 HEAVY = ("torch", "dbml.scheduler", "dbml.zoo", "dbml.training", "dbml.catalog", "dbml.inference",
          "dbml.udfs.functions", "pyarrow")
 
@@ -20,18 +22,21 @@ def imported_after(code: str) -> dict:
 LAZY = "import dbml, duckdb\ncon = dbml.install(duckdb.connect(), preload=False)\n"
 
 
+@pytest.mark.slow   # ~0.6 s: out of the -m 'not slow' inner loop (under a minute)
 def test_a_lazy_install_and_plain_sql_import_none_of_torch_the_scheduler_or_the_zoo():
     loaded = imported_after(LAZY + "con.execute('CREATE TABLE t AS SELECT 1 AS x')\n"
                                    "assert con.execute('SELECT sum(x) FROM t').fetchall() == [(1,)]")
     assert not any(loaded.values()), loaded
 
 
+@pytest.mark.slow   # ~3.3 s: out of the -m 'not slow' inner loop (under a minute)
 def test_import_dbml_is_light_and_install_preloads_by_default():
     assert not any(imported_after("import dbml").values())
     loaded = imported_after("import dbml\ncon = dbml.connect()")
     assert loaded["dbml.udfs.functions"] and loaded["torch"]
 
 
+@pytest.mark.slow   # ~3.0 s: out of the -m 'not slow' inner loop (under a minute)
 def test_a_udf_imports_its_implementation_at_its_first_call():
     loaded = imported_after(LAZY + "try:\n"
                             "    con.execute(\"SELECT drop_model('nope')\")\n"
@@ -40,6 +45,7 @@ def test_a_udf_imports_its_implementation_at_its_first_call():
     assert loaded["dbml.udfs.functions"] and loaded["torch"]
 
 
+@pytest.mark.slow   # ~1.9 s: out of the -m 'not slow' inner loop (under a minute)
 def test_register_model_is_still_dbml_register_model():
     loaded = imported_after("import dbml\nassert callable(dbml.register_model) and callable(dbml.unregister_model)")
     assert loaded["dbml.zoo"]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +25,7 @@ def _check(prep, out, policy="test"):
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seq=random_sequences(), seed=st.integers(0, 1000), frac=st.floats(0.2, 1.0), repairs=st.sampled_from([0, 6]))
+@pytest.mark.slow   # ~0.7 s: out of the -m 'not slow' inner loop (under a minute)
 def test_any_choice_becomes_events_the_replay_accepts(seq, seed, frac, repairs):
     prep = prepare(seq)
     rng = random.Random(seed)

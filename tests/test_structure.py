@@ -60,6 +60,7 @@ def _oversized_defs(tree: ast.AST, rel: str, prefix: str):
             yield from _oversized_defs(node, rel, name + ".")
 
 
+@pytest.mark.slow   # ~1.1 s: out of the -m 'not slow' inner loop (under a minute)
 def test_modules_classes_and_functions_stay_small():
     over = [f"{where}: {size} lines (limit {limit})" for where, size, limit in _oversized()
             if where not in EXCEPTIONS]

@@ -70,6 +70,7 @@ def test_synthetic_training_sequences(bandwidth, fraction):
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seq=random_sequences(), frac=st.floats(0.0, 1.0), seed=st.integers(0, 3))
+@pytest.mark.slow   # ~0.7 s: out of the -m 'not slow' inner loop (under a minute)
 def test_random_sequences_plan_within_the_budget_or_raise(seq, frac, seed):
     budget = int(frac * prepare(seq).vanilla)
     try:

@@ -132,6 +132,7 @@ def test_epochs_see_different_batches_and_the_same_ones_for_a_seed(con):
     assert sorted(a.tolist()) == sorted(b.tolist())               # the same rows, another order
 
 
+@pytest.mark.slow   # ~0.8 s: out of the -m 'not slow' inner loop (under a minute)
 def test_sql_defaults_equal_trainspec_defaults(moons_con):
     """Every TrainSpec field a SQL call leaves out (argument or setting) is stored as TrainSpec's
     default; lr and validation left NULL are stored as what the job chose (the arch family's lr,
@@ -203,6 +204,7 @@ def test_second_connection_to_the_same_file_predicts(tmp_path):
     reopened.close()
 
 
+@pytest.mark.slow   # ~1.1 s: out of the -m 'not slow' inner loop (under a minute)
 def test_drop_model_removes_weights_and_catalog_rows(moons_con):
     train(moons_con, f"'gone', {TINY}")
     train(moons_con, f"'gone', {TINY}")

@@ -18,6 +18,7 @@ def weights(con, name):
     return con.sql(f"SELECT weights FROM dbml_weights WHERE name = '{name}'").fetchall()[0][0]
 
 
+@pytest.mark.slow   # ~0.8 s: out of the -m 'not slow' inner loop (under a minute)
 def test_scheduled_training_equals_eager_bit_for_bit_within_the_budget(wide):
     eager = train(wide, "eager", ", policy := 'eager'")
     vanilla = eager["vanilla_peak_bytes"]
@@ -34,6 +35,7 @@ def test_scheduled_training_equals_eager_bit_for_bit_within_the_budget(wide):
     assert eager["vanilla_peak_bytes"] == tensile["vanilla_peak_bytes"]
 
 
+@pytest.mark.slow   # ~0.6 s: out of the -m 'not slow' inner loop (under a minute)
 def test_budget_from_settings_and_sql(wide, tmp_path):
     small = wide.sql("SELECT train('probe', 't', " + ARGS + ", policy := 'eager')").fetchall()[0][0]
     budget = int(0.75 * small["vanilla_peak_bytes"])
@@ -53,6 +55,7 @@ def test_infeasible_budget_names_the_smallest_feasible_one_and_stores_nothing(wi
     assert wide.sql("SELECT count(*) FROM dbml_models").fetchall() == [(0,)]
 
 
+@pytest.mark.slow   # ~0.6 s: out of the -m 'not slow' inner loop (under a minute)
 def test_the_suggested_budget_is_enough(wide):
     with pytest.raises(duckdb.Error) as info:
         train(wide, "tiny", ", memory_budget := 10000")

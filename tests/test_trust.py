@@ -122,6 +122,7 @@ def test_a_bigquery_escape_never_splits_one_statement_into_a_drop(con):
     assert con.execute("SELECT count(*) FROM t").fetchall() == [(1,)]
 
 
+@pytest.mark.slow   # ~2.4 s: out of the -m 'not slow' inner loop (under a minute)
 def test_the_shell_refuses_it_too(tmp_path):
     import subprocess
     import sys
@@ -152,6 +153,7 @@ def test_an_unterminated_string_is_an_error_not_a_traceback(con):
 
 # -- a budget is a promise: one connection never re-budgets another's jobs ---------------------
 
+@pytest.mark.slow   # ~0.7 s: out of the -m 'not slow' inner loop (under a minute)
 def test_one_connections_budget_never_shrinks_anothers_running_job(tmp_path):
     from helpers import wait_until
     from dbml.scheduler.multijob.registry import existing_scheduler
@@ -205,6 +207,7 @@ def test_the_sql_form_and_the_torch_module_encode_alike(con):
 
 # -- the budget is a limit (issue 22 part 1) ------------------------------------------------------
 
+@pytest.mark.slow   # ~0.9 s: out of the -m 'not slow' inner loop (under a minute)
 def test_the_last_smaller_batch_keeps_the_budget_too(con):
     """A 3-feature MLP at half its analysed peak: its last batch, a slice of a larger record
     batch, once brought the whole buffer into its plan, ran passive and finished 50 % over."""

@@ -44,6 +44,7 @@ def rows_of(result) -> list[dict]:
     return [dict(zip(names, r)) for r in result.fetchall()]
 
 
+@pytest.mark.slow   # ~2.9 s: out of the -m 'not slow' inner loop (under a minute)
 def test_trials_are_recorded_and_the_best_is_stored_equal_to_training_it_alone(db):
     rows = rows_of(tune(db, trials=5))
     assert [r["trial"] for r in rows] == list(range(5))
@@ -67,6 +68,7 @@ def test_trials_are_recorded_and_the_best_is_stored_equal_to_training_it_alone(d
     assert db.execute("SELECT predict('m', [0.5, 0.2]) = predict('alone', [0.5, 0.2])").fetchall() == [(True,)]
 
 
+@pytest.mark.slow   # ~1.4 s: out of the -m 'not slow' inner loop (under a minute)
 def test_the_objective_after_the_last_epoch_is_the_stored_models_validation_metric(db):
     rows = rows_of(tune(db, {"lr": {"choice": [0.01, 0.05]}}, objective="val_metric", sampler="grid", pruner="none"))
     assert [r["status"] for r in rows] == ["finished", "finished"]
@@ -76,6 +78,7 @@ def test_the_objective_after_the_last_epoch_is_the_stored_models_validation_metr
     assert stored == [(best["objective"],)]
 
 
+@pytest.mark.slow   # ~2.4 s: out of the -m 'not slow' inner loop (under a minute)
 def test_a_second_tune_resumes_the_search(db):
     first = rows_of(tune(db, trials=3, sampler="random", pruner="none"))
     second = rows_of(tune(db, trials=2, sampler="random", pruner="none"))
@@ -88,6 +91,7 @@ def test_a_second_tune_resumes_the_search(db):
     assert best[1] is not None and versions == (2 if best[0] >= 3 else 1)   # a new version only if the new best is new
 
 
+@pytest.mark.slow   # ~2.6 s: out of the -m 'not slow' inner loop (under a minute)
 def test_a_grid_tries_every_point_once_smallest_first_and_then_is_done(db):
     space = {"batch_size": {"choice": [64, 32]}, "hidden": {"choice": [[16, 8], [8]]}}
     rows = rows_of(tune(db, space, sampler="grid", pruner="none"))
@@ -99,6 +103,7 @@ def test_a_grid_tries_every_point_once_smallest_first_and_then_is_done(db):
         tune(db, space, sampler="grid")
 
 
+@pytest.mark.slow   # ~2.1 s: out of the -m 'not slow' inner loop (under a minute)
 def test_pruned_trials_stop_at_an_epoch_boundary_and_give_their_memory_back(db):
     # lr 1e-4 barely moves the loss in 6 epochs: after 5 finished trials, the median prunes it
     space = {"lr": {"choice": [0.05, 0.0001]}}
@@ -114,6 +119,7 @@ def test_pruned_trials_stop_at_an_epoch_boundary_and_give_their_memory_back(db):
     assert device_ledger("cpu").current_bytes == 0
 
 
+@pytest.mark.slow   # ~2.2 s: out of the -m 'not slow' inner loop (under a minute)
 def test_trials_are_packed_under_one_budget_that_is_kept(db, monkeypatch):
     monkeypatch.setattr(search, "FUSE_TRIALS", False)   # separate jobs side by side (fused: test_fusion.py)
     db.execute("SET VARIABLE dbml_memory_budget = '60KB'")
@@ -165,6 +171,7 @@ BAD = [
 
 
 @pytest.mark.parametrize("case", BAD, ids=[c[1][7:40] for c in BAD])
+@pytest.mark.slow   # ~1.4 s: out of the -m 'not slow' inner loop (under a minute)
 def test_bad_input_is_refused_naming_it_and_nothing_is_stored(db, case):
     space, message, *extra = case
     args = "".join(f", {k} := {v!r}" for k, v in (extra[0] if extra else {}).items())
@@ -176,6 +183,7 @@ def test_bad_input_is_refused_naming_it_and_nothing_is_stored(db, case):
                       "(SELECT count(*) FROM dbml_jobs)").fetchall() == [(0, 0, 0)]
 
 
+@pytest.mark.slow   # ~0.7 s: out of the -m 'not slow' inner loop (under a minute)
 def test_a_budget_too_small_for_the_smallest_trial_stops_the_search_storing_nothing(db):
     db.execute("SET VARIABLE dbml_memory_budget = '2KB'")
     with pytest.raises(duckdb.Error, match=r"tune\(\): even the space's smallest trial \(hidden \[8\], "
@@ -193,6 +201,7 @@ def test_a_budget_too_small_for_the_smallest_trial_stops_the_search_storing_noth
         == [(0, 3)]
 
 
+@pytest.mark.slow   # ~0.8 s: out of the -m 'not slow' inner loop (under a minute)
 def test_an_interrupt_stops_the_search_and_keeps_the_ended_trials(db):
     fixed = FIXED.replace("epochs := 3", "epochs := 40, early_stop := false")
     result = {}
@@ -220,6 +229,7 @@ def test_an_interrupt_stops_the_search_and_keeps_the_ended_trials(db):
     assert watcher.execute("SELECT count(*) FROM dbml_jobs WHERE status = 'running'").fetchall() == [(0,)]
 
 
+@pytest.mark.slow   # ~1.2 s: out of the -m 'not slow' inner loop (under a minute)
 def test_python_api_the_surface_for_other_layers_the_plot_and_drop_model(db):
     import dbml.tuning
     rows = dbml.tune(db, "m", "moons", label="label", features=["x1", "x2"], epochs=2, trials=2,

@@ -85,6 +85,7 @@ INPUTS = f"""SELECT range AS i,
     FROM range({ROWS})"""
 
 
+@pytest.mark.slow   # ~1.3 s: out of the -m 'not slow' inner loop (under a minute)
 def test_predict_over_several_vectors_and_models_matches_a_reference(db):
     """'pos', 'neg' and NULL names alternate row by row, in every vector; some feature
     lists are NULL. Every row gets its own model's prediction, NULL where a name or the
@@ -100,6 +101,7 @@ def test_predict_over_several_vectors_and_models_matches_a_reference(db):
                                rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow   # ~0.7 s: out of the -m 'not slow' inner loop (under a minute)
 def test_a_vector_of_one_model_gives_what_a_mixed_vector_gives(db):
     """Vectors naming only 'pos' (per_model's single-model path) against vectors where
     'pos' rows are mixed with NULL names (the split-and-reassemble path)."""

@@ -61,6 +61,7 @@ def conv_runs():
     return model, runs
 
 
+@pytest.mark.slow   # ~0.6 s: out of the -m 'not slow' inner loop (under a minute)
 def test_vdnn_is_bit_identical_to_eager(conv_runs):
     _, runs = conv_runs
     eager, want = runs["eager"]
@@ -119,6 +120,7 @@ def test_a_model_without_convolutions_gets_no_swaps():
     assert all(e.kind is EventKind.RELEASE for p in runner.plans.values() for e in p.events)
 
 
+@pytest.mark.slow   # ~1.2 s: out of the -m 'not slow' inner loop (under a minute)
 def test_vdnn_takes_no_budget_and_no_shared_planner():
     runner = ScheduledStep(conv_net(), loss_fn, OptimizerSpec("sgd", lr=0.1), policy="vdnn", budget_bytes=1)
     x, y = batches(1, b=4, shape=(3, 16, 16))[0]
