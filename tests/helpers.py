@@ -84,6 +84,31 @@ def eager_state(model: torch.nn.Module, spec, data, seed: int = 1):
     return state_of(m), losses
 
 
+def trained_under(policy: str, **runner_args):
+    """A 4-layer MLP trained 3 Adam steps eagerly and under ``policy`` at half its peak:
+    ``((eager model, losses), (scheduled model, losses, runner), budget)``."""
+    from dbml.scheduler.execute.runner import ScheduledStep
+    from dbml.scheduler.execute.step import EagerStep
+    from dbml.scheduler.graph.optim import OptimizerSpec
+
+    spec = OptimizerSpec("adam", lr=1e-3)
+    data = batches(3, b=32, shape=(32,))
+    torch.manual_seed(0)
+    model = mlp()
+    budget = vanilla_peak(copy.deepcopy(model), spec, *data[0]) // 2
+    eager, scheduled = copy.deepcopy(model), copy.deepcopy(model)
+
+    def train(runner):
+        torch.manual_seed(1)
+        losses = [runner.step(x, y) for x, y in data]
+        runner.finish()
+        return losses
+    want = train(EagerStep(eager, loss_fn, spec))
+    runner = ScheduledStep(scheduled, loss_fn, spec, policy=policy, budget_bytes=budget, log=True, **runner_args)
+    got = train(runner)
+    return (eager, want), (scheduled, got, runner), budget
+
+
 def vanilla_peak(model, spec, x, y) -> int:
     """The release-only planned peak of one step. ``model``: a module (a copy is used) or
     a factory (called after ``torch.manual_seed(0)``)."""

@@ -23,7 +23,7 @@ from dbml.scheduler.graph.sequence import EventKind, TensorKind
 from dbml.scheduler.plan.pooch import PoochSettings, feature_maps, pooch_plan
 from dbml.scheduler.plan.simulate import prepare
 from dbml.scheduler.synthetic import training_sequence
-from helpers import assert_same, batches, mlp, state_of, vanilla_peak
+from helpers import assert_same, batches, mlp, state_of, trained_under, vanilla_peak
 from sequences import chain, check_plan, make_seq, random_sequences, seeded_sequence
 
 loss_fn = torch.nn.functional.cross_entropy
@@ -127,22 +127,7 @@ def test_an_infeasible_budget_raises():
 @pytest.fixture(scope="module")
 def trained():
     """A 4-layer MLP trained 3 Adam steps eagerly and under "pooch" at half its peak."""
-    spec = OptimizerSpec("adam", lr=1e-3)
-    data = batches(3, b=32, shape=(32,))
-    torch.manual_seed(0)
-    model = mlp()
-    budget = vanilla_peak(copy.deepcopy(model), spec, *data[0]) // 2
-    eager, pooch = copy.deepcopy(model), copy.deepcopy(model)
-
-    def train(runner):
-        torch.manual_seed(1)
-        losses = [runner.step(x, y) for x, y in data]
-        runner.finish()
-        return losses
-    want = train(EagerStep(eager, loss_fn, spec))
-    runner = ScheduledStep(pooch, loss_fn, spec, policy="pooch", budget_bytes=budget, log=True)
-    got = train(runner)
-    return (eager, want), (pooch, got, runner), budget
+    return trained_under("pooch")
 
 
 @pytest.mark.usefixtures("one_thread")

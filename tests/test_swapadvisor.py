@@ -23,7 +23,7 @@ from dbml.scheduler.graph.sequence import EventKind
 from dbml.scheduler.plan.simulate import prepare, simulate
 from dbml.scheduler.plan.swapadvisor import SwapAdvisorSettings, belady, genes, swapadvisor_plan
 from dbml.scheduler.synthetic import training_sequence
-from helpers import assert_same, batches, mlp, state_of, vanilla_peak
+from helpers import assert_same, batches, mlp, state_of, trained_under, vanilla_peak
 from sequences import chain, check_plan, random_sequences
 
 loss_fn = torch.nn.functional.cross_entropy
@@ -98,23 +98,7 @@ def test_the_time_limit_ends_the_search():
 @pytest.fixture(scope="module")
 def trained():
     """A 4-layer MLP trained 3 Adam steps eagerly and under "swapadvisor" at half its peak."""
-    spec = OptimizerSpec("adam", lr=1e-3)
-    data = batches(3, b=32, shape=(32,))
-    torch.manual_seed(0)
-    model = mlp()
-    budget = vanilla_peak(copy.deepcopy(model), spec, *data[0]) // 2
-    eager, advised = copy.deepcopy(model), copy.deepcopy(model)
-
-    def train(runner):
-        torch.manual_seed(1)
-        losses = [runner.step(x, y) for x, y in data]
-        runner.finish()
-        return losses
-    want = train(EagerStep(eager, loss_fn, spec))
-    runner = ScheduledStep(advised, loss_fn, spec, policy="swapadvisor", budget_bytes=budget, log=True,
-                           planner_settings=dataclasses.replace(FAST, generations=3))
-    got = train(runner)
-    return (eager, want), (advised, got, runner), budget
+    return trained_under("swapadvisor", planner_settings=dataclasses.replace(FAST, generations=3))
 
 
 @pytest.mark.usefixtures("one_thread")
