@@ -6,7 +6,6 @@ bit-identical to eager PyTorch within the budget."""
 
 from __future__ import annotations
 
-import copy
 import random
 
 import pytest
@@ -17,13 +16,12 @@ from hypothesis import strategies as st
 from dbml.scheduler.errors import InfeasibleBudget
 from dbml.scheduler.execute.executor import check_event_log
 from dbml.scheduler.execute.runner import ScheduledStep
-from dbml.scheduler.execute.step import EagerStep
 from dbml.scheduler.graph.optim import OptimizerSpec
 from dbml.scheduler.graph.sequence import EventKind, TensorKind
 from dbml.scheduler.plan.pooch import PoochSettings, feature_maps, pooch_plan
 from dbml.scheduler.plan.simulate import prepare
 from dbml.scheduler.synthetic import training_sequence
-from helpers import assert_same, batches, mlp, state_of, trained_under, vanilla_peak
+from helpers import assert_same, mlp, state_of, trained_under
 from sequences import chain, check_plan, make_seq, random_sequences, seeded_sequence
 
 loss_fn = torch.nn.functional.cross_entropy

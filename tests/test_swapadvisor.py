@@ -6,7 +6,6 @@ what it can reach, and training under it is bit-identical to eager within the bu
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 
 import pytest
@@ -16,14 +15,11 @@ from hypothesis import strategies as st
 
 from dbml.scheduler.errors import InfeasibleBudget
 from dbml.scheduler.execute.executor import check_event_log
-from dbml.scheduler.execute.runner import ScheduledStep
-from dbml.scheduler.execute.step import EagerStep
-from dbml.scheduler.graph.optim import OptimizerSpec
 from dbml.scheduler.graph.sequence import EventKind
 from dbml.scheduler.plan.simulate import prepare, simulate
 from dbml.scheduler.plan.swapadvisor import SwapAdvisorSettings, belady, genes, swapadvisor_plan
 from dbml.scheduler.synthetic import training_sequence
-from helpers import assert_same, batches, mlp, state_of, trained_under, vanilla_peak
+from helpers import assert_same, state_of, trained_under
 from sequences import chain, check_plan, random_sequences
 
 loss_fn = torch.nn.functional.cross_entropy
