@@ -21,6 +21,7 @@ TRAIN_MEMORY = {
     "planned_peak_bytes": "BIGINT", "msr": "DOUBLE", "swaps": "BIGINT", "recomputes": "BIGINT",
     "passive_swaps": "BIGINT", "replans": "BIGINT",
     "plan_seconds": "DOUBLE", "latency_model": "VARCHAR", "budget_bytes": "BIGINT",
+    "real_peak_bytes": "BIGINT", "spilled_peak_bytes": "BIGINT",
 }
 TRAIN_RESULT = {**TRAIN_JOB, **TRAIN_MEMORY}
 MEMORY_FIELDS = tuple(TRAIN_MEMORY)

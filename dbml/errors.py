@@ -86,6 +86,8 @@ def scheduler_errors(spec, *, job_id: int, device_budget: Callable[[], int]) -> 
                                          and the setting or argument that raises it
     ``BudgetExceeded``                   ``TrainingError``: what the job held against the budget
                                          it ran under (never finishes above it)
+    ``SpillError`` (``SpillFull``)        ``TrainingError``: swapped tensors found no room in the
+                                         temp directory; the settings that give them room
     ``CaptureError``, ``SequenceError``,  unchanged: a bug in the capture, a plan or the executor;
     ``ExecutionError``, ``PlanningError``, its message names the job and the node or pass, and
     any other ``SchedulerError``          its traceback is kept (``dbml_jobs.error`` shows it
@@ -99,9 +101,19 @@ def scheduler_errors(spec, *, job_id: int, device_budget: Callable[[], int]) -> 
     # Imported here, not at the top: every dbml module imports this one, the predict path
     # (dbml.inference) included, and that path must not load the scheduler (make_fx, fx).
     from .scheduler.errors import BudgetExceeded, InfeasibleBudget, NotAdmitted
+    from .scheduler.execute.spill import SpillError, SpillFull
 
     try:
         yield
+    except SpillError as e:
+        own = spec.memory_budget is not None
+        budget = "pass a larger memory_budget :=" if own else "SET VARIABLE dbml_memory_budget to more"
+        why = ("more room than DuckDB's max_temp_directory_size leaves there" if isinstance(e, SpillFull)
+               else f"a file there, and writing it failed ({e.strerror})")
+        fix = "SET max_temp_directory_size to more" if isinstance(e, SpillFull) else \
+            "SET temp_directory to a folder with room"
+        raise TrainingError(f"train(): the tensors the memory scheduler swaps out go to DuckDB's temp_directory "
+                            f"({e.directory}) and need {why}; nothing was stored; {fix}, or {budget}") from None
     except BudgetExceeded as e:
         own = spec.memory_budget is not None
         fix = "pass a larger memory_budget :=" if own else "SET VARIABLE dbml_memory_budget to more"

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from typing import Hashable, Protocol
 
 import torch
 
 from . import models
 from .latency import latency_model
+from .scheduler.execute.devices import CpuDevice
 from .scheduler.execute.runner import ScheduledStep
+from .scheduler.execute.spill import SpillFile, sweep_stale
 from .scheduler.execute.step import EagerStep, StepRunner
 from .scheduler.execute.updating import UpdateSettings
 from .columns import MEMORY_FIELDS
@@ -34,7 +37,7 @@ from .scheduler.latency.estimate import RooflineModel
 from .scheduler.plan.planner import plan
 from .scheduler.multijob.registry import device_ledger, shared_scheduler
 from .scheduler.multijob.scheduler import MemoryScheduler
-from .settings import default_budget
+from .settings import default_budget, parse_bytes
 
 # Drift replans take at most this share of a job's time (UpdateSettings.max_plan_share).
 MAX_PLAN_SHARE = 0.05
@@ -64,7 +67,7 @@ class JobHandle(Protocol):
 
 def make_runner(model: torch.nn.Module, loss_fn, spec, device: str, job: JobHandle,
                 config: Hashable | None = None, *, optimizer: OptimizerSpec | None = None,
-                optimizer_state: list[dict] | None = None) -> StepRunner:
+                optimizer_state: list[dict] | None = None, spill: SpillFile | None = None) -> StepRunner:
     """The step-runner boundary: the TENSILE scheduler, or plain PyTorch for policy 'eager'.
 
     A tensile job without a ``memory_budget`` of its own plans jointly with every other
@@ -75,12 +78,16 @@ def make_runner(model: torch.nn.Module, loss_fn, spec, device: str, job: JobHand
     ``ModelConfig``, or any name of the architecture) share captured graphs. ``spec`` is
     the job's TrainSpec; ``optimizer``: the optimizer spec when not ``spec``'s own (a
     stacked model's, ``dbml.fusion``), ``optimizer_state``: the state to start from
-    (``ScheduledStep(optimizer_state=...)``; a scheduled runner only).
+    (``ScheduledStep(optimizer_state=...)``; a scheduled runner only). ``spill``: on the
+    CPU, the job's spill file (:func:`spill_file`), where swapped tensors go; the runner
+    owns it from here and removes it when it closes.
     """
     if spec.workers > 1:   # one worker of a data-parallel job (dbml.parallel): plain PyTorch under DDP
         from .ddp import DDPStep
         return DDPStep(model, loss_fn, spec.optimizer_spec(), job)
     optimizer = optimizer or spec.optimizer_spec()
+    if spec.policy == "eager" and spill is not None:
+        spill.close()   # plain PyTorch swaps nothing
     if spec.policy == "eager":
         if optimizer_state is not None:
             raise ValueError("make_runner(): policy 'eager' starts from fresh optimizer state")
@@ -98,12 +105,41 @@ def make_runner(model: torch.nn.Module, loss_fn, spec, device: str, job: JobHand
         job.attach_scheduler(scheduler)
         planner = scheduler.planner_for(job.name, wait=True, cancelled=job.cancelled)
     runner = ScheduledStep(model, loss_fn, optimizer, policy=spec.policy, budget_bytes=budget,
-                           device=device, job=job.name, latency_model=estimator, planner=planner,
+                           device=CpuDevice(device, spill=spill) if spill is not None else device, job=job.name, latency_model=estimator, planner=planner,
                            ledger=device_ledger(device), share_graphs=config, optimizer_state=optimizer_state,
                            update=UpdateSettings(beta=spec.replan_beta, threshold=spec.replan_threshold,
                                                  max_plan_share=MAX_PLAN_SHARE))
     runner.latency_source = how   # the train summary reports it
     return runner
+
+
+def spill_file(cur, job: str, device: str) -> SpillFile | None:
+    """On the CPU, the job's spill file in the database's ``temp_directory`` (where DuckDB
+    spills too), within ``max_temp_directory_size`` less what DuckDB holds there now; None
+    on CUDA (host RAM is a GPU's slow tier) and where DuckDB's temp directory is off
+    (``SET temp_directory = ''``: swapped tensors then stay in RAM, and save nothing).
+    Spill files of crashed processes found there are removed first."""
+    if not device.startswith("cpu"):
+        return None
+    directory, limit = cur.execute(
+        "SELECT current_setting('temp_directory'), current_setting('max_temp_directory_size')").fetchone()
+    if not directory:
+        return None
+    held = cur.execute("SELECT coalesce(sum(size), 0) FROM duckdb_temporary_files()").fetchone()[0]
+    sweep_stale(directory)
+    spill = SpillFile(directory, job)
+    spill.limit = max(0, _temp_limit(limit, directory) - int(held))
+    return spill
+
+
+def _temp_limit(setting: str, directory: str) -> int:
+    """DuckDB's ``max_temp_directory_size`` in bytes: a size ('953.6 MiB'), or its default,
+    '90% of available disk space' (of the temp directory's file system)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)% of available disk space\s*", setting or "")
+    if m:
+        st = os.statvfs(directory)
+        return int(float(m.group(1)) / 100 * st.f_bavail * st.f_frsize)
+    return parse_bytes(setting, name="max_temp_directory_size")
 
 
 def job_budget(spec, device: str) -> int:
@@ -206,12 +242,15 @@ def vanilla_peak(model: torch.nn.Module, loss_fn, spec, x: torch.Tensor, y: torc
     return eager_peak(model, loss_fn, spec, x, y)
 
 
-def memory_summary(stats: dict, vanilla: int | None) -> dict:
+def memory_summary(stats: dict, vanilla: int | None, real=None) -> dict:
     """The train summary's memory figures. The vanilla MSR is against, and its
     ``vanilla_source``: 'measured' (``vanilla``, eager PyTorch on a copy; or an eager job's
     own peak, eager being the vanilla) or 'analysed' (the plan's unscheduled peak,
-    release after last use on the captured graph)."""
+    release after last use on the captured graph). ``real``: the job's
+    ``procmem.RealMemory`` (what it added to the process's resident memory at its peak),
+    reported as ``real_peak_bytes`` beside the tracker's ``measured_peak_bytes``."""
     out = {k: stats.get(k) for k in MEMORY_FIELDS}
+    out["real_peak_bytes"] = real.added if real is not None else None
     eager = "policy" not in stats
     if vanilla is None and eager:
         vanilla = stats.get("measured_peak_bytes")

@@ -32,6 +32,7 @@ from .errors import SourceError, TrainingError, scheduler_errors
 from .features import Preprocessing, fit as fit_preprocessing
 from .kinds import FITTERS
 from .runners import JobHandle
+from .scheduler import procmem
 from .scheduler.execute import rng
 from .scheduler.execute.step import EagerStep, StepRunner
 from .settings import resolve_device
@@ -356,7 +357,7 @@ class TrainLoop:
     def memory(self) -> dict:
         """The summary's memory figures, once the loop has ended."""
         stats = {**self.runner.stats(), "latency_model": self.runner.latency_source}
-        return runners.memory_summary(stats, self.vanilla)
+        return runners.memory_summary(stats, self.vanilla, getattr(self, "real", None))
 
 
 def schedule_of(runner) -> tuple | None:
@@ -385,13 +386,20 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
     runners.check_model_fits(config, spec, device)
     loss_fn = loss_function(prep)
     label = torch.int64 if prep.task == "classification" else torch.float32
-    with scheduler_errors(spec, job_id=progress.id,
-                          device_budget=lambda: runners.job_budget(spec, device)):
+    # what the job adds to the process's real memory, from here to its end
+    with procmem.watch() as real, scheduler_errors(spec, job_id=progress.id,
+                                                   device_budget=lambda: runners.job_budget(spec, device)):
         runners.check_plan_fits(config, loss_fn, spec, device, min(spec.batch_size, n_train), label)
         module = models.build_seeded(config, spec.seed).to(device)
         if resume is not None:
             checkpoints.restore_model(module, resume)
-        runner = runners.make_runner(module, loss_fn, spec, device, progress, config)
+        spill = runners.spill_file(cur, progress.name, device)
+        try:
+            runner = runners.make_runner(module, loss_fn, spec, device, progress, config, spill=spill)
+        except BaseException:
+            if spill is not None:
+                spill.close()
+            raise
         # each epoch's validation runs in batches of the job's own size: its activations (no
         # gradients) stay below an iteration's
         validate = (lambda forward: heldout.validate(cur, table, prep, forward, loss_fn, device, n_val, spec.batch_size,
@@ -410,7 +418,9 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
             runner.finish()
         finally:
             runner.close()
+            real.stop()
             progress.release_scheduler()
+    loop.real = real.result
     loop.restore_best()
     return trained_result(cur, table, prep, spec, config, module, loss_fn, device, n_val, history,
                           stream_stats, loop.memory(), loop.early.best_epoch, loop.said())

@@ -3,10 +3,13 @@
 One interface, two backends:
 
 * :class:`CpuDevice` — the device is the CPU. Its "device memory" is the executor's
-  ledger; a swap-out really copies the storage into a separate host store (and the
-  device tensor is dropped), a swap-in copies it back into a fresh allocation. Host
-  buffers come from a pool allocated and touched ahead, as CUDA's pinned ones do: a
-  swap in the first iteration does not pay the page faults of fresh memory.
+  ledger; a swap-out really copies the storage out (and the device tensor is dropped),
+  a swap-in copies it back into a fresh allocation. With a :class:`~.spill.SpillFile`
+  (``spill=``, what dbml gives every job) the copies go to disk, outside the process's
+  memory: the budget then limits real memory. Without one they go to host buffers in
+  RAM — the same memory, which saves nothing real; the benchmark's GPU emulation uses
+  it, as a GPU's host tier — from a pool allocated and touched ahead, as CUDA's pinned
+  ones are: a swap in the first iteration does not pay the page faults of fresh memory.
 * :class:`CudaDevice` — a GPU. Copies run on a side stream into pinned host buffers
   taken from a pool allocated ahead (never per swap); the copy waits on an event
   recorded on the compute stream after the trigger op; ``record_stream`` tells the
@@ -14,7 +17,10 @@ One interface, two backends:
   swap-in's event before its first use. Memory truth: ``torch.cuda`` statistics.
 
 Storages travel as flat ``uint8`` tensors (:func:`storage_bytes`), so any dtype, view
-or layout round-trips bit for bit; :func:`as_view` rebuilds a node's tensor on top.
+or layout round-trips bit for bit; :func:`as_view` rebuilds a node's tensor on top. A
+*host copy* is whatever ``copy_out`` returns (a host tensor, or a spill file's
+:class:`~.spill.Extent`): only the device reads it (``copy_in``, ``host_tensor``) and
+gives it back (``free_host``); ``host_nbytes`` says its size.
 
 Copies are performed by a :class:`CopyChannel`: one thread per device (TENSILE's Swap
 Executor), serving copy jobs in order of their issue time, each no earlier than it.
@@ -27,11 +33,14 @@ import itertools
 import threading
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-__all__ = ["Device", "CpuDevice", "CudaDevice", "CopyChannel", "make_device", "storage_bytes", "as_view"]
+from .spill import Extent, SpillFile
+
+__all__ = ["Device", "Zeros", "CpuDevice", "CudaDevice", "CopyChannel", "make_device", "storage_bytes", "as_view"]
 
 
 def storage_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -44,13 +53,51 @@ def as_view(flat: torch.Tensor, dtype: torch.dtype, size, stride, offset: int) -
     return torch.empty(0, dtype=dtype, device=flat.device).set_(flat.untyped_storage(), offset, size, stride)
 
 
+@dataclass(frozen=True)
+class Zeros:
+    """The host copy of a storage whose bytes are all zero: fresh optimizer state (Adam's
+    moments, a momentum buffer) starts as one, so a plan that keeps that state on the
+    host at the start allocates nothing for it anywhere (torch.optim, too, creates it
+    only at the first step); a swap-in writes zeros into its destination."""
+
+    nbytes: int
+
+    def numel(self) -> int:
+        return self.nbytes
+
+
 class Device:
     """The interface the executor uses; both backends implement every method."""
 
     type = "abstract"
+    # a swap-in's destination is allocated on the compute thread when the swap-in is
+    # issued (where the ledger counts it), not on the copy thread: on the CPU a copy
+    # thread's allocations come from another malloc arena, whose freed blocks the
+    # compute thread cannot reuse, so the process would hold both arenas' peaks
+    alloc_on_issue = False
+    spill: SpillFile | None = None
 
     def __init__(self, device: torch.device):
         self.torch_device = device
+
+    def close(self) -> None:
+        """Give back what the device holds outside memory (its spill file)."""
+        if self.spill is not None:
+            self.spill.close()
+
+    def host_nbytes(self, host) -> int:
+        """The bytes of a host copy."""
+        return host.numel()
+
+    def host_tensor(self, host) -> torch.Tensor:
+        """A host copy as a CPU tensor of its bytes (read from disk for a spilled one)."""
+        if isinstance(host, Zeros):
+            return torch.zeros(host.nbytes, dtype=torch.uint8)
+        if isinstance(host, Extent):
+            out = torch.empty(host.nbytes, dtype=torch.uint8)
+            self.spill.read(host, out)
+            return out
+        return host
 
     # compute-side markers: "everything issued on the compute stream so far"
     def compute_marker(self):
@@ -100,6 +147,8 @@ class _HostPool:
         return self._new_host(nbytes)
 
     def free_host(self, buf: torch.Tensor) -> None:
+        if isinstance(buf, Zeros):
+            return
         with self._pool_lock:
             self._pool[buf.numel()].append(buf)
 
@@ -114,7 +163,10 @@ class _HostPool:
     def copy_in(self, host: torch.Tensor, dst: torch.Tensor):
         """On the copy thread: copy ``host`` into device bytes ``dst``; return a marker
         the compute stream must wait for before using ``dst``."""
-        dst.copy_(host)
+        if isinstance(host, Zeros):
+            dst.zero_()
+        else:
+            dst.copy_(host)
         return None
 
     def use_on_compute(self, dst: torch.Tensor, marker) -> None:
@@ -122,11 +174,44 @@ class _HostPool:
 
 
 class CpuDevice(_HostPool, Device):
-    type = "cpu"
+    """The CPU. ``spill``: the job's spill file, where swapped tensors go (disk); without
+    one, host buffers in RAM (see the module docstring)."""
 
-    def __init__(self, device: torch.device | str = "cpu"):
+    type = "cpu"
+    alloc_on_issue = True
+
+    def __init__(self, device: torch.device | str = "cpu", *, spill: SpillFile | None = None):
         super().__init__(torch.device(device))
         self._init_pool()
+        self.spill = spill
+
+    @property
+    def tier(self) -> str:
+        """Where swapped tensors go: 'disk' (a spill file), or 'memory' (RAM host buffers,
+        or a spill file on a RAM file system such as tmpfs)."""
+        return "disk" if self.spill is not None and self.spill.kind not in ("tmpfs", "ramfs") else "memory"
+
+    def reserve_host(self, sizes) -> None:
+        if self.spill is None:
+            return super().reserve_host(sizes)
+        self.spill.reserve(sizes)
+
+    def free_host(self, buf) -> None:
+        if isinstance(buf, Extent):
+            self.spill.free(buf)
+        else:
+            super().free_host(buf)
+
+    def copy_out(self, src: torch.Tensor, marker):
+        if self.spill is None:
+            return super().copy_out(src, marker)
+        return self.spill.write(src)
+
+    def copy_in(self, host, dst: torch.Tensor):
+        if isinstance(host, Extent):
+            self.spill.read(host, dst)
+            return None
+        return super().copy_in(host, dst)
 
 
 class CudaDevice(_HostPool, Device):
@@ -170,7 +255,10 @@ class CudaDevice(_HostPool, Device):
 
     def copy_in(self, host: torch.Tensor, dst: torch.Tensor):
         with torch.cuda.stream(self._copy_stream):
-            dst.copy_(host, non_blocking=self.pin)
+            if isinstance(host, Zeros):
+                dst.zero_()
+            else:
+                dst.copy_(host, non_blocking=self.pin)
             done = torch.cuda.Event()
             done.record(self._copy_stream)
         done.synchronize()  # the host buffer may go back to the pool only after this
@@ -263,6 +351,9 @@ class CopyChannel:
             except BaseException as e:  # noqa: BLE001 - handed to the compute thread
                 with self._cv:
                     self._error = e
+            # the job's closure may hold device bytes (a swap-in's destination): let them
+            # go now, not when the next job arrives
+            job = None
             with self._cv:
                 self._pending -= 1
                 self._cv.notify_all()

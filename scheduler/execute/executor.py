@@ -44,7 +44,7 @@ import torch
 
 from ..errors import ExecutionError
 from ..graph.sequence import EVENT_RANK, AccessSequence, EventKind, Plan, event_order
-from .devices import CopyChannel, Device
+from .devices import CopyChannel, Device, Zeros, as_view
 from .evictor import PassiveEvictor
 from .iteration import COUNTS, Account, EventRecord, ExecState, IterationLedger, IterationState, OpRecord
 from .pool import BufferPool
@@ -134,6 +134,8 @@ class Executor:
 
     # -- one iteration ---------------------------------------------------------------
     def run(self, state: ExecState, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.fast is not None and state.host and not self.host_at_start:
+            self._zeros_in(state)   # fresh optimizer state, all resident under this plan
         if self.fast is not None and self.fast.accepts(self, state):
             return self.fast.run(self, state, x, y)
         self._begin(state, x, y)
@@ -146,6 +148,20 @@ class Executor:
         loss = self.it.env[self.prog.out_pos[0]]
         self._end(state)
         return loss
+
+    def _zeros_in(self, state: ExecState) -> None:
+        """Allocate, as zeros, the state still held as :class:`~.devices.Zeros` (fresh
+        optimizer state): a plan that keeps nothing on the host at its start holds it
+        resident, as the interpreter's first iteration would make it."""
+        prog = self.prog
+        for i, host in list(state.host.items()):
+            if not isinstance(host, Zeros):
+                continue
+            val = prog.nodes[prog.placeholders[i]].meta["val"]
+            flat = self.device.alloc(host.nbytes)
+            flat.zero_()
+            state.values[i] = as_view(flat, val.dtype, tuple(val.shape), tuple(val.stride()), 0)
+            del state.host[i]
 
     def _run_ops(self) -> None:
         """The hot loop: the ledger's ``alloc`` inlined, everything it reads bound to

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from ..graph.capture import graph_state, state_keys, trainable
+from ..graph.capture import graph_state, graph_state_without_optimizer, initial_states, state_keys, trainable
 from ..graph.chunks import join, unit_layout
 from ..graph.optim import OptimizerSpec
-from .devices import Device, as_view
+from .devices import Device, Zeros, as_view
 from .iteration import ExecState
 
 __all__ = ["initial_state", "state_value", "model_values", "optimizer_states", "load_optimizer_states"]
@@ -25,8 +25,23 @@ def initial_state(model: torch.nn.Module, spec: OptimizerSpec, optimizer_state: 
                   ) -> ExecState:
     """The job's state as the executor holds it: parameters (a large one in pieces:
     ``spec.update_chunk_bytes``), buffers, optimizer state (per piece; fresh, or
-    ``optimizer_state`` resumed, as :func:`optimizer_states` reads it)."""
-    return ExecState(graph_state(model, spec, optimizer_state))
+    ``optimizer_state`` resumed, as :func:`optimizer_states` reads it).
+
+    Fresh optimizer state is not allocated here: each tensor of it is a :class:`~.devices.Zeros`
+    host copy, brought onto the device (as zeros) where the plan wants it at the start of
+    the first iteration. A plan that keeps it on the host (disk) until the optimizer
+    phase never holds it all in memory at once; eager PyTorch creates it at the first step."""
+    if optimizer_state is not None:
+        return ExecState(graph_state(model, spec, optimizer_state))
+    meta = [torch.empty_like(p, device="meta") for p in model.parameters()]
+    state = ExecState(graph_state_without_optimizer(model, spec))
+    for t in initial_states(spec, model, meta):
+        if t.device.type == "meta":
+            state.host[len(state.values)] = Zeros(t.untyped_storage().nbytes())
+            state.values.append(None)
+        else:   # Adam's step: a CPU scalar
+            state.values.append(t)
+    return state
 
 
 def state_value(state: ExecState, device: Device, i: int, like: torch.Tensor, move: bool = True) -> torch.Tensor:
@@ -34,11 +49,12 @@ def state_value(state: ExecState, device: Device, i: int, like: torch.Tensor, mo
     ``move=False`` read from there, and the state left as it is)."""
     v = state.values[i]
     if v is None and not move:
-        return as_view(state.host[i].to(device.torch_device), like.dtype, tuple(like.shape), tuple(like.stride()), 0)
+        return as_view(device.host_tensor(state.host[i]).to(device.torch_device), like.dtype, tuple(like.shape),
+                       tuple(like.stride()), 0)
     if v is None:
         host = state.host.pop(i)
-        flat = device.alloc(host.numel())
-        flat.copy_(host)
+        flat = device.alloc(device.host_nbytes(host))
+        device.use_on_compute(flat, device.copy_in(host, flat))
         device.free_host(host)
         v = as_view(flat, like.dtype, tuple(like.shape), tuple(like.stride()), 0)
         state.values[i] = v

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import mmap
 import sys
 import threading
 from collections import Counter
@@ -61,7 +62,7 @@ from typing import Callable, Hashable, Mapping
 import torch
 
 from .. import config
-from ..hostmem import keep_freed_host_memory
+from ..hostmem import bounded, keep_freed_host_memory
 from ..errors import BudgetExceeded
 from ..graph.access import build_sequence
 from ..graph.capture import CapturedStep
@@ -73,7 +74,7 @@ from ..multijob.ledger import DeviceLedger, JobAccount
 from ..plan.planner import PlanSettings
 from ..plan.vdnn import vdnn_plan
 from .codegen import fast_path_for
-from .devices import Device, make_device
+from .devices import Device, as_view, make_device
 from .executor import Executor, Program
 from .jobstate import initial_state, load_optimizer_states, model_values, optimizer_states
 from .planners import SEARCHES, ExternalPlanner, FixedPlanner, LocalPlanner, SearchPlanner, as_planner
@@ -138,11 +139,13 @@ class RunnerStats:
     plan_changes: int
     planned_extra_seconds: float
     device_max_allocated_bytes: int | None = None   # CUDA only: the allocator's peak
+    spilled_peak_bytes: int | None = None           # the CPU's spill file at its largest (None: no spill file)
 
     @classmethod
     def collect(cls, policy: str, budget_bytes: int | None, plans: list[Plan], executors: list[Executor],
                 graphs: int, counts: PlanCounts, plan_changes: int,
-                device_max_allocated_bytes: int | None = None) -> RunnerStats:
+                device_max_allocated_bytes: int | None = None, spilled_peak_bytes: int | None = None
+                ) -> RunnerStats:
         t: Counter = Counter()
         for e in executors:
             t.update(e.totals)
@@ -162,19 +165,42 @@ class RunnerStats:
             plan_seconds=counts.plan_seconds, replans=counts.replans, failed_replans=counts.failed_replans,
             deferred_replans=counts.deferred_replans, replan_seconds=counts.replan_seconds,
             plan_changes=plan_changes, planned_extra_seconds=sum(p.extra_time for p in plans),
-            device_max_allocated_bytes=device_max_allocated_bytes)
+            device_max_allocated_bytes=device_max_allocated_bytes, spilled_peak_bytes=spilled_peak_bytes)
 
     @property
     def summary(self) -> str:
         return summary_line(dataclasses.asdict(self))
 
     def as_dict(self) -> dict:
-        """Every field (``device_max_allocated_bytes`` only on CUDA), then ``summary``."""
+        """Every field (``device_max_allocated_bytes`` only on CUDA, ``spilled_peak_bytes``
+        only with a spill file), then ``summary``."""
         out = dataclasses.asdict(self)
-        if out["device_max_allocated_bytes"] is None:
-            del out["device_max_allocated_bytes"]
+        for optional in ("device_max_allocated_bytes", "spilled_peak_bytes"):
+            if out[optional] is None:
+                del out[optional]
         out["summary"] = summary_line(out)
         return out
+
+
+def hollow(model: torch.nn.Module) -> None:
+    """Point ``model``'s parameters and buffers at placeholders of the same dtype, shape
+    and strides whose memory the process never touches (anonymous ``mmap`` pages: no
+    resident memory until written), so that the runner's state holds the only reference
+    to the real values.
+
+    Why: the state's units are the model's own storages. A plan that swaps a parameter
+    out (to disk) drops the executor's reference, but the model's would keep the bytes
+    in memory: the ledger would count them freed while the process still holds them.
+    :meth:`ScheduledStep.finish` puts the trained values back. Until then nothing reads
+    the model's values: capture reads only their metadata, and the runner's ``values()``
+    reads the state."""
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            n = t.untyped_storage().nbytes()
+            if n == 0 or t.device.type != "cpu":
+                continue
+            flat = torch.frombuffer(mmap.mmap(-1, n), dtype=torch.uint8)
+            t.data = as_view(flat, t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
 
 
 class GraphSchedule:
@@ -253,6 +279,12 @@ class ScheduledStep:
         self.iteration_plans: list[Plan] = []
         self.plan_changes = 0       # plans taken at an iteration boundary, from any source
         self.state = initial_state(model, spec, optimizer_state)
+        self._bounded = None
+        if self.device.spill is not None:
+            hollow(model)   # the state holds the only reference: a swapped parameter frees real memory
+            if budget_bytes is not None and self.policy != "none":
+                # under a budget, the process's memory follows the tensors held, not malloc's high-water mark
+                self._bounded = bounded().__enter__()
 
     # -- views kept for callers and tests ----------------------------------------------
     def schedules(self) -> dict[Hashable, GraphSchedule]:
@@ -409,7 +441,8 @@ class ScheduledStep:
 
     def finish(self) -> None:
         """Write the trained parameters and buffers back into the model (a parameter held
-        in pieces joined whole)."""
+        in pieces joined whole). With a spill file, the model's own tensors are
+        placeholders until then (:func:`hollow`)."""
         tensors = list(self.model.parameters()) + list(self.model.buffers())
         values = model_values(self.state, self.device, self.model, self.spec)
         with torch.no_grad():
@@ -435,6 +468,10 @@ class ScheduledStep:
         once the job's device memory is given back, e.g. after :meth:`finish`)."""
         for g in self._graphs.values():
             g.executor.close()
+        self.device.close()   # its spill file, if any, is removed
+        if self._bounded is not None:
+            self._bounded.__exit__(None, None, None)
+            self._bounded = None
         if self.account is not None:
             self.account.close()
 
@@ -443,7 +480,8 @@ class ScheduledStep:
         return RunnerStats.collect(
             self.policy, self.budget_bytes, list(self.plans.values()), self.executors(), len(self.graphs),
             self.planning.counts, self.plan_changes,
-            torch.cuda.max_memory_allocated(self.device.torch_device) if cuda else None)
+            torch.cuda.max_memory_allocated(self.device.torch_device) if cuda else None,
+            self.device.spill.peak if self.device.spill is not None else None)
 
     def stats(self) -> dict:
         return self.runner_stats().as_dict()

@@ -221,10 +221,12 @@ class Transfers:
             # plan): the channel runs jobs by due time, and this copy needs that one's result
             at = max(at, self.out_at[sid])
 
+        ahead = self.device.alloc(nbytes) if self.device.alloc_on_issue else None
+
         def job():
             t0 = time.perf_counter()
             host = self.host_store[sid]   # a swap-out of it, issued earlier, has completed
-            dst = self.device.alloc(nbytes)
+            dst = ahead if ahead is not None else self.device.alloc(nbytes)
             marker = self.device.copy_in(host, dst)
             self._copied(nbytes, t0)
             with ledger.cv:

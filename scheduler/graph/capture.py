@@ -71,7 +71,7 @@ from .optim import OptimizerSpec, add_l1, make_optimizer
 from .sequence import Phase, TensorKind
 from ..errors import CaptureError
 
-__all__ = ["CapturedStep", "CaptureError", "capture", "annotate", "state_keys",
+__all__ = ["CapturedStep", "CaptureError", "capture", "annotate", "state_keys", "graph_state_without_optimizer",
            "init_state", "initial_states", "resumed_states", "graph_state", "trainable", "batch_signature", "tensor_slots"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -220,9 +220,14 @@ def graph_state(model: torch.nn.Module, spec: OptimizerSpec, optimizer_state: li
     units (a whole parameter is the model's own tensor, detached; a piece a copy),
     the buffers, the optimizer state (fresh, or ``optimizer_state`` resumed:
     :func:`resumed_states`)."""
-    units = unit_tensors(unit_layout(model, spec.update_chunk_bytes), list(model.parameters()))
     states = initial_states(spec, model) if optimizer_state is None else resumed_states(spec, model, optimizer_state)
-    return units + [b.detach() for b in model.buffers()] + states
+    return graph_state_without_optimizer(model, spec) + states
+
+
+def graph_state_without_optimizer(model: torch.nn.Module, spec: OptimizerSpec) -> list[torch.Tensor]:
+    """:func:`graph_state`'s parameters' units and buffers (the optimizer state follows them)."""
+    units = unit_tensors(unit_layout(model, spec.update_chunk_bytes), list(model.parameters()))
+    return units + [b.detach() for b in model.buffers()]
 
 
 def tensor_slots(model: torch.nn.Module) -> dict[str, str]:
