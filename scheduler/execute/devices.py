@@ -38,7 +38,7 @@ from typing import Callable
 
 import torch
 
-from .spill import Extent, SpillFile
+from .spill import Extent, SpillFile, tier_of
 
 __all__ = ["Device", "Zeros", "CpuDevice", "CudaDevice", "CopyChannel", "make_device", "storage_bytes", "as_view"]
 
@@ -79,6 +79,11 @@ class Device:
 
     def __init__(self, device: torch.device):
         self.torch_device = device
+
+    def copy_bandwidth(self) -> float | None:
+        """Bytes/s of a swap each way where the device knows it better than the latency
+        model's machine figures (a spill file's disk), else None."""
+        return None
 
     def close(self) -> None:
         """Give back what the device holds outside memory (its spill file)."""
@@ -190,6 +195,11 @@ class CpuDevice(_HostPool, Device):
         """Where swapped tensors go: 'disk' (a spill file), or 'memory' (RAM host buffers,
         or a spill file on a RAM file system such as tmpfs)."""
         return "disk" if self.spill is not None and self.spill.kind not in ("tmpfs", "ramfs") else "memory"
+
+    def copy_bandwidth(self) -> float | None:
+        if self.spill is None:
+            return None
+        return tier_of(self.spill.directory).bandwidth
 
     def reserve_host(self, sizes) -> None:
         if self.spill is None:

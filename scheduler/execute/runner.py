@@ -318,7 +318,7 @@ class ScheduledStep:
         return self._graphs[key]
 
     def _build(self, captured: CapturedStep) -> GraphSchedule:
-        seq = build_sequence(captured, self.latency_model, self.job)
+        seq = build_sequence(captured, self.latency_model, self.job, copy_bandwidth=self.device.copy_bandwidth())
         fallback = max((g.executor.budget or g.plan.peak_bytes for g in self._graphs.values()), default=None)
         start = self._policy.first_plan(seq, fallback)
         self._reserve(seq, start.plan)

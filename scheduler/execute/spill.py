@@ -30,6 +30,7 @@ import mmap
 import os
 import re
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +38,8 @@ import torch
 
 from ..errors import SchedulerError
 
-__all__ = ["SpillFile", "Extent", "SpillError", "SpillFull", "sweep_stale", "BLOCK", "CHUNK", "file_system"]
+__all__ = ["SpillFile", "Extent", "SpillError", "SpillFull", "sweep_stale", "BLOCK", "CHUNK", "file_system",
+           "Tier", "measure_tier", "calibrate_tier", "tier_of"]
 
 BLOCK = 4096          # O_DIRECT's alignment of offsets, lengths and buffers (a page covers every block size)
 CHUNK = 4 << 20       # the bounce buffer: 4 MiB per job, large enough that a syscall's cost is noise
@@ -271,3 +273,100 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+# -- the tier's speed ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Tier:
+    """A spill directory's measured speed: bytes/s each way and the fixed cost of one copy
+    (s), as calibration measures host<->device copies."""
+
+    write: float
+    read: float
+    latency: float
+
+    @property
+    def bandwidth(self) -> float:
+        """What the planner plans each copy with (``AccessSequence.copy_bandwidth``, one
+        figure for both ways): the slower way. A swap-out frees its bytes only once written,
+        so the write is what the peak waits for; a swap-in planned at the write's speed
+        arrives early, never late."""
+        return min(self.write, self.read)
+
+
+PROBE_BYTES = 32 << 20
+_tiers: dict[int, Tier] = {}     # by the file system's st_dev: a cache of pure facts of this machine
+_tiers_lock = threading.Lock()
+
+
+def measure_tier(directory: str | os.PathLike, nbytes: int = PROBE_BYTES) -> Tier:
+    """Write and read back ``nbytes`` in chunks through a spill file in ``directory``
+    (as swaps do: O_DIRECT, the copy thread's bounce buffer), and one block each way for
+    the fixed cost. Best of two rounds: a loaded machine's slow round is noise."""
+    spill = SpillFile(directory, "probe")
+    try:
+        src = torch.ones(nbytes, dtype=torch.uint8)
+        dst = torch.empty(nbytes, dtype=torch.uint8)
+        small = torch.ones(BLOCK, dtype=torch.uint8)
+        write = read = lat = float("inf")
+        for _ in range(2):
+            t0 = time.perf_counter()
+            e = spill.write(src)
+            t1 = time.perf_counter()
+            spill.read(e, dst)
+            t2 = time.perf_counter()
+            spill.free(e)
+            f = spill.write(small)
+            t3 = time.perf_counter()
+            spill.read(f, small)
+            t4 = time.perf_counter()
+            spill.free(f)
+            write, read, lat = min(write, t1 - t0), min(read, t2 - t1), min(lat, (t4 - t2) / 2)
+        return Tier(write=nbytes / write, read=nbytes / read, latency=lat)
+    finally:
+        spill.close()
+
+
+def _tiers_file() -> Path:
+    from .. import config
+    return config.cache_dir() / "spill-tiers.json"
+
+
+def calibrate_tier(directory: str | os.PathLike) -> Tier:
+    """Measure the file system holding ``directory`` and keep the figures in the cache
+    (``<cache>/spill-tiers.json``, by file system): ``python -m dbml install`` does this
+    for the directory DuckDB spills to by default, so a job plans with the tier's speed
+    from its first iteration, as with the copy bandwidth calibration measures."""
+    import json
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    tier = measure_tier(directory)
+    dev = os.stat(directory).st_dev
+    path = _tiers_file()
+    try:
+        known = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError):
+        known = {}
+    known[str(dev)] = {"write": tier.write, "read": tier.read, "latency": tier.latency}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(known, indent=1))
+    with _tiers_lock:
+        _tiers[dev] = tier
+    return tier
+
+
+def tier_of(directory: str | os.PathLike) -> Tier:
+    """The speed of the file system holding ``directory``: calibrated at install
+    (:func:`calibrate_tier`), else measured once per process and file system
+    (:func:`measure_tier`, about 0.1 s on this project's machines)."""
+    import json
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    dev = os.stat(directory).st_dev
+    with _tiers_lock:
+        if dev not in _tiers:
+            try:
+                known = json.loads(_tiers_file().read_text()).get(str(dev))
+                _tiers[dev] = Tier(float(known["write"]), float(known["read"]), float(known["latency"]))
+            except (OSError, ValueError, TypeError, KeyError, AttributeError):
+                _tiers[dev] = measure_tier(directory)
+        return _tiers[dev]
