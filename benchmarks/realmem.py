@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
 import os
 import statistics
@@ -81,9 +82,8 @@ def warm_up() -> None:
     ``import_bytes`` in each row says how much it was."""
     warm = torch.nn.Conv2d(3, 4, 3)
     warm(torch.randn(1, 3, 8, 8)).sum().backward()
-    import torch._dynamo  # noqa: F401
-    import torch._functorch.partitioners  # noqa: F401
-    import torch.fx.experimental.symbolic_shapes  # noqa: F401
+    for name in ("torch._dynamo", "torch._functorch.partitioners", "torch.fx.experimental.symbolic_shapes"):
+        importlib.import_module(name)
 
 
 def run_one(workload: str, method: str, budget: int | None, iters: int, spill_dir: str) -> dict:

@@ -63,7 +63,7 @@ import torch
 
 from .. import config
 from ..hostmem import bounded, keep_freed_host_memory
-from ..errors import BudgetExceeded
+from ..errors import BudgetExceeded, InfeasibleBudget
 from ..graph.access import build_sequence
 from ..graph.capture import CapturedStep
 from ..graph.graphs import GraphCache
@@ -78,6 +78,7 @@ from .devices import Device, as_view, make_device
 from .executor import Executor, Program
 from .jobstate import initial_state, load_optimizer_states, model_values, optimizer_states
 from .planners import SEARCHES, ExternalPlanner, FixedPlanner, LocalPlanner, SearchPlanner, as_planner
+from .spill import BLOCK, CHUNK
 from .policies import PlanCounts, Planning, make_policy
 from .step import LossFn
 from .updating import LatencyTracker, UpdateSettings
@@ -280,6 +281,7 @@ class ScheduledStep:
         self.plan_changes = 0       # plans taken at an iteration boundary, from any source
         self.state = initial_state(model, spec, optimizer_state)
         self._bounded = None
+        self.real_reserve: int | None = None   # bytes taken off the planner's budget (_reserve_real)
         if self.device.spill is not None:
             hollow(model)   # the state holds the only reference: a swapped parameter frees real memory
             if budget_bytes is not None and self.policy != "none":
@@ -314,11 +316,40 @@ class ScheduledStep:
         captured = self.graphs.get(x, y)
         key = captured.signature
         if key not in self._graphs:
-            self._graphs[key] = self._build(captured)
+            try:
+                self._graphs[key] = self._build(captured)
+            except InfeasibleBudget as e:
+                if not self.real_reserve:
+                    raise
+                raise InfeasibleBudget(repr(self.job), self.budget_bytes, e.min_budget + self.real_reserve) from None
         return self._graphs[key]
+
+    # -- the budget bounds real memory (a spilling job alone) ---------------------------
+    def _plans_real_memory(self) -> bool:
+        """A job alone whose swaps go to disk: its budget is the process's real memory, so
+        what it holds besides tensors is taken off the budget its plans get."""
+        return self.device.spill is not None and self.budget_bytes is not None \
+            and isinstance(self.planner, LocalPlanner) and self.policy == "tensile"
+
+    def _reserve_real(self, seq: AccessSequence) -> None:
+        """Take off the planner's budget the memory the job holds for its swaps that is no
+        tensor of its plan: the pages of the spill file's bounce buffer that swaps touch
+        (its largest storage, up to the buffer's size). What else a process holds besides
+        tensors — graphs and plans (~10 MB for a ResNet), a process's first capture's
+        imports of torch's compiler stack (~46 MB), allocator slack — is not known
+        ahead, or not the job's: the summary's ``real_peak_bytes`` and the benchmark
+        (``benchmarks/realmem.py``) report it beside the budget."""
+        largest = max((t.nbytes for t in seq.tensors), default=0)
+        self.real_reserve = min(CHUNK, -(-largest // BLOCK) * BLOCK)
+        budget = max(1, self.budget_bytes - self.real_reserve)
+        self.planner.budget_bytes = budget
+        if hasattr(self._policy, "budget_bytes"):
+            self._policy.budget_bytes = budget
 
     def _build(self, captured: CapturedStep) -> GraphSchedule:
         seq = build_sequence(captured, self.latency_model, self.job, copy_bandwidth=self.device.copy_bandwidth())
+        if self.real_reserve is None and self._plans_real_memory():
+            self._reserve_real(seq)
         fallback = max((g.executor.budget or g.plan.peak_bytes for g in self._graphs.values()), default=None)
         start = self._policy.first_plan(seq, fallback)
         self._reserve(seq, start.plan)
