@@ -313,7 +313,7 @@ def test_random_plans_are_valid(seq, frac, knobs):
     # plan and for the one recomputing first (plan_jobs keeps the better where copies stall)
     found = []
     for first in (False, True):
-        (state,) = planner.schedule([seq], budget, knobs, recompute_first=first)
+        (state,) = planner.schedule([seq], budget, knobs, by_tier=first)
         found.append(state.plan("tensile"))
         assert state.peak_bytes() == found[-1].peak_bytes
     assert p in found

@@ -94,11 +94,11 @@ class PlanSettings:
     # that point, each from its own inputs (recompute.py: a chain from resident tensors,
     # as checkpointing recomputes a block); 0 = the paper's: every input resident.
     recompute_chain: int = 8
-    # Recompute a tensor rather than copy it where its regeneration takes less than this
-    # times its one-way copy time (rules.recompute_wins: fewer FLOPs per byte than the
-    # achieved FLOP rate over the tier's bandwidth); 0 = the waits alone price a swap.
-    # With the rule, a plan whose swaps stall is planned again taking such recomputes
-    # before stall-free swaps too, and the plan with less added time is kept.
+    # Where a plan's copies stall, plan again recomputing, rather than copying, a tensor
+    # whose regeneration takes less than this times its one-way copy time
+    # (rules.recompute_wins: fewer FLOPs per byte than the achieved FLOP rate over the
+    # tier's bandwidth), and keep the plan with less added time; 0 = never (the waits
+    # alone price a swap).
     recompute_ratio: float = 1.0
 
     def __post_init__(self) -> None:
@@ -133,7 +133,7 @@ def plan_jobs(seqs: Sequence[AccessSequence], budget_bytes: int,
     if _tier_priced(settings, policy) and any(state.curve.waited > 0 for state in jobs):
         # its copies stall: channel time is scarce, so plan again recomputing first what
         # regenerates faster than it copies (rules.recompute_wins), and keep the better
-        again = _plans(schedule(seqs, budget_bytes, settings, policy, recompute_first=True), policy)
+        again = _plans(schedule(seqs, budget_bytes, settings, policy, by_tier=True), policy)
         plans = min((plans, again), key=lambda ps: (max(sum(p.peak_bytes for p in ps.values()), budget_bytes),
                                                      sum(p.extra_time for p in ps.values())))
     reached = sum(p.peak_bytes for p in plans.values())
@@ -154,12 +154,13 @@ def _tier_priced(settings: PlanSettings, policy: str) -> bool:
 
 
 def schedule(seqs: Sequence[AccessSequence], budget: int, settings: PlanSettings,
-             policy: str = "tensile", recompute_first: bool = False) -> list[PlanState]:
+             policy: str = "tensile", by_tier: bool = False) -> list[PlanState]:
     """Algorithm 3's loop: one swap (or recompute) per round until the peak fits or
     nothing more can be placed. The passes propose; only this loop commits.
-    ``recompute_first``: a tensor that regenerates faster than it copies
-    (``rules.recompute_wins``) is recomputed rather than swapped even where its swap
-    would stall nothing (its copies would take channel time that later swaps need)."""
+    ``by_tier``: a tensor that regenerates faster than the tier copies it
+    (``rules.recompute_wins``) is recomputed rather than swapped, even where its swap
+    would stall nothing (its copies would take channel time that later swaps need), and
+    such a recompute goes before any swap that stalls."""
     shared = Channel()
     jobs = [PlanState(s, shared if settings.shared_channel else Channel(), settings.shared_channel)
             for s in seqs]
@@ -174,15 +175,15 @@ def schedule(seqs: Sequence[AccessSequence], budget: int, settings: PlanSettings
         if peak <= budget and (settings.stop_when_fits or phase is not _SWAP):
             break
         if phase is _SWAP:
-            if not _swap_round(jobs, settings, recompute_first=recompute_first):
+            if not _swap_round(jobs, settings, recompute_first=by_tier):
                 phase = _RECOMPUTE if settings.choice == "paper" and settings.recompute else _after_paper(settings)
         elif phase is _RECOMPUTE:
             if not _recompute_round(jobs, peak, settings.recompute_chain):
                 phase = _after_paper(settings)
             elif settings.resume_swapping:
                 phase = _SWAP   # the peak moved: swaps may fit again
-        elif not (_swap_round(jobs, settings, settings.min_gain * peak, recompute_first)
-                  or _cheapest_round(jobs, settings, peak)):
+        elif not (_swap_round(jobs, settings, settings.min_gain * peak, by_tier)
+                  or _cheapest_round(jobs, settings, peak, by_tier)):
             phase = None
         history.append(_global_peak(jobs))
         if _stalled(history, settings):
@@ -314,13 +315,14 @@ def _recompute_round(jobs: list[PlanState], peak: int, chain: int = 0) -> bool:
     return False
 
 
-def _cheapest_round(jobs: list[PlanState], settings: PlanSettings, peak: int) -> bool:
+def _cheapest_round(jobs: list[PlanState], settings: PlanSettings, peak: int, by_tier: bool = False) -> bool:
     """Commit the option with the least added seconds per byte freed at some job's peak
-    (a stalling swap, a recompute) that keeps the global peak from rising."""
+    (a stalling swap, a recompute) that keeps the global peak from rising; ``by_tier``:
+    a recompute that wins over copying (``_tier``) before any swap that stalls."""
     options = []
     for j, state in enumerate(jobs):
         with _context(state, "cheapest options"):
-            options += [(_tier(state, p, settings), cost, -nbytes, j, n, p)
+            options += [(_tier(state, p, settings) if by_tier else 0, cost, -nbytes, j, n, p)
                         for n, (cost, nbytes, p) in enumerate(_priced(state, settings))]
     # tensors too small to count as progress (``min_gain``) only when nothing else is left:
     # a free swap of 4 bytes is cheapest per byte, and does nothing for the peak
