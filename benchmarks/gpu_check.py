@@ -209,15 +209,20 @@ def main(argv=None) -> int:
     print(f"fp32 matmul {n}x{n}: {flops / 1e12:.2f} TFLOPS", flush=True)
     memory = memory_bandwidth(device, nbytes * 4)
     print(f"device memory: {memory / 1e9:.0f} GB/s", flush=True)
-    rows = [] if args.dry_run else workload_rows(args.workloads.split(","), device, args.steps)
-    for r in rows:
-        print(json.dumps(r), flush=True)
+    # the profile first: if the workloads run out of time, it is there
     p = measured_profile(name.lower().replace(" ", "-"), copies, flops, memory)
     (out / "profile.json").write_text(json.dumps(emulate.profile_json(p), indent=1) + "\n")
     report = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "dry_run": args.dry_run,
-              "load_average": list(os.getloadavg()), "copies": copies, "matmul_flops": flops, "matmul_n": n, "memory_bandwidth": memory,
-              "workloads": rows, "profile": emulate.profile_json(p)}
+              "load_average": list(os.getloadavg()), "copies": copies, "matmul_flops": flops, "matmul_n": n,
+              "memory_bandwidth": memory, "workloads": [], "profile": emulate.profile_json(p)}
     (out / "gpu_check.json").write_text(json.dumps(report, indent=1) + "\n")
+    for w in ([] if args.dry_run else args.workloads.split(",")):   # the report rewritten after each
+        try:
+            report["workloads"] += workload_rows([w], device, args.steps)
+        except Exception as err:   # noqa: BLE001 - recorded; the other workloads still run
+            report["workloads"].append({"workload": w, "error": f"{type(err).__name__}: {err}"})
+        print(json.dumps(report["workloads"][-1]), flush=True)
+        (out / "gpu_check.json").write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {out / 'profile.json'} and {out / 'gpu_check.json'}")
     return 0
 
