@@ -120,12 +120,21 @@ def test_views_share_their_base_storage(captured):
     assert addmm.meta["dbml_nbytes"] == 8 * 32 * 4
 
 
-def test_batchnorm_is_marked_never_recompute():
+def test_batchnorm_mutates_its_statistics_only_and_is_replayable():
+    """BatchNorm writes its running statistics (and nothing else): replayed on copies of
+    them, so its outputs may be recomputed; an op with a schema-declared write may not."""
+    from dbml.scheduler.graph.access import replayable
+    from dbml.scheduler.graph.capture import writes_statistics_only
     c = capture(cnn(), loss_fn, OptimizerSpec("sgd"), batch(4, (3, 5, 5)))
     bn = next(n for n in c.graph.nodes if n.target is torch.ops.aten.native_batch_norm.default)
-    assert bn.meta["dbml_mutates"] and not bn.meta["dbml_random"]
+    assert bn.meta["dbml_mutates"] and not bn.meta["dbml_random"] and writes_statistics_only(bn)
     seq = build_sequence(c, RooflineModel(MACHINE))
-    assert all(seq.tensors[t].not_replayable for t in seq.ops[op_nodes(c).index(bn)].outputs)
+    assert not any(seq.tensors[t].not_replayable for t in seq.ops[op_nodes(c).index(bn)].outputs)
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    add_ = g.call_function(torch.ops.aten.add_.Tensor, (x, x))
+    add_.meta["dbml_mutates"] = True
+    assert not writes_statistics_only(add_) and not replayable(add_)
 
 
 def test_graph_cache_new_batch_shape_new_graph():

@@ -231,8 +231,35 @@ def test_batchnorm_running_stats_and_last_smaller_batch_graph():
     want, _ = h.eager()
     got, _, ex, _ = h.run(h.plan(swap_gaps(h, 3)))
     assert_identical(got, want)   # includes running_mean, running_var, num_batches_tracked
-    bn = [t for t in h.seq.tensors if t.name.startswith("getitem") and t.not_replayable]
-    assert bn, "BatchNorm outputs are marked never-recompute (the op updates running stats)"
+
+
+def test_batchnorm_recomputed_on_copies_of_its_statistics_is_bit_identical():
+    """A recompute of BatchNorm's output (and of ReLU's through it, a chain) re-runs the
+    op on copies of its running statistics: the same bits, and the statistics updated once
+    per step, as eager updates them."""
+    def cnn():
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4),
+                                   torch.nn.ReLU(), torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.ReLU(),
+                                   torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 10))
+    h = Harness(cnn, OptimizerSpec("sgd", lr=0.05), data=batches(3, 8, (3, 6, 6)))
+    want, _ = h.eager()
+    names = {op.index: op.name for op in h.seq.ops}
+    bn_op = next(i for i, n in names.items() if n.startswith("native_batch_norm") and h.seq.ops[i].phase.value == "forward")
+    bn_out = h.seq.ops[bn_op].outputs[0]
+    relu_op = next(i for i in range(bn_op + 1, len(names)) if bn_out in h.seq.ops[i].inputs and h.seq.ops[i].outputs)
+    relu_out = h.seq.ops[relu_op].outputs[0]
+    assert not h.seq.tensors[bn_out].not_replayable
+    acc = list(h.live.accesses[relu_out])
+    a, b = acc[-2], acc[-1]   # relu's output: released after its last forward read, remade for backward
+    assert b - a >= 2 and h.live.last_access(bn_out) < b
+    events = list(release_events(h.seq)) + [Event(a, 0.0, R, relu_out), Event(b - 1, 0.0, RC, relu_out, b, (bn_out,))]
+    plan = h.plan(events)
+    check_plan(h.seq, plan)
+    got, _, ex, peaks = h.run(plan, budget=plan.peak_bytes)
+    assert_identical(got, want)   # includes running_mean, running_var, num_batches_tracked
+    assert ex.totals["recomputes"] == len(h.data) and ex.totals["passive_recomputes"] == 0
+    assert check_event_log(ex.event_log) == []
+    assert max(peaks) <= plan.peak_bytes
 
 
 def test_released_buffers_are_reused_within_the_planned_peak():

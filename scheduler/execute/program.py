@@ -20,7 +20,7 @@ import torch.fx as fx
 from ..errors import ExecutionError
 from .rng import RandomOp
 from ..graph.access import op_nodes, output_nodes
-from ..graph.capture import HIDDEN_MUTATIONS, CapturedStep
+from ..graph.capture import HIDDEN_MUTATIONS, CapturedStep, writes_statistics_only
 from ..graph.sequence import AccessSequence
 from ..plan.liveness import analyse_liveness
 from ..plan.rules import op_added_bytes
@@ -117,6 +117,30 @@ PLAIN, MULTI, SKIP, SPECIAL = 0, 1, 2, 3   # SPECIAL: plain, but written in plac
 MIN_REUSE_BYTES = 64 * 1024   # below this, allocation is cheap: not worth a pool lookup
 MAX_POOLED_PER_SIZE = 4
 _HIDDEN_WRITES = HIDDEN_MUTATIONS   # op name -> argument positions; one owner: capture.py
+
+
+class OnCopies:
+    """An op whose only writes are hidden statistics (``HIDDEN_MUTATIONS``), re-run for a
+    recompute on copies of those arguments: its outputs are the same bits (in training
+    BatchNorm normalises by the batch's statistics, not the running ones) and the running
+    statistics stay as the op's own run left them. The copies are a few floats per channel,
+    freed on return, like any kernel's scratch."""
+
+    def __init__(self, op: torch._ops.OpOverload):
+        self.op, self.written = op, _HIDDEN_WRITES[op.overloadpacket.__name__]
+        self.names = {op._schema.arguments[i].name for i in self.written}
+
+    def __call__(self, *args, **kwargs):
+        args = [_copy(a) if i in self.written else a for i, a in enumerate(args)]
+        kwargs = {k: _copy(v) if k in self.names else v for k, v in kwargs.items()}
+        return self.op(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"OnCopies({self.op!r})"
+
+
+def _copy(a):
+    return a.clone() if isinstance(a, torch.Tensor) else a
 
 
 def _written_storages(node: fx.Node) -> tuple[int, ...]:
@@ -220,6 +244,9 @@ class Program:
             self.calls.append(_compile(node, pos, ns, target=target))
             self.call_spec.append((target, None, None))
         self.replay_calls = list(self.calls)
+        for k, node in enumerate(self.op_nodes):   # BatchNorm re-run on copies of its statistics
+            if self.calls[k] is not None and node.meta.get("dbml_mutates") and writes_statistics_only(node):
+                self.replay_calls[k] = _compile(node, pos, ns, target=OnCopies(node.target))
         self.mutated = {k: _written_storages(node) for k, node in enumerate(self.op_nodes)
                         if node.meta.get("dbml_mutates")}
         self._compile_in_place(pos, ns)

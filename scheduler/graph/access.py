@@ -20,7 +20,7 @@ import operator
 
 import torch.fx as fx
 
-from .capture import CapturedStep
+from .capture import CapturedStep, writes_statistics_only
 from ..latency.estimate import LatencyModel, measure_machine
 from .sequence import AccessSequence, Op, TensorInfo, TensorKind
 
@@ -72,9 +72,13 @@ def _tensor_infos(captured: CapturedStep) -> tuple[TensorInfo, ...]:
 
 def replayable(node: fx.Node) -> bool:
     """Whether rerunning ``node`` reproduces its outputs and nothing else. Not for random
-    ops (a new mask) nor ops writing into an input (BatchNorm's running statistics):
-    their tensors carry ``not_replayable=True``, the contract's "never recompute"."""
-    return not (node.meta.get("dbml_random") or node.meta.get("dbml_mutates"))
+    ops (a new mask) nor ops writing into an input: their tensors carry
+    ``not_replayable=True``, the contract's "never recompute". BatchNorm, whose only write
+    is its running statistics, is replayed on copies of them (``writes_statistics_only``):
+    norms are among the cheapest tensors to recompute."""
+    if node.meta.get("dbml_random"):
+        return False
+    return not node.meta.get("dbml_mutates") or writes_statistics_only(node)
 
 
 def _storage_bytes(node: fx.Node) -> int:

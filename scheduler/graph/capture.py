@@ -420,6 +420,19 @@ def mutates_inputs(node: fx.Node) -> bool:
     return any(a.alias_info is not None and a.alias_info.is_write for a in target._schema.arguments)
 
 
+def writes_statistics_only(node: fx.Node) -> bool:
+    """Whether the only inputs ``node`` writes are statistics the kernel updates without
+    saying so (``HIDDEN_MUTATIONS``: BatchNorm's running mean and variance), which its
+    outputs do not depend on in training. Such an op can be re-run on copies of those
+    inputs (``execute/program.py``'s ``OnCopies``): the outputs come back bit for bit and
+    the statistics are updated once, by the op's own run."""
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return False
+    return target.overloadpacket.__name__ in HIDDEN_MUTATIONS and \
+        not any(a.alias_info is not None and a.alias_info.is_write for a in target._schema.arguments)
+
+
 def _vals(val: Any) -> list:
     return list(val) if isinstance(val, (list, tuple)) else [val]
 

@@ -43,6 +43,7 @@ from .channel import Channel
 from .gaps import CROSS, RECOMPUTED, SWAPPED, candidates
 from .liveness import analyse_liveness
 from .recompute import propose_recompute, recompute_candidates
+from .rules import recompute_wins
 from .stalls import propose_again, propose_stalling_swap, resident_at_peak
 from .state import PlanState, Proposal
 from .swap import propose_later_swap, propose_swap
@@ -93,6 +94,12 @@ class PlanSettings:
     # that point, each from its own inputs (recompute.py: a chain from resident tensors,
     # as checkpointing recomputes a block); 0 = the paper's: every input resident.
     recompute_chain: int = 8
+    # Where a plan's copies stall, plan again recomputing, rather than copying, a tensor
+    # whose regeneration takes less than this times its one-way copy time
+    # (rules.recompute_wins: fewer FLOPs per byte than the achieved FLOP rate over the
+    # tier's bandwidth), and keep the plan with less added time; 0 = never (the waits
+    # alone price a swap).
+    recompute_ratio: float = 1.0
 
     def __post_init__(self) -> None:
         if self.choice not in CHOICES:
@@ -101,10 +108,10 @@ class PlanSettings:
 
 # PlanSettings(**PAPER): the paper's algorithm, kept reachable and measured beside the
 # default (the benchmark's dbml-tensile@… rows).
-PAPER = dict(stalls=False, choice="paper", recompute_chain=0)
+PAPER = dict(stalls=False, choice="paper", recompute_chain=0, recompute_ratio=0.0)
 # PlanSettings(**BEYOND) = PlanSettings(): dbml's default, planned stalls and the choice of
 # swap or recompute by cost (the benchmark's dbml-stalls@… rows).
-BEYOND = dict(stalls=True, choice="cost", recompute_chain=8)
+BEYOND = dict(stalls=True, choice="cost", recompute_chain=8, recompute_ratio=1.0)
 
 
 def plan(seq: AccessSequence, budget_bytes: int, policy: str = "tensile",
@@ -122,7 +129,13 @@ def plan_jobs(seqs: Sequence[AccessSequence], budget_bytes: int,
         raise ValueError(f"plan_jobs(): job names must be unique, got {[s.job for s in seqs]}")
     settings = settings or PlanSettings()
     jobs = schedule(seqs, budget_bytes, settings, policy)
-    plans = {state.seq.job: state.plan(policy) for state in jobs}
+    plans = _plans(jobs, policy)
+    if _tier_priced(settings, policy) and any(state.curve.waited > 0 for state in jobs):
+        # its copies stall: channel time is scarce, so plan again recomputing first what
+        # regenerates faster than it copies (rules.recompute_wins), and keep the better
+        again = _plans(schedule(seqs, budget_bytes, settings, policy, by_tier=True), policy)
+        plans = min((plans, again), key=lambda ps: (max(sum(p.peak_bytes for p in ps.values()), budget_bytes),
+                                                     sum(p.extra_time for p in ps.values())))
     reached = sum(p.peak_bytes for p in plans.values())
     if reached > budget_bytes:
         # The peak never rises, so the loop never saw it fit and ran as it would for a
@@ -131,10 +144,23 @@ def plan_jobs(seqs: Sequence[AccessSequence], budget_bytes: int,
     return plans
 
 
+def _plans(jobs: list[PlanState], policy: str) -> dict[str, Plan]:
+    return {state.seq.job: state.plan(policy) for state in jobs}
+
+
+def _tier_priced(settings: PlanSettings, policy: str) -> bool:
+    """The tier's ratio prices recomputation (``recompute_ratio``) in this planning."""
+    return policy != "none" and settings.choice == "cost" and settings.recompute and settings.recompute_ratio > 0
+
+
 def schedule(seqs: Sequence[AccessSequence], budget: int, settings: PlanSettings,
-             policy: str = "tensile") -> list[PlanState]:
+             policy: str = "tensile", by_tier: bool = False) -> list[PlanState]:
     """Algorithm 3's loop: one swap (or recompute) per round until the peak fits or
-    nothing more can be placed. The passes propose; only this loop commits."""
+    nothing more can be placed. The passes propose; only this loop commits.
+    ``by_tier``: a tensor that regenerates faster than the tier copies it
+    (``rules.recompute_wins``) is recomputed rather than swapped, even where its swap
+    would stall nothing (its copies would take channel time that later swaps need), and
+    such a recompute goes before any swap that stalls."""
     shared = Channel()
     jobs = [PlanState(s, shared if settings.shared_channel else Channel(), settings.shared_channel)
             for s in seqs]
@@ -149,14 +175,15 @@ def schedule(seqs: Sequence[AccessSequence], budget: int, settings: PlanSettings
         if peak <= budget and (settings.stop_when_fits or phase is not _SWAP):
             break
         if phase is _SWAP:
-            if not _swap_round(jobs, settings):
+            if not _swap_round(jobs, settings, recompute_first=by_tier):
                 phase = _RECOMPUTE if settings.choice == "paper" and settings.recompute else _after_paper(settings)
         elif phase is _RECOMPUTE:
             if not _recompute_round(jobs, peak, settings.recompute_chain):
                 phase = _after_paper(settings)
             elif settings.resume_swapping:
                 phase = _SWAP   # the peak moved: swaps may fit again
-        elif not (_swap_round(jobs, settings, settings.min_gain * peak) or _cheapest_round(jobs, settings, peak)):
+        elif not (_swap_round(jobs, settings, settings.min_gain * peak, by_tier)
+                  or _cheapest_round(jobs, settings, peak, by_tier)):
             phase = None
         history.append(_global_peak(jobs))
         if _stalled(history, settings):
@@ -188,13 +215,18 @@ def _stalled(history: list[int], settings: PlanSettings) -> bool:
     return history[-settings.patience - 1] - history[-1] < settings.min_gain * history[-1]
 
 
-def _swap_round(jobs: list[PlanState], settings: PlanSettings, min_bytes: float = 0) -> bool:
+def _swap_round(jobs: list[PlanState], settings: PlanSettings, min_bytes: float = 0,
+                recompute_first: bool = False) -> bool:
     """Swap the largest tensor at any job's peak that can be swapped (of ``min_bytes`` at
-    least); False if none can."""
+    least); False if none can. ``recompute_first``: recompute it instead where that wins
+    (``rules.recompute_wins``) and keeps the global peak from rising."""
     streams = [_swap_options(j, state, settings, min_bytes) for j, state in enumerate(jobs)
                if _may_swap(state, settings)]
+    peak = _global_peak(jobs)
     for _, j, gap, p_t, p_r in heapq.merge(*streams):
         state = jobs[j]
+        if recompute_first and _recompute_instead(jobs, state, gap, settings, peak):
+            return True
         with _context(state, "swap", gap):
             proposal = propose_swap(state, gap, (p_t, p_r), settings.swap_in_margin)
             if proposal is not None:
@@ -202,6 +234,31 @@ def _swap_round(jobs: list[PlanState], settings: PlanSettings, min_bytes: float 
                 return True
         state.failed_t[gap], state.failed_r[gap] = p_t, p_r
     return False
+
+
+def _recompute_instead(jobs: list[PlanState], state: PlanState, gap: int, settings: PlanSettings, peak: int) -> bool:
+    """Commit a recompute of the gap's tensor if it wins over copying it and keeps the
+    global peak from rising (else the gap is left to be swapped)."""
+    gaps = state.gaps
+    t = int(gaps.tensor[gap])
+    if gaps.kind[gap] == CROSS or not state.recomputable[t] or state.rejected[gap] \
+            or not recompute_wins(float(state.regen_latency[t]), int(gaps.nbytes[gap]), state.seq.copy_bandwidth,
+                                  settings.recompute_ratio):
+        return False
+    with _context(state, "recompute instead of a swap", gap):
+        p = propose_recompute(state, gap, settings.recompute_chain)
+        if p is None or not _wins(state, p, settings) or not state.commit(p):
+            return False
+        if _global_peak(jobs) <= peak:
+            return True
+        state.undo(p)
+    return False
+
+
+def _wins(state: PlanState, p: Proposal, settings: PlanSettings) -> bool:
+    """A recompute proposal (its whole chain's stall) wins over copying its tensor."""
+    return p.status == RECOMPUTED and recompute_wins(p.cost, int(state.gaps.nbytes[p.gap]), state.seq.copy_bandwidth,
+                                                      settings.recompute_ratio)
 
 
 def _commit_swap(state: PlanState, proposal: Proposal, settings: PlanSettings) -> None:
@@ -258,17 +315,19 @@ def _recompute_round(jobs: list[PlanState], peak: int, chain: int = 0) -> bool:
     return False
 
 
-def _cheapest_round(jobs: list[PlanState], settings: PlanSettings, peak: int) -> bool:
+def _cheapest_round(jobs: list[PlanState], settings: PlanSettings, peak: int, by_tier: bool = False) -> bool:
     """Commit the option with the least added seconds per byte freed at some job's peak
-    (a stalling swap, a recompute) that keeps the global peak from rising."""
+    (a stalling swap, a recompute) that keeps the global peak from rising; ``by_tier``:
+    a recompute that wins over copying (``_tier``) before any swap that stalls."""
     options = []
     for j, state in enumerate(jobs):
         with _context(state, "cheapest options"):
-            options += [(cost, -nbytes, j, n, p) for n, (cost, nbytes, p) in enumerate(_priced(state, settings))]
+            options += [(_tier(state, p, settings) if by_tier else 0, cost, -nbytes, j, n, p)
+                        for n, (cost, nbytes, p) in enumerate(_priced(state, settings))]
     # tensors too small to count as progress (``min_gain``) only when nothing else is left:
     # a free swap of 4 bytes is cheapest per byte, and does nothing for the peak
-    material = [o for o in options if -o[1] >= settings.min_gain * peak]
-    for _, _, j, _, p in sorted(material or options, key=lambda o: o[:4]):
+    material = [o for o in options if -o[2] >= settings.min_gain * peak]
+    for _, _, _, j, _, p in sorted(material or options, key=lambda o: o[:5]):
         state = jobs[j]
         with _context(state, "recompute" if p.status == RECOMPUTED else "stalling swap", p.gap):
             if state.commit(p):
@@ -279,6 +338,16 @@ def _cheapest_round(jobs: list[PlanState], settings: PlanSettings, peak: int) ->
                 state.undo(p)   # its waits or its stall's outputs raised the peak
         _reject(state, p)
     return False
+
+
+def _tier(state: PlanState, p: Proposal, settings: PlanSettings) -> int:
+    """0 for what goes before any unhidden copy: a swap that makes nothing wait, and a
+    recompute that regenerates its tensor faster than the tier copies it
+    (``rules.recompute_wins``: a full channel's copy costs its whole time, not only the
+    waits it adds where it is placed); 1 for the rest. Within a tier: seconds per byte."""
+    if p.status == RECOMPUTED:
+        return 0 if _wins(state, p, settings) else 1
+    return 0 if p.cost <= 0 else 1
 
 
 def _priced(state: PlanState, settings: PlanSettings) -> list[tuple[float, int, Proposal]]:

@@ -15,6 +15,13 @@ writes the rules out again, independently, as the oracle they are checked agains
   generating op of each tensor of its chain (``Event.via``), then the tensor's, and adds
   every output of every one of them at its start; at its end it keeps only the tensor.
 
+One planning rule lives here too, beside the ledger's, because it is stated in the
+ledger's terms (an op's latency, a tensor's bytes, the tier's bandwidth):
+
+* ``recompute_wins``: freeing a tensor by regenerating it beats copying it to the slow
+  tier when regeneration costs fewer FLOPs per byte than the device's achieved FLOP rate
+  over the tier's bandwidth (the planner's ``PlanSettings.recompute_ratio``).
+
 >>> from dbml.scheduler.graph.sequence import AccessSequence, TensorInfo, TensorKind, Op, Phase
 >>> t = (TensorInfo(0, "x", 4, TensorKind.BATCH), TensorInfo(1, "y", 8, TensorKind.ACTIVATION))
 >>> seq = AccessSequence("j", t, (Op(0, "relu", (0,), (1,), 0.0, 1.0, Phase.FORWARD),), frozenset({0}))
@@ -27,7 +34,8 @@ from __future__ import annotations
 from .liveness import analyse_liveness
 from ..graph.sequence import AccessSequence, Event
 
-__all__ = ["op_changes", "op_added_bytes", "start_bytes", "recompute_ops", "recompute_outputs", "stall_latency"]
+__all__ = ["op_changes", "op_added_bytes", "start_bytes", "recompute_ops", "recompute_outputs", "stall_latency",
+           "recompute_wins"]
 
 
 def op_changes(seq: AccessSequence) -> list[tuple[tuple[int, int], ...]]:
@@ -73,3 +81,26 @@ def recompute_outputs(seq: AccessSequence, e: Event) -> list[int]:
 def stall_latency(seq: AccessSequence, e: Event) -> float:
     """The seconds a RECOMPUTE stalls the compute channel: its ops' latencies."""
     return sum(seq.ops[g].latency for g in recompute_ops(seq, e))
+
+
+def recompute_wins(regen_seconds: float, nbytes: int, bandwidth: float, ratio: float = 1.0) -> bool:
+    """Regenerating ``nbytes`` in ``regen_seconds`` beats copying them at ``bandwidth``.
+
+    Why: once the copy channel is full, every byte copied pushes other copies later, so
+    an unhidden copy costs its whole channel time, while a recompute costs only its
+    stall. The issue's form is FLOPs per byte against the device's achieved FLOP rate
+    over the tier's bandwidth (about 1,000 FLOP/byte for a GPU over PCIe; on the CPU
+    with disk as the slow tier, tens of GFLOP/s over 450 MB/s, about 50-100); the
+    planner sees latencies, which are FLOPs over the achieved rate (or bytes over the
+    memory bandwidth, for the memory-bound ops that are the cheapest to recompute), so
+
+        FLOPs / nbytes < rate / bandwidth  <=>  regen_seconds < nbytes / bandwidth
+
+    Norms, activations, element-wise ops and concatenations pass (a pass over memory
+    against a copy over PCIe or disk); large convolutions and matmuls do not. ``ratio``
+    scales the copy side (``PlanSettings.recompute_ratio``; 0 turns the rule off).
+
+    >>> recompute_wins(0.002, 8 << 20, 450e6), recompute_wins(0.002, 8 << 20, 25e9)
+    (True, False)
+    """
+    return ratio > 0 and regen_seconds * bandwidth < ratio * nbytes
