@@ -20,6 +20,7 @@ variable                         default     effect
                                              freed blocks go back to the OS; see
                                              hostmem.py)
 ``DBML_COPY_BANDWIDTH``          measured    host<->device copy bandwidth, bytes/s
+``DBML_SPILL_BANDWIDTH``         measured    the CPU's spill tier (disk), bytes/s each way
 ``DBML_UTIL_WINDOW``             0.05        seconds of the CPU-utilisation sample
 ``DBML_PREDICTOR_STEPS``         3000        training steps of the latency predictor
 ``DBML_PREDICTOR_EXTRAPOLATE``   baseline    ``baseline``: beyond calibration, use the
@@ -36,7 +37,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["ENVIRONMENT", "scheduler_disabled", "fast_path_disabled", "debug", "cache_dir", "copy_bandwidth_override",
+__all__ = ["ENVIRONMENT", "scheduler_disabled", "fast_path_disabled", "debug", "cache_dir", "copy_bandwidth_override", "spill_bandwidth_override",
            "util_window", "graph_cache_dir", "host_malloc_kept", "predictor_steps", "predictor_extrapolates_with_baseline",
            "predictor_residual", "env_flag"]
 
@@ -49,6 +50,7 @@ ENVIRONMENT = {
     "DBML_GRAPH_CACHE": ("1", "0: capture every graph afresh, without the on-disk graph cache"),
     "DBML_HOST_MALLOC": ("keep", "system: leave glibc's malloc returning large freed blocks to the OS"),
     "DBML_COPY_BANDWIDTH": ("", "host-device copy bandwidth in bytes/s, instead of measuring it"),
+    "DBML_SPILL_BANDWIDTH": ("", "the CPU's spill tier (disk) in bytes/s each way, instead of measuring it"),
     "DBML_UTIL_WINDOW": ("0.05", "seconds of the CPU-utilisation sample"),
     "DBML_PREDICTOR_STEPS": ("3000", "training steps of the latency predictor"),
     "DBML_PREDICTOR_EXTRAPOLATE": ("baseline", "beyond calibration, predict with the power law"),
@@ -97,6 +99,11 @@ def host_malloc_kept() -> bool:
 
 def copy_bandwidth_override() -> float | None:
     value = _get("DBML_COPY_BANDWIDTH")
+    return float(value) if value else None
+
+
+def spill_bandwidth_override() -> float | None:
+    value = _get("DBML_SPILL_BANDWIDTH")
     return float(value) if value else None
 
 

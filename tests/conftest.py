@@ -26,6 +26,9 @@ from helpers import load, moons
 
 
 os.environ["DBML_CACHE_DIR"] = tempfile.mkdtemp(prefix="dbml-test-cache-")
+# plans on the CPU's disk tier follow the disk's speed: pinned, so that they do not change
+# with a run's measured speed (a test's plan, like its latencies, is the same every run)
+os.environ.setdefault("DBML_SPILL_BANDWIDTH", "4e8")
 
 
 @pytest.fixture(autouse=True)

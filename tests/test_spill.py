@@ -183,7 +183,7 @@ def test_the_real_memory_watch_sees_an_allocation():
 
 # -- from SQL -----------------------------------------------------------------------------------
 
-def _train(con, budget: str = "80KB", model: str = "m") -> dict:
+def _train(con, budget: str = "120KB", model: str = "m") -> dict:
     return con.execute(f"SELECT train('{model}', 'moons', label := 'label', arch := 'mlp', epochs := 2, "
                        f"early_stop := false, policy := 'tensile', memory_budget := '{budget}') AS t").fetchone()[0]
 
