@@ -41,7 +41,8 @@ def as_duckdb_shows(n: int) -> str:
 
 def train(con, model: str, *args: str) -> dict:
     extra = "".join(f", {a}" for a in args)
-    return con.sql(f"SELECT train('{model}', '{SRC}', label := 'label', validation := 0{extra})").fetchall()[0][0]
+    return con.sql(f"SELECT train('{model}', '{SRC}', label := 'label', validation := 0, epochs := 1{extra})"
+                   ).fetchall()[0][0]
 
 
 def start(con, model: str, *args: str) -> int:
@@ -124,6 +125,7 @@ def test_bytes_show_as_bytes():
 
 # -- the default budget ------------------------------------------------------------------
 
+@pytest.mark.slow   # ~1-2 s: trains twice, or several jobs at once
 def test_the_cpu_default_budget_is_half_of_memory_limit_and_follows_set(db):
     assert CPU_LIMIT_SHARE == 0.5
     assert train(db, "a")["budget_bytes"] == ONE_GB // 2
@@ -190,6 +192,7 @@ def test_the_default_limit_is_restored_byte_for_byte_by_reset(con, held):
     assert limit(con) == default
 
 
+@pytest.mark.slow   # ~1-2 s: trains twice, or several jobs at once
 def test_a_users_set_during_a_job_is_the_limit_after_it(db, held):
     held.hold("m")
     job = start(db, "m", "memory_budget := '100MB'")
@@ -203,6 +206,7 @@ def test_a_users_set_during_a_job_is_the_limit_after_it(db, held):
     assert train(db, "next")["budget_bytes"] == shown("1.8 GiB").bytes // 2
 
 
+@pytest.mark.slow   # ~1-2 s: trains twice, or several jobs at once
 def test_a_set_during_a_job_is_lowered_from_at_the_next_jobs_hold(db, held):
     held.hold("a", "b")
     first = start(db, "a", "memory_budget := '100MB'")
@@ -217,6 +221,7 @@ def test_a_set_during_a_job_is_lowered_from_at_the_next_jobs_hold(db, held):
     assert limit(db) == "1.8 GiB"
 
 
+@pytest.mark.slow   # ~1-2 s: trains twice, or several jobs at once
 def test_jobs_sharing_the_scheduler_hold_its_budget_once_and_own_budgets_add(db, held):
     held.hold("s1", "s2", "own")
     jobs = [start(db, "s1"), start(db, "s2")]
@@ -245,34 +250,35 @@ def test_a_budget_that_would_leave_duckdb_too_little_is_refused_naming_the_fix(d
     assert MIN_DUCKDB_BYTES == 128 * 2**20
 
 
+@pytest.mark.slow   # ~1-2 s: trains twice, or several jobs at once
 def test_a_job_waits_while_duckdb_cannot_give_the_memory_back(con):
     """An in-memory database with no temp_directory cannot evict its tables: a job whose
     budget needs memory they hold waits (queued, the limit unchanged) until it is freed."""
     con.execute("SET temp_directory = ''")
     load(con, "moons", moons(640))
-    con.execute("SET memory_limit = '1GB'")
-    con.execute("CREATE TABLE ballast AS SELECT range AS i, random() AS r FROM range(40000000)")   # ~640 MB
-    job = start(con, "w")
+    con.execute("SET memory_limit = '400MB'")   # the job's default budget 200 MB: DuckDB would keep 181 MB
+    con.execute("CREATE TABLE ballast AS SELECT range AS i, random() AS r FROM range(15000000)")   # ~240 MB
+    job = start(con, "w", "epochs := 1")
     wait_until(lambda: con.sql(f"SELECT status FROM dbml_jobs WHERE id = {job}").fetchall()[0][0] == "queued",
                timeout=60, what="the job queued for memory")
-    assert limit(con) == "953.6 MiB"
+    assert limit(con) == "381.4 MiB"
     con.execute("DROP TABLE ballast")
     assert wait_job(con, job)["status"] == "finished"
-    assert limit(con) == "953.6 MiB"
+    assert limit(con) == "381.4 MiB"
 
 
 def test_a_job_waiting_for_duckdbs_memory_can_be_cancelled(con):
     con.execute("SET temp_directory = ''")
     load(con, "moons", moons(640))
-    con.execute("SET memory_limit = '1GB'")
-    con.execute("CREATE TABLE ballast AS SELECT range AS i, random() AS r FROM range(40000000)")
-    job = start(con, "w")
+    con.execute("SET memory_limit = '400MB'")
+    con.execute("CREATE TABLE ballast AS SELECT range AS i, random() AS r FROM range(15000000)")
+    job = start(con, "w", "epochs := 1")
     wait_until(lambda: con.sql(f"SELECT status FROM dbml_jobs WHERE id = {job}").fetchall()[0][0] == "queued",
                timeout=60, what="the job queued for memory")
     con.sql(f"SELECT cancel_job({job})").fetchall()
     with pytest.raises(duckdb.Error, match=r"job \d+ \('w'\) was cancelled"):
         wait_job(con, job)
-    assert limit(con) == "953.6 MiB"
+    assert limit(con) == "381.4 MiB"
 
 
 # -- which database ----------------------------------------------------------------------
@@ -305,3 +311,72 @@ def test_every_connection_to_a_database_file_sees_its_jobs_lowered_limit(tmp_pat
     assert limit(plain) == "953.6 MiB"
     plain.close()
     con.close()
+
+
+# -- a query and a job together, in real memory --------------------------------------------
+
+# What the process may hold beyond memory_limit while a query and a job run together: the
+# process before any job or query (Python, torch and DuckDB loaded: 376 MB measured) and
+# what a job's real memory holds beyond the tracked tensors its budget limits (the ~300 MB
+# the wide MLP below adds beyond its 500 MB budget: capture, graph, allocator; issue 29
+# parts 1 and 4 cut it). Measured with the script below on a 2-core VM at load ~3.5:
+# 495 MB over the limit (the feature removed, DuckDB keeping its whole limit: 973 MB).
+RUNTIME_OVERHEAD_BYTES = 700 * 10**6
+
+TOGETHER = textwrap.dedent("""
+    import os, sys, threading, time
+    import dbml
+
+    def status(key):
+        for line in open("/proc/self/status"):
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+
+    tmp, n = sys.argv[1], int(sys.argv[2])
+    con = dbml.connect(os.path.join(tmp, "db.duckdb"), latency_model="roofline", progress="off")
+    con.execute("SET enable_progress_bar = false")   # DuckDB's own bar would share stdout
+    con.execute("SET temp_directory = ?", [os.path.join(tmp, "spill")])
+    con.execute("SET memory_limit = '1GB'")
+    con.execute("CREATE TABLE t AS SELECT random() AS a, random() AS b, (random() > 0.5)::INT AS y FROM range(2048)")
+    expected = con.execute(f"SELECT {n}, sum((range % 7) * (range % 11)) FROM range({n})").fetchall()[0]
+    job = con.sql("SELECT train('m', 't', label := 'y', validation := 0, epochs := 2, hidden := [4096, 4096], "
+                  "wait := false).job_id").fetchall()[0][0]
+    while con.execute("SELECT progress FROM dbml_jobs WHERE id = ?", [job]).fetchall()[0][0] == 0:
+        time.sleep(0.05)   # the job holds its budget and trains
+    print("LIMIT_DURING", con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0])
+    spilled, done = [0], threading.Event()
+
+    def watch(cur):
+        while not done.is_set():
+            spilled[0] = max(spilled[0], cur.execute("SELECT coalesce(sum(size), 0) FROM duckdb_temporary_files()"
+                                                     ).fetchall()[0][0])
+            time.sleep(0.05)
+    watcher = threading.Thread(target=watch, args=(con.cursor(),))
+    watcher.start()
+    got = con.execute(f\"\"\"SELECT count(*), sum(a.v * b.w) FROM (SELECT range AS k, range % 7 AS v FROM range({n})) a
+                          JOIN (SELECT range AS k, range % 11 AS w FROM range({n})) b USING (k)\"\"\").fetchall()[0]
+    done.set()
+    watcher.join()
+    print("JOIN_RIGHT", got == expected)
+    print("SPILLED", spilled[0])
+    print("JOB_RUNNING_AFTER_JOIN", con.execute("SELECT status FROM dbml_jobs WHERE id = ?", [job]).fetchall()[0][0])
+    print("JOB", con.sql(f"SELECT wait_job({job}).status").fetchall()[0][0])
+    print("LIMIT_AFTER", con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0])
+    print("HWM", status("VmHWM"))
+""")
+
+
+@pytest.mark.slow   # a subprocess: a hash join that spills beside a training job, ~30-60 s
+def test_a_spilling_join_and_a_job_together_stay_within_memory_limit_plus_the_runtime_overhead(tmp_path):
+    r = subprocess.run([sys.executable, "-c", TOGETHER, str(tmp_path), str(30_000_000)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = dict(line.split(" ", 1) for line in r.stdout.splitlines() if " " in line)
+    assert {"HWM", "JOIN_RIGHT"} <= set(out), r.stdout
+    assert out["LIMIT_DURING"] == as_duckdb_shows(ONE_GB - ONE_GB // 2)   # the job's default budget held
+    assert out["JOIN_RIGHT"] == "True"
+    assert int(out["SPILLED"]) > 0   # the join really spilled to temp_directory
+    assert out["JOB_RUNNING_AFTER_JOIN"] == "running"   # the two overlapped throughout the join
+    assert out["JOB"] == "finished"
+    assert out["LIMIT_AFTER"] == "953.6 MiB"
+    assert int(out["HWM"]) <= ONE_GB + RUNTIME_OVERHEAD_BYTES, f"VmHWM {int(out['HWM']) / 1e6:.0f} MB"
