@@ -20,8 +20,12 @@ database instance (``Instance.memory``), is the one owner of the rule that joins
   behind it cannot be read; its own ``SET memory_limit = '18.8 GiB'`` would show 18.7).
 - When DuckDB cannot give the memory back (``SET memory_limit`` below what its queries
   pin fails; below what they hold in evictable blocks it spills them and succeeds), the
-  job waits, cancellable, until it can: the sum never passes the user's limit. A job
-  whose budget would leave DuckDB less than ``MIN_DUCKDB_BYTES`` is refused at once.
+  job waits, cancellable, until it can: the sum never passes the user's limit. While it
+  waits it reads what the queries hold (``duckdb_memory()``) and asks again once that
+  fell or its target changed, else once a second: each refused SET has DuckDB evict what
+  it can first, and blocks a query has unpinned count the same until they are evicted.
+  A job whose budget would leave DuckDB less than ``MIN_DUCKDB_BYTES`` is refused at once
+  (the default budget leaves at least that: ``settings.default_budget``).
 - Only this database instance's limit is lowered: the one of the database whose
   ``train()`` started the job, which every connection and cursor to it shares (DuckDB's
   ``memory_limit`` is global to its instance). Another database open in the same process
@@ -35,6 +39,7 @@ from __future__ import annotations
 import functools
 import re
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -46,7 +51,8 @@ from .errors import InvalidArgument
 # (the scan of its scratch table, Arrow batches) runs in DuckDB while it trains, and an
 # ORDER BY or hash join needs a few blocks per thread to spill at all. A choice, stated.
 MIN_DUCKDB_BYTES = 128 * 2**20
-RETRY_S = 0.05   # how often a waiting job asks DuckDB again
+RETRY_S = 0.05   # how often a waiting job reads what DuckDB's queries hold
+REASK_S = 1.0    # and how often it asks again anyway (blocks a query unpinned stay counted until evicted)
 UNITS = ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB")   # DuckDB's BytesToHumanReadableString
 
 
@@ -101,6 +107,7 @@ class DatabaseMemory:
         budget once); waits while DuckDB cannot give the memory back. True once held;
         False if ``cancelled()`` turned true while it waited. Raises InvalidArgument if the
         budget would leave DuckDB less than ``MIN_DUCKDB_BYTES`` even alone."""
+        refused: tuple[int, int, float] | None = None   # (target, what queries held, when): DuckDB's last no
         with self._cond, self._cursor() as cur:
             try:
                 while True:
@@ -108,9 +115,13 @@ class DatabaseMemory:
                     if budget > user.bytes - MIN_DUCKDB_BYTES:
                         raise InvalidArgument(_too_large(budget, user))
                     holds = {**self._holds, job: (pool, budget)}
-                    if self._lower(cur, user.bytes - _total(holds)):
-                        self._holds = holds
-                        return True
+                    target = user.bytes - _total(holds)
+                    if refused is None or refused[0] != target or queries_hold(cur) < refused[1] \
+                            or time.monotonic() - refused[2] > REASK_S:
+                        if self._lower(cur, target):
+                            self._holds = holds
+                            return True
+                        refused = (target, queries_hold(cur), time.monotonic())
                     if cancelled():
                         return False
                     self._waiting.add(job)
@@ -166,6 +177,11 @@ def _total(holds: dict[str, tuple[str | None, int]]) -> int:
         if pool is not None:
             pools[pool] = max(pools.get(pool, 0), b)
     return own + sum(pools.values())
+
+
+def queries_hold(cur) -> int:
+    """What DuckDB's queries and tables hold in its buffer pool now (``duckdb_memory()``)."""
+    return int(cur.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchall()[0][0] or 0)
 
 
 def _setting(cur) -> str:

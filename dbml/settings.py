@@ -148,7 +148,8 @@ def parse_bytes(value, *, name: str = "memory_budget") -> int:
 def default_budget(device: str, memory_limit: int | None = None) -> int:
     """The device's free memory on CUDA. On the CPU, ``CPU_LIMIT_SHARE`` of the database's
     ``memory_limit`` as the user set it (``memory_limit``, from ``dbml.duckmem``; a limit
-    beyond the machine's RAM, such as DuckDB's '-1', counts as the RAM), or
+    beyond the machine's RAM, such as DuckDB's '-1', counts as the RAM), leaving DuckDB at
+    least ``duckmem.MIN_DUCKDB_BYTES`` of it (a limit of 200 MB gives 66 MB), or
     ``CPU_DEFAULT_BUDGET`` where the job has no database (None)."""
     if device.startswith("cuda"):
         import torch
@@ -156,5 +157,6 @@ def default_budget(device: str, memory_limit: int | None = None) -> int:
         return int(free)
     if memory_limit is None:
         return CPU_DEFAULT_BUDGET
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return int(CPU_LIMIT_SHARE * min(memory_limit, ram))
+    from .duckmem import MIN_DUCKDB_BYTES
+    limit = min(memory_limit, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    return max(1, min(int(CPU_LIMIT_SHARE * limit), limit - MIN_DUCKDB_BYTES))

@@ -131,6 +131,8 @@ def test_the_cpu_default_budget_is_half_of_memory_limit_and_follows_set(db):
     assert train(db, "a")["budget_bytes"] == ONE_GB // 2
     db.execute("SET memory_limit = '3GB'")
     assert train(db, "b")["budget_bytes"] == shown(limit(db)).bytes // 2 == shown("2.7 GiB").bytes // 2
+    db.execute("SET memory_limit = '200MB'")   # half would leave DuckDB less than its floor
+    assert train(db, "c")["budget_bytes"] == shown("190.7 MiB").bytes - MIN_DUCKDB_BYTES
 
 
 def test_an_explicit_budget_wins_over_the_share(db):
