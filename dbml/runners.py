@@ -131,8 +131,10 @@ def job_budget(spec, device: str, job: JobHandle | None = None) -> int:
 def hold_database_memory(job: JobHandle, device: str, budget: int, *, shared: bool) -> None:
     """On the CPU, take the job's ``budget`` off its database's memory_limit before its runner
     allocates anything (``dbml.duckmem``: the jobs of the shared scheduler hold its budget
-    once). An eager job is not held to a budget, but DuckDB leaves it the same room. On CUDA
-    the budget is device memory, not DuckDB's: nothing is held."""
+    once). The model's parameters, built just before, are the one allocation of the job
+    that comes first (a large model is planned on the meta device before: ``check_plan_fits``).
+    An eager job is not held to a budget, but DuckDB leaves it the same room. On CUDA the
+    budget is device memory, not DuckDB's: nothing is held."""
     if torch.device(device).type == "cpu":
         job.hold_memory(budget, device if shared else None)
 
