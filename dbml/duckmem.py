@@ -26,6 +26,9 @@ database instance (``Instance.memory``), is the one owner of the rule that joins
   it can first, and blocks a query has unpinned count the same until they are evicted.
   A job whose budget would leave DuckDB less than ``MIN_DUCKDB_BYTES`` is refused at once
   (the default budget leaves at least that: ``settings.default_budget``).
+- A database whose configuration is locked (``SET lock_configuration = true``) keeps its
+  limit: dbml changes no setting its owner locked, and its jobs run beside DuckDB's whole
+  limit (their default budget is still the share of it).
 - Only this database instance's limit is lowered: the one of the database whose
   ``train()`` started the job, which every connection and cursor to it shares (DuckDB's
   ``memory_limit`` is global to its instance). Another database open in the same process
@@ -109,6 +112,8 @@ class DatabaseMemory:
         budget would leave DuckDB less than ``MIN_DUCKDB_BYTES`` even alone."""
         refused: tuple[int, int, float] | None = None   # (target, what queries held, when): DuckDB's last no
         with self._cond, self._cursor() as cur:
+            if _locked(cur):
+                return True
             try:
                 while True:
                     user = self._user_limit(cur)
@@ -139,7 +144,9 @@ class DatabaseMemory:
                 with self._cursor() as cur:
                     user = self._user_limit(cur)
                     del self._holds[job]
-                    if self._holds:
+                    if _locked(cur):   # locked while the job ran: the limit stays as its owner locked it
+                        pass
+                    elif self._holds:
                         self._lower(cur, user.bytes - _total(self._holds))
                     else:
                         _restore(cur, user)
@@ -182,6 +189,10 @@ def _total(holds: dict[str, tuple[str | None, int]]) -> int:
 def queries_hold(cur) -> int:
     """What DuckDB's queries and tables hold in its buffer pool now (``duckdb_memory()``)."""
     return int(cur.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchall()[0][0] or 0)
+
+
+def _locked(cur) -> bool:
+    return bool(cur.execute("SELECT current_setting('lock_configuration')").fetchall()[0][0])
 
 
 def _setting(cur) -> str:
