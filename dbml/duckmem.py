@@ -95,11 +95,6 @@ class DatabaseMemory:
         with self._cond, self._cursor() as cur:
             return self._user_limit(cur).bytes
 
-    def held(self) -> int:
-        """What the jobs hold now, taken off DuckDB's limit."""
-        with self._cond:
-            return _total(self._holds)
-
     def waiting(self, job: str) -> bool:
         with self._cond:
             return job in self._waiting
