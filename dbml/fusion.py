@@ -222,8 +222,8 @@ def _fit(cur, data: training.Scratch, spec: TrainSpec, job: Job, members: list[M
     loss_fn = training.loss_function(data.prep)
     label = torch.int64 if data.prep.task == "classification" else torch.float32
     rows = min(spec.batch_size, data.n_train)
-    with scheduler_errors(spec, job_id=job.id, device_budget=lambda: runners.job_budget(spec, device)):
-        width = fusion_width(config, loss_fn, [m.spec for m in members], device, rows, label)
+    with scheduler_errors(spec, job_id=job.id, device_budget=lambda: runners.job_budget(spec, device, job)):
+        width = fusion_width(config, loss_fn, [m.spec for m in members], device, rows, label, job)
         waves = [members[i:i + width] for i in range(0, len(members), width)]
         job.begin(spec.epochs * len(waves), math.ceil(data.n_train / spec.batch_size))
         base = models.build_seeded(config, spec.seed).to(device)
@@ -235,11 +235,12 @@ def _fit(cur, data: training.Scratch, spec: TrainSpec, job: Job, members: list[M
 
 
 def fusion_width(config: models.ModelConfig, loss_fn, specs: list[TrainSpec], device: str, rows: int,
-                 label: torch.dtype) -> int:
+                 label: torch.dtype, job=None) -> int:
     """How many of ``specs``' members one fusion stacks: as many as fit the device budget
     unscheduled (one member's stacked step, captured on the meta device, times the
     members: the batch is counted once for each, so it errs on the side of fitting), at
-    most ``MAX_MEMBERS``."""
+    most ``MAX_MEMBERS``. ``job``: the job, whose database's memory_limit a default budget
+    is a share of (``runners.job_budget``)."""
     spec = specs[0]
     if len(specs) == 1:
         return 1
@@ -250,7 +251,7 @@ def fusion_width(config: models.ModelConfig, loss_fn, specs: list[TrainSpec], de
     captured = GraphCache(model, stacked_loss(loss_fn), stacked_spec(specs), job=spec.model,
                           share=("stacked", 1, config)).get(*batch)
     one = release_only(build_sequence(captured, RooflineModel(device=str(torch.device(device))), spec.model)).peak_bytes
-    return max(1, min(len(specs), MAX_MEMBERS, runners.job_budget(spec, device) // max(one, 1)))
+    return max(1, min(len(specs), MAX_MEMBERS, runners.job_budget(spec, device, job) // max(one, 1)))
 
 
 class Fusion:

@@ -27,6 +27,7 @@ from typing import Callable
 
 import duckdb
 
+from .duckmem import DatabaseMemory
 from .jobs import JobManager, interrupt_off_main_thread
 
 _INSTANCES: dict[str, "Instance"] = {}
@@ -48,7 +49,9 @@ class Instance:
         self.owner = owner
         self.path = path
         self.functions: list[str] = []   # filled by dbml.udfs.register
-        self.jobs = JobManager(self.cursor, run=_train)
+        # its jobs' budgets are taken off this database's memory_limit, and given back
+        self.memory = DatabaseMemory(self.cursor)
+        self.jobs = JobManager(self.cursor, run=_train, memory=self.memory)
         self._owns = owns
         self._users = 0
         # dbml.connect(path, read_only=True): predict, predictions and evaluate work; whatever

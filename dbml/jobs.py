@@ -69,6 +69,7 @@ class Job:
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     _done: threading.Event = field(default_factory=threading.Event, repr=False)
     _scheduler: object = field(default=None, repr=False)
+    _memory: object = field(default=None, repr=False)   # its database's DatabaseMemory (dbml.duckmem)
     _cursor: object = field(default=None, repr=False)   # the job's own cursor, while it runs
     _reason: str | None = field(default=None, repr=False)
     _rows: int = 0
@@ -106,14 +107,31 @@ class Job:
         self._scheduler = scheduler
 
     def release_scheduler(self) -> None:
-        """Leave the shared scheduler and give back the budget held there."""
+        """Leave the shared scheduler, give back the budget held there and what was taken
+        off the database's memory_limit; once the job's runner is closed, or it ended
+        without one (``JobManager`` calls it then too)."""
         if self._scheduler is not None:
             self._scheduler.unregister(self.name)
             self._scheduler.release_budget(self.name)
             self._scheduler = None
+        if self._memory is not None:
+            self._memory.release(self.name)
+
+    def memory_limit(self) -> int | None:
+        """Its database's memory_limit as the user set it (``runners.JobHandle``)."""
+        return None if self._memory is None else self._memory.user_limit()
+
+    def hold_memory(self, budget: int, pool: str | None) -> None:
+        """Take ``budget`` off its database's memory_limit (``runners.JobHandle``); raises
+        JobCancelled if cancelled while it waits for DuckDB to give the memory back."""
+        if self._memory is not None and not self._memory.hold(self.name, budget, pool=pool,
+                                                              cancelled=self.cancelled):
+            raise self._cancelled()
 
     def waiting_for_memory(self) -> bool:
         if self.queued_for is not None and self.queued_for.startswith("memory"):
+            return True
+        if self._memory is not None and self._memory.waiting(self.name):
             return True
         return self._scheduler is not None and self.name in self._scheduler.waiting()
 
@@ -195,11 +213,14 @@ class JobManager:
 
     ``run(cursor, spec, job)`` is what a job does (``training.train``): it gets a cursor of
     its own and the job to report its progress to, and returns the job's summary row.
+    ``memory``: the database's ``dbml.duckmem.DatabaseMemory``, which its jobs' budgets are
+    taken off DuckDB's memory_limit through (None: nothing is).
     """
 
     def __init__(self, cursor: Callable[[], duckdb.DuckDBPyConnection],
-                 run: Callable[[duckdb.DuckDBPyConnection, object, Job], dict]):
+                 run: Callable[[duckdb.DuckDBPyConnection, object, Job], dict], memory=None):
         self._cursor = cursor
+        self._memory = memory
         self._run_job = run
         self._jobs: dict[int, Job] = {}
         self._threads: dict[int, threading.Thread] = {}   # of jobs not yet ended
@@ -214,6 +235,7 @@ class JobManager:
         cur = self._cursor()
         from .catalog import next_job_id   # torch comes with the catalog: imported when a job starts
         job = Job(id=next_job_id(cur), model=spec.model, epochs=spec.epochs, connection=connection)
+        job._memory = self._memory
         thread = threading.Thread(target=self._run, args=(job, spec, cur, run or self._run_job),
                                   name=f"dbml-job-{job.id}", daemon=True)
         with self._lock:
@@ -227,11 +249,14 @@ class JobManager:
         try:
             job.run(lambda: run(cur, spec, job))
         finally:
-            job._cursor = None
-            cur.close()
-            with self._lock:
-                self._threads.pop(job.id, None)
-            job.ended()
+            try:
+                job.release_scheduler()   # whatever the job's fate and wherever it stopped
+            finally:
+                job._cursor = None
+                cur.close()
+                with self._lock:
+                    self._threads.pop(job.id, None)
+                job.ended()
 
     def get(self, job_id: int, *, fn: str) -> Job:
         with self._lock:

@@ -62,7 +62,17 @@ class JobHandle(Protocol):
         """The shared MemoryScheduler planning this job, to leave when the job ends."""
 
     def release_scheduler(self) -> None:
-        """Leave the scheduler attached, if any: the job's memory is free."""
+        """Leave the scheduler attached, if any, and give back the memory taken off the
+        database's memory_limit (``hold_memory``): the job's memory is free."""
+
+    def memory_limit(self) -> int | None:
+        """DuckDB's memory_limit as the user set it, in bytes, in the database the job runs
+        in (``dbml.duckmem``); None where it runs outside one (a Ray worker)."""
+
+    def hold_memory(self, budget: int, pool: str | None) -> None:
+        """Take ``budget`` off the database's memory_limit while the job runs (``pool``: the
+        shared scheduler's device, whose one budget its jobs hold once together), waiting
+        while DuckDB cannot give it back; ``release_scheduler`` gives it back."""
 
 
 def make_runner(model: torch.nn.Module, loss_fn, spec, device: str, job: JobHandle,
@@ -91,19 +101,21 @@ def make_runner(model: torch.nn.Module, loss_fn, spec, device: str, job: JobHand
     if spec.policy == "eager":
         if optimizer_state is not None:
             raise ValueError("make_runner(): policy 'eager' starts from fresh optimizer state")
+        hold_database_memory(job, device, job_budget(spec, device, job), shared=False)
         return EagerStep(model, loss_fn, optimizer)
     estimator, how = latency_model(spec.latency_model, device, spec.torch_threads)
     shared = spec.policy == "tensile" and spec.memory_budget is None
-    budget = job_budget(spec, device)
+    budget = job_budget(spec, device, job)
     planner = None
     if shared:
         scheduler = shared_scheduler(device, budget)
         # the device's budget as this connection set it (or any, unset): waits while jobs
         # run under another one, never changes theirs
-        budget = scheduler.hold_budget(job.name, spec.device_budget, lambda: default_budget(device),
-                                       cancelled=job.cancelled)
+        budget = scheduler.hold_budget(job.name, spec.device_budget,
+                                       lambda: default_budget(device, job.memory_limit()), cancelled=job.cancelled)
         job.attach_scheduler(scheduler)
         planner = scheduler.planner_for(job.name, wait=True, cancelled=job.cancelled)
+    hold_database_memory(job, device, budget, shared=shared)
     runner = ScheduledStep(model, loss_fn, optimizer, policy=spec.policy, budget_bytes=budget,
                            device=CpuDevice(device, spill=spill) if spill is not None else device, job=job.name, latency_model=estimator, planner=planner,
                            ledger=device_ledger(device), share_graphs=config, optimizer_state=optimizer_state,
@@ -142,11 +154,25 @@ def _temp_limit(setting: str, directory: str) -> int:
     return parse_bytes(setting, name="max_temp_directory_size")
 
 
-def job_budget(spec, device: str) -> int:
+def job_budget(spec, device: str, job: JobHandle | None = None) -> int:
     """The budget a job plans within, before it joins the device: its own ``memory_budget``,
-    else the device budget of its connection (the setting, or the device's default). A job
-    sharing the device then runs under the budget it holds there (``hold_budget``)."""
-    return spec.memory_budget or spec.device_budget or default_budget(device)
+    else the device budget of its connection (the setting, or the device's default: on the
+    CPU a share of ``job``'s database's memory_limit). A job sharing the device then runs
+    under the budget it holds there (``hold_budget``)."""
+    if spec.memory_budget or spec.device_budget:
+        return spec.memory_budget or spec.device_budget
+    return default_budget(device, job.memory_limit() if job is not None else None)
+
+
+def hold_database_memory(job: JobHandle, device: str, budget: int, *, shared: bool) -> None:
+    """On the CPU, take the job's ``budget`` off its database's memory_limit before its runner
+    allocates anything (``dbml.duckmem``: the jobs of the shared scheduler hold its budget
+    once). The model's parameters, built just before, are the one allocation of the job
+    that comes first (a large model is planned on the meta device before: ``check_plan_fits``).
+    An eager job is not held to a budget, but DuckDB leaves it the same room. On CUDA the
+    budget is device memory, not DuckDB's: nothing is held."""
+    if torch.device(device).type == "cpu":
+        job.hold_memory(budget, device if shared else None)
 
 
 def prepare(runner: StepRunner, x: torch.Tensor, label: torch.dtype, device: str) -> None:
@@ -197,17 +223,18 @@ def _gb(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
 
-def check_plan_fits(cfg: models.ModelConfig, loss_fn, spec, device: str, rows: int, label: torch.dtype) -> None:
+def check_plan_fits(cfg: models.ModelConfig, loss_fn, spec, device: str, rows: int, label: torch.dtype,
+                    job: JobHandle | None = None) -> None:
     """For a tensile job whose parameters and optimizer state are a large part of its
     budget (``LARGE_MODEL_SHARE`` or more), plan its first batch on a model of the meta
     device before the real one is built: capture runs on fake tensors, so a budget no plan
     meets raises ``InfeasibleBudget`` (with the smallest feasible budget) having allocated
     nothing. Smaller models are built first; their own ahead-of-time plan (``prepare``)
-    checks, still before any activation. The CPU's ``CPU_DEFAULT_BUDGET`` (2 GiB) is the
-    budget of a job with none."""
+    checks, still before any activation. A job with no budget plans within its device's
+    default (``job_budget``: on the CPU a share of its database's memory_limit)."""
     if spec.policy != "tensile" or spec.workers > 1 or scheduler_config.scheduler_disabled():
         return
-    budget = job_budget(spec, device)
+    budget = job_budget(spec, device, job)
     if state_bytes(cfg, spec)[0] < LARGE_MODEL_SHARE * budget:
         return
     with torch.device("meta"):

@@ -15,6 +15,7 @@ read in ``dbml.scheduler.config`` alone.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -24,7 +25,16 @@ from .errors import InvalidArgument
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-CPU_DEFAULT_BUDGET = 2 * 2**30   # the CPU has no device memory to ask; 2 GiB, documented
+# On the CPU, training shares the database's memory_limit with DuckDB's queries
+# (dbml.duckmem): a job without a budget of its own gets this share of it. Half, because
+# both sides degrade rather than fail below what they would like, and neither may go near
+# zero: DuckDB's ORDER BY and hash joins spill to temp_directory with a few blocks per
+# thread, a job's own data (its scratch table's scan) runs through DuckDB while it trains,
+# and the scheduler trains below a model's eager peak by swapping and recomputing, at a
+# cost that grows as the budget shrinks. With DuckDB's default limit (80 % of RAM) that is
+# 40 % of RAM for training, 40 % for queries.
+CPU_LIMIT_SHARE = 0.5
+CPU_DEFAULT_BUDGET = 2 * 2**30   # with no database to ask (a job on a Ray worker): 2 GiB, documented
 
 
 @dataclass(frozen=True)
@@ -40,7 +50,7 @@ SETTINGS = (
     Setting("device", "VARCHAR", "auto", "'auto' (CUDA when available, else CPU), 'cpu' or 'cuda[:N]'"),
     Setting("memory_budget", "VARCHAR", None,
             "device memory the training jobs share, bytes or a size such as '512MB'; "
-            "unset: the device's free memory on CUDA, 2 GiB on the CPU", size=True),
+            "unset: the device's free memory on CUDA, half of DuckDB's memory_limit on the CPU", size=True),
     Setting("latency_model", "VARCHAR", "predictor",
             "op latencies for planning: 'predictor' (the installed latency predictor) or 'roofline'"),
     Setting("replan_beta", "DOUBLE", 0.9, "plan updating: weight of a new latency measurement in the EWMA"),
@@ -135,10 +145,18 @@ def parse_bytes(value, *, name: str = "memory_budget") -> int:
     return int(float(m.group(1)) * UNITS[m.group(2).upper()])
 
 
-def default_budget(device: str) -> int:
-    """The device's free memory on CUDA; ``CPU_DEFAULT_BUDGET`` on the CPU."""
+def default_budget(device: str, memory_limit: int | None = None) -> int:
+    """The device's free memory on CUDA. On the CPU, ``CPU_LIMIT_SHARE`` of the database's
+    ``memory_limit`` as the user set it (``memory_limit``, from ``dbml.duckmem``; a limit
+    beyond the machine's RAM, such as DuckDB's '-1', counts as the RAM), leaving DuckDB at
+    least ``duckmem.MIN_DUCKDB_BYTES`` of it (a limit of 200 MB gives 66 MB), or
+    ``CPU_DEFAULT_BUDGET`` where the job has no database (None)."""
     if device.startswith("cuda"):
         import torch
         free, _ = torch.cuda.mem_get_info(torch.device(device))
         return int(free)
-    return CPU_DEFAULT_BUDGET
+    if memory_limit is None:
+        return CPU_DEFAULT_BUDGET
+    from .duckmem import MIN_DUCKDB_BYTES
+    limit = min(memory_limit, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    return max(1, min(int(CPU_LIMIT_SHARE * limit), limit - MIN_DUCKDB_BYTES))

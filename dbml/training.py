@@ -388,8 +388,8 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
     label = torch.int64 if prep.task == "classification" else torch.float32
     # what the job adds to the process's real memory, from here to its end
     with procmem.watch() as real, scheduler_errors(spec, job_id=progress.id,
-                                                   device_budget=lambda: runners.job_budget(spec, device)):
-        runners.check_plan_fits(config, loss_fn, spec, device, min(spec.batch_size, n_train), label)
+                                                   device_budget=lambda: runners.job_budget(spec, device, progress)):
+        runners.check_plan_fits(config, loss_fn, spec, device, min(spec.batch_size, n_train), label, progress)
         module = models.build_seeded(config, spec.seed).to(device)
         if resume is not None:
             checkpoints.restore_model(module, resume)

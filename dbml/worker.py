@@ -137,6 +137,13 @@ class RemoteProgress:
             self._scheduler.release_budget(self.name)
             self._scheduler = None
 
+    def memory_limit(self) -> int | None:
+        """No database here: a job without a budget gets the CPU's fixed default."""
+        return None
+
+    def hold_memory(self, budget: int, pool: str | None) -> None:
+        """No DuckDB in this worker process: nothing to take the budget off."""
+
     def waiting_for_memory(self) -> bool:
         return self._scheduler is not None and self.name in self._scheduler.waiting()
 

@@ -41,6 +41,7 @@ HUGE = textwrap.dedent(f"""
 
     con = dbml.connect(latency_model="roofline")
     con.execute("{SMALL}")
+    con.execute("SET memory_limit = '4GiB'")   # the CPU's default budget: half of it, 2 GiB
     resource.setrlimit(resource.RLIMIT_AS, (vm_size() + 3 * 2**30, resource.RLIM_INFINITY))
     before, started = hwm(), time.perf_counter()
     try:
