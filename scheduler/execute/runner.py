@@ -338,7 +338,7 @@ class ScheduledStep:
         tensors — graphs and plans (~10 MB for a ResNet), a process's first capture's
         imports of torch's compiler stack (~46 MB), allocator slack — is not known
         ahead, or not the job's: the summary's ``real_peak_bytes`` and the benchmark
-        (``benchmarks/realmem.py``) report it beside the budget."""
+        (``benchmarks/budgets_real.py``) report it beside the budget."""
         largest = max((t.nbytes for t in seq.tensors), default=0)
         self.real_reserve = min(CHUNK, -(-largest // BLOCK) * BLOCK)
         budget = max(1, self.budget_bytes - self.real_reserve)

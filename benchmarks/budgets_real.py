@@ -2,7 +2,7 @@
 
 The "single" section measures every method in one process by a tensor tracker; a
 process's real memory (its resident set) cannot be split that way. Here every
-(workload, method) runs in a fresh ``python -m benchmarks.realmem --one ...`` process:
+(workload, method) runs in a fresh ``python -m benchmarks.budgets_real --one ...`` process:
 it builds the model and batch, warms up (:func:`warm_up`, the same for every method:
 one-time library set-up is nobody's), then measures from before the method is built to
 after its last iteration what the process added to its resident memory
@@ -18,7 +18,7 @@ CPU's slow tier), and the peers ``checkpoint``, ``offload`` (``save_on_cpu``) an
 ``compile`` (torch.compile's activation memory budget). A dbml row is bit-identical when
 its digest equals eager's, and within its budget when its real memory is.
 
-``python -m benchmarks.realmem --workloads mlp,transformer --iters 4`` prints a markdown
+``python -m benchmarks.budgets_real --workloads mlp,transformer --iters 4`` prints a markdown
 table and writes JSON beside the other results.
 """
 
@@ -119,7 +119,7 @@ def run_one(workload: str, method: str, budget: int | None, iters: int, spill_di
 
 
 def _child(workload: str, method: str, budget: int | None, iters: int, spill_dir: str, timeout: float) -> dict:
-    cmd = [sys.executable, "-m", "benchmarks.realmem", "--one", workload, method, str(budget or 0), str(iters),
+    cmd = [sys.executable, "-m", "benchmarks.budgets_real", "--one", workload, method, str(budget or 0), str(iters),
            spill_dir]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
@@ -181,7 +181,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.realmem", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.budgets_real", description=__doc__.split("\n")[0])
     p.add_argument("--workloads", default="mlp,transformer")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--iters", type=int, default=4)
@@ -202,8 +202,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y-%m-%d")
-    (out / f"{stamp}-realmem.json").write_text(json.dumps({"rows": rows, "load": load}, indent=1))
-    (out / f"{stamp}-realmem.md").write_text(text + "\n")
+    (out / f"{stamp}-budgets-real.json").write_text(json.dumps({"rows": rows, "load": load}, indent=1))
+    (out / f"{stamp}-budgets-real.md").write_text(text + "\n")
     return 0
 
 
