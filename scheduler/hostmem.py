@@ -12,8 +12,12 @@ reason; on the host dbml tells malloc to keep it (``mallopt``: no mmap for large
 no trimming), once per process, when the first training step or calibration starts.
 
 The process's resident memory then stays at its high-water mark instead of shrinking
-between steps. ``DBML_HOST_MALLOC=system`` leaves malloc as it is. Elsewhere than glibc
-(macOS, musl, Windows) nothing changes.
+between steps. When a job's steps are over, :func:`give_back_freed_host_memory` returns
+what is free to the OS (``malloc_trim``): kept, the freed activations of a ResNet-50 job
+(about 600 MB at batch 32, 64x64) stayed resident under everything the job did next,
+storing its model included (issue 29: the job's real memory, measured from outside, was
+1.9x a plain PyTorch loop's). ``DBML_HOST_MALLOC=system`` leaves malloc as it is. Elsewhere
+than glibc (macOS, musl, Windows) nothing changes.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import threading
 
 from . import config
 
-__all__ = ["keep_freed_host_memory"]
+__all__ = ["keep_freed_host_memory", "give_back_freed_host_memory"]
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3   # glibc's mallopt parameters (malloc.h)
 _MMAP_THRESHOLD_MAX = (1 << 31) - 1              # the largest value mallopt accepts (an int)
@@ -41,13 +45,32 @@ def keep_freed_host_memory() -> bool:
         return _state["kept"]
 
 
-def _mallopt_keep() -> bool:
+def give_back_freed_host_memory() -> bool:
+    """Return the freed memory malloc kept (every arena's free pages) to the OS: after a
+    job's last step, when no next step will reuse it. Other jobs running meanwhile only
+    fault their next step's pages in again. A no-op (False) where nothing is kept."""
+    with _lock:
+        if not _state.get("kept"):
+            return False
+    libc = _glibc()
+    return libc is not None and bool(libc.malloc_trim(0))
+
+
+def _glibc() -> ctypes.CDLL | None:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
         libc.gnu_get_libc_version   # glibc only: musl has mallopt as a no-op stub
+        libc.malloc_trim.argtypes, libc.malloc_trim.restype = (ctypes.c_size_t,), ctypes.c_int
     except (OSError, AttributeError):
+        return None
+    return libc
+
+
+def _mallopt_keep() -> bool:
+    libc = _glibc()
+    if libc is None:
         return False
+    mallopt = libc.mallopt
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and \
         bool(mallopt(_M_TRIM_THRESHOLD, _MMAP_THRESHOLD_MAX))
