@@ -27,7 +27,8 @@ MIB = 2 ** 20
 # dbml's ledger and the shared tracker are two accounts of one peak: beyond this
 # relative gap one of them is wrong, and the row says so.
 LEDGER_TOLERANCE = 0.02
-SECTION_ORDER = ("single", "coldstart", "concurrent", "mixed", "batch", "planning", "latency", "fastpath", "inference")
+SECTION_ORDER = ("single", "coldstart", "concurrent", "mixed", "batch", "planning", "latency", "fastpath", "inference",
+                 "realmem")
 PLOTS_HINT = "no plots: matplotlib is not installed (pip install -e '.[bench]')"   # when plots() gives []
 
 # The TENSILE journal paper (Zhang et al., "TENSILE: A Tensor granularity dynamic GPU memory
@@ -117,6 +118,7 @@ SECTION_COLUMNS = {   # row keys, in table order; a section not named here gets 
     "mixed": ["workload", "method", "jobs", "budget_bytes", *_TOTALS],
     "batch": ["workload", "method", "batch", "budget_bytes", *_TOTALS],
     "planning": ["workload", "method"], "latency": ["workload", "method"], "fastpath": ["workload", "method"],
+    "realmem": ["workload", "method", "batch", "added_bytes", "ratio", "kept_bytes", "seconds"],
 }
 
 
