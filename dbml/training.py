@@ -135,7 +135,10 @@ def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -
     """
     trained = fit(cur, spec, progress)
     progress.check()
-    return trained.summary(progress.id, store(cur, trained))
+    summary = trained.summary(progress.id, store(cur, trained))
+    del trained        # the module and the blob it was stored as: what malloc keeps goes back too
+    give_back_host_memory()
+    return summary
 
 
 def store(cur: duckdb.DuckDBPyConnection, trained: Trained) -> int:
