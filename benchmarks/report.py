@@ -139,7 +139,7 @@ def _columns(section: str, rows: list[dict]) -> list[tuple]:
             keys.insert(2, setting)
     if "peak_bytes" in keys and any(r.get("host_peak_bytes") for r in rows):
         keys.insert(keys.index("peak_bytes") + 1, "host_peak_bytes")
-    keys += [k for k in dict.fromkeys(k for r in rows for k in r) if k not in ROW_KEYS]
+    keys += [k for k in dict.fromkeys(k for r in rows for k in r) if k not in ROW_KEYS and k not in keys]
     return [_column(k) for k in keys + ["note"]]
 
 

@@ -51,3 +51,12 @@ def test_rows_say_why_a_method_did_not_run(monkeypatch):
     monkeypatch.setattr(realmem.sys, "platform", "darwin")
     rows = realmem.rows_for(workload("mlp"))
     assert all(r["error"] == "needs Linux's /proc/self (VmHWM, clear_refs)" and r["ratio"] is None for r in rows)
+
+
+def test_the_report_shows_each_realmem_figure_once():
+    from dbml.bench import report
+    row = {"section": "realmem", "workload": "mlp", "method": "dbml-none", "family": "dbml", "mode": "cpu",
+           "batch": 16, "jobs": 1, "threads": 2, "error": None, "note": "8 steps", "added_bytes": 3 << 20,
+           "kept_bytes": 1 << 20, "rss_before_bytes": 9 << 20, "seconds": 1.0, "ratio": 1.25}
+    header = report.table("realmem", [row]).splitlines()[0]
+    assert header == "| workload | method | batch | added MiB | ratio | kept MiB | time s | rss before MiB | note |", header
