@@ -13,7 +13,9 @@ One run measures, in one process (see each module for how):
 * "concurrent" and "mixed" (:mod:`.multi`): 1-4 concurrent jobs and the mixed workload;
 * "batch": one workload at batch sizes 4-64;
 * "tune" (:mod:`.tune`): one hyperparameter search serial, packed by dbml, unscheduled and
-  in Ray Tune, under one device budget.
+  in Ray Tune, under one device budget;
+* "realmem" (:mod:`.realmem`): the real memory (RSS high-water mark, each in a fresh process)
+  a ``policy := 'none'`` job adds against a plain PyTorch loop of the same model, batch and Adam.
 
 Results go to ``<out>/<date>-<machine>.json`` with a markdown table and PNG plots
 (:mod:`.report`). ``--quick`` (CI's smoke test, minutes): the MLP and the transformer only.
@@ -45,7 +47,7 @@ __all__ = ["main", "run", "parser", "RESULTS"]
 RESULTS = Path(__file__).resolve().parent / "results"
 BATCH_METHODS = ("eager", "dbml-tensile@50%", "checkpoint", "offload")
 SECTIONS = ("single", "coldstart", "planning", "concurrent", "mixed", "batch", "latency", "fastpath", "inference",
-            "tune")
+            "tune", "realmem")
 NOT_QUICK = ("latency", "tune")   # held-out calibrations: half an hour; tune: Ray Tune's start alone is minutes
 
 
@@ -250,6 +252,11 @@ def run(args) -> dict:
     if "tune" in sections:
         from . import tune
         rows += tune.run(args.quick, log)
+    if "realmem" in sections:
+        from . import realmem
+        for w in ws:
+            log(f"realmem: {w.name}, plain PyTorch loop against dbml policy none, each in a fresh process")
+            rows += realmem.rows_for(w, threads=threads)
     if "batch" in sections:
         w = workload("mlp" if args.quick else "resnet50")
         for b in ((8, 32) if args.quick else (4, 8, 16, 32, 64)):

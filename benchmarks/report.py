@@ -27,7 +27,8 @@ MIB = 2 ** 20
 # dbml's ledger and the shared tracker are two accounts of one peak: beyond this
 # relative gap one of them is wrong, and the row says so.
 LEDGER_TOLERANCE = 0.02
-SECTION_ORDER = ("single", "coldstart", "concurrent", "mixed", "batch", "planning", "latency", "fastpath", "inference")
+SECTION_ORDER = ("single", "coldstart", "concurrent", "mixed", "batch", "planning", "latency", "fastpath", "inference",
+                 "realmem")
 PLOTS_HINT = "no plots: matplotlib is not installed (pip install -e '.[bench]')"   # when plots() gives []
 
 # The TENSILE journal paper (Zhang et al., "TENSILE: A Tensor granularity dynamic GPU memory
@@ -117,6 +118,7 @@ SECTION_COLUMNS = {   # row keys, in table order; a section not named here gets 
     "mixed": ["workload", "method", "jobs", "budget_bytes", *_TOTALS],
     "batch": ["workload", "method", "batch", "budget_bytes", *_TOTALS],
     "planning": ["workload", "method"], "latency": ["workload", "method"], "fastpath": ["workload", "method"],
+    "realmem": ["workload", "method", "batch", "added_bytes", "ratio", "kept_bytes", "seconds"],
 }
 
 
@@ -137,7 +139,7 @@ def _columns(section: str, rows: list[dict]) -> list[tuple]:
             keys.insert(2, setting)
     if "peak_bytes" in keys and any(r.get("host_peak_bytes") for r in rows):
         keys.insert(keys.index("peak_bytes") + 1, "host_peak_bytes")
-    keys += [k for k in dict.fromkeys(k for r in rows for k in r) if k not in ROW_KEYS]
+    keys += [k for k in dict.fromkeys(k for r in rows for k in r) if k not in ROW_KEYS and k not in keys]
     return [_column(k) for k in keys + ["note"]]
 
 

@@ -19,6 +19,8 @@ import threading
 from dataclasses import MISSING, dataclass, fields
 
 import duckdb
+import numpy as np
+import pyarrow as pa
 import torch
 
 from .errors import CatalogError, InvalidArgument, ModelNotFound, TrainingError
@@ -100,10 +102,48 @@ def next_job_id(cur: duckdb.DuckDBPyConnection) -> int:
     return cur.execute(f"SELECT nextval('{JOB_IDS}')").fetchall()[0][0]
 
 
-def weights_blob(module: torch.nn.Module) -> bytes:
-    buf = io.BytesIO()
-    torch.save({k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}, buf)
-    return buf.getvalue()
+def weights_blob(module: torch.nn.Module) -> bytearray:
+    """The module's weights as a ``torch.save`` blob, in one buffer of exactly its size.
+
+    ``torch.save`` runs twice, sizing then filling (it writes the same bytes every time):
+    into a ``BytesIO`` the blob grew by copies and ``getvalue`` copied it once more, up to
+    three model-sized buffers at once where one is needed (issue 29)."""
+    state = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
+    size = _Sink()
+    torch.save(state, size)
+    blob = bytearray(size.written)
+    filled = _Sink(memoryview(blob))
+    torch.save(state, filled)
+    if filled.written != len(blob):
+        raise AssertionError(f"torch.save wrote {filled.written} bytes, then {len(blob)}")
+    return blob
+
+
+class _Sink:
+    """A file ``torch.save`` writes to: it counts the bytes, and copies them into ``into``
+    when given (sized by a counting pass before)."""
+
+    def __init__(self, into: memoryview | None = None):
+        self.into, self.written = into, 0
+
+    def write(self, data) -> int:
+        n = memoryview(data).nbytes
+        if self.into is not None:
+            self.into[self.written:self.written + n] = memoryview(data).cast("B")
+        self.written += n
+        return n
+
+    def flush(self) -> None:
+        pass
+
+
+def _weights_row(name: str, version: int, blob: bytearray) -> pa.Table:
+    """The weights row as an Arrow table over ``blob``, not a copy of it: DuckDB copies a
+    blob passed as a parameter into a value, then that into its storage (and more), where
+    an Arrow scan reads it in place."""
+    offsets = pa.py_buffer(np.array([0, len(blob)], dtype=np.int64))
+    weights = pa.Array.from_buffers(pa.large_binary(), 1, [None, offsets, pa.py_buffer(blob)])
+    return pa.table({"name": [name], "version": pa.array([version], pa.int32()), "weights": weights})
 
 
 def write(cur: duckdb.DuckDBPyConnection, *, name: str, config: ModelConfig, prep: Preprocessing,
@@ -130,14 +170,14 @@ def write(cur: duckdb.DuckDBPyConnection, *, name: str, config: ModelConfig, pre
     raise AssertionError("unreachable")
 
 
-def _insert(cur: duckdb.DuckDBPyConnection, name: str, row: list, blob: bytes) -> int:
+def _insert(cur: duckdb.DuckDBPyConnection, name: str, row: list, blob: bytearray) -> int:
     cur.execute("BEGIN TRANSACTION")
     try:
         version = cur.execute(f"SELECT coalesce(max(version), 0) + 1 FROM {MODELS} WHERE name = ?",
                               [name]).fetchall()[0][0]
         cur.execute(f"INSERT INTO {MODELS} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, current_localtimestamp(), ?, "
                     f"gen_random_uuid())", [name, version, *row, len(blob)])
-        cur.execute(f"INSERT INTO {WEIGHTS} VALUES (?, ?, ?)", [name, version, blob])
+        cur.from_arrow(_weights_row(name, version, blob)).insert_into(WEIGHTS)
         cur.execute("COMMIT")
         return version
     except BaseException:

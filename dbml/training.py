@@ -13,6 +13,7 @@ imports the job manager.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import time
 from contextlib import contextmanager
@@ -32,7 +33,7 @@ from .errors import SourceError, TrainingError, scheduler_errors
 from .features import Preprocessing, fit as fit_preprocessing
 from .kinds import FITTERS
 from .runners import JobHandle
-from .scheduler import procmem
+from .scheduler import hostmem, procmem
 from .scheduler.execute import rng
 from .scheduler.execute.step import EagerStep, StepRunner
 from .settings import resolve_device
@@ -134,7 +135,10 @@ def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -
     """
     trained = fit(cur, spec, progress)
     progress.check()
-    return trained.summary(progress.id, store(cur, trained))
+    summary = trained.summary(progress.id, store(cur, trained))
+    del trained        # the module and the blob it was stored as: what malloc keeps goes back too
+    give_back_host_memory()
+    return summary
 
 
 def store(cur: duckdb.DuckDBPyConnection, trained: Trained) -> int:
@@ -152,16 +156,28 @@ def fit(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> 
     read and which is dropped when the job ends.
     """
     started = time.perf_counter()
-    with scratch(cur, spec, progress) as data:
-        if data.spec.cluster == "local":
-            result = _fit_model(cur, data.table, data.prep, data.spec, data.n_train, data.n_val, progress)
-        else:   # on a Ray cluster, its workers run _fit_model on a copy of the table (dbml.remote)
-            from . import remote
-            result = remote.fit_model(cur, data.table, data.prep, data.spec, data.n_train, data.n_val, progress,
-                                      _fit_model)
+    try:
+        with scratch(cur, spec, progress) as data:
+            if data.spec.cluster == "local":
+                result = _fit_model(cur, data.table, data.prep, data.spec, data.n_train, data.n_val, progress)
+            else:   # on a Ray cluster, its workers run _fit_model on a copy of the table (dbml.remote)
+                from . import remote
+                result = remote.fit_model(cur, data.table, data.prep, data.spec, data.n_train, data.n_val,
+                                          progress, _fit_model)
+    finally:
+        give_back_host_memory()
     warnings = label_warnings(data.prep, data.n_train + data.n_val) + tuple(result["metrics"].get("warnings", ()))
     return Trained(result["spec"], data.prep, result["config"], result["module"], result["metrics"], result["memory"],
                    data.n_train, data.skipped, started, warnings)
+
+
+def give_back_host_memory() -> None:
+    """The job's steps are over: the freed memory malloc kept for its next step goes back
+    to the OS (``hostmem``), before the model is stored (its copies would otherwise add
+    to the memory the activations left) and before the next job."""
+    if hostmem.keep_freed_host_memory():
+        gc.collect()   # the runner's closures and executor reference each other
+        hostmem.give_back_freed_host_memory()
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,12 @@ reason; on the host dbml tells malloc to keep it (``mallopt``: no mmap for large
 no trimming), once per process, when the first training step or calibration starts.
 
 The process's resident memory then stays at its high-water mark instead of shrinking
-between steps. ``DBML_HOST_MALLOC=system`` leaves malloc as it is. Elsewhere than glibc
-(macOS, musl, Windows) nothing changes.
+between steps. When a job's steps are over, :func:`give_back_freed_host_memory` returns
+what is free to the OS (``malloc_trim``): kept, the freed activations of a ResNet-50 job
+(about 600 MB at batch 32, 64x64) stayed resident under everything the job did next,
+storing its model included (issue 29: the job's real memory, measured from outside, was
+1.9x a plain PyTorch loop's). ``DBML_HOST_MALLOC=system`` leaves malloc as it is. Elsewhere
+than glibc (macOS, musl, Windows) nothing changes.
 
 That mark is the heap's, not the live tensors': blocks of many sizes freed in another
 order than they were taken leave holes, and a job that swaps to disk to hold a budget
@@ -33,7 +37,7 @@ import threading
 
 from . import config
 
-__all__ = ["keep_freed_host_memory", "bounded", "BOUNDED_MMAP"]
+__all__ = ["keep_freed_host_memory", "give_back_freed_host_memory", "bounded", "BOUNDED_MMAP"]
 
 BOUNDED_MMAP = 4 << 20   # bytes: while a bounded job runs, blocks this large come from mmap
 
@@ -52,21 +56,34 @@ def keep_freed_host_memory() -> bool:
         return _state["kept"]
 
 
-def _mallopt():
+def give_back_freed_host_memory() -> bool:
+    """Return the freed memory malloc kept (every arena's free pages) to the OS: after a
+    job's last step, when no next step will reuse it. Other jobs running meanwhile only
+    fault their next step's pages in again. A no-op (False) where nothing is kept."""
+    with _lock:
+        if not _state.get("kept"):
+            return False
+    libc = _glibc()
+    return libc is not None and bool(libc.malloc_trim(0))
+
+
+def _glibc() -> ctypes.CDLL | None:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
         libc.gnu_get_libc_version   # glibc only: musl has mallopt as a no-op stub
+        libc.malloc_trim.argtypes, libc.malloc_trim.restype = (ctypes.c_size_t,), ctypes.c_int
     except (OSError, AttributeError):
         return None
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return mallopt
+    return libc
 
 
 def _set(threshold: int) -> bool:
-    mallopt = _mallopt()
-    return mallopt is not None and bool(mallopt(_M_MMAP_THRESHOLD, threshold)) and \
-        bool(mallopt(_M_TRIM_THRESHOLD, threshold))
+    libc = _glibc()
+    if libc is None:
+        return False
+    mallopt = libc.mallopt
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, threshold)) and bool(mallopt(_M_TRIM_THRESHOLD, threshold))
 
 
 def _mallopt_keep() -> bool:

@@ -38,3 +38,32 @@ def test_a_training_step_keeps_large_freed_blocks_for_reuse():
     block = (64 << 20) // 4096
     assert system > 8 * block, system          # every 64 MiB block faulted in anew
     assert kept * 4 < system, (kept, system)  # at most a block or two faulting again, not each one
+
+
+# Frees 256 MiB of 16 MiB tensors while memory is kept, then gives it back: resident
+# memory (VmRSS) falls by about as much only once give_back_freed_host_memory() ran.
+GIVE_BACK = """
+import torch
+from dbml.scheduler.hostmem import keep_freed_host_memory, give_back_freed_host_memory
+
+def rss():
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmRSS:"))
+
+keep_freed_host_memory()
+blocks = [torch.ones(1 << 22) for _ in range(16)]
+held = rss()
+del blocks
+kept = rss()
+print(held - kept, give_back_freed_host_memory(), held - rss())
+"""
+
+
+@pytest.mark.slow   # a child process that imports torch
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_freed_host_memory_kept_for_steps_goes_back_when_given_back():
+    out = subprocess.run([sys.executable, "-c", GIVE_BACK], env=dict(os.environ, DBML_HOST_MALLOC="keep"),
+                         capture_output=True, text=True, check=True)
+    dropped_kept, trimmed, dropped = out.stdout.split()
+    assert int(dropped_kept) < 32 << 20, out.stdout   # kept: freed, still resident
+    assert trimmed == "True"
+    assert int(dropped) > 200 << 20, out.stdout       # given back: the 256 MiB left the process

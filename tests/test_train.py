@@ -233,6 +233,17 @@ def test_weights_load_without_pickle(moons_con):
     assert all(isinstance(v, torch.Tensor) for v in state.values())
 
 
+def test_stored_weights_are_torch_saves_bytes_written_in_place():
+    """catalog.weights_blob sizes torch.save's output, then writes it into one buffer: the
+    bytes are torch.save's own, whatever the model (a parameter larger than any write)."""
+    import io
+    from dbml import catalog
+    for module in (torch.nn.Linear(3, 2), torch.nn.Sequential(torch.nn.Linear(1000, 700), torch.nn.BatchNorm1d(700))):
+        plain = io.BytesIO()
+        torch.save({k: v.detach().contiguous() for k, v in module.state_dict().items()}, plain)
+        assert bytes(catalog.weights_blob(module)) == plain.getvalue()
+
+
 def test_closing_the_installing_connection_leaves_others_working(tmp_path):
     path = str(tmp_path / "two.duckdb")
     first, second = dbml.connect(path, latency_model="roofline"), dbml.connect(path, latency_model="roofline")

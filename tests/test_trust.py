@@ -205,6 +205,33 @@ def test_the_sql_form_and_the_torch_module_encode_alike(con):
     assert by_list == by_table
 
 
+def test_the_scratch_tables_list_form_of_array_features_encodes_as_the_sql_form():
+    """``scratch_sql`` scales an array feature by one lambda, ``features_sql`` element by
+    element: the same FLOAT bits for NULL arrays, NULL, NaN and ±Inf elements, values at
+    FLOAT's edge, every scale of statistics, beside numeric and categorical features."""
+    import duckdb
+    import numpy as np
+    from dbml.features import Feature, Preprocessing
+    rng = np.random.default_rng(0)
+    con = duckdb.connect()
+    n = 3 * duckdb.__standard_vector_size__
+    con.execute(f"""CREATE TABLE t AS SELECT
+        CASE WHEN x % 31 = 0 THEN NULL ELSE [CASE x % 13 WHEN 0 THEN NULL WHEN 1 THEN 'nan'::DOUBLE
+             WHEN 2 THEN '-inf'::DOUBLE WHEN 3 THEN 3e38 ELSE (x * 1.37 - 20) * pow(10, x % 40 - 20) END,
+             x % 5, x / 3, -x]::DOUBLE[4] END AS arr,
+        x * 0.1 AS b, (x % 3)::VARCHAR AS c FROM range({n}) t(x)""")
+    for _ in range(3):
+        scales = 10.0 ** rng.integers(-20, 20, 4)
+        arr = Feature("arr", "array", means=tuple(float(v) for v in rng.standard_normal(4) * scales),
+                      stds=tuple(float(v) for v in np.abs(rng.standard_normal(4)) * scales + 1e-300))
+        prep = Preprocessing((Feature("b", "numeric", mean=0.3, std=7.1), arr,
+                              Feature("c", "categorical", categories=("0", "2")), arr), "y", "regression")
+        by_element = con.execute(f"SELECT {prep.features_sql()} FROM t").fetchnumpy()
+        by_list = con.execute(f"SELECT {prep.scratch_sql()} FROM t").fetchnumpy()
+        a, b = (np.stack(list(r.values())[0]).astype(np.float32) for r in (by_element, by_list))
+        assert a.shape == (n, 11) and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
 # -- the budget is a limit (issue 22 part 1) ------------------------------------------------------
 
 @pytest.mark.slow   # ~0.9 s: out of the -m 'not slow' inner loop (under a minute)
