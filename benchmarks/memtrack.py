@@ -305,7 +305,8 @@ def instrument(step) -> None:
     with device._pool_lock:
         existing = [buf for bufs in device._pool.values() for buf in bufs]
     for buf in existing + list(step.state.host.values()):
-        mark_host(buf)
+        if isinstance(buf, torch.Tensor):   # a Zeros or a spill file's Extent holds no memory to tag
+            mark_host(buf)
     device._memtrack_instrumented = True
 
 
