@@ -133,11 +133,12 @@ def spill_file(cur, job: str, device: str) -> SpillFile | None:
     Spill files of crashed processes found there are removed first."""
     if not device.startswith("cpu"):
         return None
-    directory, limit = cur.execute(
-        "SELECT current_setting('temp_directory'), current_setting('max_temp_directory_size')").fetchone()
+    # fetchall, not fetchone: a result left unfinished keeps the cursor busy (DuckDB 2)
+    (directory, limit), = cur.execute(
+        "SELECT current_setting('temp_directory'), current_setting('max_temp_directory_size')").fetchall()
     if not directory:
         return None
-    held = cur.execute("SELECT coalesce(sum(size), 0) FROM duckdb_temporary_files()").fetchone()[0]
+    (held,), = cur.execute("SELECT coalesce(sum(size), 0) FROM duckdb_temporary_files()").fetchall()
     sweep_stale(directory)
     spill = SpillFile(directory, job)
     spill.limit = max(0, _temp_limit(limit, directory) - int(held))
