@@ -59,12 +59,12 @@ def main(argv: list[str] | None = None) -> int:
         device = resolve_device(args.device)
         predictor = calibrate(device, args.quick, args.threads, progress=progress_bar())
         print(predictor.report().format())
-        print(f"saved {predictor_path(device, args.threads)}")
         if device.startswith("cpu"):   # the CPU's slow tier: disk, where DuckDB spills (its default '.tmp')
             from .scheduler.execute.spill import calibrate_tier
             tier = calibrate_tier(".tmp")
             print(f"spill tier (.tmp): write {tier.write / 1e6:.0f} MB/s, read {tier.read / 1e6:.0f} MB/s, "
                   f"{tier.latency * 1e6:.0f} us per copy")
+        print(f"saved {predictor_path(device, args.threads)}")
         return 0
     if args.command == "demo":
         from . import demo

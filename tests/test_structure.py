@@ -22,7 +22,12 @@ PACKAGES = {"dbml": "dbml", "udfs": "dbml.udfs", "scheduler": "dbml.scheduler", 
 MODULE_LINES, CLASS_LINES, FUNCTION_LINES = 500, 320, 60
 
 # "path:qualified name" -> why it is kept over its limit
-EXCEPTIONS: dict[str, str] = {}
+EXCEPTIONS: dict[str, str] = {
+    # issue 29 added the real-memory watch, the spill file's life and the memory given back to the
+    # job's own steps; issue 30 replaces these line caps by layer rules (its part 6)
+    "dbml/training.py": "one concern, the job's steps; issue 30 replaces the caps by layer rules",
+    "scheduler/execute/runner.py": "one concern, the scheduled runner (hollow, the real-memory reserve); issue 30",
+}
 
 
 def _modules() -> dict[str, Path]:
