@@ -26,7 +26,7 @@ def test_the_demo_notebook_runs_and_its_models_learn(tmp_path):
     accuracy = {m: float(a) for m, a in re.findall(r"(\w+): .*?test accuracy (\d\.\d+)", text)}
     assert accuracy["moons_mlp"] > 0.95 and accuracy["digits_cnn"] > 0.9 and accuracy["tickets"] > 0.8, accuracy
     assert "versions of moons_linear: 1" in text                 # three looks, one training
-    assert re.search(r"planned peak (\d+) budget 1500000", text)
+    assert re.search(r"planned peak (\d+) budget 2000000", text)
     images = [o for o in outputs if o.output_type == "display_data" and "image/png" in o.data]
     assert len(images) == 2                                        # the history and the memory plots
     progress = "\n".join(o.text for o in outputs if o.output_type == "stream" and o.name == "stderr")
