@@ -44,7 +44,8 @@ import torch
 
 from ..errors import ExecutionError
 from ..graph.sequence import EVENT_RANK, AccessSequence, EventKind, Plan, event_order
-from .devices import CopyChannel, Device, Zeros, as_view
+from .devices import CopyChannel, Device, Zeros
+from .jobstate import state_value
 from .evictor import PassiveEvictor
 from .iteration import COUNTS, Account, EventRecord, ExecState, IterationLedger, IterationState, OpRecord
 from .pool import BufferPool
@@ -153,15 +154,9 @@ class Executor:
         """Allocate, as zeros, the state still held as :class:`~.devices.Zeros` (fresh
         optimizer state): a plan that keeps nothing on the host at its start holds it
         resident, as the interpreter's first iteration would make it."""
-        prog = self.prog
         for i, host in list(state.host.items()):
-            if not isinstance(host, Zeros):
-                continue
-            val = prog.nodes[prog.placeholders[i]].meta["val"]
-            flat = self.device.alloc(host.nbytes)
-            flat.zero_()
-            state.values[i] = as_view(flat, val.dtype, tuple(val.shape), tuple(val.stride()), 0)
-            del state.host[i]
+            if isinstance(host, Zeros):   # brought in as any host copy is (jobstate's one rule)
+                state_value(state, self.device, i, self.prog.nodes[self.prog.placeholders[i]].meta["val"])
 
     def _run_ops(self) -> None:
         """The hot loop: the ledger's ``alloc`` inlined, everything it reads bound to
