@@ -170,10 +170,11 @@ class Executor:
         pool_limit, account_add, perf = self._pool_limit(), mem.account.add, time.perf_counter
         op_pos, outs, reuse, free, done, deferred, store, mutated = prog.op_pos, prog.outputs, \
             prog.reuse, pool.free, self.transfers.done, self.it.deferred, self.it.store, prog.mutated
+        waiting = self.transfers.waiting
         k = -1
         try:
             for k in range(self.n_ops):
-                if done or deferred:
+                if done or deferred or waiting:
                     self._service(k)
                 for s in req[k]:
                     if not res[s]:
@@ -304,6 +305,8 @@ class Executor:
                 self._recompute(sid, before)
             if self.log_enabled:
                 self.event_log.append(EventRecord(WAIT if kind is WAIT else kind.value, k, sid))
+        if self.transfers.waiting:
+            self.transfers.issue_waiting(self.budget)
 
     def _service(self, k: int) -> None:
         """Install finished swap-ins; perform deferred releases that are due."""
@@ -311,6 +314,8 @@ class Executor:
         if self.it.deferred:
             for sid in self.it.due():
                 self._release(sid, k - 1)
+        if self.transfers.waiting:
+            self.transfers.issue_waiting(self.budget)
 
     def _release(self, sid: int, k: int) -> None:
         it, prog, transfers = self.it, self.prog, self.transfers

@@ -55,6 +55,7 @@ import functools
 import mmap
 import sys
 import threading
+import weakref
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Hashable, Mapping
@@ -286,7 +287,8 @@ class ScheduledStep:
             hollow(model)   # the state holds the only reference: a swapped parameter frees real memory
             if budget_bytes is not None and self.policy != "none":
                 # under a budget, the process's memory follows the tensors held, not malloc's high-water mark
-                self._bounded = bounded().__enter__()
+                # a step dropped without close() leaves it too, when collected
+                self._bounded = weakref.finalize(self, bounded().__enter__().__exit__, None, None, None)
 
     # -- views kept for callers and tests ----------------------------------------------
     def schedules(self) -> dict[Hashable, GraphSchedule]:
@@ -501,7 +503,7 @@ class ScheduledStep:
             g.executor.close()
         self.device.close()   # its spill file, if any, is removed
         if self._bounded is not None:
-            self._bounded.__exit__(None, None, None)
+            self._bounded()   # once: a finalize that ran is a no-op
             self._bounded = None
         if self.account is not None:
             self.account.close()

@@ -53,6 +53,8 @@ class Transfers:
         self.inflight_out: set[int] = set()
         self.out_at: dict[int, float] = {}   # when each swap-out in flight is due on the channel
         self.done: deque = deque()      # finished swap-ins: (sid, device bytes, marker)
+        # swap-ins held back for room: {sid: planned start}; issued by :meth:`issue_waiting`
+        self.waiting: dict[int, float] = {}
         # written in place since their host copy was made (the executor reads it on
         # every release: a set lookup, not a method call)
         self.stale: set[int] = set()
@@ -211,9 +213,31 @@ class Transfers:
         if sid not in self.host_store and sid not in self.inflight_out:
             return   # nothing to copy (a plan mismatch): the op that needs it will fetch
         nbytes = self.prog.nbytes[sid]
-        if budget is not None and ledger.total + nbytes > budget and self.inflight_out:
-            ledger.wait_for_room(nbytes, budget, self.inflight_out)
+        if budget is not None and ledger.total + nbytes > budget:
+            if self.inflight_out:
+                ledger.wait_for_room(nbytes, budget, self.inflight_out)
             it.counts["budget_waits"] += 1
+            if ledger.total + nbytes > budget:
+                # planned with a delay past releases compute has not reached yet (compute
+                # slower than the plan): it waits for them rather than pass the limit now
+                self.waiting[sid] = at
+                return
+        self._issue(sid, at)
+
+    def issue_waiting(self, budget: int) -> None:
+        """Issue the swap-ins held back for room that now fit (after releases, or at
+        an op boundary); the one that does not fit yet and those after it keep waiting
+        (in the plan's order)."""
+        ledger, now = self.ledger, time.perf_counter()
+        for sid, at in list(self.waiting.items()):
+            if ledger.total + self.prog.nbytes[sid] > budget:
+                return
+            del self.waiting[sid]
+            self._issue(sid, max(at, now))
+
+    def _issue(self, sid: int, at: float) -> None:
+        it, ledger = self.it, self.ledger
+        nbytes = self.prog.nbytes[sid]
         ledger.alloc(nbytes)
         self.inflight_in.add(sid)
         if sid in self.inflight_out:
@@ -274,6 +298,7 @@ class Transfers:
                 return True
             if sid in self.inflight_in:
                 continue
+            self.waiting.pop(sid, None)   # held back for room, and needed now: passive
             if sid in self.host_store:
                 self.swap_in_now(sid, k, room)
                 self.it.counts["passive_swaps"] += 1
