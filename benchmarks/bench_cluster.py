@@ -42,7 +42,7 @@ def _figures(con, name: str) -> dict:
 
 
 def _weights(con, name: str) -> dict:
-    from dbml import catalog
+    from dbml.core import catalog
     cur = con.duckdb.cursor()
     return catalog.load(cur, name, catalog.latest_version(cur, name, fn="bench")).module.state_dict()
 
@@ -62,7 +62,7 @@ def _moons(con, n: int, seed: int = 0) -> None:
 
 
 def section_data(con, rows: int, cols: int, tmp: str) -> dict:
-    from dbml.data import BatchStream
+    from dbml.core.data import BatchStream
     feats = ", ".join(f"(hash(range, {i}) % 1000) / 1000.0 AS f{i}" for i in range(cols))
     con.execute(f"CREATE OR REPLACE TABLE big AS SELECT *, (f0 > 0.5)::INT AS y FROM (SELECT {feats} FROM range({rows}))")
     # the local path: the scratch table a job makes, streamed as an epoch streams it
@@ -150,7 +150,7 @@ def section_data_parallel(con) -> dict:
 
 
 def section_kills(con, ray, kills: int) -> dict:
-    from dbml import cluster
+    from dbml.cluster import placement as cluster
     args = "label := 'label', features := ['x1', 'x2'], arch := 'mlp', hidden := [16, 8], epochs := 10, batch_size := 16"
     con.execute("SET VARIABLE dbml_cluster = 'local'")
     con.execute(f"SELECT train('ref', 'moons', {args})").fetchall()
@@ -243,7 +243,7 @@ def main(argv=None) -> dict:
     import ray
 
     import dbml
-    from dbml import cluster
+    from dbml.cluster import placement as cluster
     sections = a.sections.split(",")
     report = {"load_average_before": os.getloadavg()[0]}
     started = time.perf_counter()

@@ -57,7 +57,7 @@ from dbml.scheduler.execute.runner import ScheduledStep  # noqa: E402
 from dbml.scheduler.multijob.scheduler import MemoryScheduler  # noqa: E402
 from dbml.scheduler.execute.step import EagerStep  # noqa: E402
 from dbml.scheduler.execute.updating import UpdateSettings  # noqa: E402
-from dbml.runners import MAX_PLAN_SHARE  # noqa: E402
+from dbml.core.runners import MAX_PLAN_SHARE  # noqa: E402
 from dbml.bench.multi import run_threads  # noqa: E402
 
 loss_fn = torch.nn.functional.cross_entropy

@@ -27,7 +27,7 @@ import duckdb
 import torch
 
 import dbml
-from dbml.data import BatchStream
+from dbml.core.data import BatchStream
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 

@@ -8,7 +8,7 @@ noise, the label the shape; token sequences of length 64 whose class sets their 
 1. Image rows per second into training batches of 64, alternating A B A B over rounds:
    * dbml: the PNG BLOBs read by DuckDB (``read_blob``) into a table stored as a job
      materialises it (``SELECT image AS x, label AS y ... ORDER BY hash``), then one epoch
-     of ``dbml.data.BatchStream`` as ``training._run_epochs`` builds it (two queries from a
+     of ``dbml.core.data.BatchStream`` as ``training._run_epochs`` builds it (two queries from a
      random starting row, shuffle window, prefetch 4), with the fitted image encoder's
      ``to_tensor`` as ``convert`` (Pillow decoding on dbml's pool of ``DECODE_WORKERS``
      threads, normalisation). Timed: from the stream's start to its last batch.
@@ -44,9 +44,9 @@ import torch.nn.functional as F
 from PIL import Image, ImageDraw
 
 import dbml
-import dbml.inputs
-from dbml.data import BatchStream
-from dbml.source import Column
+import dbml.core.inputs
+from dbml.core.data import BatchStream
+from dbml.core.source import Column
 from dbml.zoo import Inputs, build as zoo_build
 
 THREADS = 1          # train()'s torch_threads setting, left at its default
@@ -116,9 +116,9 @@ def load_sequences(con, n: int, rng: np.random.Generator) -> None:
 
 
 # -- 1. image rows per second -------------------------------------------------------------------
-def materialise_images(con) -> tuple[dbml.inputs.InputEncoder, int]:
+def materialise_images(con) -> tuple[dbml.core.inputs.InputEncoder, int]:
     """The image table as a train() job stores it, and the encoder train() would fit on it."""
-    enc = dbml.inputs.fit(con, "imgs", Column("image", "BLOB"), "image", image_size=None, shape=None)
+    enc = dbml.core.inputs.fit(con, "imgs", Column("image", "BLOB"), "image", image_size=None, shape=None)
     con.execute(f"""CREATE TABLE job_imgs AS SELECT x, y, false AS is_val FROM
                     (SELECT image AS x, label::BIGINT AS y, hash(image, label, {SEED}) AS h FROM imgs) ORDER BY h""")
     return enc, con.execute("SELECT count(*) FROM job_imgs").fetchall()[0][0]
@@ -267,7 +267,7 @@ def table(rows: list[tuple]) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smaller run (under ~2 minutes)")
-    parser.add_argument("--workers", type=int, default=dbml.inputs.DECODE_WORKERS,
+    parser.add_argument("--workers", type=int, default=dbml.core.inputs.DECODE_WORKERS,
                         help="DataLoader workers (default: dbml's decode pool, %(default)s)")
     args = parser.parse_args(argv)
     size = QUICK if args.quick else FULL
@@ -284,7 +284,7 @@ def main(argv=None) -> None:
         print(f"\n1. image rows/s into batches of {BATCH}: {size.images} PNGs, {args.workers} workers")
         images = bench_images(con, folder, size, args.workers)
 
-    enc = dbml.inputs.fit(con, "imgs_train", Column("image", "BLOB"), "image", image_size=None, shape=None)
+    enc = dbml.core.inputs.fit(con, "imgs_train", Column("image", "BLOB"), "image", image_size=None, shape=None)
     resnet_options = {"width": size.resnet_width}
     print(f"\n2./3. resnet18 {resnet_options} on {size.train_images} 32x32 images, batch {BATCH}")
     x, y = decoded_images(con, enc)

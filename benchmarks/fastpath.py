@@ -179,7 +179,7 @@ def run_train(rows: int = 20000, epochs: int = 3, batch: int = 64, repeats: int 
     import numpy as np
     import pyarrow as pa
     import dbml
-    from dbml import training
+    from dbml.core import training
     acc: dict = {}
     for owner in (ScheduledStep, EagerStep):
         _timed(owner, "step", acc, "runner")

@@ -13,8 +13,8 @@ import time
 
 import torch
 
-from dbml.forward_memory import forward_bytes, rows_within
-from dbml.models import config
+from dbml.core.forward_memory import forward_bytes, rows_within
+from dbml.core.models import config
 from dbml.scheduler.execute.measure import PeakMeter, live_tensors
 
 ROWS = 256          # rows in the pass
@@ -46,7 +46,7 @@ def rows_for(w, iters: int = 3) -> list[dict]:
             "vanilla_peak_bytes": eager_peak, "vanilla_seconds": eager_s}
     out = [{**base, "method": "eager", "family": "eager", "peak_bytes": eager_peak, "seconds": eager_s,
             "msr": 0.0, "eor": 1.0}]
-    try:   # as dbml.inference.forward: the whole input and every row's output are held beside a chunk
+    try:   # as dbml.core.inference.forward: the whole input and every row's output are held beside a chunk
         rows = rows_within(cfg, budget, held=held)
     except Exception as e:   # noqa: BLE001 - the budget too small for one row: the row says so
         return out + [{**base, "method": "dbml@25%act", "family": "dbml", "budget_bytes": budget, "error": str(e)}]

@@ -13,7 +13,7 @@ the captured step, at the device utilisation read just before the measurement. M
 
 * ``roofline``: the runtime's roofline estimator (no calibration);
 * ``predictor``: calibrated (quick and/or full plan) WITHOUT the workload's architecture
-  family: its zoo networks are left out of calibration (``dbml.latency.ZOO_FAMILIES``;
+  family: its zoo networks are left out of calibration (``dbml.core.latency.ZOO_FAMILIES``;
   VGG, ResNet, DenseNet, Inception v3+v4, transformer, MLP), so every figure is on a
   held-out architecture. One calibration per family and plan serves its workloads.
 * ``predictor-synthetic`` (``--synthetic``, quick plan): calibrated on the synthetic
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from dbml.latency import calibration_work, family_of
+from dbml.core.latency import calibration_work, family_of
 from dbml.scheduler.execute.runner import ScheduledStep
 from dbml.scheduler.graph.optim import OptimizerSpec
 from dbml.scheduler.latency.calibrate import calibrate

@@ -6,7 +6,7 @@
 
 What is real and what is simulated:
 
-- **Placement** is ``dbml.cluster.Cluster.acquire``/``release`` (the driver's pool of device
+- **Placement** is ``dbml.cluster.placement.Cluster.acquire``/``release`` (the driver's pool of device
   workers, under its lock), run against ``SimRay``: the few calls of the ray module it makes
   (``remote``, ``get``, ``kill``, ``available_resources``), answered at once by this process,
   for ``nodes * devices`` GPUs. Ray's own latency is not in these figures (bench_cluster
@@ -23,9 +23,9 @@ What is real and what is simulated:
   the call costs).
 - **The catalog** is a real dbml database on disk: each trial's row in ``dbml.trials`` (written
   when it starts and when it ends, as tune() writes it) and a model per stored trial through
-  ``dbml.catalog.write`` (one transaction: model row and weights), timed for a small and a
+  ``dbml.core.catalog.write`` (one transaction: model row and weights), timed for a small and a
   large model.
-- **The hub** (``--hub-seconds``): the real ``dbml.hub.Hub`` actor on a local Ray cluster
+- **The hub** (``--hub-seconds``): the real ``dbml.cluster.hub.Hub`` actor on a local Ray cluster
   (2 CPUs), called by many threads as drivers poll and workers report: the calls per second
   one hub serves bounds the jobs one driver can follow at once.
 """
@@ -48,7 +48,7 @@ import time
 ARCHS = 24   # distinct architectures a search draws its trials from
 
 
-# -- SimRay: the ray module, as far as dbml.cluster uses it ---------------------------------
+# -- SimRay: the ray module, as far as dbml.cluster.placement uses it ---------------------------------
 
 class _Call:
     def __init__(self, fn):
@@ -96,7 +96,7 @@ class SimRay:
         return {"GPU": float(len(self.free)), "CPU": float(self.total)}
 
     def remote(self, *args, **options):
-        from dbml.worker import DeviceWorker
+        from dbml.cluster.worker import DeviceWorker
 
         def wrap(cls):
             def start():
@@ -139,7 +139,7 @@ def percentiles(xs: list[float]) -> dict:
 def simulate(nodes: int, per_node: int, trials: int, parallel: int, budget: int, median_s: float,
              seed: int) -> dict:
     """Every trial through the real placement and admission; simulated time, measured wall time."""
-    from dbml import cluster as cluster_mod
+    from dbml.cluster import placement as cluster_mod
     from dbml.scheduler.plan.planner import InfeasibleBudget
     ray = SimRay(nodes, per_node, budget)
     c = cluster_mod.Cluster(ray, "ray")
@@ -242,8 +242,9 @@ def catalog_rates(trials: int, models: int, big_models: int, seed: int) -> dict:
     import dataclasses
 
     import dbml
-    from dbml import catalog, trials as trials_mod
-    from dbml.models import build
+    from dbml.core import catalog
+    from dbml.search import trials as trials_mod
+    from dbml.core.models import build
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "catalog.duckdb")
@@ -293,8 +294,8 @@ def hub_capacity(seconds: float, threads: int) -> dict:
     it), on a local Ray cluster of 2 CPUs."""
     import ray
 
-    from dbml import cluster, remote, worker
-    from dbml.hub import Hub
+    from dbml.cluster import placement as cluster, remote, worker
+    from dbml.cluster.hub import Hub
     ray.init(num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False, log_to_driver=False,
              logging_level="ERROR")
     try:

@@ -8,7 +8,7 @@ compare), objective ``val_loss``.
 * ``serial``: ``tune(parallel := 1)``, one trial at a time (never fused);
 * ``packed``: ``tune()`` with ``parallel`` left to admission, under the device budget, every
   trial its own job (``search.FUSE_TRIALS`` off);
-* ``packed+fused``: the same with fusion (issue 23 part 3, ``dbml.fusion``): the trials that
+* ``packed+fused``: the same with fusion (issue 23 part 3, ``dbml.search.fusion``): the trials that
   differ only in ``lr`` (here: the four of each ``hidden`` and ``batch_size``) trained as one
   stacked model, one job, as many stacked as fit the budget unscheduled;
 * ``packed+fused+median``: the same with the median pruner (fewer epochs, not the same
@@ -41,7 +41,7 @@ import statistics
 import time
 
 import dbml
-from dbml import search
+from dbml.search import engine as search
 from dbml.scheduler.multijob.registry import device_ledger
 
 FEATURES = 16

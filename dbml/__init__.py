@@ -16,7 +16,7 @@ from importlib import resources
 
 import duckdb
 
-from . import settings as _settings
+from .core import settings as _settings
 from .errors import (CatalogError, DbmlError, Interrupted, InvalidArgument, ModelNotFound, SourceError,
                      TrainingError)
 from .api import drop_model, evaluate, list_jobs, predictions, train, tune
@@ -93,7 +93,7 @@ class Connection:
     def close(self) -> None:
         """Close the connection; the last one of a database dbml runs jobs on cancels them
         at their next iteration boundary, waits for them and releases the file."""
-        from .instance import release_user
+        from .core.instance import release_user
         release_user(self.duckdb)
         self.duckdb.close()
 
@@ -109,7 +109,7 @@ class Connection:
 
 def install(con: duckdb.DuckDBPyConnection | Connection, *, preload: bool = True, **settings) -> Connection:
     """Install dbml into ``con``: settings, catalog tables, UDFs and macros (``sql/``, and
-    ``train`` generated from ``dbml.spec``). Returns ``con`` as a ``Connection``.
+    ``train`` generated from ``dbml.core.spec``). Returns ``con`` as a ``Connection``.
 
     On a database opened read-only the catalog must already exist; ``predict``,
     ``predictions``, ``evaluate`` and the views work, and ``train``, ``drop_model`` and
@@ -117,23 +117,23 @@ def install(con: duckdb.DuckDBPyConnection | Connection, *, preload: bool = True
     to be imported at their first call, inside that statement (the shell: plain SQL never
     imports torch); by default it is imported here, so the first statement costs no more
     than the next."""
-    from .instance import attach
+    from .core.instance import attach
     from .udfs import register
 
     con = con.duckdb if isinstance(con, Connection) else con
     _settings.apply(con, **settings)
     if settings.get("cluster", "local") != "local":   # an unreachable cluster fails here, in one line
-        from .cluster import connect as connect_cluster
+        from .cluster.placement import connect as connect_cluster
         connect_cluster(settings["cluster"], fn="dbml.connect")
 
     def first_install(instance) -> None:   # before any other connection finds the instance
         register(instance, preload)
         if not instance.read_only and _older_catalog_may_exist(con):
-            from .catalog import migrate   # it imports torch: only where there may be one to move
+            from .core.catalog import migrate  # it imports torch: only where there may be one to move
             migrate(con, resources.files("dbml.sql").joinpath("catalog.sql").read_text())
     instance, _ = attach(con, first_install)
     if instance.read_only:
-        from .catalog import require_catalog
+        from .core.catalog import require_catalog
         require_catalog(con)
     _install_sql(con, instance.read_only)
     return Connection(con, instance)
@@ -147,11 +147,11 @@ def _older_catalog_may_exist(con: duckdb.DuckDBPyConnection) -> bool:
 
 def _install_sql(con: duckdb.DuckDBPyConnection, read_only: bool) -> None:
     """Run ``sql/``, the generated ``train`` and ``tune`` macros and the ``dbml_trials`` view
-    (``dbml.trials.view_sql``) on one connection or cursor: TEMP macros
+    (``dbml.search.trials.view_sql``) on one connection or cursor: TEMP macros
     and views are per connection, UDFs and the catalog per database."""
-    from .spec import train_macro_sql
-    from .trials import view_sql
-    from .tunespec import tune_macro_sql
+    from .core.spec import train_macro_sql
+    from .search.trials import view_sql
+    from .search.tunespec import tune_macro_sql
 
     for sql in sorted(resources.files("dbml.sql").iterdir(), key=lambda p: p.name):
         if sql.name.endswith(".sql") and not (read_only and sql.name in _WRITING_SQL):
@@ -193,5 +193,5 @@ def export_model(con, model: str, path: str, version: int | None = None, overwri
 
 
 def connect(database: str = ":memory:", read_only: bool = False, **settings) -> Connection:
-    """A DuckDB connection to ``database`` with dbml installed; ``settings`` as in dbml.settings."""
+    """A DuckDB connection to ``database`` with dbml installed; ``settings`` as in dbml.core.settings."""
     return install(duckdb.connect(database, read_only=read_only), **settings)

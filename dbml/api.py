@@ -96,7 +96,7 @@ def sql(con: duckdb.DuckDBPyConnection, query, **kwargs):
 # -- the SQL functions from Python ------------------------------------------------------
 
 def _train_params() -> list[str]:
-    from .spec import TRAIN_PARAMS
+    from .core.spec import TRAIN_PARAMS
     return [p.name for p in TRAIN_PARAMS]
 
 
@@ -119,7 +119,7 @@ def tune(con, model: str, source: str, **arguments) -> list[dict]:
     ``space={"lr": {"log_uniform": [1e-4, 0.1]}}``, ``trials=20``, ``label='y'``, ...)."""
     import json
 
-    from .tunespec import TUNE_PARAMS
+    from .search.tunespec import TUNE_PARAMS
     names = [p.name for p in TUNE_PARAMS][2:]
     unknown = sorted(set(arguments) - set(names))
     if unknown:

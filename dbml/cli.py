@@ -53,9 +53,9 @@ def main(argv: list[str] | None = None) -> int:
         return shell(argv[1:])
     args = parser().parse_args(argv)
     if args.command == "install":
-        from .latency import calibrate
+        from .core.latency import calibrate
         from .scheduler.latency.predictor import predictor_path
-        from .settings import resolve_device
+        from .core.settings import resolve_device
         device = resolve_device(args.device)
         predictor = calibrate(device, args.quick, args.threads, progress=progress_bar())
         print(predictor.report().format())

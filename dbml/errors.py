@@ -99,7 +99,7 @@ def scheduler_errors(spec, *, job_id: int, device_budget: Callable[[], int]) -> 
     it is asked for only then (on CUDA the default is the free memory at that moment).
     """
     # Imported here, not at the top: every dbml module imports this one, the predict path
-    # (dbml.inference) included, and that path must not load the scheduler (make_fx, fx).
+    # (dbml.core.inference) included, and that path must not load the scheduler (make_fx, fx).
     from .scheduler.errors import BudgetExceeded, InfeasibleBudget, NotAdmitted
     from .scheduler.execute.spill import SpillError, SpillFull
 

@@ -1,7 +1,7 @@
 """Feature attributions: how much each input feature moved one prediction away from a baseline.
 
 * linear models (``nn.Linear``): exact, ``w_i * (x_i - b_i)`` of the explained output;
-* tree models (``dbml.kinds.trees``): TreeSHAP (LightGBM's ``pred_contrib``), exact for trees;
+* tree models (``dbml.core.kinds.trees``): TreeSHAP (LightGBM's ``pred_contrib``), exact for trees;
 * every other network: integrated gradients (Captum, the ``explain`` extra) from the baseline
   along the straight path to the row, ``IG_STEPS`` steps.
 
@@ -29,7 +29,7 @@ import torch
 from sqlglot import exp
 from torch import nn
 
-from .columns import EXPLAIN_RESULT
+from .core.columns import EXPLAIN_RESULT
 from .errors import InvalidArgument
 
 IG_STEPS = 64   # Captum's Gauss-Legendre steps: ~0.2 % of prediction - baseline left unexplained
@@ -133,8 +133,8 @@ def explanations(model, x: pa.Array) -> pa.Array:
 def explain_sql(cur, cache, name: str, source: str) -> str:
     """The query behind ``explain(model, source)``: every source row, ``prediction`` and the
     columns of ``columns.EXPLAIN_RESULT``."""
-    from .inference import model_and_source, over_source, prediction_expression
-    from .source import value_sql
+    from .core.inference import model_and_source, over_source, prediction_expression
+    from .core.source import value_sql
     model, select_sql, _ = model_and_source(cur, cache, name, source, "explain")
     prep = model.preprocessing
     if prep.input is not None:

@@ -42,11 +42,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import catalog
+from .core import catalog
 from .errors import InvalidArgument
-from .input_modules import Truncate
-from .inputs import tokenizer_rule
-from .kinds import FITTERS
+from .core.input_modules import Truncate
+from .core.inputs import tokenizer_rule
+from .core.kinds import FITTERS
 
 __all__ = ["export_model", "ExportedModel"]
 

@@ -1,7 +1,7 @@
 """Progress bars for training jobs, in a notebook or a terminal (tqdm).
 
 While a ``train()`` statement waits for its jobs (``udfs/functions.py``), it shows them
-through ``dbml.progress.watching`` with the renderer :func:`renderer_for` picks from the
+through ``dbml.core.progress.watching`` with the renderer :func:`renderer_for` picks from the
 ``progress`` setting: ``'auto'`` draws a bar per job in a Jupyter kernel (a widget, via
 ``tqdm.auto``) or on a terminal (a line on stderr) and nothing elsewhere (a pipe, a test,
 the dbml shell, which draws its own line and connects with ``progress='off'``); ``'bars'``
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from .progress import JobView
+from .core.progress import JobView
 
 __all__ = ["BarsRenderer", "renderer_for", "in_notebook"]
 

@@ -9,14 +9,14 @@
 ``tune`` runs the SQL ``tune`` (``dbml.api.tune``), so settings, interrupts, progress and
 errors are exactly those of SQL; it also takes BigQuery ML's names for the algorithm
 (``hparam_tuning_algorithm``) and for some objectives (``hparam_tuning_objectives``). The
-search itself is ``dbml.search``; the trial records ``dbml.trials``.
+search itself is ``dbml.search.engine``; the trial records ``dbml.trials``.
 """
 
 from __future__ import annotations
 
-from . import trials as store
+from .search import trials as store
 from .errors import InvalidArgument
-from .tunespec import OBJECTIVES, SAMPLERS
+from .search.tunespec import OBJECTIVES, SAMPLERS
 
 __all__ = ["tune", "trials", "best", "importances", "ALGORITHMS", "OBJECTIVE_NAMES"]
 
@@ -33,7 +33,7 @@ OBJECTIVE_NAMES = {"log_loss": "val_loss", "mean_squared_error": "val_loss", "ac
 
 def tune(con, model: str, source: str, space, *, trials: int | None = None, parallel: int | None = None,
          objective: str = "val_loss", algorithm: str = "tpe", pruner: str = "median", **train_args) -> list[dict]:
-    """Search ``space`` (a dict or JSON text: ``dbml.tunespec``) for ``model`` on ``source``;
+    """Search ``space`` (a dict or JSON text: ``dbml.search.tunespec``) for ``model`` on ``source``;
     one dict per trial run (the ``dbml_trials`` columns). ``train_args`` are train()'s
     arguments, fixed for every trial (``label='y'``, ``arch='mlp'``, ``epochs=10``...).
     The best trial is stored as the model's next version (``best(con, model)['version']``)."""
@@ -79,7 +79,7 @@ def importances(con, model: str) -> dict[str, float]:
     trials (Optuna's default evaluator), largest first; empty before two have finished."""
     import optuna
 
-    from .studies import frozen
+    from .search.studies import frozen
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     finished = [r for r in store.load(con, model) if r["status"] == "finished"]
     if len(finished) < 2:

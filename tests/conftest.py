@@ -34,7 +34,7 @@ os.environ.setdefault("DBML_SPILL_BANDWIDTH", "4e8")
 @pytest.fixture(autouse=True)
 def no_unplanned_calibration(request, monkeypatch):
     """Calibrating the latency predictor in-process fails the test unless it is marked
-    ``calibrates``. Both entries are replaced: ``calibrate`` (what dbml.latency, the
+    ``calibrates``. Both entries are replaced: ``calibrate`` (what dbml.core.latency, the
     CLI and ``load_or_calibrate`` call) and ``collect_samples`` (the timing every
     calibration runs). The calls are also checked at teardown, so a test whose SQL
     swallows the error still fails."""

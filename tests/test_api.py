@@ -10,7 +10,8 @@ import threading
 import pytest
 
 import dbml
-from dbml import notebook, progress
+from dbml import notebook
+from dbml.core import progress
 
 
 @pytest.fixture

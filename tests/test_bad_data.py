@@ -13,7 +13,7 @@ import duckdb
 import numpy as np
 import pytest
 
-from dbml.features import Preprocessing
+from dbml.core.features import Preprocessing
 
 # issue 10 reliability tests: many small databases; in the full suite, not the fast loop
 pytestmark = pytest.mark.slow

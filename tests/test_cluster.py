@@ -25,7 +25,8 @@ import pytest
 import torch
 
 import dbml
-from dbml import catalog, cluster as dbml_cluster
+from dbml.core import catalog
+from dbml.cluster import placement as dbml_cluster
 from dbml.errors import InvalidArgument
 from helpers import load, moons, wait_until
 
@@ -138,7 +139,7 @@ def test_a_placed_job_stores_the_model_a_local_job_stores(rc):
 
 @pytest.mark.slow
 def test_rows_go_in_bounded_chunks_or_as_parquet_past_the_size(rc, monkeypatch, tmp_path):
-    from dbml import shipping
+    from dbml.cluster import shipping
     monkeypatch.setattr(shipping, "CHUNK_BYTES", 4096)   # ~250 rows a chunk: 13 chunks
     monkeypatch.setattr(shipping, "WINDOW", 2)
     train(rc, "chunked", ", epochs := 2")

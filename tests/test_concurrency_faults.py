@@ -23,8 +23,8 @@ import time
 import duckdb
 import pytest
 
-from dbml import instance as instances
-from dbml.jobs import Job
+from dbml.core import instance as instances
+from dbml.core.jobs import Job
 
 from helpers import load, moons
 
@@ -230,7 +230,7 @@ def check_catalog(path, loaded: set) -> int:
     recorded), and loads (those not in ``loaded`` yet); no weights without their row.
     Returns how many versions are stored."""
     import torch
-    from dbml import catalog
+    from dbml.core import catalog
     con = duckdb.connect(str(path))
     try:
         orphans = con.sql("SELECT name, version FROM dbml.weights ANTI JOIN dbml.models USING (name, version)")

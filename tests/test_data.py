@@ -6,7 +6,7 @@ import duckdb
 import pytest
 import torch
 
-from dbml.data import BatchStream, batch_to_tensors
+from dbml.core.data import BatchStream, batch_to_tensors
 
 
 def test_fixed_size_list_batch_is_viewed_not_copied():

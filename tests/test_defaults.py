@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from dbml.spec import default_lr, default_validation
+from dbml.core.spec import default_lr, default_validation
 
 
 def train(con, sql_args: str) -> dict:

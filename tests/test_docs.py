@@ -41,14 +41,14 @@ def readme_table(heading: str) -> list[list[str]]:
 
 
 def _shown(value) -> str:
-    """A default as the README writes it: the SQL literal dbml's macros use (dbml.source.literal),
+    """A default as the README writes it: the SQL literal dbml's macros use (dbml.core.source.literal),
     true/false in lower case."""
-    from dbml.source import literal
+    from dbml.core.source import literal
     return literal(value).lower() if isinstance(value, bool) else literal(value)
 
 
 def test_readme_settings_table_is_the_settings_table():
-    from dbml.settings import SETTINGS
+    from dbml.core.settings import SETTINGS
     want = [[s.name, _shown(s.default), s.doc] for s in SETTINGS]
     assert readme_table("### Settings") == want
 
@@ -73,8 +73,8 @@ def test_registered_functions_are_the_functions_table(con):
 def test_train_macro_is_train_params_then_every_setting(con):
     """train()'s named parameters are TRAIN_PARAMS; it passes them, then each setting, then the
     calling connection's id (whose interrupt() reaches the statement's jobs), to dbml_train."""
-    from dbml.settings import SETTINGS
-    from dbml.spec import TRAIN_PARAMS
+    from dbml.core.settings import SETTINGS
+    from dbml.core.spec import TRAIN_PARAMS
     params, body = con.execute("SELECT parameters, macro_definition FROM duckdb_functions() "
                                "WHERE function_name = 'train'").fetchall()[0]
     assert params == [p.name for p in TRAIN_PARAMS]
@@ -88,7 +88,7 @@ def test_train_macro_is_train_params_then_every_setting(con):
 def test_train_help_and_readme_signature_follow_train_params():
     """The help text names every parameter but wait (documented with wait_job); the README's
     reference line gives each named parameter its TRAIN_PARAMS default."""
-    from dbml.spec import TRAIN_PARAMS
+    from dbml.core.spec import TRAIN_PARAMS
     named = [p for p in TRAIN_PARAMS if p.name != "wait"]
     help_params = SQL_FUNCTIONS["train"].split("(", 1)[1].split(")", 1)[0]
     assert [a.split(":=")[0].strip() for a in help_params.split(",")] == [p.name for p in named]

@@ -1,6 +1,6 @@
 """One budget with DuckDB (issue 29, part 5): on the CPU a job's default budget is a share
 of its database's memory_limit, and while jobs hold memory DuckDB's limit is lowered by
-what they hold and restored after (``dbml.duckmem``).
+what they hold and restored after (``dbml.core.duckmem``).
 
 A fresh connection per test, real DuckDB. Where a test needs a job mid-training, ``held``
 holds it at its first iteration boundary (after its runner was made, so its budget is
@@ -17,10 +17,10 @@ import duckdb
 import pytest
 
 import dbml
-from dbml import duckmem
-from dbml.duckmem import MIN_DUCKDB_BYTES, shown
-from dbml.jobs import Job
-from dbml.settings import CPU_LIMIT_SHARE
+from dbml.core import duckmem
+from dbml.core.duckmem import MIN_DUCKDB_BYTES, shown
+from dbml.core.jobs import Job
+from dbml.core.settings import CPU_LIMIT_SHARE
 
 from helpers import load, moons, wait_until
 
@@ -156,7 +156,7 @@ def test_a_running_job_lowers_memory_limit_by_its_budget_and_finishing_restores_
 
 
 def test_a_failing_job_restores_memory_limit(db, monkeypatch):
-    from dbml import training
+    from dbml.core import training
     seen = []
 
     def fail(cur, *args, **kwargs):

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from dbml.estimate import Estimate, cheaper_choices, estimate
+from dbml.core.estimate import Estimate, cheaper_choices, estimate
 from dbml.zoo import Inputs
 
 

@@ -15,7 +15,7 @@ import duckdb
 import pytest
 
 import dbml
-from dbml import instance as dbml_instance
+from dbml.core import instance as dbml_instance
 
 TABLE = ("CREATE OR REPLACE TABLE t AS SELECT random() AS x1, random() AS x2, "
          "(random() > 0.5)::INT AS y FROM range(2000)")

@@ -67,7 +67,7 @@ def test_trees_are_explained_by_treeshap_and_predict_as_lightgbm(tab):
     assert np.allclose(e["prediction_value"], e["prediction"], atol=1e-6)
     tab.execute("SELECT train('rf', 't', label := 'k', features := ['a', 'c'], arch := 'random_forest', "
                 "options := '{\"num_parallel_tree\": 20}')")
-    from dbml.catalog import load
+    from dbml.core.catalog import load
     model = load(tab, "rf", 1)
     x = np.random.default_rng(0).normal(size=(50, model.preprocessing.width)).astype(np.float32)
     probs = model.module.model().predict(x.astype(np.float64))          # LightGBM's own: the trees' mean
@@ -118,7 +118,7 @@ def test_kmeans_finds_separated_clusters():
 
 def test_readme_documents_every_kind_and_its_options():
     from pathlib import Path
-    from dbml.kinds import ARCHS
+    from dbml.core.kinds import ARCHS
     from dbml.zoo import arch
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     table = readme.split("Beside the zoo, `dbml/kinds/`", 1)[1].split("\n\n", 2)[1]

@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dbml.forward_memory import forward_bytes, rows_within
-from dbml.models import ModelConfig, build
+from dbml.core.forward_memory import forward_bytes, rows_within
+from dbml.core.models import ModelConfig, build
 from dbml.scheduler.execute.measure import PeakMeter, live_tensors
 from dbml.zoo import Inputs
 
 
 def _cfg() -> ModelConfig:
-    from dbml.models import config
+    from dbml.core.models import config
     return config("cnn", Inputs("image", shape=(3, 32, 32)), 10, {"width": 16})
 
 
@@ -43,7 +43,7 @@ def test_rows_within_a_budget_keep_it_and_one_row_too_many_does_not():
 
 def test_predict_on_a_large_batch_runs_in_chunks_within_the_budget(con, monkeypatch):
     import numpy as np
-    from dbml import inference
+    from dbml.core import inference
     con.execute("CREATE TABLE img AS SELECT list_transform(range(192), lambda i: ((i * x) % 7)::FLOAT)::FLOAT[192] "
                 "AS p, (x % 3)::INTEGER AS y FROM range(300) t(x)")
     con.execute("SELECT train('c', 'img', label := 'y', shape := [3, 8, 8], arch := 'cnn', epochs := 1, "

@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 
 import dbml
-from dbml import catalog, search, stacking
+from dbml.core import catalog
+from dbml.search import engine as search, stacking
 from helpers import linear, load, moons
 
 CLASSIFY = dict(label="label", features=["x1", "x2"], arch="mlp", epochs=2, policy="tensile")

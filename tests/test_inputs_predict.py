@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dbml import inputs
+from dbml.core import inputs
 from dbml.errors import RowSkipped
 
 CNN = "arch := 'cnn', options := '{\"width\": 4, \"depth\": 2}', epochs := 1, policy := 'eager'"

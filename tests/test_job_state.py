@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from dbml import threads
+from dbml.core import threads
 
 
 def _weights(con, name: str) -> bytes:

@@ -12,7 +12,7 @@ import duckdb
 import pytest
 
 import dbml
-from dbml.jobs import Job
+from dbml.core.jobs import Job
 from dbml.scheduler.latency import estimate
 from dbml.scheduler.latency.estimate import Machine
 from dbml.scheduler.multijob import registry

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dbml.errors import InvalidArgument
-from dbml.latency import ZOO_CONFIGS, ZOO_FAMILIES, calibration_work, family_of, zoo_workloads
+from dbml.core.latency import ZOO_CONFIGS, ZOO_FAMILIES, calibration_work, family_of, zoo_workloads
 from dbml.scheduler.graph.capture import capture
 from dbml.scheduler.graph.optim import OptimizerSpec
 from dbml.scheduler.latency import calibrate as calibration

@@ -6,7 +6,7 @@ import duckdb
 import pytest
 
 import dbml
-from dbml import latency
+from dbml.core import latency
 
 from helpers import load, moons
 

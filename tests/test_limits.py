@@ -82,7 +82,7 @@ def test_the_internal_image_decoder_takes_only_dbmls_own_sql(con):
     with pytest.raises(duckdb.Error, match=r"dbml_decode_image\(\) is dbml's own"):
         con.execute("SELECT dbml_decode_image(img, ?, 'guess') FROM ok", [encoder]).fetchall()
     huge = encoder.replace("4096, 4096", "20000, 20000")
-    from dbml.inputs import DECODE_TOKEN, InputEncoder
+    from dbml.core.inputs import DECODE_TOKEN, InputEncoder
     from dbml.errors import CatalogError
     with pytest.raises(CatalogError):
         InputEncoder.from_dict(json.loads(huge))

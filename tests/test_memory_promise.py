@@ -15,7 +15,7 @@ import time
 import duckdb
 import pytest
 
-from dbml import models, runners
+from dbml.core import models, runners
 
 # issue 10 reliability tests: whole databases and subprocesses; in the full suite, not the fast loop
 pytestmark = pytest.mark.slow

@@ -64,7 +64,7 @@ def test_a_transformer_takes_token_ids(con, tmp_path):
             "options := '{\"width\": 16, \"depth\": 1, \"heads\": 2, \"ff\": 32}', epochs := 1)").fetchall()
     out = dbml.export_model(con, "t", str(tmp_path / "t.onnx"))
     assert out["input"] == "tokens"
-    encoder = dbml.inference.catalog.load(con.duckdb.cursor(), "t", 1).preprocessing.input
+    encoder = dbml.core.inference.catalog.load(con.duckdb.cursor(), "t", 1).preprocessing.input
     bodies = [r[0] for r in con.execute("SELECT body FROM docs ORDER BY id").fetchall()]
     ids = encoder.to_tensor(pa.array(bodies)).numpy()       # dbml's tokenisation: not in the graph
     _, probabilities = session(tmp_path / "t.onnx").run(None, {"tokens": ids})

@@ -1,4 +1,4 @@
-"""dbml.progress: a statement's jobs are shown while it runs, earlier jobs never."""
+"""dbml.core.progress: a statement's jobs are shown while it runs, earlier jobs never."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from dbml import progress
+from dbml.core import progress
 
 
 class Recorder:

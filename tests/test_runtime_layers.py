@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 import dbml.errors
-import dbml.jobs
+import dbml.core.jobs
 from dbml.errors import BudgetTooSmall, InvalidArgument, JobCancelled, scheduler_errors
 from dbml.scheduler import CaptureError, ExecutionError, InfeasibleBudget, NotAdmitted, SequenceError
 
@@ -21,20 +21,20 @@ def loaded_after(module: str) -> set[str]:
 
 @pytest.mark.slow
 def test_the_predict_path_loads_neither_training_nor_the_scheduler():
-    loaded = loaded_after("dbml.inference")
-    assert "dbml.inference" in loaded and "dbml.metrics" in loaded
-    assert "dbml.training" not in loaded and "dbml.scheduler" not in loaded
+    loaded = loaded_after("dbml.core.inference")
+    assert "dbml.core.inference" in loaded and "dbml.core.metrics" in loaded
+    assert "dbml.core.training" not in loaded and "dbml.scheduler" not in loaded
 
 
 @pytest.mark.slow
 def test_the_job_manager_does_not_import_training():
-    loaded = loaded_after("dbml.jobs")
-    assert "dbml.jobs" in loaded
-    assert "dbml.training" not in loaded and "dbml.scheduler" not in loaded
+    loaded = loaded_after("dbml.core.jobs")
+    assert "dbml.core.jobs" in loaded
+    assert "dbml.core.training" not in loaded and "dbml.scheduler" not in loaded
 
 
 def test_job_cancelled_is_one_class_in_the_one_tree():
-    assert dbml.jobs.JobCancelled is dbml.errors.JobCancelled
+    assert dbml.core.jobs.JobCancelled is dbml.errors.JobCancelled
     assert issubclass(JobCancelled, dbml.errors.DbmlError)
 
 
@@ -87,6 +87,6 @@ def test_other_errors_pass_through():
 
 
 def test_a_job_is_what_training_reports_progress_to():
-    from dbml.training import Progress
-    assert isinstance(dbml.jobs.Job(id=1, model="m"), Progress)
+    from dbml.core.training import Progress
+    assert isinstance(dbml.core.jobs.Job(id=1, model="m"), Progress)
     assert not isinstance(object(), Progress)

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import dbml
-from dbml import source as src
+from dbml.core import source as src
 
 # issue 10 reliability tests: whole databases and subprocesses; in the full suite, not the fast loop
 pytestmark = pytest.mark.slow
@@ -214,7 +214,7 @@ def test_tampered_preprocessing_gets_a_clear_error(con, path, value, problem):
 
 def test_schema_has_a_check_for_every_stored_field():
     from dataclasses import fields
-    from dbml import catalog, features
+    from dbml.core import catalog, features
     for cls in (features.Preprocessing, features.Feature):
         assert {str(f.type) for f in fields(cls)} <= set(catalog._FIELD_CHECKS)
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-HEAVY = ("torch", "dbml.scheduler", "dbml.zoo", "dbml.training", "dbml.catalog", "dbml.inference",
+HEAVY = ("torch", "dbml.scheduler", "dbml.zoo", "dbml.core.training", "dbml.core.catalog", "dbml.core.inference",
          "dbml.udfs.functions", "pyarrow")
 
 

@@ -1,8 +1,21 @@
-"""The code base's shape, guarded: sizes a newcomer can read, and layers without cycles.
+"""The code base's shape, guarded: layers a newcomer sees in the folders, and no cycles.
 
-Limits (issue 9): no module over 450 lines, no class over 250, no function over 60, no
-import cycle among the project's modules, and ``dbml.scheduler`` never imports the dbml
-runtime. An exception is listed in ``EXCEPTIONS`` with the reason it is kept.
+The layers (docs/architecture.md, "Layers"), lowest first; a module imports only modules
+of its own layer or lower ones, at any depth of the file (a late import counts too):
+
+0. foundation: ``dbml.errors``, ``dbml.scheduler`` (which imports nothing else of dbml),
+   ``dbml.zoo`` (the architectures), ``dbml.sql`` (the catalog's SQL files);
+1. the core, ``dbml.core``: the job, its data path, the catalog, inference. What it needs
+   from above comes through a seam (``dbml.core.placement``: where a job runs), which a
+   backend fills by name;
+2. backends, each on its own: ``dbml.cluster`` (Ray) and ``dbml.search`` (hyper-parameter
+   search); neither imports the other;
+3. surfaces: the SQL functions (``dbml.udfs``), the shell, BigQuery ML, the Python API
+   (``dbml``, ``dbml.api``, ``dbml.tuning``), notebooks and plots, export, explanations,
+   the command line and the bench.
+
+There are no line caps (issue 30): a long module with one concern is fine; a short one
+that reaches across layers is not.
 """
 
 from __future__ import annotations
@@ -14,20 +27,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # the source folders and the package each is imported as (pyproject's package-dir)
-PACKAGES = {"dbml": "dbml", "udfs": "dbml.udfs", "scheduler": "dbml.scheduler", "sql": "dbml.sql", "zoo": "dbml.zoo"}
-# Limits raised (issue 21): MemoryScheduler gained the budget a job holds (hold_budget), which
-# belongs to it (moving it out would only share its lock with a new class): classes 250 -> 320;
-# dbml/inputs.py gained the image bounds and 16-bit scaling of the one concern it has, the
-# encoders of non-tabular inputs: modules 450 -> 500.
-MODULE_LINES, CLASS_LINES, FUNCTION_LINES = 500, 320, 60
+PACKAGES = {"dbml": "dbml", "benchmarks": "dbml.bench"}
 
-# "path:qualified name" -> why it is kept over its limit
-EXCEPTIONS: dict[str, str] = {
-    # issue 29 added the real-memory watch, the spill file's life and the memory given back to the
-    # job's own steps; issue 30 replaces these line caps by layer rules (its part 6)
-    "dbml/training.py": "one concern, the job's steps; issue 30 replaces the caps by layer rules",
-    "scheduler/execute/runner.py": "one concern, the scheduled runner (hollow, the real-memory reserve); issue 30",
+FOUNDATION, CORE, BACKEND, SURFACE = range(4)
+# the longest matching prefix decides a module's layer
+LAYERS = {
+    "dbml.errors": FOUNDATION, "dbml.scheduler": FOUNDATION, "dbml.zoo": FOUNDATION, "dbml.sql": FOUNDATION,
+    "dbml.core": CORE,
+    "dbml.cluster": BACKEND, "dbml.search": BACKEND,
+    "dbml": SURFACE,   # everything else: dbml's __init__, api, tuning, udfs, shell, bigquery, notebook, ...
 }
+BACKENDS = ("dbml.cluster", "dbml.search")
 
 
 def _modules() -> dict[str, Path]:
@@ -44,37 +54,9 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _oversized():
-    for name, path in MODULES.items():
-        source = path.read_text()
-        rel = path.relative_to(ROOT).as_posix()
-        lines = len(source.splitlines())
-        if lines > MODULE_LINES:
-            yield f"{rel}", lines, MODULE_LINES
-        yield from _oversized_defs(ast.parse(source), rel, "")
-
-
-def _oversized_defs(tree: ast.AST, rel: str, prefix: str):
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            name = f"{prefix}{node.name}"
-            size = node.end_lineno - node.lineno + 1
-            limit = CLASS_LINES if isinstance(node, ast.ClassDef) else FUNCTION_LINES
-            if size > limit:
-                yield f"{rel}:{name}", size, limit
-            yield from _oversized_defs(node, rel, name + ".")
-
-
-@pytest.mark.slow   # ~1.1 s: out of the -m 'not slow' inner loop (under a minute)
-def test_modules_classes_and_functions_stay_small():
-    over = [f"{where}: {size} lines (limit {limit})" for where, size, limit in _oversized()
-            if where not in EXCEPTIONS]
-    assert not over, "split these, or list them in EXCEPTIONS with the reason:\n" + "\n".join(over)
-
-
-def test_listed_exceptions_are_still_needed():
-    found = {where for where, _, _ in _oversized()}
-    assert set(EXCEPTIONS) <= found, f"no longer over the limit: {set(EXCEPTIONS) - found}"
+def layer(name: str) -> int:
+    best = max((p for p in LAYERS if name == p or name.startswith(p + ".")), key=len)
+    return LAYERS[best]
 
 
 def _imports(name: str, path: Path) -> set[str]:
@@ -127,6 +109,28 @@ def test_no_import_cycles():
         if node not in state:
             visit(node, [])
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_no_module_imports_a_higher_layer():
+    up = [f"{n} (layer {layer(n)}) imports {t} (layer {layer(t)})" for n, ts in sorted(GRAPH.items())
+          for t in sorted(ts) if layer(t) > layer(n)]
+    assert not up, "imports from a lower layer to a higher one:\n" + "\n".join(up)
+
+
+def test_backends_do_not_import_each_other():
+    def backend(name):
+        return next((b for b in BACKENDS if name == b or name.startswith(b + ".")), None)
+    across = [f"{n} imports {t}" for n, ts in sorted(GRAPH.items()) for t in sorted(ts)
+              if backend(n) and backend(t) and backend(n) != backend(t)]
+    assert not across, "\n".join(across)
+
+
+def test_every_module_has_a_layer_and_the_folders_are_the_layers():
+    # a module of the core, a backend or the foundation lives in that layer's folder
+    misplaced = [n for n in MODULES if n.count(".") == 1 and layer(n) in (CORE, BACKEND)
+                 and not (ROOT / "dbml" / n.split(".")[1]).is_dir()]
+    assert not misplaced, misplaced
+    assert layer("dbml.core.training") == CORE and layer("dbml.shell.session") == SURFACE
 
 
 @pytest.mark.parametrize("name", sorted(n for n in MODULES if n.startswith("dbml.scheduler")))

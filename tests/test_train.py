@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import dbml
-from dbml.spec import TrainSpec
+from dbml.core.spec import TrainSpec
 
 from helpers import linear, load, moons
 
@@ -106,7 +106,7 @@ def test_training_is_deterministic_for_a_seed_and_versions_increment(moons_con):
 
 
 def test_shuffle_windows_emit_every_row_once_in_a_seeded_order():
-    from dbml.data import shuffle_windows
+    from dbml.core.data import shuffle_windows
     batches = [(torch.arange(i, min(i + 100, 1050)),) for i in range(0, 1050, 100)]
 
     def run(seed, window=300):
@@ -122,7 +122,7 @@ def test_shuffle_windows_emit_every_row_once_in_a_seeded_order():
 
 def test_epochs_see_different_batches_and_the_same_ones_for_a_seed(con):
     """Two epochs stream different orders; a rerun with the same seed repeats them exactly."""
-    from dbml.data import BatchStream
+    from dbml.core.data import BatchStream
     load(con, "t", moons(3000))
     def epoch(start, seed):
         sql = [f"SELECT x1, x2 FROM t WHERE rowid >= {start}", f"SELECT x1, x2 FROM t WHERE rowid < {start}"]
@@ -137,7 +137,7 @@ def test_sql_defaults_equal_trainspec_defaults(moons_con):
     """Every TrainSpec field a SQL call leaves out (argument or setting) is stored as TrainSpec's
     default; lr and validation left NULL are stored as what the job chose (the arch family's lr,
     a validation share for the rows)."""
-    from dbml.spec import default_lr, default_validation
+    from dbml.core.spec import default_lr, default_validation
     train(moons_con, "'d', 'SELECT x1, x2, label FROM moons LIMIT 300', label := 'label', epochs := 1")
     params = json.loads(moons_con.sql("SELECT params FROM dbml_models WHERE name = 'd'").fetchall()[0][0])
     given = {"label": "label", "epochs": 1, "latency_model": "roofline",   # the last one by the fixture
@@ -148,8 +148,8 @@ def test_sql_defaults_equal_trainspec_defaults(moons_con):
 
 def test_trainspec_fields_are_train_params_then_settings():
     """TrainSpec has one field per train() parameter (but wait and on_error), then one per setting, with their defaults."""
-    from dbml.settings import SETTINGS
-    from dbml.spec import TRAIN_PARAMS, spec_field
+    from dbml.core.settings import SETTINGS
+    from dbml.core.spec import TRAIN_PARAMS, spec_field
     want = [(p.name, dataclasses.MISSING if p.required else p.default) for p in TRAIN_PARAMS if p.in_spec]
     want += [(spec_field(s.name), s.default) for s in SETTINGS]
     got = [(f.name, f.default) for f in dataclasses.fields(TrainSpec)]
@@ -159,8 +159,8 @@ def test_trainspec_fields_are_train_params_then_settings():
 
 def test_null_settings_take_their_defaults(con):
     """A setting set to NULL (or unset by RESET VARIABLE) reaches the job as its default."""
-    from dbml.settings import SETTINGS
-    from dbml.spec import spec_field
+    from dbml.core.settings import SETTINGS
+    from dbml.core.spec import spec_field
     load(con, "t", moons(300))
     for s in SETTINGS:
         con.execute(f"RESET VARIABLE dbml_{s.name}")
@@ -237,7 +237,7 @@ def test_stored_weights_are_torch_saves_bytes_written_in_place():
     """catalog.weights_blob sizes torch.save's output, then writes it into one buffer: the
     bytes are torch.save's own, whatever the model (a parameter larger than any write)."""
     import io
-    from dbml import catalog
+    from dbml.core import catalog
     for module in (torch.nn.Linear(3, 2), torch.nn.Sequential(torch.nn.Linear(1000, 700), torch.nn.BatchNorm1d(700))):
         plain = io.BytesIO()
         torch.save({k: v.detach().contiguous() for k, v in module.state_dict().items()}, plain)

@@ -141,7 +141,7 @@ def test_the_shell_refuses_it_too(tmp_path):
     ('SELECT 1 AS "a;b"; SELECT \'C:\\\'', ['SELECT 1 AS "a;b"', "SELECT 'C:\\'"]),
 ])
 def test_statements_split_by_duckdbs_own_string_rules(text, statements):
-    from dbml.sqltext import split_statements, statement_complete
+    from dbml.core.sqltext import split_statements, statement_complete
     assert split_statements(text) == statements
     assert statement_complete(text + ";")
 
@@ -181,7 +181,7 @@ def test_one_connections_budget_never_shrinks_anothers_running_job(tmp_path):
 def test_the_sql_form_and_the_torch_module_encode_alike(con):
     import numpy as np
     import torch
-    from dbml.catalog import load
+    from dbml.core.catalog import load
     con.execute("""CREATE TABLE odd AS SELECT
         CASE x % 7 WHEN 0 THEN NULL WHEN 1 THEN 'nan'::DOUBLE WHEN 2 THEN 'inf'::DOUBLE WHEN 3 THEN 1e308
                    ELSE x * 1.37 - 20 END AS a,
@@ -211,7 +211,7 @@ def test_the_scratch_tables_list_form_of_array_features_encodes_as_the_sql_form(
     FLOAT's edge, every scale of statistics, beside numeric and categorical features."""
     import duckdb
     import numpy as np
-    from dbml.features import Feature, Preprocessing
+    from dbml.core.features import Feature, Preprocessing
     rng = np.random.default_rng(0)
     con = duckdb.connect()
     n = 3 * duckdb.__standard_vector_size__

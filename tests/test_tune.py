@@ -18,7 +18,8 @@ import pytest
 import torch
 
 import dbml
-from dbml import catalog, search
+from dbml.core import catalog
+from dbml.search import engine as search
 from dbml.scheduler.multijob.registry import device_ledger
 from helpers import load, moons, wait_until
 

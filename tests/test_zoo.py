@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from dbml import models
+from dbml.core import models
 from dbml.errors import InvalidArgument
 from dbml.scheduler.execute.runner import ScheduledStep
 from dbml.scheduler.execute.step import EagerStep

@@ -28,8 +28,8 @@ import pyarrow as pa
 from sqlglot import exp
 
 from ..errors import InvalidArgument
-from ..sqltext import split_statements
-from ..catalog import MODELS
+from ..core.sqltext import split_statements
+from ..core.catalog import MODELS
 from . import create, functions, names, store, tuning
 from .create import MODEL_TYPES, OPTIONS, model_name
 from .parse import MLFunction, parse

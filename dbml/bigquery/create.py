@@ -14,8 +14,8 @@ import json
 from sqlglot import exp
 
 from ..errors import InvalidArgument
-from ..kinds.kmeans import NO_LABEL
-from ..spec import TRAIN_PARAMS
+from ..core.kinds.kmeans import NO_LABEL
+from ..core.spec import TRAIN_PARAMS
 from ..zoo import arch as zoo_arch
 from . import names, preprocess, tuning
 from .parse import constant

@@ -19,10 +19,11 @@ import pyarrow as pa
 import torch
 from sqlglot import exp
 
-from .. import catalog, explain as attributions
+from ..core import catalog
+from .. import explain as attributions
 from ..errors import InvalidArgument
-from ..inference import forward
-from ..heldout import held_out_sql
+from ..core.inference import forward
+from ..core.heldout import held_out_sql
 from . import evaluation, names, store
 from .create import apply_transform, model_name, temporal_as_numbers
 from .parse import MLFunction, function_name, settings
@@ -162,7 +163,7 @@ def stored_query(model: Model, key: str, fn: str) -> exp.Select:
     """A query the store kept for the model (before TRANSFORM), parsed and checked read-only
     (the catalog is data: an edited row must not become a write)."""
     import sqlglot
-    from ..source import as_select
+    from ..core.source import as_select
     text = model.info.get(key)
     if text is None:
         raise InvalidArgument(f"BigQuery ML: {fn} reads the training query, which dbml keeps for models made by "

@@ -16,9 +16,9 @@ import json
 
 from sqlglot import exp
 
-from ..catalog import MODELS
+from ..core.catalog import MODELS
 from ..errors import InvalidArgument, ModelNotFound
-from ..source import refused
+from ..core.source import refused
 
 TABLE = "dbml.bigquery_models"
 

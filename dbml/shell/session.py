@@ -231,7 +231,7 @@ class Shell:
         anything else is DuckDB's parse error (and nothing of the text runs, as in the CLI)."""
         from ..bigquery import looks_like_bigquery
         from ..errors import InvalidArgument
-        from ..sqltext import split_statements
+        from ..core.sqltext import split_statements
         try:
             pieces = split_statements(text)
         except InvalidArgument as e:   # an unterminated string, a script the dialects split differently
@@ -261,7 +261,7 @@ class Shell:
         from .output import show
         watch = nullcontext()
         if self.interactive and self.output.console:
-            from .. import progress
+            from ..core import progress
             watch = progress.watching(self.con, progress.LineRenderer(self.err))
         try:
             with watch:

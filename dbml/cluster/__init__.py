@@ -1,0 +1,1 @@
+"""Ray: where jobs run on a cluster (placement), its hub, workers, row shipping and DDP."""

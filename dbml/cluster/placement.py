@@ -1,0 +1,289 @@
+"""Where training jobs run: threads of this process, or a Ray cluster (the ``cluster`` setting).
+
+    SET VARIABLE dbml_cluster = 'ray';               -- the Ray cluster this process is connected to
+                                                      -- (ray.init called), else RAY_ADDRESS, else 'auto'
+    SET VARIABLE dbml_cluster = 'ray://head:10001';  -- a remote cluster through Ray Client
+    SET VARIABLE dbml_cluster = 'local';             -- the default: no Ray
+
+Ray is an extra (``pip install 'dbml[ray]'``); it is imported only when a job or a
+connection asks for a cluster. This module owns the rules of where a job may run
+(``check_job``), the process's one connection to a cluster (Ray connects a process to
+one cluster: ``connect``) and, on it, the ``Cluster``: the hub actor that carries
+progress, control, data refs and results (``dbml.cluster.hub``), and the pool of device workers
+(``dbml.cluster.worker.DeviceWorker`` actors, each owning one GPU, or one CPU slot where the
+cluster has no GPUs), kept warm between jobs so a job is dispatched by one call.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from ..errors import InvalidArgument
+
+INSTALL = "pip install 'dbml[ray]'"
+# A TCP probe of the address before Ray's own connect: Ray retries an unreachable GCS for
+# ever and Ray Client gives up only after 30 s; the probe answers in this many seconds.
+PROBE_S = 3.0
+# A device worker's thread pool: the jobs it runs at once (planned jointly by its device's
+# scheduler) and the short calls beside them (describe, stop).
+WORKER_CONCURRENCY = 32
+# An idle device worker keeps its slot this long for the next job (a warm worker makes a
+# dispatch one call, ~ms; a cold one starts a process and imports torch and dbml, seconds).
+# A data-parallel job that needs the slots takes them from idle workers at once.
+IDLE_S = 120.0
+
+_LOCK = threading.Lock()
+_CLUSTER: "Cluster | None" = None
+
+
+class WorkerDied(Exception):
+    """A job's worker (or its node) is gone; the message says how Ray saw it (``dbml.cluster.remote``
+    retries the job or fails it naming the ``max_retries`` setting)."""
+
+
+def check_job(spec) -> None:
+    """The cluster's rules for one job (``TrainSpec.__post_init__``): the setting's form,
+    and what data-parallel training needs. Reaching the cluster happens when the job runs."""
+    check_value(spec.cluster, fn="train")
+    if spec.workers > 1 and spec.cluster == "local":
+        raise InvalidArgument(f"train(): workers := {spec.workers} trains on a Ray cluster; "
+                              f"SET VARIABLE dbml_cluster = 'ray' first, or pass workers := 1")
+    if spec.workers > 1 and spec.policy not in ("tensile", "eager"):
+        raise InvalidArgument(f"train(): workers := {spec.workers} runs each worker's step as plain PyTorch under "
+                              f"DistributedDataParallel, not policy {spec.policy!r}; pass policy := 'eager'")
+    from ..core.kinds import FITTERS
+    if spec.arch in FITTERS:   # fitted in one call, not stepped: no worker's training loop, no model bytes to ship
+        raise InvalidArgument(f"train(): arch {spec.arch!r} is fitted on this machine, not on a Ray cluster; "
+                              f"SET VARIABLE dbml_cluster = 'local' for it")
+    if spec.max_retries is not None and spec.max_retries < 0:
+        raise InvalidArgument(f"setting max_retries is {spec.max_retries}; SET VARIABLE dbml_max_retries = 0 (or more)")
+
+
+def check_value(value: str, *, fn: str) -> None:
+    """'local', 'ray' or 'ray://host:port'; InvalidArgument naming the fix otherwise."""
+    if value in ("local", "ray"):
+        return
+    parts = urlsplit(value or "")
+    if parts.scheme == "ray" and parts.hostname and _port(parts) and not parts.path.strip("/"):
+        return
+    raise InvalidArgument(f"{fn}(): setting cluster is {value!r}; SET VARIABLE dbml_cluster = 'local', 'ray' "
+                          f"or 'ray://<head host>:<client port, 10001 by default>'")
+
+
+def _port(parts) -> int | None:
+    try:
+        return parts.port
+    except ValueError:
+        return None
+
+
+def require_ray():
+    """The ray module; InvalidArgument naming the extra if it is not installed."""
+    try:
+        import ray
+        import ray.train.torch  # noqa: F401  (the extra: Ray Train, for workers := N)
+    except ImportError:
+        raise InvalidArgument(f"setting cluster needs Ray, which is not installed; {INSTALL} "
+                              f"(or SET VARIABLE dbml_cluster = 'local')") from None
+    return ray
+
+
+def connect(value: str, *, fn: str = "train") -> "Cluster":
+    """The process's Cluster for setting ``value`` ('ray' or 'ray://...'), connecting once.
+    One line naming the fix if Ray is missing, the address cannot be reached, or the
+    process is already connected to another cluster."""
+    global _CLUSTER
+    check_value(value, fn=fn)
+    with _LOCK:
+        if _CLUSTER is not None and _CLUSTER.alive():
+            if value not in ("ray", _CLUSTER.setting):
+                raise InvalidArgument(f"{fn}(): this process is connected to Ray cluster {_CLUSTER.setting!r}, and "
+                                      f"Ray connects a process to one cluster; SET VARIABLE dbml_cluster = "
+                                      f"{_CLUSTER.setting!r} (or 'ray'), or use another process")
+            return _CLUSTER
+        ray = require_ray()
+        if not ray.is_initialized():
+            _init(ray, value, fn)
+        _CLUSTER = Cluster(ray, value)
+        return _CLUSTER
+
+
+def current() -> "Cluster | None":
+    """The connected Cluster, if any (tests and benchmarks inject faults through it)."""
+    return _CLUSTER
+
+
+def _address(value: str) -> str:
+    return (os.environ.get("RAY_ADDRESS") or "auto") if value == "ray" else value
+
+
+def _init(ray, value: str, fn: str) -> None:
+    address = _address(value)
+    where = "" if address == "auto" else f" at {address}"
+    fix = ("start one with `ray start --head` (and `ray start --address=<head>:6379` on the other nodes), "
+           "or SET VARIABLE dbml_cluster = 'local'")
+    if address != "auto":
+        target = urlsplit(address if "://" in address else f"tcp://{address}")
+        try:
+            socket.create_connection((target.hostname, _port(target) or 6379), timeout=PROBE_S).close()
+        except OSError as e:
+            raise InvalidArgument(f"{fn}(): cannot reach the Ray cluster{where} ({e.strerror or e}); {fix}") from None
+    try:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    except (ConnectionError, TimeoutError, ValueError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InvalidArgument(f"{fn}(): cannot reach the Ray cluster{where} ({first}); {fix}") from None
+
+
+def disconnect() -> None:
+    """Stop this process's device workers and hub (the cluster itself runs on)."""
+    global _CLUSTER
+    with _LOCK:
+        cluster, _CLUSTER = _CLUSTER, None
+    if cluster is not None:
+        cluster.close()
+
+
+@dataclass
+class Slot:
+    """One device worker: its actor, where it runs, and the jobs it runs now."""
+    actor: object
+    node: str = ""
+    device: str = ""
+    pid: int = 0
+    jobs: set = field(default_factory=set)
+    idle_since: float = field(default_factory=time.monotonic)
+    ready: bool = False
+
+
+class Cluster:
+    """The process's connection to a Ray cluster: its hub and its pool of device workers."""
+
+    def __init__(self, ray, setting: str):
+        from .hub import Hub
+        self.ray, self.setting = ray, setting
+        self.session = uuid.uuid4().hex[:8]
+        started = time.perf_counter()
+        self.hub = ray.remote(num_cpus=0, max_concurrency=WORKER_CONCURRENCY)(Hub).remote()
+        ray.get(self.hub.pid.remote())
+        self.start_seconds = time.perf_counter() - started
+        self._slots: list[Slot] = []
+        self._lock = threading.Lock()
+
+    def alive(self) -> bool:
+        return self.ray.is_initialized()
+
+    def gpus(self) -> bool:
+        """Whether the cluster has GPUs: then a device is a GPU, else a CPU slot."""
+        return self.ray.cluster_resources().get("GPU", 0) > 0
+
+    def devices(self) -> int:
+        """How many devices the cluster has (GPUs, else CPU slots)."""
+        resources = self.ray.cluster_resources()
+        return int(resources.get("GPU", 0) or resources.get("CPU", 0))
+
+    # -- device workers --------------------------------------------------------------------
+    def acquire(self, key: str, gpu: bool, on_wait=None) -> Slot:
+        """A device worker for job ``key``: an idle one, else a new one where the cluster has a
+        free device, else the one with the fewest jobs (its scheduler plans them jointly and
+        admits this one when it fits). ``on_wait()`` is told when the job waits for a new
+        worker to start."""
+        with self._lock:
+            self._reap()
+            slot = next((s for s in self._slots if not s.jobs and s.ready), None)
+            if slot is None and self._free(gpu):
+                slot = Slot(self._start(gpu))
+                self._slots.append(slot)
+            elif slot is None:
+                slot = min((s for s in self._slots if s.ready), key=lambda s: len(s.jobs), default=None)
+            if slot is None:   # every worker is still starting: a new one queues for a device
+                slot = Slot(self._start(gpu))
+                self._slots.append(slot)
+            slot.jobs.add(key)
+        if not slot.ready:
+            if on_wait is not None:
+                on_wait()
+            self._ready(slot)
+        return slot
+
+    def release(self, slot: Slot, key: str) -> None:
+        with self._lock:
+            slot.jobs.discard(key)
+            if not slot.jobs:
+                slot.idle_since = time.monotonic()
+
+    def discard(self, slot: Slot) -> None:
+        """A worker that died: out of the pool (a retry starts or takes another)."""
+        with self._lock:
+            if slot in self._slots:
+                self._slots.remove(slot)
+        try:
+            self.ray.kill(slot.actor)
+        except Exception:   # already gone
+            pass
+
+    def free_idle(self) -> None:
+        """Stop every idle device worker (a data-parallel job needs their slots now)."""
+        with self._lock:
+            idle = [s for s in self._slots if not s.jobs]
+            self._slots = [s for s in self._slots if s.jobs]
+        for s in idle:
+            self.ray.kill(s.actor)
+
+    def slot_of(self, key: str) -> Slot | None:
+        with self._lock:
+            return next((s for s in self._slots if key in s.jobs), None)
+
+    def warm(self, n: int, gpu: bool = False) -> list[Slot]:
+        """Start ``n`` device workers ahead of jobs (benchmarks, and a session that knows it will train)."""
+        with self._lock:
+            new = [Slot(self._start(gpu)) for _ in range(n)]
+            self._slots.extend(new)
+        for s in new:
+            self._ready(s)
+        return new
+
+    def _free(self, gpu: bool) -> bool:
+        available = self.ray.available_resources()
+        starting = sum(not s.ready for s in self._slots)
+        return available.get("GPU" if gpu else "CPU", 0) - starting >= 1
+
+    def _start(self, gpu: bool):
+        from .worker import DeviceWorker
+        resources = dict(num_cpus=1, num_gpus=1) if gpu else dict(num_cpus=1)
+        return self.ray.remote(max_concurrency=WORKER_CONCURRENCY, **resources)(DeviceWorker).remote()
+
+    def _ready(self, slot: Slot) -> None:
+        info = self.ray.get(slot.actor.describe.remote())
+        slot.node, slot.device, slot.pid, slot.ready = info["node"], info["device"], info["pid"], True
+
+    def _reap(self) -> None:
+        """Stop workers idle for IDLE_S (called under the lock)."""
+        now = time.monotonic()
+        stale = [s for s in self._slots if s.ready and not s.jobs and now - s.idle_since > IDLE_S]
+        for s in stale:
+            self._slots.remove(s)
+            self.ray.kill(s.actor)
+
+    def slots(self) -> list[Slot]:
+        with self._lock:
+            return list(self._slots)
+
+    def close(self) -> None:
+        with self._lock:
+            slots, self._slots = self._slots, []
+        for s in slots:
+            try:
+                self.ray.kill(s.actor)
+            except Exception:   # the cluster went first
+                pass
+        try:
+            self.ray.kill(self.hub)
+        except Exception:
+            pass

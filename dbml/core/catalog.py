@@ -1,0 +1,349 @@
+"""The model catalog: tables in the user's database that hold every trained model.
+
+They live in a schema of their own, ``dbml`` (``sql/catalog.sql``): ``dbml.models`` has one
+row per (name, version) with everything needed to use the model and a ``uid`` no other
+stored model ever has; ``dbml.weights`` holds its weights as a ``torch.save`` blob of plain
+tensors, loaded with ``weights_only=True`` (never arbitrary pickles). A model is written
+in one transaction, so the catalog never holds half of one. Users read them through the
+TEMP views ``dbml_models`` and ``dbml_weights``; a database written by an older dbml (its
+tables in ``main``) is moved here when dbml is first installed on it writable (``migrate``).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import math
+import threading
+from dataclasses import MISSING, dataclass, fields
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import torch
+
+from ..errors import CatalogError, InvalidArgument, ModelNotFound, TrainingError
+from .features import TASKS, Feature, Preprocessing
+from .models import ModelConfig, build
+from ..zoo import arch as zoo_arch
+from . import kinds  # noqa: F401 - registers the kinds' archs (dnn, trees, kmeans): a stored one loads
+
+
+# Writers of this process take versions one at a time (_WRITES), so two jobs finishing
+# together store consecutive versions. A writer outside it (another connection's own
+# transaction) can still take a version first: then the insert conflicts and the write is
+# retried with the next version.
+WRITE_ATTEMPTS = 10
+_WRITES = threading.Lock()
+
+
+MODELS, WEIGHTS, JOB_IDS = "dbml.models", "dbml.weights", "dbml.job_ids"
+TRIALS = "dbml.trials"   # tune()'s trials (dbml.trials), dropped with their model
+
+
+@dataclass
+class StoredModel:
+    name: str
+    version: int
+    config: ModelConfig
+    preprocessing: Preprocessing
+    module: torch.nn.Module
+    uid: str = ""          # dbml.models.uid: this stored model and no other, ever
+
+    @functools.cached_property
+    def standardiser(self):
+        """Its preprocessing's ``Standardise`` module, made once per loaded model."""
+        return self.preprocessing.standardiser()
+
+
+def _tables(con: duckdb.DuckDBPyConnection, schema: str, names: tuple[str, ...]) -> set[str]:
+    rows = con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
+                       "AND schema_name = ? AND list_contains(?, table_name) AND NOT temporary",
+                       [schema, list(names)]).fetchall()
+    return {r[0] for r in rows}
+
+
+def require_catalog(con: duckdb.DuckDBPyConnection) -> None:
+    """On a database opened read-only dbml cannot create its catalog (sql/catalog.sql): it must be there."""
+    if len(_tables(con, "dbml", ("models", "weights"))) == 2:
+        return
+    if len(_tables(con, "main", ("dbml_models", "dbml_weights"))) == 2:
+        raise CatalogError("dbml.connect(): the database is open read-only and its dbml catalog is an older "
+                           "dbml's (main.dbml_models); open it once without read_only (dbml.connect(path)) "
+                           "so dbml can move it to its own schema")
+    raise CatalogError("dbml.connect(): the database is open read-only and has no dbml catalog "
+                       "(dbml.models, dbml.weights) to create; open it once without read_only "
+                       "(dbml.connect(path)) so dbml can create it")
+
+
+def migrate(con: duckdb.DuckDBPyConnection, catalog_sql: str) -> bool:
+    """Move an older dbml's catalog (``main.dbml_models``, ``main.dbml_weights``,
+    ``main.dbml_job_ids``) into the ``dbml`` schema, giving each model a uid, in one
+    transaction; True if there was one to move. ``catalog_sql`` creates the new tables."""
+    if len(_tables(con, "main", ("dbml_models", "dbml_weights"))) < 2:
+        return False
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.execute(catalog_sql)
+        con.execute(f"INSERT INTO {MODELS} SELECT *, gen_random_uuid() FROM main.dbml_models")
+        con.execute(f"INSERT INTO {WEIGHTS} SELECT * FROM main.dbml_weights")
+        con.execute("DROP TABLE main.dbml_weights")
+        con.execute("DROP TABLE main.dbml_models")
+        con.execute("DROP SEQUENCE IF EXISTS main.dbml_job_ids")
+        con.execute("COMMIT")
+    except BaseException:
+        _rollback(con)
+        raise
+    return True
+
+
+def next_job_id(cur: duckdb.DuckDBPyConnection) -> int:
+    return cur.execute(f"SELECT nextval('{JOB_IDS}')").fetchall()[0][0]
+
+
+def weights_blob(module: torch.nn.Module) -> bytearray:
+    """The module's weights as a ``torch.save`` blob, in one buffer of exactly its size.
+
+    ``torch.save`` runs twice, sizing then filling (it writes the same bytes every time):
+    into a ``BytesIO`` the blob grew by copies and ``getvalue`` copied it once more, up to
+    three model-sized buffers at once where one is needed (issue 29)."""
+    state = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
+    size = _Sink()
+    torch.save(state, size)
+    blob = bytearray(size.written)
+    filled = _Sink(memoryview(blob))
+    torch.save(state, filled)
+    if filled.written != len(blob):
+        raise AssertionError(f"torch.save wrote {filled.written} bytes, then {len(blob)}")
+    return blob
+
+
+class _Sink:
+    """A file ``torch.save`` writes to: it counts the bytes, and copies them into ``into``
+    when given (sized by a counting pass before)."""
+
+    def __init__(self, into: memoryview | None = None):
+        self.into, self.written = into, 0
+
+    def write(self, data) -> int:
+        n = memoryview(data).nbytes
+        if self.into is not None:
+            self.into[self.written:self.written + n] = memoryview(data).cast("B")
+        self.written += n
+        return n
+
+    def flush(self) -> None:
+        pass
+
+
+def _weights_row(name: str, version: int, blob: bytearray) -> pa.Table:
+    """The weights row as an Arrow table over ``blob``, not a copy of it: DuckDB copies a
+    blob passed as a parameter into a value, then that into its storage (and more), where
+    an Arrow scan reads it in place."""
+    offsets = pa.py_buffer(np.array([0, len(blob)], dtype=np.int64))
+    weights = pa.Array.from_buffers(pa.large_binary(), 1, [None, offsets, pa.py_buffer(blob)])
+    return pa.table({"name": [name], "version": pa.array([version], pa.int32()), "weights": weights})
+
+
+def write(cur: duckdb.DuckDBPyConnection, *, name: str, config: ModelConfig, prep: Preprocessing,
+          params: dict, metrics: dict, rows: int, module: torch.nn.Module) -> int:
+    """Store a new version of ``name`` in one transaction; return its version.
+
+    The version is taken inside the transaction (the latest + 1), under ``_WRITES``; on a
+    conflict with another writer (a duplicate key or a write-write conflict) the transaction
+    is rolled back and retried with the version then next. Model row and weights are
+    committed together or not at all.
+    """
+    stored = prep.to_json()
+    load_preprocessing(stored, name, 0, writing=True)   # what load would refuse is never written
+    blob = weights_blob(module)
+    row = [config.arch, prep.task, prep.feature_names, prep.label, config.to_json(), prep.to_json(),
+           json.dumps(params), json.dumps(metrics), rows]
+    for attempt in range(WRITE_ATTEMPTS):
+        try:
+            with _WRITES:
+                return _insert(cur, name, row, blob)
+        except (duckdb.TransactionException, duckdb.ConstraintException):
+            if attempt == WRITE_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _insert(cur: duckdb.DuckDBPyConnection, name: str, row: list, blob: bytearray) -> int:
+    cur.execute("BEGIN TRANSACTION")
+    try:
+        version = cur.execute(f"SELECT coalesce(max(version), 0) + 1 FROM {MODELS} WHERE name = ?",
+                              [name]).fetchall()[0][0]
+        cur.execute(f"INSERT INTO {MODELS} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, current_localtimestamp(), ?, "
+                    f"gen_random_uuid())", [name, version, *row, len(blob)])
+        cur.from_arrow(_weights_row(name, version, blob)).insert_into(WEIGHTS)
+        cur.execute("COMMIT")
+        return version
+    except BaseException:
+        _rollback(cur)
+        raise
+
+
+def _rollback(cur: duckdb.DuckDBPyConnection) -> None:
+    """Roll back the open transaction, if a failed COMMIT has not already ended it."""
+    try:
+        cur.execute("ROLLBACK")
+    except duckdb.TransactionException:
+        pass
+
+
+def latest_version(cur: duckdb.DuckDBPyConnection, name: str, *, fn: str) -> int:
+    return identify(cur, name, None, fn=fn)[0]
+
+
+def identify(cur: duckdb.DuckDBPyConnection, name: str, version: int | None, *, fn: str) -> tuple[int, str]:
+    """(version, uid) of model ``name``'s ``version`` (None: its latest); ModelNotFound naming the fix."""
+    rows = cur.execute(f"SELECT version, uid::VARCHAR FROM {MODELS} WHERE name = ? AND (? IS NULL OR version = ?) "
+                       f"ORDER BY version DESC LIMIT 1", [name, version, version]).fetchall()
+    if not rows and version is not None and identify_any(cur, name):
+        raise ModelNotFound(f"{fn}(): model {name!r} has no version {version}; pass one of "
+                            f"SELECT version FROM dbml_models WHERE name = {name!r}, or leave version out")
+    if not rows:
+        raise ModelNotFound(f"{fn}(): no model named {name!r}; train it first with train({name!r}, ...) "
+                            f"or pick one from SELECT name FROM dbml_models")
+    return rows[0][0], rows[0][1]
+
+
+def identify_any(cur: duckdb.DuckDBPyConnection, name: str) -> bool:
+    return bool(cur.execute(f"SELECT count(*) FROM {MODELS} WHERE name = ?", [name]).fetchall()[0][0])
+
+
+def load_uid(cur: duckdb.DuckDBPyConnection, name: str, uid: str, *, fn: str) -> StoredModel:
+    """The stored model ``uid`` of ``name``; ModelNotFound if it was dropped or replaced."""
+    rows = cur.execute(f"SELECT version FROM {MODELS} WHERE name = ? AND uid::VARCHAR = ?", [name, uid]).fetchall()
+    if not rows:
+        raise ModelNotFound(f"{fn}(): model {name!r} was dropped or replaced while the statement ran; run it again")
+    return load(cur, name, rows[0][0], uid)
+
+
+def load(cur: duckdb.DuckDBPyConnection, name: str, version: int, uid: str | None = None) -> StoredModel:
+    """Version ``version`` of ``name`` (and, given ``uid``, only if it is still that stored model)."""
+    rows = cur.execute(f"""SELECT m.config, m.preprocessing, w.weights, m.uid::VARCHAR
+                         FROM {MODELS} m JOIN {WEIGHTS} w USING (name, version)
+                         WHERE name = ? AND version = ? AND (? IS NULL OR m.uid::VARCHAR = ?)""",
+                       [name, version, uid, uid]).fetchall()
+    if not rows and uid is not None:
+        raise ModelNotFound(f"model {name!r} version {version} was dropped or replaced while the statement ran; "
+                            f"run it again")
+    if not rows:
+        raise CatalogError(f"model {name!r} version {version} has no weights in dbml.weights")
+    row = rows[0]
+    config = ModelConfig.from_json(row[0])
+    try:
+        zoo_arch(config.arch, fn="load")
+    except InvalidArgument:
+        raise ModelNotFound(f"model {name!r} version {version} was trained with arch {config.arch!r}, which is not "
+                            f"registered in this process; call dbml.register_model({config.arch!r}, factory) "
+                            f"(the same factory it was trained with) before using it") from None
+    module = build(config)
+    module.load_state_dict(torch.load(io.BytesIO(row[2]), weights_only=True))
+    module.eval()
+    return StoredModel(name, version, config, load_preprocessing(row[1], name, version), module, row[3])
+
+
+# The schema of dbml.models.preprocessing: the fields of Preprocessing and Feature, each
+# with the check its stored value must pass. Statistics reach generated SQL, so a model
+# whose JSON does not match is refused when it is loaded, before any SQL is built.
+FEATURE_KINDS = ("numeric", "categorical", "array")
+_FIELD_CHECKS = {
+    "float": lambda v: _is_number(v),
+    "str": lambda v: isinstance(v, str),
+    "tuple[str, ...]": lambda v: isinstance(v, list) and all(isinstance(c, str) for c in v),
+    "tuple[float, ...]": lambda v: isinstance(v, list) and all(_is_number(c) for c in v),
+    "tuple": lambda v: isinstance(v, list) and all(isinstance(c, (str, bool)) or _is_number(c) for c in v),
+    "tuple[Feature, ...]": lambda v: isinstance(v, list),
+    "InputEncoder | None": lambda v: v is None or isinstance(v, dict),   # checked by InputEncoder.from_dict
+}
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def load_preprocessing(text: str, name: str, version: int, *, writing: bool = False) -> Preprocessing:
+    """A stored model's preprocessing, checked against its schema; CatalogError names what is wrong.
+    ``writing``: the check before a model is stored (TrainingError: the training data gave
+    statistics no model can be used with)."""
+    try:
+        problem = _schema_problem(json.loads(text))
+        prep = None if problem else Preprocessing.from_json(text)
+    except ValueError as e:
+        problem = f"it is not JSON ({str(e)[:80]})"
+    except CatalogError as e:   # the input encoder's own check (InputEncoder.from_dict)
+        problem = f"input: {e}"
+    if problem and writing:
+        raise TrainingError(f"train(): the statistics fitted on the source cannot be stored ({problem}); nothing "
+                            f"was stored; leave out or clip values beyond FLOAT's range (about 3.4e38)")
+    if problem:
+        raise CatalogError(f"model {name!r} version {version}: dbml_models.preprocessing is invalid: {problem}; "
+                           f"the row was edited or damaged: retrain it with train({name!r}, ...) "
+                           f"or remove it with drop_model({name!r})")
+    return prep
+
+
+def _schema_problem(d) -> str | None:
+    problem = _record_problem(d, Preprocessing, "")
+    if problem:
+        return problem
+    if d["task"] not in TASKS:
+        return f"task is {d['task']!r}, not one of {', '.join(TASKS)}"
+    if not d["target_std"] > 0:
+        return f"target_std is {d['target_std']!r}, not positive"
+    for i, f in enumerate(d["features"]):
+        problem = _record_problem(f, Feature, f"features[{i}].")
+        if problem:
+            return problem
+        if f["kind"] not in FEATURE_KINDS:
+            return f"features[{i}].kind is {f['kind']!r}, not one of {', '.join(FEATURE_KINDS)}"
+        if not f["std"] > 0:
+            return f"features[{i}].std is {f['std']!r}, not positive"
+        if not all(s > 0 for s in f.get("stds", ())):
+            return f"features[{i}].stds has a value that is not positive"
+        if f["kind"] == "array" and len(f.get("means", ())) != len(f.get("stds", ())):
+            return f"features[{i}] has {len(f['means'])} means and {len(f['stds'])} stds"
+    return None
+
+
+def _record_problem(d, cls, where: str) -> str | None:
+    """Missing, unknown or mistyped keys of one JSON object stored for dataclass ``cls``."""
+    if not isinstance(d, dict):
+        return f"{where or 'the value'} is {type(d).__name__}, not an object"
+    expected = {f.name: str(f.type) for f in fields(cls)}
+    optional = {f.name for f in fields(cls) if f.default is not MISSING or f.default_factory is not MISSING}
+    unknown = sorted(set(d) - set(expected))
+    missing = sorted(set(expected) - set(d) - optional)   # older models lack newer optional keys
+    if unknown or missing:
+        return f"{where}{(unknown or missing)[0]} is {'unknown' if unknown else 'missing'}"
+    for key, annotation in expected.items():
+        if key in d and not _FIELD_CHECKS[annotation](d[key]):
+            return f"{where}{key} is {json.dumps(d[key])[:60]}, not a valid {annotation}"
+    return None
+
+
+def drop(cur: duckdb.DuckDBPyConnection, name: str, *, fn: str = "drop_model") -> int:
+    """Delete every version of ``name`` and its tune() trials; return how many versions there were.
+    A model with trials but no version (no trial finished) is dropped too."""
+    if not cur.execute(f"SELECT count(*) FROM {TRIALS} WHERE model = ?", [name]).fetchall()[0][0]:
+        latest_version(cur, name, fn=fn)
+    with _WRITES:
+        return _delete(cur, name)
+
+
+def _delete(cur: duckdb.DuckDBPyConnection, name: str) -> int:
+    cur.execute("BEGIN TRANSACTION")
+    try:
+        n = cur.execute(f"SELECT count(*) FROM {MODELS} WHERE name = ?", [name]).fetchall()[0][0]
+        cur.execute(f"DELETE FROM {TRIALS} WHERE model = ?", [name])
+        cur.execute(f"DELETE FROM {WEIGHTS} WHERE name = ?", [name])
+        cur.execute(f"DELETE FROM {MODELS} WHERE name = ?", [name])
+        cur.execute("COMMIT")
+        return n
+    except BaseException:
+        _rollback(cur)
+        raise

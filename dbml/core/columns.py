@@ -1,0 +1,80 @@
+"""The columns of dbml's SQL results and views: name -> SQL type, one table each.
+
+These tables are the one definition of each result's shape. ``dbml.udfs.types`` derives
+the DuckDB STRUCT (and Arrow) types from them; the code that fills a row takes its keys
+from them (``jobs.JOB_COLUMNS``, ``jobs.MEMORY_COLUMNS``, ``training.MEMORY_FIELDS``).
+The README describes each column.
+"""
+
+from __future__ import annotations
+
+# train() and wait_job(): the job (error: why a row failed, under on_error := 'continue'),
+# then its memory figures (TRAIN_MEMORY, the runner's stats)
+TRAIN_JOB = {
+    "job_id": "BIGINT", "model": "VARCHAR", "version": "INTEGER", "status": "VARCHAR", "error": "VARCHAR",
+    "epochs": "INTEGER", "best_epoch": "INTEGER", "rows": "BIGINT", "skipped_rows": "BIGINT", "final_loss": "DOUBLE",
+    "val_metric": "DOUBLE", "val_loss": "DOUBLE", "warnings": "VARCHAR", "estimated_seconds": "DOUBLE",
+    "seconds": "DOUBLE",
+}
+TRAIN_MEMORY = {
+    "measured_peak_bytes": "BIGINT", "vanilla_peak_bytes": "BIGINT", "vanilla_source": "VARCHAR",
+    "planned_peak_bytes": "BIGINT", "msr": "DOUBLE", "swaps": "BIGINT", "recomputes": "BIGINT",
+    "passive_swaps": "BIGINT", "replans": "BIGINT",
+    "plan_seconds": "DOUBLE", "latency_model": "VARCHAR", "budget_bytes": "BIGINT",
+    "real_peak_bytes": "BIGINT", "spilled_peak_bytes": "BIGINT",
+}
+TRAIN_RESULT = {**TRAIN_JOB, **TRAIN_MEMORY}
+MEMORY_FIELDS = tuple(TRAIN_MEMORY)
+
+# dbml_jobs: one row per job (jobs.Job.row)
+JOB_ROW = {
+    "id": "BIGINT", "model": "VARCHAR", "status": "VARCHAR", "progress": "DOUBLE", "epoch": "INTEGER",
+    "epochs": "INTEGER", "loss": "DOUBLE", "rows_per_s": "DOUBLE", "planned_peak_bytes": "BIGINT",
+    "measured_peak_bytes": "BIGINT", "swaps": "BIGINT", "recomputes": "BIGINT", "passive_swaps": "BIGINT",
+    "replans": "BIGINT", "estimated_seconds": "DOUBLE", "warnings": "VARCHAR", "started": "TIMESTAMP",
+    "finished": "TIMESTAMP", "error": "VARCHAR", "node": "VARCHAR", "device": "VARCHAR", "queued_for": "VARCHAR",
+}
+JOB_COLUMNS = tuple(JOB_ROW)
+
+# dbml_memory: one row per job in the device's shared scheduler (jobs.memory_rows)
+MEMORY_ROW = {
+    "job_id": "BIGINT", "model": "VARCHAR", "status": "VARCHAR", "planned_peak_bytes": "BIGINT",
+    "in_effect_bytes": "BIGINT", "share": "DOUBLE", "held_bytes": "BIGINT", "measured_peak_bytes": "BIGINT",
+    "budget_bytes": "BIGINT", "global_planned_peak_bytes": "BIGINT", "global_in_effect_bytes": "BIGINT",
+    "global_held_bytes": "BIGINT", "global_measured_peak_bytes": "BIGINT", "waiting_jobs": "INTEGER",
+}
+MEMORY_COLUMNS = tuple(MEMORY_ROW)
+
+# tune(): one row per trial it ran; the dbml_trials view: every stored trial (dbml.search.trials.ROWS_SQL)
+TRIAL_ROW = {
+    "model": "VARCHAR", "trial": "INTEGER", "status": "VARCHAR", "objective_name": "VARCHAR",
+    "objective": "DOUBLE", "best": "BOOLEAN", "params": "JSON", "objectives": "DOUBLE[]", "epochs": "INTEGER",
+    "seconds": "DOUBLE", "peak_bytes": "BIGINT", "error": "VARCHAR", "version": "INTEGER", "job_id": "BIGINT",
+    "started_at": "TIMESTAMP",
+}
+
+# calibrate()
+CALIBRATE_RESULT = {
+    "device": "VARCHAR", "op_kinds": "INTEGER", "samples": "BIGINT", "model_bytes": "BIGINT",
+    "seconds": "DOUBLE", "path": "VARCHAR",
+}
+
+# dbml_predictor: one row per op kind of the installed predictor (latency.report_rows)
+PREDICTOR_ROW = {
+    "op": "VARCHAR", "samples": "BIGINT", "r2": "DOUBLE", "baseline_r2": "DOUBLE", "median_rel_error": "DOUBLE",
+    "fingerprint": "VARCHAR", "model_bytes": "BIGINT", "calibration_seconds": "DOUBLE",
+}
+
+# evaluate(): classification fills the first three metrics, regression the last three
+EVALUATE_RESULT = {
+    "rows": "BIGINT", "accuracy": "DOUBLE", "macro_f1": "DOUBLE", "log_loss": "DOUBLE",
+    "rmse": "DOUBLE", "mae": "DOUBLE", "r2": "DOUBLE",
+}
+
+# explain(model, source): per row, after the source's columns and `prediction` (as
+# predictions): one attribution per input column, in the model's feature order, and the
+# explained output (dbml/explain.py) at the baseline row and at this row
+EXPLAIN_RESULT = {
+    "attributions": "STRUCT(feature VARCHAR, attribution DOUBLE)[]", "baseline_value": "DOUBLE",
+    "prediction_value": "DOUBLE", "approximation_error": "DOUBLE",
+}

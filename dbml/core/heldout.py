@@ -1,0 +1,116 @@
+"""The held-out rows of a job: which rows they are, their validation figures, and early
+stopping by them.
+
+``split_hash`` and ``is_held_out`` are the split's one rule: a hash of each source row
+(every column, as the source gives it: not the encoded features, so models of one source
+with other features hold out the same rows) with the seed, in ``VALIDATION_BUCKETS``;
+``training._materialise`` applies it once per job and ``held_out_sql`` is the same rule for
+a reader of the source (BigQuery ML's ``ML.EVALUATE(MODEL m)``). ``validate`` measures a model (or its weights of the moment) on the scratch table's
+held-out rows (``is_val``, ``training._materialise``'s split): the mean loss, and accuracy
+or R^2. ``EarlyStopping`` is ``early_stop``'s one rule, followed by a job's ``TrainLoop``
+and by each member of a fused one (``dbml.search.fusion``), so a member stops where its trial
+alone stops.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import metrics
+from .data import BatchStream
+from .features import Preprocessing
+from .spec import TrainSpec
+
+__all__ = ["EarlyStopping", "held_out_sql", "is_held_out", "split_hash", "validate", "validation_outputs", "scores"]
+
+
+VALIDATION_BUCKETS = 1_000_000
+
+
+def split_hash(seed: int) -> str:
+    """The hash of a source row (every column of the query it is selected from) with the seed:
+    it decides the validation split and the order the scratch table stores the rows in
+    (``held_out_sql`` is the same rule for a reader of the source)."""
+    return f"hash(*COLUMNS(*), {int(seed)})"
+
+
+def is_held_out(h: str, validation: float) -> str:
+    return f"{h} % {VALIDATION_BUCKETS} < {int(validation * VALIDATION_BUCKETS)}"
+
+
+def held_out_sql(seed: int, validation: float, exclude: tuple[str, ...] = ()) -> str:
+    """Whether a row of the source ``train`` read (every column of it, less ``exclude``: columns
+    a reader added) is one it held out for validation, given the job's ``seed`` and
+    ``validation``: ``training._materialise``'s rule, so ``ML.EVALUATE(MODEL m)`` reads exactly those rows."""
+    columns = f"*COLUMNS(* EXCLUDE ({', '.join(exclude)}))" if exclude else "*COLUMNS(*)"
+    return is_held_out(f"hash({columns}, {int(seed)})", validation)
+
+
+class EarlyStopping:
+    """``early_stop``'s rule, for a job and for each member of a fused one (``dbml.search.fusion``):
+    after each epoch with a finite validation loss, a better one keeps that epoch's weights
+    (``best``, from ``weights()``), and ``patience`` epochs without one stop training."""
+
+    def __init__(self, spec: TrainSpec):
+        self.spec = spec
+        self.best_loss: float | None = None
+        self.best_epoch: int | None = None
+        self.best = None
+
+    def update(self, record: dict, weights) -> bool:
+        """After an epoch (``record``, its validation in it): True to stop training here."""
+        loss = record.get("val_loss")
+        if not self.spec.early_stop or loss is None or not math.isfinite(loss):
+            return False
+        if self.best_loss is None or loss < self.best_loss:
+            # the weights of the best epoch, copied (training goes on from them)
+            self.best_loss, self.best_epoch, self.best = loss, record["epoch"], weights()
+            return False
+        return record["epoch"] - self.best_epoch >= self.spec.patience
+
+    def state(self) -> dict:
+        """What a checkpoint keeps of it (``dbml.core.checkpoints``), so a job resumed on another
+        Ray worker stops where, and keeps what, the uninterrupted job does."""
+        return {"best_loss": self.best_loss, "best_epoch": self.best_epoch, "best": self.best}
+
+    def load(self, state: dict) -> None:
+        self.best_loss, self.best_epoch, self.best = state["best_loss"], state["best_epoch"], state["best"]
+
+
+def validate(cur, table: str, prep: Preprocessing, forward, loss_fn, device, n_val: int, rows: int, convert) -> dict:
+    """Accuracy (classification) or R^2 (regression), and the mean loss, on the held-out rows,
+    through ``forward`` (the module, or its weights of the moment) in batches of ``rows``
+    (``convert``: how the scratch table's x column becomes the model's input)."""
+    if n_val == 0:
+        return {"val_metric": None, "val_metric_name": _metric_name(prep), "val_loss": None}
+    return scores(prep, loss_fn, *validation_outputs(cur, table, forward, device, rows, convert))
+
+
+def validation_outputs(cur, table: str, forward, device, rows: int, convert) -> tuple[torch.Tensor, torch.Tensor]:
+    """``forward``'s outputs on the held-out rows, in batches of ``rows``, joined along
+    dimension 0, and the rows' labels."""
+    outs, ys = [], []
+    with torch.no_grad():
+        for x, y in BatchStream(cur, f"SELECT x, y FROM {table} WHERE is_val", rows,
+                                convert=convert):
+            outs.append(forward(x.to(device)).cpu())
+            ys.append(y)
+    return torch.cat(outs), torch.cat(ys)
+
+
+def _metric_name(prep: Preprocessing) -> str:
+    return "accuracy" if prep.task == "classification" else "r2"
+
+
+def scores(prep: Preprocessing, loss_fn, out: torch.Tensor, y: torch.Tensor) -> dict:
+    """The validation figures of outputs ``out`` on labels ``y``: the mean loss, and
+    accuracy (classification) or R^2 (regression)."""
+    name = _metric_name(prep)
+    val_loss = float(loss_fn(out, y))
+    if prep.task == "classification":
+        value = metrics.accuracy(out.argmax(1).numpy(), y.numpy())
+    else:
+        value = metrics.r2(y.double().numpy(), out.squeeze(-1).double().numpy())
+    return {"val_metric": value, "val_metric_name": name, "val_loss": val_loss}

@@ -1,0 +1,47 @@
+"""Where a job runs: the seam between the core and the backends that run jobs elsewhere.
+
+The core trains a job on this process's threads (the ``cluster`` setting ``'local'``, the
+default). A job for a cluster (``SET VARIABLE dbml_cluster = 'ray'``, or ``workers := N``)
+goes through a *placement backend*, found here by name and imported on its first use, the
+way joblib's ``register_parallel_backend`` lets Ray plug in: the core never imports a
+backend, and a process that trains locally never imports one.
+
+A backend is a module with three functions:
+
+* ``check_job(spec)``: the backend's rules for one job, when its parameters are checked
+  (raises ``InvalidArgument``);
+* ``fit_model(cur, table, prep, spec, n_train, n_val, progress, fit)``: train the job
+  there, ``fit`` being the core's own loop (``training._fit_model``) that each worker runs;
+  returns what ``fit`` returns, the module on this machine's CPU;
+* ``step(model, loss_fn, optimizer, job)``: one worker's training step of a data-parallel
+  job (``workers > 1``).
+
+``dbml.cluster`` (Ray) is the one built in; every cluster setting other than ``'local'``
+names a Ray cluster today.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+__all__ = ["BACKENDS", "LOCAL", "backend", "register", "is_local"]
+
+LOCAL = "local"
+# registry of built-ins: backend name -> the module that implements it (imported on use)
+BACKENDS: dict[str, str] = {"ray": "dbml.cluster.backend"}
+
+
+def register(name: str, module: str) -> None:
+    """Make ``module`` (a dotted path) the placement backend called ``name``."""
+    BACKENDS[name] = module
+
+
+def is_local(spec) -> bool:
+    """Whether the job trains on this process's threads, with no backend."""
+    return spec.cluster == LOCAL and spec.workers <= 1
+
+
+def backend(spec) -> ModuleType:
+    """The placement backend of a job that does not train locally (see the module docstring)."""
+    return importlib.import_module(BACKENDS["ray"])

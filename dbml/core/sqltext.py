@@ -1,0 +1,106 @@
+"""SQL text as the shell and ``dbml.execute`` read it: where statements end.
+
+Statements end at a ``;`` token of sqlglot's tokenizer for the dialect, which knows the
+dialect's strings (``'…'`` with ``''``, DuckDB's ``E'…\\''`` and ``$$…$$``, BigQuery's
+``\\'`` escapes, raw and triple-quoted strings), quoted identifiers and comments; it reads
+the text once, so splitting is linear in its length. DuckDB's own ``extract_statements``
+cannot split what it cannot parse (BigQuery ML's ``CREATE MODEL ... OPTIONS(...)``), hence
+a tokenizer rather than the parser.
+
+A script that mixes BigQuery ML with DuckDB SQL is read by both dialects' rules, and
+where they end statements in different places (``SELECT 'x\\'; DROP TABLE t; …``, one
+statement to BigQuery, three to DuckDB) it is refused rather than guessed
+(:class:`AmbiguousScript`). Only the ends are compared: a statement may start at another
+token in each (BigQuery's ``#standardSQL`` line is a comment there, not in DuckDB); the
+statement's text is then the given dialect's, comment included, which the BigQuery
+translation reads as a comment.
+
+>>> split_statements("SELECT 1; SELECT $$a;b$$; -- done")
+['SELECT 1', 'SELECT $$a;b$$']
+>>> statement_complete("SELECT 'a;"), statement_complete("SELECT 'a;';  -- c")
+(False, True)
+"""
+
+from __future__ import annotations
+
+import re
+
+from sqlglot.dialects import Dialect
+from sqlglot.errors import TokenError
+from sqlglot.tokens import TokenType
+
+from ..errors import InvalidArgument
+
+__all__ = ["statement_complete", "split_statements", "AmbiguousScript", "UnterminatedText"]
+
+# A script that may hold BigQuery ML (model statements or ML.* functions): split by both dialects.
+_BIGQUERY_ML = re.compile(r"\bML\s*\.|\bMODEL\b", re.IGNORECASE)
+
+
+class UnterminatedText(InvalidArgument):
+    """The text ends inside a string, a quoted identifier or a block comment."""
+
+
+class AmbiguousScript(InvalidArgument):
+    """BigQuery's and DuckDB's rules end the script's statements in different places."""
+
+
+def _semicolons(text: str, dialect: str) -> tuple[list[tuple[int, int]], bool]:
+    """(spans of the statements' tokens, whether the last token is a ';'). Raises TokenError."""
+    tokens = Dialect.get_or_raise(dialect).tokenizer_class().tokenize(text)
+    spans, first = [], None
+    for token in tokens:
+        if token.token_type == TokenType.SEMICOLON:
+            if first is not None:
+                spans.append((first, token.start))
+            first = None
+        elif first is None:
+            first = token.start
+    ends = not tokens or tokens[-1].token_type == TokenType.SEMICOLON
+    if first is not None:
+        spans.append((first, len(text)))
+    return spans, ends
+
+
+def statement_complete(text: str, dialect: str = "duckdb") -> bool:
+    """Whether ``text`` ends with a ``;`` outside strings and comments (comments may follow)."""
+    try:
+        spans, ends = _semicolons(text, dialect)
+    except TokenError:
+        return False        # inside a string, a quoted name or a block comment
+    return ends and bool(spans)
+
+
+def split_statements(text: str, dialect: str = "duckdb") -> list[str]:
+    """The statements of ``text``, each without its ``;``; empty ones (comments only) left
+    out. A text that may hold BigQuery ML is split by BigQuery's rules too, and refused
+    (``AmbiguousScript``) where the two disagree; an unterminated string or comment is
+    ``UnterminatedText``."""
+    if dialect == "bigquery" or not _BIGQUERY_ML.search(text):
+        return _split(text, dialect)
+    ends = []
+    for each in (dialect, "bigquery"):
+        try:
+            ends.append([end for _, end in _spans(text, each)])
+        except UnterminatedText:
+            ends.append(None)
+    if ends[0] is None and ends[1] is None:
+        return _split(text, dialect)    # raises UnterminatedText
+    if ends[0] != ends[1]:
+        raise AmbiguousScript(
+            "the script holds BigQuery ML, and BigQuery's string rules (\\' escapes a quote) and DuckDB's "
+            "('' escapes a quote) end its statements in different places; dbml runs neither reading: write "
+            "strings without \\' in BigQuery ML scripts")
+    return _split(text, dialect)
+
+
+def _spans(text: str, dialect: str) -> list[tuple[int, int]]:
+    try:
+        return _semicolons(text, dialect)[0]
+    except TokenError as e:
+        raise UnterminatedText(f"the SQL text ends inside a string, a quoted name or a block comment "
+                               f"({str(e).splitlines()[0][:80]}); close it") from None
+
+
+def _split(text: str, dialect: str) -> list[str]:
+    return [text[start:end].strip() for start, end in _spans(text, dialect)]

@@ -1,0 +1,523 @@
+"""One training job, from a validated spec to a stored model.
+
+The job has DuckDB encode its source once into a scratch table of (features, label,
+is_val) rows stored in a random order, then streams the training rows every epoch from
+a random starting row through a shuffle buffer. Every iteration goes through a
+``StepRunner`` (``dbml.scheduler.execute.step``), the boundary at which the memory scheduler
+takes training over: ``ScheduledStep`` for policies tensile and none, ``EagerStep``
+(plain PyTorch) for eager (``dbml.core.runners``). The job reports its progress, and learns it
+was cancelled, through a :class:`Progress` (``dbml.core.jobs.Job`` is one); this module never
+imports the job manager.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Iterator, Protocol, runtime_checkable
+
+import duckdb
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import catalog, checkpoints, heldout, models, placement, runners, threads
+from .estimate import Estimate, estimate, slow_warning
+from .columns import MEMORY_FIELDS
+from .data import BatchStream, StreamStats
+from ..errors import SourceError, TrainingError, scheduler_errors
+from .features import Preprocessing, fit as fit_preprocessing
+from .kinds import FITTERS
+from .runners import JobHandle
+from ..scheduler import hostmem, procmem
+from ..scheduler.execute import rng
+from ..scheduler.execute.step import EagerStep, StepRunner
+from .settings import resolve_device
+from .source import as_select, check_tables_only, describe
+from .spec import TrainSpec, default_lr, default_validation
+
+
+
+def _classification_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(out, y)
+
+
+def _regression_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(out.squeeze(-1), y)
+
+
+def loss_function(prep: Preprocessing):
+    """One function object per task: jobs with equal models share captured graphs."""
+    return loss_function_of(prep.task)
+
+
+def loss_function_of(task: str):
+    """The loss function of ``task`` ('classification' or 'regression')."""
+    return _classification_loss if task == "classification" else _regression_loss
+
+
+@runtime_checkable
+class Progress(JobHandle, Protocol):
+    """What a training run reports to and is cancelled through (``dbml.core.jobs.Job`` is one).
+
+    From :class:`~dbml.core.runners.JobHandle`: ``name``, ``cancelled()``, ``attach_scheduler()``
+    and ``release_scheduler()``, what the shared memory scheduler needs of a job.
+    """
+
+    id: int   # the job's id: its scratch table and its summary row
+
+    def begin(self, epochs: int, steps_per_epoch: int) -> None:
+        """Before the first epoch."""
+
+    def step(self, rows: int) -> None:
+        """After an iteration of ``rows`` rows; raises JobCancelled at this boundary if cancelled."""
+
+    def check(self) -> None:
+        """Raises JobCancelled if cancelled (between the stages of a job, and before storing)."""
+
+    def estimated(self, seconds: float, warning: str | None) -> None:
+        """Before the first iteration, when the runner planned one: the job's estimated time
+        (``dbml.core.estimate``), and the warning of a slow job (None if it is not)."""
+
+    def end_epoch(self, record: dict, memory: dict) -> None:
+        """After an epoch: its history ``record`` and the runner's memory figures so far.
+        May raise JobCancelled to stop the job at this boundary (a pruned tune() trial)."""
+
+    # Whether each epoch's record also holds ``val_loss`` and ``val_metric``, measured on the
+    # held-out rows with the weights of that moment (tune()'s objectives; a forward pass
+    # over the validation rows every epoch, so off for train()).
+    validate_epochs: bool
+
+    def checkpoint(self, state) -> None:
+        """After an epoch (once ``end_epoch`` let it go on): ``state()`` builds the job's state
+        (``dbml.core.checkpoints``) for a retry to resume from; a job on a Ray worker sends it home
+        when retries are allowed, a local job never calls it."""
+
+    def place(self, node: str | None, device: str | None, queued_for: str | None) -> None:
+        """Where the job runs on a Ray cluster, and what it waits for there (None: nothing)."""
+
+
+@dataclass
+class Trained:
+    """A job's trained model, not yet stored: what ``store`` writes and the summary reports."""
+    spec: TrainSpec
+    prep: Preprocessing
+    config: models.ModelConfig
+    module: torch.nn.Module
+    metrics: dict          # what dbml.models.metrics stores: final loss, history, validation, memory
+    memory: dict           # the summary's memory figures
+    rows: int              # training rows
+    skipped: int           # source rows left out for an unusable label
+    started: float         # time.perf_counter() when the job started
+    warnings: tuple[str, ...] = ()   # what looks wrong with the data (label_warnings)
+
+    def summary(self, job_id: int, version: int | None) -> dict:
+        """The train() row of the job, stored as ``version``."""
+        return {
+            "job_id": job_id, "model": self.spec.model, "version": version, "status": "finished",
+            "epochs": len(self.metrics["history"]), "best_epoch": self.metrics.get("best_epoch"),
+            "rows": self.rows, "skipped_rows": self.skipped,
+            "final_loss": self.metrics["final_loss"], "val_metric": self.metrics["val_metric"],
+            "val_loss": self.metrics.get("val_loss"), "warnings": "; ".join(self.warnings) or None,
+            "estimated_seconds": self.metrics.get("estimated_seconds"), "seconds": time.perf_counter() - self.started, **{k: self.memory.get(k) for k in MEMORY_FIELDS},
+        }
+
+
+def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> dict:
+    """Run one training job to completion and store the model; return the summary row.
+
+    ``cur`` is a cursor for this job alone. ``progress`` receives progress and may cancel
+    at an iteration boundary (``dbml.core.jobs``). See ``fit`` for the training.
+    """
+    trained = fit(cur, spec, progress)
+    progress.check()
+    summary = trained.summary(progress.id, store(cur, trained))
+    del trained        # the module and the blob it was stored as: what malloc keeps goes back too
+    give_back_host_memory()
+    return summary
+
+
+def store(cur: duckdb.DuckDBPyConnection, trained: Trained) -> int:
+    """Write a trained model as the next version of its name (one transaction); its version."""
+    return catalog.write(cur, name=trained.spec.model, config=trained.config, prep=trained.prep,
+                         params=_params(trained.spec), metrics=trained.metrics, rows=trained.rows,
+                         module=trained.module)
+
+
+def fit(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> Trained:
+    """Train one job's model, storing nothing (``train`` stores it; tune() keeps only its best trial).
+
+    The job's encoded rows live in a table of the in-memory scratch database
+    ``dbml_scratch`` (attached by install, gone with the process), which every cursor can
+    read and which is dropped when the job ends.
+    """
+    started = time.perf_counter()
+    try:
+        with scratch(cur, spec, progress) as data:
+            if placement.is_local(data.spec):
+                result = _fit_model(cur, data.table, data.prep, data.spec, data.n_train, data.n_val, progress)
+            else:   # on a cluster, its workers run _fit_model on a copy of the table (dbml.core.placement)
+                result = placement.backend(data.spec).fit_model(cur, data.table, data.prep, data.spec, data.n_train,
+                                                                data.n_val, progress, _fit_model)
+    finally:
+        give_back_host_memory()
+    warnings = label_warnings(data.prep, data.n_train + data.n_val) + tuple(result["metrics"].get("warnings", ()))
+    return Trained(result["spec"], data.prep, result["config"], result["module"], result["metrics"], result["memory"],
+                   data.n_train, data.skipped, started, warnings)
+
+
+def give_back_host_memory() -> None:
+    """The job's steps are over: the freed memory malloc kept for its next step goes back
+    to the OS (``hostmem``), before the model is stored (its copies would otherwise add
+    to the memory the activations left) and before the next job."""
+    if hostmem.keep_freed_host_memory():
+        gc.collect()   # the runner's closures and executor reference each other
+        hostmem.give_back_freed_host_memory()
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """A job's rows, encoded once: the scratch table and what fitting the preprocessing found."""
+    spec: TrainSpec   # the job's, its validation := NULL resolved for the rows (default_validation)
+    table: str
+    prep: Preprocessing
+    n_train: int
+    n_val: int
+    skipped: int   # source rows left out for an unusable label (features.label_usable)
+
+
+@contextmanager
+def scratch(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> Iterator[Scratch]:
+    """The job's source checked, its preprocessing fitted and its rows materialised
+    (``_materialise``) into the job's scratch table, dropped when the block ends."""
+    threads.use(spec.torch_threads)
+    select_sql = as_select(spec.source, fn="train")
+    if spec.sources == "tables":
+        check_tables_only(cur, select_sql, fn="train")
+    columns = describe(cur, select_sql, fn="train")
+    prep = fit_preprocessing(cur, select_sql, columns, label=spec.label,
+                             features=None if spec.features is None else list(spec.features), task=spec.task,
+                             text=spec.text, shape=spec.shape, image_size=spec.image_size,
+                             series_scale=spec.series_scale)
+    table = f"dbml_scratch.job_{progress.id}"
+    total = cur.execute(f"SELECT count(*) FROM ({select_sql})").fetchall()[0][0]
+    if spec.validation is None:
+        spec = dataclasses.replace(spec, validation=default_validation(total))
+    try:
+        progress.check()
+        n_train, n_val = _materialise(cur, table, select_sql, prep, spec)
+        progress.check()
+        yield Scratch(spec, table, prep, n_train, n_val, total - n_train - n_val)
+    finally:
+        _drop_scratch(cur, table)
+
+
+def label_warnings(prep: Preprocessing, rows: int) -> tuple[str, ...]:
+    """What looks wrong with the label, said in the summary (``warnings``): a class per row or
+    nearly (an identifier?), or a regression target that barely varies."""
+    out = []
+    if prep.task == "classification" and rows >= 20 and len(prep.classes) >= 0.5 * rows:
+        out.append(f"label {prep.label!r} has {len(prep.classes)} classes in {rows} rows: nearly every row is "
+                   f"its own class (an identifier?); pass another label, or task := 'regression'")
+    if prep.task == "regression" and prep.target_std <= 1e-9 * max(1.0, abs(prep.target_mean)):
+        out.append(f"label {prep.label!r} is (nearly) constant ({prep.target_mean:g}): there is little to learn")
+    return tuple(out)
+
+
+def _drop_scratch(cur, table: str) -> None:
+    """Drop the job's scratch table, even just after a cancel interrupted the cursor."""
+    try:
+        cur.execute(f"DROP TABLE IF EXISTS {table}")
+    except duckdb.InterruptException:
+        cur.execute(f"DROP TABLE IF EXISTS {table}")
+
+
+def _params(spec: TrainSpec) -> dict:
+    d = asdict(spec)
+    d.pop("source"), d.pop("model")
+    return d
+
+
+def _materialise(cur, table: str, select_sql: str, prep: Preprocessing, spec: TrainSpec) -> tuple[int, int]:
+    """Features and labels computed once by DuckDB, with a deterministic validation split.
+
+    ``h`` hashes each source row (every column it has, as the source gives it: not the
+    encoded features, so models of one source with other features or encodings hold out
+    the same rows) with the seed: it decides the split and the one random order the rows
+    are stored in (the only sort of the job), so both are reproducible whatever order the
+    source yields rows in. Epochs then stream that order from a random starting row
+    through a shuffle buffer (``data.shuffle_windows``).
+    """
+    cur.execute(f"""
+        CREATE TABLE {table} AS
+        SELECT x, y, {heldout.is_held_out("h", spec.validation)} AS is_val
+        FROM (SELECT {prep.scratch_sql()} AS x, {_label_column(prep)} AS y, {heldout.split_hash(spec.seed)} AS h
+              FROM ({select_sql}) WHERE {prep.label_filter()})
+        ORDER BY h""")
+    n_train, n_val = cur.execute(f"SELECT count(*) FILTER (NOT is_val), count(*) FILTER (is_val) FROM {table}").fetchall()[0]
+    if n_train == 0:
+        raise SourceError(f"train(): no rows left for training after holding out validation := {spec.validation}; "
+                          f"pass a larger source or validation := 0")
+    return n_train, n_val
+
+
+def _label_column(prep: Preprocessing) -> str:
+    """The label as the dtype the loss wants: int64 class indices or float32 scaled targets."""
+    return f"({prep.label_sql()})::BIGINT" if prep.task == "classification" else prep.label_sql()
+
+
+class TrainLoop:
+    """One job's iterations through its step runner: the first batch's plan made ahead
+    (a budget no plan meets fails there, before any activation is allocated), every step
+    reported to ``progress``, and with ``measure_vanilla`` the vanilla
+    (``runners.vanilla_peak``) measured on the first batch, once its plan fit."""
+
+    def __init__(self, runner: StepRunner, module: torch.nn.Module, loss_fn, spec: TrainSpec,
+                 prep: Preprocessing, progress: Progress, n_train: int, device: str, config: models.ModelConfig,
+                 validate=None, n_val: int = 0):
+        self.runner, self.module, self.loss_fn, self.config = runner, module, loss_fn, config
+        self.validate = validate   # forward -> {"val_loss", "val_metric"}: each epoch, if the job wants it
+        self.spec, self.prep, self.progress = spec, prep, progress
+        self.n_train, self.n_val, self.device = n_train, n_val, device
+        self.estimate: Estimate | None = None   # the job's predicted time, once its first batch is planned
+        self.slow: str | None = None             # ... and the warning it gave, if it passed slow_train_seconds
+        self.vanilla: int | None = None
+        self.history: list[dict] = []    # the epochs' records so far (a checkpoint's)
+        self.checkpoints = False          # after each epoch, hand progress a checkpoint (retries allowed)
+        self._measured = False
+        self.early = heldout.EarlyStopping(spec)   # the best epoch so far, its weights: copies of the runner's values
+        # dropout draws from the job's own generator, as eager PyTorch does after
+        # torch.manual_seed(seed), whatever runs beside it (scheduler/execute/rng.py); a
+        # plain PyTorch step draws inside its modules, so it runs whole under that generator
+        self.random = rng.JobRandom(spec.seed, device)
+        self._whole_step = isinstance(runner, EagerStep) and any(
+            isinstance(m, torch.nn.modules.dropout._DropoutNd) for m in module.modules())
+
+    def prepare(self) -> None:
+        """The first batch's graph and plan, while DuckDB reads the rows."""
+        rows = min(self.spec.batch_size, self.n_train)
+        label = torch.int64 if self.prep.task == "classification" else torch.float32
+        started = time.perf_counter()
+        runners.prepare(self.runner, models.sample_input(self.config, rows, self.device), label, self.device)
+        prepare_seconds = time.perf_counter() - started
+        schedule = schedule_of(self.runner)
+        if schedule is not None:   # eager (and Capuchin before its first iteration) plan nothing ahead
+            self.estimate = estimate(schedule[1], n_train=self.n_train, n_val=self.n_val,
+                                     batch_size=self.spec.batch_size, epochs=self.spec.epochs,
+                                     validate_epochs=self.validate is not None, prepare_seconds=prepare_seconds)
+            self.slow = slow_warning(self.estimate, self.config, self.spec)
+            self.progress.estimated(self.estimate.seconds, self.slow)
+
+    def said(self) -> dict:
+        """What the job stores of its estimate: ``estimated_seconds``, and the warning of a slow one."""
+        return {"estimated_seconds": None if self.estimate is None else self.estimate.seconds,
+                "warnings": [self.slow] if self.slow else []}
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if not self._measured:
+            self.vanilla = runners.vanilla_peak(self.module, self.loss_fn, self.spec, x, y)
+            self._measured = True
+        loss = self.random.call(self.runner.step, x, y) if self._whole_step else self.runner.step(x, y)
+        self.progress.step(len(y))
+        return loss
+
+    def end_epoch(self, record: dict) -> bool:
+        """Report the epoch (with its validation, when measured); True to stop training here:
+        ``early_stop`` and no better validation loss for ``patience`` epochs."""
+        if self.validate is not None:
+            record.update(self.validate(self.forward_now()))
+        self.history.append(record)
+        self.progress.end_epoch(record, {**self.runner.stats(), "schedule": schedule_of(self.runner)})
+        stop = self.early.update(record, lambda: [v.detach().to("cpu", copy=True) for v in self.runner.values()])
+        if self.checkpoints and not stop:
+            self.progress.checkpoint(lambda: checkpoints.capture(self.runner, self.random, self.history, self.vanilla,
+                                                                 self.early.state()))
+        return stop
+
+    def restore_best(self) -> None:
+        """After ``runner.finish()``: the model holds the best epoch's weights (early_stop), not
+        the last one's."""
+        if self.early.best is None:
+            return
+        tensors = list(self.module.parameters()) + list(self.module.buffers())
+        with torch.no_grad():
+            for t, v in zip(tensors, self.early.best, strict=True):
+                t.copy_(v)
+
+    def resume(self, state: dict) -> None:
+        """Go on from a checkpoint (its weights are in the module already): optimizer state,
+        generators, history, the vanilla, early stopping's best epoch."""
+        checkpoints.restore_run(self.runner, self.random, state)
+        self.history, self.vanilla, self._measured = list(state["history"]), state["vanilla"], True
+        self.early.load(state)
+
+    def forward_now(self):
+        """The model's forward pass with the weights the runner holds now, in eval mode; it
+        moves nothing the runner holds (``StepRunner.values``)."""
+        names = [n for n, _ in self.module.named_parameters()] + [n for n, _ in self.module.named_buffers()]
+        values = dict(zip(names, self.runner.values(), strict=True))
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            self.module.eval()
+            try:
+                return torch.func.functional_call(self.module, values, (x,))
+            finally:
+                self.module.train()
+        return forward
+
+    def memory(self) -> dict:
+        """The summary's memory figures, once the loop has ended."""
+        stats = {**self.runner.stats(), "latency_model": self.runner.latency_source}
+        return runners.memory_summary(stats, self.vanilla, getattr(self, "real", None))
+
+
+def schedule_of(runner) -> tuple | None:
+    """The plan the job runs and the access sequence it was made for (what
+    ``dbml.plot.memory`` draws); None for an eager job."""
+    plans, sequences = getattr(runner, "plans", None), getattr(runner, "sequences", None)
+    if not isinstance(plans, dict) or not isinstance(sequences, dict):
+        return None
+    key = next((k for k in plans if k in sequences), None)
+    return None if key is None else (plans[key], sequences[key])
+
+
+def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: int, n_val: int,
+               progress: Progress, resume: dict | None = None) -> dict:
+    """Train the model on the job's scratch ``table``. ``resume``: a checkpoint to go on from
+    (a job retried on a Ray worker: ``dbml.core.checkpoints``)."""
+    fitted = FITTERS.get(spec.arch)   # trees, k-means (dbml.core.kinds): fitted on the scratch table, not stepped
+    if fitted is not None:   # lr and early stopping are a stepped model's: its spec as given
+        return {**fitted(cur, table, prep, spec, n_train, n_val, progress), "spec": spec}
+    device = resolve_device(spec.device)
+    outputs = len(prep.classes) if prep.task == "classification" else 1
+    config = models.config(spec.arch, prep.model_inputs(), outputs, spec.options_dict(), hidden=spec.hidden,
+                           dropout=spec.dropout or None, rows=n_train)
+    if spec.lr is None:
+        spec = dataclasses.replace(spec, lr=default_lr(config.arch, spec.optimizer))
+    runners.check_model_fits(config, spec, device)
+    loss_fn = loss_function(prep)
+    label = torch.int64 if prep.task == "classification" else torch.float32
+    # what the job adds to the process's real memory, from here to its end
+    with procmem.watch() as real, scheduler_errors(spec, job_id=progress.id,
+                                                   device_budget=lambda: runners.job_budget(spec, device, progress)):
+        runners.check_plan_fits(config, loss_fn, spec, device, min(spec.batch_size, n_train), label, progress)
+        module = models.build_seeded(config, spec.seed).to(device)
+        if resume is not None:
+            checkpoints.restore_model(module, resume)
+        spill = runners.spill_file(cur, progress.name, device)
+        try:
+            runner = runners.make_runner(module, loss_fn, spec, device, progress, config, spill=spill)
+        except BaseException:
+            if spill is not None:
+                spill.close()
+            raise
+        # each epoch's validation runs in batches of the job's own size: its activations (no
+        # gradients) stay below an iteration's
+        validate = (lambda forward: heldout.validate(cur, table, prep, forward, loss_fn, device, n_val, spec.batch_size,
+                                                    _converter(prep, "train"))) \
+            if (progress.validate_epochs or spec.early_stop) and n_val else None
+        loop = TrainLoop(runner, module, loss_fn, spec, prep, progress, n_train, device, config, validate, n_val)
+        loop.checkpoints = spec.cluster != "local" and bool(spec.max_retries)
+        if resume is not None:
+            loop.resume(resume)
+        progress.begin(spec.epochs, math.ceil(n_train / spec.batch_size))
+        try:
+            with rng.using(loop.random):
+                history, stream_stats = _run_epochs(cur, table, spec, loop.step, device, n_train + n_val, n_train,
+                                                    loop.end_epoch, loop.prepare, convert=_converter(prep, "train"),
+                                                    history=loop.history)
+            runner.finish()
+        finally:
+            runner.close()
+            real.stop()
+            progress.release_scheduler()
+    loop.real = real.result
+    loop.restore_best()
+    return trained_result(cur, table, prep, spec, config, module, loss_fn, device, n_val, history,
+                          stream_stats, loop.memory(), loop.early.best_epoch, loop.said())
+
+
+def trained_result(cur, table: str, prep: Preprocessing, spec: TrainSpec, config: models.ModelConfig,
+                   module: torch.nn.Module, loss_fn, device: str, n_val: int, history: list[dict],
+                   stream_stats: StreamStats, memory: dict, best_epoch: int | None, said: dict | None = None) -> dict:
+    """A trained module (with its best epoch's weights, where early stopping kept one),
+    checked finite, as what ``Trained`` keeps: its metrics (final loss, history, the best
+    epoch, whether it stopped early, validation on the held-out rows, ``said``: the estimate
+    and its warning, ``TrainLoop.said``) and memory figures."""
+    _check_finite(module, spec)
+    module.eval()
+    stored = {"final_loss": history[-1]["loss"], "history": history, "best_epoch": best_epoch,
+              "stopped_early": len(history) < spec.epochs, **(said or {}),
+              "fetch_wait_seconds": stream_stats.wait_seconds, "memory": memory}
+    stored.update(heldout.validate(cur, table, prep, module, loss_fn, device, n_val, 8192 if prep.input is None else 256,
+                                  _converter(prep, "train")))
+    return {"config": config, "module": module.cpu(), "metrics": stored, "memory": memory, "spec": spec}
+
+
+def _check_finite(module: torch.nn.Module, spec: TrainSpec) -> None:
+    """The weights after the last update: the loss is checked each step, but it is computed
+    before that step's update, which can still make every weight NaN or infinite."""
+    bad = next((name for name, t in module.state_dict().items()
+                if t.is_floating_point() and not bool(torch.isfinite(t).all())), None)
+    if bad is not None:
+        raise TrainingError(f"train(): the weights became NaN or infinite in the last update ({bad}); "
+                            f"nothing was stored; pass a smaller lr := (now {spec.lr}) or weight_decay := "
+                            f"(now {spec.weight_decay})")
+
+
+def _converter(prep: Preprocessing, fn: str):
+    """How a batch's x column of the scratch table becomes the model's input: None (a
+    FLOAT[n] view) for tabular features, the input encoder (tokenising, padding, scaling
+    pixels decoded at materialising) otherwise."""
+    return None if prep.input is None else (lambda col: prep.input.to_tensor(col, fn=fn, decoded=True))
+
+
+def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int, n_train: int, on_epoch,
+                before=None, convert=None, history: list[dict] | None = None):
+    """Every epoch: stream the training rows, shuffled, through ``step``; return the history.
+    ``before()`` runs once the first epoch's stream has started, before its first batch.
+    ``history``: the epochs already trained (a resumed job starts after them)."""
+    def epoch_stream(epoch: int) -> BatchStream:
+        rng = np.random.default_rng([spec.seed % 2**64, epoch])   # any BIGINT seed, negative too
+        start = int(rng.integers(n_rows))
+        sql = [f"SELECT x, y FROM {table} WHERE NOT is_val AND rowid >= {start}",
+               f"SELECT x, y FROM {table} WHERE NOT is_val AND rowid < {start}"]
+        return BatchStream(cur, sql, spec.batch_size, spec.prefetch_batches, shuffle=int(rng.integers(2**63)),
+                           window_rows=spec.shuffle_window, convert=convert).start()
+
+    stream_stats, history = StreamStats(), list(history or [])
+    start = len(history)
+    stream, upcoming = None, epoch_stream(start) if start < spec.epochs else None
+    try:
+        if before is not None:
+            before()
+        for epoch in range(start, spec.epochs):
+            epoch_started = time.perf_counter()
+            stream, upcoming = upcoming, epoch_stream(epoch + 1) if epoch + 1 < spec.epochs else None
+            total = torch.zeros((), dtype=torch.float64)
+            for x, y in stream:
+                loss = step(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
+                if not torch.isfinite(loss):
+                    raise diverged(loss.item(), epoch + 1, spec)
+                total += loss.double().cpu() * len(y)
+            stream_stats.add(stream.stats)
+            history.append({"epoch": epoch + 1, "loss": total.item() / n_train,
+                            "seconds": time.perf_counter() - epoch_started,
+                            "wait_seconds": stream.stats.wait_seconds})
+            if on_epoch(history[-1]):   # early stopping
+                break
+    finally:
+        for s in (stream, upcoming):
+            if s is not None:
+                s.close()
+    return history, stream_stats
+
+
+def diverged(loss: float, epoch: int, spec: TrainSpec) -> TrainingError:
+    """The error of a job whose loss became NaN or infinite in ``epoch`` (from 1)."""
+    return TrainingError(f"train(): loss became {loss} in epoch {epoch}; nothing was stored; pass a smaller "
+                         f"lr := (now {spec.lr}), or look for extreme values in the features")

@@ -1,0 +1,1 @@
+"""Hyper-parameter search: the engine, studies, trials, fused trials and stacking."""
