@@ -132,7 +132,7 @@ def workload_rows(names: list[str], device: torch.device, steps: int = 3, fracti
         step = EagerStep(eager, loss_fn, SPEC)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-        seconds = _steps(lambda: step.step(x, y), device, steps)
+        seconds = _steps(lambda: step.step(x, y), device, steps, warmups=3)
         vanilla = torch.cuda.max_memory_allocated(device)
         row = {"workload": name, "describe": w.describe(), "eager_seconds": seconds, "eager_peak_bytes": vanilla,
                "eager_reserved_bytes": torch.cuda.max_memory_reserved(device), "budget_bytes": int(fraction * vanilla)}
@@ -143,10 +143,16 @@ def workload_rows(names: list[str], device: torch.device, steps: int = 3, fracti
             run = ScheduledStep(scheduled, loss_fn, SPEC, device=str(device), budget_bytes=row["budget_bytes"])
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-            row["dbml_seconds"] = _steps(lambda: run.step(x, y), device, steps)
+            first = {}
+
+            def warmed():   # the first iterations measure what the allocator holds beside the plan
+                first["peak"] = torch.cuda.max_memory_allocated(device)
+                torch.cuda.reset_peak_memory_stats(device)
+            row["dbml_seconds"] = _steps(lambda: run.step(x, y), device, steps, warmed, warmups=3)
             run.finish()
             stats = run.stats()
-            row.update(dbml_peak_bytes=torch.cuda.max_memory_allocated(device),
+            row.update(dbml_first_peak_bytes=first["peak"], dbml_device_reserve_bytes=run.device_reserve,
+                       dbml_peak_bytes=torch.cuda.max_memory_allocated(device),
                        dbml_reserved_bytes=torch.cuda.max_memory_reserved(device),
                        dbml_stats={k: v for k, v in stats.items() if isinstance(v, (int, float, str, bool))},
                        identical=all(torch.equal(a.cpu(), b) for a, b in zip(scheduled.parameters(), want)))
@@ -158,10 +164,15 @@ def workload_rows(names: list[str], device: torch.device, steps: int = 3, fracti
     return rows
 
 
-def _steps(fn, device: torch.device, steps: int) -> float:
-    """Median seconds of ``steps`` steps after one warm-up (each step runs on the same batch:
-    the weights after warm-up + steps steps are compared, eager against dbml)."""
-    fn()
+def _steps(fn, device: torch.device, steps: int, warmed=None, warmups: int = 1) -> float:
+    """Median seconds of ``steps`` steps after ``warmups`` warm-up steps (each step runs on
+    the same batch: the weights after all steps are compared, eager against dbml);
+    ``warmed`` is called after the warm-up."""
+    for _ in range(warmups):
+        fn()
+    if warmed is not None:
+        _sync(device)
+        warmed()
     times = []
     for _ in range(steps):
         _sync(device)

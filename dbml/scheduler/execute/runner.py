@@ -80,6 +80,9 @@ from .executor import Executor, Program
 from .jobstate import initial_state, load_optimizer_states, model_values, optimizer_states
 from .planners import SEARCHES, ExternalPlanner, FixedPlanner, LocalPlanner, SearchPlanner, as_planner
 from .spill import BLOCK, CHUNK
+
+# a CUDA job alone under a budget measures its first iterations against the allocator (_remeasure_device)
+DEVICE_CHECKS = 8
 from .policies import PlanCounts, Planning, make_policy
 from .step import LossFn
 from .updating import LatencyTracker, UpdateSettings
@@ -283,6 +286,9 @@ class ScheduledStep:
         self.state = initial_state(model, spec, optimizer_state)
         self._bounded = None
         self.real_reserve: int | None = None   # bytes taken off the planner's budget (_reserve_real)
+        # CUDA: what the allocator holds beside the plan's tensors, taken off the budget (_reserve_device)
+        self.device_reserve: int | None = None
+        self._device_checks = 0   # iterations measured against the allocator so far (DEVICE_CHECKS at most)
         if self.device.spill is not None:
             hollow(model)   # the state holds the only reference: a swapped parameter frees real memory
             if budget_bytes is not None and self.policy != "none":
@@ -321,9 +327,10 @@ class ScheduledStep:
             try:
                 self._graphs[key] = self._build(captured)
             except InfeasibleBudget as e:
-                if not self.real_reserve:
+                reserve = (self.real_reserve or 0) + (self.device_reserve or 0)
+                if not reserve:
                     raise
-                raise InfeasibleBudget(repr(self.job), self.budget_bytes, e.min_budget + self.real_reserve) from None
+                raise InfeasibleBudget(repr(self.job), self.budget_bytes, e.min_budget + reserve) from None
         return self._graphs[key]
 
     # -- the budget bounds real memory (a spilling job alone) ---------------------------
@@ -348,10 +355,78 @@ class ScheduledStep:
         if hasattr(self._policy, "budget_bytes"):
             self._policy.budget_bytes = budget
 
+    # -- the budget bounds the allocator's memory (a CUDA job alone) -------------------
+    def _plans_device_memory(self) -> bool:
+        """A job alone on a GPU under a budget: the budget is what the process's allocator
+        holds on the device (``torch.cuda.max_memory_allocated``), not only the tensors of
+        its plans. cuBLAS's and cuDNN's workspaces and the temporaries inside ops (Adam's
+        foreach lists) are no tensors of the graph: on an H200 they were 81-183 MB beside
+        plans of 63-340 MB (benchmarks/results/2026-11-28-h200-gpu-check.md)."""
+        return self.device.type == "cuda" and self.budget_bytes is not None \
+            and isinstance(self.planner, LocalPlanner) and self.policy == "tensile"
+
+    def _set_device_reserve(self, nbytes: int) -> None:
+        self.device_reserve = nbytes
+        budget = max(1, self.budget_bytes - (self.real_reserve or 0) - nbytes)
+        self.planner.budget_bytes = budget
+        if hasattr(self._policy, "budget_bytes"):
+            self._policy.budget_bytes = budget
+
+    def _reserve_device(self) -> None:
+        """Before the first plan: what the device holds that is not the job's state (other
+        tensors of the process, cuBLAS's workspace, made here by one small product if it
+        was not yet) is taken off the budget. The first iteration then measures the rest
+        (:meth:`_remeasure_device`)."""
+        dev = self.device.torch_device
+        a = torch.ones(8, 8, device=dev)
+        (a @ a).sum().item()   # cuBLAS allocates its workspace on first use and keeps it
+        del a
+        seen, resident = set(), 0
+        for v in self.state.values:
+            if isinstance(v, torch.Tensor) and v.is_cuda and v.untyped_storage().data_ptr() not in seen:
+                seen.add(v.untyped_storage().data_ptr())
+                resident += v.untyped_storage().nbytes()
+        self._set_device_reserve(max(0, torch.cuda.memory_allocated(dev) - resident))
+
+    def _before_device_check(self) -> int:
+        """Before an iteration measured against the allocator: its peak so far (reset
+        first if it is over the budget: only an iteration's own peak says whether it held)."""
+        dev = self.device.torch_device
+        torch.cuda.synchronize(dev)
+        if torch.cuda.max_memory_allocated(dev) > self.budget_bytes:
+            torch.cuda.reset_peak_memory_stats(dev)
+        return torch.cuda.max_memory_allocated(dev)
+
+    def _remeasure_device(self, g: GraphSchedule, before_max: int) -> None:
+        """After each of the first iterations (``DEVICE_CHECKS``): the allocator's peak
+        beyond the ledger's, or past the budget, grows the reserve, and the next iteration
+        runs a plan made for what is left. Memory freed on the copy stream returns to the
+        allocator only when compute has used it, so more swaps hold more of it: a plan
+        with more swaps can need a larger reserve, found in the next iteration. Those
+        first iterations may pass the budget by what they find (the summary's
+        ``device_max_allocated_bytes`` says so)."""
+        dev = self.device.torch_device
+        torch.cuda.synchronize(dev)
+        self._device_checks += 1
+        peak = torch.cuda.max_memory_allocated(dev)
+        if peak <= before_max:
+            return   # within the peak before it, itself within the budget: nothing to learn
+        hidden = max(peak - g.executor.iteration_peak, self.device_reserve + max(0, peak - self.budget_bytes))
+        if hidden <= self.device_reserve:
+            return
+        self._set_device_reserve(hidden)
+        try:
+            start = self._policy.first_plan(g.seq, None)
+        except InfeasibleBudget as e:
+            raise InfeasibleBudget(repr(self.job), self.budget_bytes, e.min_budget + hidden) from None
+        self._offer(g, start.plan, g.seq)
+
     def _build(self, captured: CapturedStep) -> GraphSchedule:
         seq = build_sequence(captured, self.latency_model, self.job, copy_bandwidth=self.device.copy_bandwidth())
         if self.real_reserve is None and self._plans_real_memory():
             self._reserve_real(seq)
+        if self.device_reserve is None and self._plans_device_memory():
+            self._reserve_device()
         fallback = max((g.executor.budget or g.plan.peak_bytes for g in self._graphs.values()), default=None)
         start = self._policy.first_plan(seq, fallback)
         self._reserve(seq, start.plan)
@@ -462,7 +537,12 @@ class ScheduledStep:
             self._last = executor
         self._boundary(g)
         self.iteration_plans.append(g.plan)
+        measure = self.device_reserve is not None and self._device_checks < DEVICE_CHECKS
+        if measure:
+            before_max = self._before_device_check()
         loss = executor.run(self.state, x, y)
+        if measure:
+            self._remeasure_device(g, before_max)
         if executor.budget is not None and executor.iteration_peak > executor.budget:
             raise BudgetExceeded(self.job, executor.iteration_peak, executor.budget, self.budget_bytes)
         offer = self._policy.after_iteration(executor, g.seq, g.tracker, g.passive) if self._fold(g) else None
