@@ -36,9 +36,34 @@ def test_rows_within_a_budget_keep_it_and_one_row_too_many_does_not():
     rows = rows_within(cfg, budget)
     assert forward_bytes(cfg, rows) <= budget and rows >= 99
     from dbml.errors import InvalidArgument
-    with pytest.raises(InvalidArgument, match=r"predict\(\): the model needs .* MB for its weights, one row and the "
-                                              r"batch's inputs and outputs, over the memory budget"):
+    with pytest.raises(InvalidArgument, match=r"predict\(\): the model needs .* MB \([0-9]+ bytes\) for its weights, one "
+                                              r"row and the outputs of the rows DuckDB passed at once, over the memory "
+                                              r"budget of .* MB \([0-9]+ bytes\); SET VARIABLE dbml_memory_budget = "
+                                              r"'[0-9.]+[KM]B' or more") as info:
         rows_within(cfg, forward_bytes(cfg, 1) - 1)
+    assert "'0MB'" not in str(info.value) and "'0KB'" not in str(info.value)
+
+
+def test_a_vector_of_rows_is_chunked_to_what_the_budget_holds(con, monkeypatch):
+    """Issue 31, item 1: predict() over 4,000 rows (DuckDB passes 2,048 at once) under a
+    budget that holds the model, one row and every row's outputs, but not every row's
+    encoded input beside them: the vector runs in chunks instead of failing."""
+    from dbml.core import inference
+    con.execute("CREATE TABLE d AS SELECT (x % 97) / 97.0 AS a, (x % 89) / 89.0 AS b, (x % 83) / 83.0 AS c, "
+                "(x % 2)::INT AS y FROM range(4000) t(x)")
+    con.execute("SELECT train('m', 'SELECT a, b, c, y FROM d', label := 'y', arch := 'mlp', epochs := 1, "
+                "batch_size := 64, policy := 'eager')").fetchall()
+    want = con.sql("SELECT sum(predict('m', [a, b, c])) FROM d").fetchall()[0][0]
+    from dbml.core.catalog import identify, load
+    cur = con.cursor()
+    version, uid = identify(cur, "m", None, fn="predict")
+    cfg = load(cur, "m", version, uid).config
+    vector = 2048
+    budget = forward_bytes(cfg, 1) + vector * cfg.outputs * 4 + 16 * (forward_bytes(cfg, 2) - forward_bytes(cfg, 1))
+    assert budget < forward_bytes(cfg, 1) + vector * (3 + cfg.outputs) * 4   # the whole vector's input does not fit
+    monkeypatch.setattr(inference, "inference_budget", lambda: budget)
+    got = con.sql("SELECT sum(predict('m', [a, b, c])) FROM d").fetchall()[0][0]
+    assert got == pytest.approx(want)
 
 
 def test_predict_on_a_large_batch_runs_in_chunks_within_the_budget(con, monkeypatch):

@@ -33,6 +33,13 @@ READ_ROWS = 65536   # rows per Arrow record batch fetched from DuckDB
 CONVERTED_ROWS = 2048
 
 
+# Arrow's buffers are read-only; the tensors dbml makes of them are never written (a batch is
+# copied before anything changes it), so torch's warning about it is noise to a user. Only
+# for dbml's own modules: a user's torch.from_numpy still warns.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning,
+                        module=r"dbml\.")
+
+
 def column_to_numpy(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """An Arrow column as numpy, zero-copy where Arrow allows: ``FLOAT[n]`` -> (rows, n)."""
     if isinstance(col, pa.ChunkedArray):

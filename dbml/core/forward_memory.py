@@ -23,7 +23,7 @@ import functools
 
 import torch
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, _round_up, _size
 from .models import ModelConfig, build
 
 __all__ = ["forward_bytes", "rows_within", "PROBE_ROWS"]
@@ -53,9 +53,9 @@ def rows_within(cfg: ModelConfig, budget: int, *, held: int = 0, fn: str = "pred
     least 1, InvalidArgument naming the budget if even one row does not fit."""
     one = forward_bytes(cfg, 1)
     if one + held > budget:
-        raise InvalidArgument(f"{fn}(): the model needs {(one + held) / 1e6:.1f} MB for its weights, one row and "
-                              f"the batch's inputs and outputs, over the memory budget of {budget / 1e6:.1f} MB; "
-                              f"SET VARIABLE dbml_memory_budget to {(one + held) / 1e6 * 1.1:.0f}MB or more")
+        raise InvalidArgument(f"{fn}(): the model needs {_size(one + held)} for its weights, one row and the "
+                              f"outputs of the rows DuckDB passed at once, over the memory budget of {_size(budget)}; "
+                              f"SET VARIABLE dbml_memory_budget = '{_round_up(one + held)}' or more")
     budget -= held
     per_row = max(0.0, (forward_bytes(cfg, PROBE_ROWS) - one) / (PROBE_ROWS - 1))
     if per_row == 0:

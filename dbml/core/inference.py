@@ -79,14 +79,14 @@ class ModelCache:
             return self._models[uid]
 
 
-def forward(model: catalog.StoredModel, x: np.ndarray | torch.Tensor) -> torch.Tensor:
+def forward(model: catalog.StoredModel, x: np.ndarray | torch.Tensor, *, fn: str = "predict") -> torch.Tensor:
     """Raw model outputs for encoded features (or an input encoder's tensor), without
     autograd, in chunks of as many rows as the memory budget holds (``forward_memory``)."""
     if not (isinstance(x, torch.Tensor) and x.dtype == torch.int64):   # token ids stay integers
         x = torch.as_tensor(x, dtype=torch.float32)
     # the whole input and the outputs of every row are held beside a chunk's pass
     held = x.numel() * x.element_size() + len(x) * model.config.outputs * 4
-    rows = rows_within(model.config, inference_budget(), held=held)
+    rows = rows_within(model.config, inference_budget(), held=held, fn=fn)
     with torch.no_grad():
         if len(x) <= rows:
             return model.module(x)
@@ -210,11 +210,10 @@ def predict_values(model: catalog.StoredModel, features: pa.Array, *, fn: str, k
     if kind == "value" and prep.task == "classification" and not _numeric_classes(prep):
         raise InvalidArgument(f"{fn}(): model {model.name!r} predicts text labels; "
                               f"use predict_label({model.name!r}, ...) for the label as VARCHAR")
-    x, valid = encode_raw(model, features, fn=fn)
-    if not valid.any():                  # every input NULL: every prediction NULL
+    out, valid = _forward_chunks(model, flat(features), fn)
+    if out is None:                      # every input NULL: every prediction NULL
         return pa.nulls(len(valid), pa.list_(pa.float64()) if kind == "proba" else
                         pa.string() if kind == "label" else pa.float64())
-    out = forward(model, x)
     if kind == "proba":
         values = list(torch.softmax(out, 1).double().numpy())
         typ = pa.list_(pa.float64())
@@ -226,6 +225,20 @@ def predict_values(model: catalog.StoredModel, features: pa.Array, *, fn: str, k
         values = [float(prep.classes[i]) for i in v] if prep.task == "classification" else v
         typ = pa.float64()
     return _scatter(values, valid, typ)
+
+
+def _forward_chunks(model: catalog.StoredModel, features: pa.Array, fn: str) -> tuple[torch.Tensor | None, np.ndarray]:
+    """The outputs of a vector of rows DuckDB hands a UDF (2,048), encoded and run in
+    chunks of as many rows as the memory budget holds beside every row's outputs (each
+    chunk's encoded input is part of its forward pass's cost); the mask of non-NULL rows."""
+    rows = rows_within(model.config, inference_budget(), held=len(features) * model.config.outputs * 4, fn=fn)
+    outs, valids = [], []
+    for i in range(0, max(len(features), 1), rows):
+        x, valid = encode_raw(model, features.slice(i, rows), fn=fn)
+        valids.append(valid)
+        if valid.any():
+            outs.append(forward(model, x, fn=fn))
+    return (torch.cat(outs) if outs else None), np.concatenate(valids)
 
 
 def _numeric_classes(prep: Preprocessing) -> bool:
