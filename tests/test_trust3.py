@@ -25,3 +25,37 @@ def test_a_users_first_predictions_print_no_torch_warning():
     r = subprocess.run([sys.executable, "-W", "default", "-c", script], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "not writable" not in r.stderr, r.stderr[-2000:]
+
+
+def test_safe_mode_refuses_a_cluster_address_and_calibration(con):
+    """Items 11 and 18: with DuckDB's enable_external_access false (the shell's -safe), a
+    job for a Ray cluster opens no connection, and calibrate() writes nothing."""
+    import socket
+    con.execute("CREATE TABLE t AS SELECT range::DOUBLE a, (range % 2)::INT y FROM range(50)")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(0.5)
+    port = listener.getsockname()[1]
+    con.execute("SET enable_external_access = false")
+    con.execute(f"SET VARIABLE dbml_cluster = 'ray://127.0.0.1:{port}'")
+    with pytest.raises(Exception, match=r"enable_external_access is false here \(safe mode\).*"
+                                        r"SET VARIABLE dbml_cluster = 'local'"):
+        con.sql("SELECT train('m', 't', label := 'y', epochs := 1)").fetchall()
+    with pytest.raises(socket.timeout):
+        listener.accept()   # nothing connected
+    listener.close()
+    with pytest.raises(Exception, match=r"calibrate\(\): DuckDB's enable_external_access is false"):
+        con.sql("SELECT calibrate(quick := true)").fetchall()
+    con.execute("SET VARIABLE dbml_cluster = 'local'")
+    assert con.sql("SELECT count(*) FROM dbml_models").fetchall() == [(0,)]
+
+
+@pytest.mark.slow   # ~5 s: the shell in a subprocess
+def test_the_shells_safe_mode_refuses_a_cluster_address(tmp_path):
+    script = "SET VARIABLE dbml_cluster = 'ray://127.0.0.1:9';\n" \
+             "CREATE TABLE t AS SELECT range::DOUBLE a, (range % 2)::INT y FROM range(50);\n" \
+             "SELECT train('m', 't', label := 'y', epochs := 1);\n"
+    r = subprocess.run([sys.executable, "-m", "dbml", "shell", "-safe"], input=script, capture_output=True,
+                       text=True, timeout=120)
+    assert "enable_external_access is false here (safe mode)" in r.stdout + r.stderr, r.stdout + r.stderr

@@ -25,7 +25,9 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-__all__ = ["BACKENDS", "LOCAL", "backend", "register", "is_local"]
+from ..errors import InvalidArgument
+
+__all__ = ["BACKENDS", "LOCAL", "backend", "check_access", "register", "is_local"]
 
 LOCAL = "local"
 # registry of built-ins: backend name -> the module that implements it (imported on use)
@@ -40,6 +42,19 @@ def register(name: str, module: str) -> None:
 def is_local(spec) -> bool:
     """Whether the job trains on this process's threads, with no backend."""
     return spec.cluster == LOCAL and spec.workers <= 1
+
+
+def check_access(spec, cur) -> None:
+    """A job for a cluster opens a network connection: refused where DuckDB's
+    ``enable_external_access`` is false (the shell's ``-safe``), as DuckDB refuses its own
+    network and file access there."""
+    if is_local(spec):
+        return
+    allowed = cur.execute("SELECT current_setting('enable_external_access')").fetchall()[0][0]
+    if not allowed:
+        raise InvalidArgument(f"the cluster setting names a Ray cluster ({spec.cluster!r}), but DuckDB's "
+                              f"enable_external_access is false here (safe mode), which refuses network access; "
+                              f"SET VARIABLE dbml_cluster = 'local' to train on this machine")
 
 
 def backend(spec) -> ModuleType:

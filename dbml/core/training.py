@@ -158,6 +158,7 @@ def fit(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> 
     started = time.perf_counter()
     try:
         with scratch(cur, spec, progress) as data:
+            placement.check_access(data.spec, cur)   # also checked before the statement starts its jobs
             if placement.is_local(data.spec):
                 result = _fit_model(cur, data.table, data.prep, data.spec, data.n_train, data.n_val, progress)
             else:   # on a cluster, its workers run _fit_model on a copy of the table (dbml.core.placement)

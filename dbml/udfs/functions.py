@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from ..core import inference, jobs, latency, progress, views
+from ..core import inference, jobs, latency, placement, progress, views
 from ..core.catalog import drop
 from ..errors import InvalidArgument
 from ..explain import explain_sql as explain_query, explanations
@@ -58,6 +58,7 @@ def train(ctx: Context, *columns: pa.Array) -> pa.Array:
     for call in calls:
         if call.spec is not None:
             check_not_temp(as_select(call.spec.source, fn="train"), temp_names[0].as_py(), fn="train")
+            placement.check_access(call.spec, ctx.instance.cursor())
     waiting = [c.spec.progress for c in calls if c.spec is not None and c.wait]
     statement = connection[0].as_py()
     with progress.watching(ctx.instance, renderer_for(waiting[0]) if waiting else None, connection=statement):
@@ -73,6 +74,7 @@ def tune(ctx: Context, *args) -> list[dict]:
     _writable(ctx, "tune")
     request = request_from_sql_row(tuple(args))
     check_not_temp(as_select(request.base.source, fn="tune"), temp_names, fn="tune")
+    placement.check_access(request.base, ctx.instance.cursor())
     with progress.watching(ctx.instance, renderer_for(request.base.progress), connection=connection):
         return search.run(ctx.instance, request, connection)
 
@@ -96,6 +98,10 @@ def memory_rows(ctx: Context, device: str | None) -> list[dict]:
 
 def calibrate(ctx: Context, quick: bool | None, device: str | None, threads: int | None) -> dict:
     _writable(ctx, "calibrate")
+    if not ctx.instance.cursor().execute("SELECT current_setting('enable_external_access')").fetchall()[0][0]:
+        raise InvalidArgument("calibrate(): DuckDB's enable_external_access is false here (safe mode), and "
+                              "calibrating writes the latency predictor and the graph cache to this machine's "
+                              "dbml cache folder; run python -m dbml install outside safe mode instead")
     threads = resolve("torch_threads", threads)
     predictor = latency.calibrate(resolve_device(device), bool(quick), threads)
     report = predictor.report()
