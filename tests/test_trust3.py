@@ -59,3 +59,25 @@ def test_the_shells_safe_mode_refuses_a_cluster_address(tmp_path):
     r = subprocess.run([sys.executable, "-m", "dbml", "shell", "-safe"], input=script, capture_output=True,
                        text=True, timeout=120)
     assert "enable_external_access is false here (safe mode)" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_a_cluster_setting_of_another_type_and_a_password_in_it(con):
+    """Item 19: SET VARIABLE dbml_cluster = 42 gives the setting's own error (not the whole
+    macro signature), and an address with a password never repeats it."""
+    con.execute("CREATE TABLE t AS SELECT range::DOUBLE a, (range % 2)::INT y FROM range(50)")
+    con.execute("SET VARIABLE dbml_cluster = 42")
+    with pytest.raises(Exception, match=r"setting cluster is '42'; SET VARIABLE dbml_cluster = 'local'"):
+        con.sql("SELECT train('m', 't', label := 'y', epochs := 1)").fetchall()
+    con.execute("SET VARIABLE dbml_cluster = 'ray://user:secretpw@host:10001/x'")
+    with pytest.raises(Exception, match=r"setting cluster is 'ray://user:\*\*\*@host:10001/x'") as info:
+        con.sql("SELECT train('m', 't', label := 'y', epochs := 1)").fetchall()
+    assert "secretpw" not in str(info.value)
+    con.execute("SET VARIABLE dbml_cluster = 'local'")
+
+
+def test_a_budget_past_any_memory_is_refused_by_name(con):
+    """Item 19: memory_budget := '9999999999999999999999 TB' (an OverflowError before)."""
+    con.execute("CREATE TABLE t AS SELECT range::DOUBLE a, (range % 2)::INT y FROM range(50)")
+    with pytest.raises(Exception, match=r"memory_budget '9999999999999999999999 TB' is larger than any machine's "
+                                        r"memory; pass a size such as '512MB' or '2GiB'"):
+        con.sql("SELECT train('m', 't', label := 'y', memory_budget := '9999999999999999999999 TB')").fetchall()

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from ..errors import InvalidArgument
+from ..core.placement import shown
 
 INSTALL = "pip install 'dbml[ray]'"
 # A TCP probe of the address before Ray's own connect: Ray retries an unreachable GCS for
@@ -72,7 +73,7 @@ def check_value(value: str, *, fn: str) -> None:
     parts = urlsplit(value or "")
     if parts.scheme == "ray" and parts.hostname and _port(parts) and not parts.path.strip("/"):
         return
-    raise InvalidArgument(f"{fn}(): setting cluster is {value!r}; SET VARIABLE dbml_cluster = 'local', 'ray' "
+    raise InvalidArgument(f"{fn}(): setting cluster is {shown(value)}; SET VARIABLE dbml_cluster = 'local', 'ray' "
                           f"or 'ray://<head host>:<client port, 10001 by default>'")
 
 
@@ -125,7 +126,7 @@ def _address(value: str) -> str:
 
 def _init(ray, value: str, fn: str) -> None:
     address = _address(value)
-    where = "" if address == "auto" else f" at {address}"
+    where = "" if address == "auto" else f" at {shown(address)}"
     fix = ("start one with `ray start --head` (and `ray start --address=<head>:6379` on the other nodes), "
            "or SET VARIABLE dbml_cluster = 'local'")
     if address != "auto":

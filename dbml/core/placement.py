@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import InvalidArgument
 
@@ -44,6 +45,15 @@ def is_local(spec) -> bool:
     return spec.cluster == LOCAL and spec.workers <= 1
 
 
+def shown(address: str) -> str:
+    """A cluster address as messages show it: a password in it is never repeated."""
+    parts = urlsplit(address or "")
+    if parts.password is None:
+        return repr(address)
+    host = parts.netloc.rpartition("@")[2]
+    return repr(urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}")))
+
+
 def check_access(spec, cur) -> None:
     """A job for a cluster opens a network connection: refused where DuckDB's
     ``enable_external_access`` is false (the shell's ``-safe``), as DuckDB refuses its own
@@ -52,7 +62,7 @@ def check_access(spec, cur) -> None:
         return
     allowed = cur.execute("SELECT current_setting('enable_external_access')").fetchall()[0][0]
     if not allowed:
-        raise InvalidArgument(f"the cluster setting names a Ray cluster ({spec.cluster!r}), but DuckDB's "
+        raise InvalidArgument(f"the cluster setting names a Ray cluster ({shown(spec.cluster)}), but DuckDB's "
                               f"enable_external_access is false here (safe mode), which refuses network access; "
                               f"SET VARIABLE dbml_cluster = 'local' to train on this machine")
 

@@ -135,6 +135,9 @@ def resolve_device(device: str | None) -> str:
                           f"SET VARIABLE dbml_device = 'cpu' (or 'auto')")
 
 
+MAX_BYTES = 1 << 60   # an exbibyte: a size past it is a typo, not a machine
+
+
 def parse_bytes(value, *, name: str = "memory_budget") -> int:
     """``512MB``, ``1.5GiB``, ``1000000`` or a number of bytes -> bytes."""
     if isinstance(value, (int, float)) and value > 0:
@@ -142,7 +145,11 @@ def parse_bytes(value, *, name: str = "memory_budget") -> int:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(value))
     if not m or m.group(2).upper() not in UNITS or float(m.group(1)) <= 0:
         raise InvalidArgument(f"{name} {value!r} is not a size; pass bytes or a size such as '512MB' or '2GiB'")
-    return int(float(m.group(1)) * UNITS[m.group(2).upper()])
+    n = float(m.group(1)) * UNITS[m.group(2).upper()]
+    if n >= MAX_BYTES:
+        raise InvalidArgument(f"{name} {value!r} is larger than any machine's memory; "
+                              f"pass a size such as '512MB' or '2GiB'")
+    return int(n)
 
 
 def default_budget(device: str, memory_limit: int | None = None) -> int:

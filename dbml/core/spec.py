@@ -280,11 +280,14 @@ def train_macro_sql() -> str:
     """The ``train`` macro: TRAIN_PARAMS with their defaults, passed to ``dbml_train`` with every
     setting, the calling connection's id and its TEMP tables and views.
 
-    Sizes are cast to VARCHAR, as a budget may be given as a number of bytes or as text.
+    Sizes are cast to VARCHAR, as a budget may be given as a number of bytes or as text, and
+    so are text settings, so that one set to a number is refused by its own check.
     """
     params = ", ".join(p.name if p.required else f"{p.name} := {literal(p.default)}" for p in TRAIN_PARAMS)
     args = [f"{p.name}::VARCHAR" if p.size else p.name for p in TRAIN_PARAMS]
-    args += [f"getvariable('dbml_{s.name}')" + ("::VARCHAR" if s.size else "") for s in SETTINGS]
+    # a text setting set to another type (SET VARIABLE dbml_cluster = 42) reaches its check as text
+    args += [f"getvariable('dbml_{s.name}')" + ("::VARCHAR" if s.size or s.sql_type == "VARCHAR" else "")
+             for s in SETTINGS]
     args.append("current_connection_id()::BIGINT")   # whose interrupt() reaches the statement's jobs
     args.append("dbml_temp_names()")                 # the caller's TEMP objects, which sources may not name
     return (f"CREATE OR REPLACE TEMP MACRO train({params}) AS\n"
