@@ -76,7 +76,8 @@ class RowSkipped(UserWarning):
 
 
 @contextmanager
-def scheduler_errors(spec, *, job_id: int, device_budget: Callable[[], int]) -> Iterator[None]:
+def scheduler_errors(model: str, *, job_id: int, memory_budget: int | None,
+                     shared_budget: Callable[[], int]) -> Iterator[None]:
     """Map the scheduler's errors raised inside the block to user errors (httpx's
     ``map_exceptions``), in one table:
 
@@ -94,9 +95,10 @@ def scheduler_errors(spec, *, job_id: int, device_budget: Callable[[], int]) -> 
                                          after its type name)
     ===================================  =========================================================
 
-    ``spec`` is the job's TrainSpec; ``device_budget()`` the budget shared by the device's
-    jobs (the setting, or the device's default), named when the job has no ``memory_budget``;
-    it is asked for only then (on CUDA the default is the free memory at that moment).
+    ``model`` is the job's model, ``memory_budget`` its own budget (None: it has none);
+    ``shared_budget()`` the budget shared by the device's jobs (the setting, or the device's
+    default), named when the job has no ``memory_budget``; it is asked for only then (on CUDA
+    the default is the free memory at that moment).
     """
     # Imported here, not at the top: every dbml module imports this one, the predict path
     # (dbml.core.inference) included, and that path must not load the scheduler (make_fx, fx).
@@ -106,7 +108,7 @@ def scheduler_errors(spec, *, job_id: int, device_budget: Callable[[], int]) -> 
     try:
         yield
     except SpillError as e:
-        own = spec.memory_budget is not None
+        own = memory_budget is not None
         budget = "pass a larger memory_budget :=" if own else "SET VARIABLE dbml_memory_budget to more"
         why = ("more room than DuckDB's max_temp_directory_size leaves there" if isinstance(e, SpillFull)
                else f"a file there, and writing it failed ({e.strerror})")
@@ -115,23 +117,23 @@ def scheduler_errors(spec, *, job_id: int, device_budget: Callable[[], int]) -> 
         raise TrainingError(f"train(): the tensors the memory scheduler swaps out go to DuckDB's temp_directory "
                             f"({e.directory}) and need {why}; nothing was stored; {fix}, or {budget}") from None
     except BudgetExceeded as e:
-        own = spec.memory_budget is not None
+        own = memory_budget is not None
         fix = "pass a larger memory_budget :=" if own else "SET VARIABLE dbml_memory_budget to more"
         raise TrainingError(f"train(): the job held {_size(e.held)} in an iteration, over the {_size(e.limit)} its "
                             f"plan promised within memory_budget {_size(e.budget or e.limit)}; nothing was "
                             f"stored; {fix}, or a smaller batch_size") from None
     except NotAdmitted:
-        raise JobCancelled(f"job {job_id} ({spec.model!r}) was cancelled while it waited for memory; "
+        raise JobCancelled(f"job {job_id} ({model!r}) was cancelled while it waited for memory; "
                            f"nothing was stored") from None
     except InfeasibleBudget as e:
-        raise _budget_too_small(spec, device_budget, e.min_budget) from None
+        raise _budget_too_small(memory_budget, shared_budget, e.min_budget) from None
     # Every other SchedulerError passes as it is (see the table): wrapping it would change
     # the text a user sees (DuckDB puts the exception's type name before a UDF's message).
 
 
-def _budget_too_small(spec, device_budget: Callable[[], int], min_budget: int) -> BudgetTooSmall:
-    own = spec.memory_budget is not None
-    budget = spec.memory_budget if own else device_budget()
+def _budget_too_small(memory_budget: int | None, shared_budget: Callable[[], int], min_budget: int) -> BudgetTooSmall:
+    own = memory_budget is not None
+    budget = memory_budget if own else shared_budget()
     fix = (f"pass memory_budget := '{_round_up(min_budget)}'" if own else
            f"SET VARIABLE dbml_memory_budget = '{_round_up(min_budget)}'")
     return BudgetTooSmall(

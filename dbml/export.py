@@ -46,7 +46,7 @@ from .core import catalog
 from .errors import InvalidArgument
 from .core.input_modules import Truncate
 from .core.inputs import tokenizer_rule
-from .core.kinds import FITTERS
+from .zoo import fitter
 
 __all__ = ["export_model", "ExportedModel"]
 
@@ -178,7 +178,7 @@ def export_model(cur, model: str, path: str, version: int | None = None, overwri
                               f"path") from None
     version, _ = catalog.identify(cur, model, version, fn="export_model")
     stored = catalog.load(cur, model, version)
-    if stored.config.arch in FITTERS:   # LightGBM's trees run outside torch; k-means outputs a centroid id
+    if fitter(stored.config.arch) is not None:   # LightGBM's trees run outside torch; k-means outputs a centroid id
         raise InvalidArgument(f"export_model(): model {model!r} is a {stored.config.arch} model, which the ONNX "
                               f"export does not cover (networks are exported: linear, mlp, dnn, ...)")
     wrapper = ExportedModel(stored)

@@ -260,7 +260,7 @@ def test_the_readme_names_every_option_function_and_model_type():
     from dbml.bigquery.preprocess import ANALYTIC, SCALAR
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     section = readme.split("### BigQuery ML syntax", 1)[1].split("\n### ", 1)[0]
-    kinds = readme.split("Beside the zoo, `dbml/kinds/`", 1)[1].split("\n\n", 2)[1]
+    kinds = readme.split("Beside the zoo, `dbml/core/kinds/`", 1)[1].split("\n\n", 2)[1]
     from dbml.bigquery.create import TORCH_ARGUMENTS, TRANSLATED
     for option, archs in OPTIONS.items():
         if option in TRANSLATED or option in TORCH_ARGUMENTS:

@@ -71,7 +71,7 @@ def test_estimate_counts_iterations_validation_and_the_last_batch_capture():
 
 def test_cheaper_choices_name_fewer_epochs_a_cheap_arch_and_smaller_images():
     est = Estimate(iteration=1.0, forward=0.3, iterations=20, val_batches=0.0, epochs=20, validate_epochs=False)
-    spec = types.SimpleNamespace(slow_train_seconds=60.0, shape=None)
+    spec = types.SimpleNamespace(settings=types.SimpleNamespace(slow_train_seconds=60.0), shape=None)
     image = types.SimpleNamespace(arch="resnet18", inputs=Inputs("image", shape=(3, 96, 96)))
     assert cheaper_choices(est, image, spec) == ["epochs := 3", "arch := 'cnn'", "image_size := [48, 48]"]
     text = types.SimpleNamespace(arch="transformer", inputs=Inputs("tokens", vocab=100, max_len=16))

@@ -121,7 +121,7 @@ def test_readme_documents_every_kind_and_its_options():
     from dbml.core.kinds import ARCHS
     from dbml.zoo import arch
     readme = (Path(__file__).parents[1] / "README.md").read_text()
-    table = readme.split("Beside the zoo, `dbml/kinds/`", 1)[1].split("\n\n", 2)[1]
+    table = readme.split("Beside the zoo, `dbml/core/kinds/`", 1)[1].split("\n\n", 2)[1]
     for name in ARCHS:
         row = next(line for line in table.splitlines() if line.startswith(f"| `{name}` |"))
         for option in arch(name).options:

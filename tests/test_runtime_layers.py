@@ -44,7 +44,7 @@ SPEC_SHARED = SimpleNamespace(model="m", memory_budget=None)
 
 def raised(spec, error: BaseException, device_budget=lambda: 2_000_000) -> BaseException:
     with pytest.raises(Exception) as info:
-        with scheduler_errors(spec, job_id=7, device_budget=device_budget):
+        with scheduler_errors(spec.model, job_id=7, memory_budget=spec.memory_budget, shared_budget=device_budget):
             raise error
     return info.value
 
@@ -82,7 +82,7 @@ def test_other_scheduler_errors_reach_the_user_unchanged(error):
 
 def test_other_errors_pass_through():
     with pytest.raises(KeyError):
-        with scheduler_errors(SPEC_OWN, job_id=7, device_budget=lambda: 0):
+        with scheduler_errors(SPEC_OWN.model, job_id=7, memory_budget=SPEC_OWN.memory_budget, shared_budget=lambda: 0):
             raise KeyError("x")
 
 

@@ -137,36 +137,38 @@ def test_sql_defaults_equal_trainspec_defaults(moons_con):
     """Every TrainSpec field a SQL call leaves out (argument or setting) is stored as TrainSpec's
     default; lr and validation left NULL are stored as what the job chose (the arch family's lr,
     a validation share for the rows)."""
-    from dbml.core.spec import default_lr, default_validation
+    from dbml.core.spec import JobSettings, default_lr, default_validation, stored_key
     train(moons_con, "'d', 'SELECT x1, x2, label FROM moons LIMIT 300', label := 'label', epochs := 1")
     params = json.loads(moons_con.sql("SELECT params FROM dbml_models WHERE name = 'd'").fetchall()[0][0])
     given = {"label": "label", "epochs": 1, "latency_model": "roofline",   # the last one by the fixture
              "lr": default_lr("mlp", "adam"), "validation": default_validation(300)}
-    assert params == {f.name: given.get(f.name, f.default) for f in dataclasses.fields(TrainSpec)
-                      if f.name not in ("model", "source")}
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainSpec) if f.name not in ("model", "source", "settings")}
+    defaults |= {stored_key(f.name): f.default for f in dataclasses.fields(JobSettings)}
+    assert params == {k: given.get(k, v) for k, v in defaults.items()}
 
 
 def test_trainspec_fields_are_train_params_then_settings():
-    """TrainSpec has one field per train() parameter (but wait and on_error), then one per setting, with their defaults."""
+    """TrainSpec has one field per train() parameter (but wait and on_error), then its settings, a
+    JobSettings with one field per setting, named as the setting; all with their defaults."""
     from dbml.core.settings import SETTINGS
-    from dbml.core.spec import TRAIN_PARAMS, spec_field
+    from dbml.core.spec import TRAIN_PARAMS, JobSettings
     want = [(p.name, dataclasses.MISSING if p.required else p.default) for p in TRAIN_PARAMS if p.in_spec]
-    want += [(spec_field(s.name), s.default) for s in SETTINGS]
     got = [(f.name, f.default) for f in dataclasses.fields(TrainSpec)]
-    n = sum(p.in_spec for p in TRAIN_PARAMS)
-    assert sorted(got, key=str) == sorted(want, key=str) and got[:n] == want[:n]
+    assert got[:-1] == want and got[-1][0] == "settings"
+    assert [(f.name, f.default) for f in dataclasses.fields(JobSettings)] == [(s.name, s.default) for s in SETTINGS]
+    assert TrainSpec(model="m", source="t").settings == JobSettings()
 
 
 def test_null_settings_take_their_defaults(con):
     """A setting set to NULL (or unset by RESET VARIABLE) reaches the job as its default."""
     from dbml.core.settings import SETTINGS
-    from dbml.core.spec import spec_field
+    from dbml.core.spec import stored_key
     load(con, "t", moons(300))
     for s in SETTINGS:
         con.execute(f"RESET VARIABLE dbml_{s.name}")
     train(con, "'n', 't', label := 'label', epochs := 1, policy := 'eager'")   # eager: no predictor to calibrate
     params = json.loads(con.sql("SELECT params FROM dbml_models WHERE name = 'n'").fetchall()[0][0])
-    assert {s.name: params[spec_field(s.name)] for s in SETTINGS} \
+    assert {s.name: params[stored_key(s.name)] for s in SETTINGS} \
         == {s.name: s.default for s in SETTINGS}
 
 

@@ -301,3 +301,28 @@ def test_the_bench_estimates_a_peer_peak_from_its_trials_overlap():
     from dbml.bench.tune import _concurrent_peak
     assert _concurrent_peak([(0, 10, 5), (2, 4, 3), (4, 6, 7), (11, 12, 100)]) == 100
     assert _concurrent_peak([(0, 10, 5), (2, 5, 3), (4, 6, 7)]) == 15
+
+
+def test_one_best_trial_rule_for_the_search_the_stored_trials_and_bigquery_ml():
+    """studies.best_trial is the rule; trials.ROWS_SQL states it in SQL and agrees on random
+    trials with ties, no objective and NaN; BigQuery ML's optimal trial is it, maximising."""
+    import math
+    import random
+    from dbml.search import trials
+    from dbml.bigquery.tuning import optimal
+    from dbml.search.studies import best_trial
+    rng = random.Random(0)
+    con = duckdb.connect()
+    for case in range(200):
+        direction = rng.choice(("minimize", "maximize"))
+        rows = [(n, rng.choice([None, math.nan, *(float(rng.randint(0, 3)) for _ in range(4))]))
+                for n in rng.sample(range(1, 20), rng.randint(1, 6))]
+        con.execute("CREATE OR REPLACE TABLE t (model VARCHAR, trial INTEGER, status VARCHAR, direction VARCHAR, "
+                    "objective DOUBLE)")
+        con.executemany("INSERT INTO t VALUES ('m', ?, ?, ?, ?)",   # a trial without an objective failed
+                        [(n, "failed" if v is None else "finished", direction, v) for n, v in rows])
+        sql = [t for (t,) in con.execute(f"SELECT trial FROM (SELECT *, {trials._BEST} AS best FROM t) WHERE best")
+               .fetchall()]
+        assert sql == ([] if best_trial(rows, direction) is None else [best_trial(rows, direction)]), (case, rows)
+    assert best_trial([(3, 0.5), (1, 0.9), (2, 0.9)], "maximize") == 1 == optimal([(3, 0.5), (1, 0.9), (2, 0.9)])
+    assert best_trial([(1, None), (2, None)], "maximize") is None and optimal([(2, None), (1, None)]) == 1

@@ -350,3 +350,16 @@ def test_tensile_at_half_the_peak_is_bit_identical(name):
     params = sum(p.numel() for p in model.parameters())
     print(f"\nzoo {name}: {params} parameters, peak {peak} B, budget {budget} B ({budget / peak:.2f}), "
           f"measured {stats['measured_peak_bytes']} B, {stats['swaps']} swaps, {stats['recomputes']} recomputes")
+
+
+def test_the_zoo_registers_the_kinds_itself_and_importing_them_registers_nothing():
+    """One registry of archs: the zoo's loads dbml/kinds/ by entry on its first use (a fitted
+    kind's arch carrying its fit); importing the kinds has no effect on it."""
+    import subprocess
+    import sys
+    code = ("import dbml.core.kinds, dbml.zoo.registry as r; print(sorted(r._CUSTOM)); "
+            "from dbml.zoo import arch, fitter; from dbml.core.kinds import ARCHS, kmeans, trees; "
+            "print(sorted(ARCHS)); print(fitter('kmeans') is kmeans.fit, fitter('boosted_tree') is trees.fit, "
+            "fitter('dnn'), fitter('mlp'), fitter('auto'), arch('dnn').builtin)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out == ["[]", "['boosted_tree', 'dnn', 'kmeans', 'random_forest']", "True True None None None False"]

@@ -25,6 +25,7 @@ import numpy as np
 from sqlglot import exp
 
 from ..errors import InvalidArgument
+from ..search.studies import best_trial
 
 
 @dataclass(frozen=True)
@@ -109,5 +110,7 @@ def trial_options(options: dict, spaces: dict, trial: int, defaults: bool) -> tu
 
 
 def optimal(results: list[tuple[int, float | None]]) -> int:
-    """The trial id with the best metric (None counts as worst; ties: the earliest)."""
-    return max(results, key=lambda r: (-math.inf if r[1] is None else r[1], -r[0]))[0]
+    """The trial id with the best metric, the highest (``studies.best_trial``: ties, the earliest);
+    where no trial has one, the earliest."""
+    best = best_trial(results, "maximize")
+    return best if best is not None else min(trial for trial, _ in results)

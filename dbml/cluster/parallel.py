@@ -47,15 +47,15 @@ class DataParallel:
         spec = self.task.spec
         os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", HEALTH_CHECK_S)
         self.cluster.free_idle()   # idle device workers give their slots to this job's workers
-        gpu = self.cluster.gpus() and spec.device != "cpu"
+        gpu = self.cluster.gpus() and spec.settings.device != "cpu"
         self.progress.place(None, None, f"{spec.workers} devices")
-        self.storage = spec.cluster_storage or tempfile.mkdtemp(prefix="dbml-ray-train-")
+        self.storage = spec.settings.cluster_storage or tempfile.mkdtemp(prefix="dbml-ray-train-")
         trainer = TorchTrainer(
             train_loop, train_loop_config={"task": self.task},
             scaling_config=ScalingConfig(num_workers=spec.workers, use_gpu=gpu,
                                          resources_per_worker={"CPU": 1, **({"GPU": 1} if gpu else {})}),
             run_config=RunConfig(name=f"dbml-{self.task.key.replace(':', '-')}", storage_path=self.storage,
-                                 failure_config=FailureConfig(max_failures=spec.max_retries or 0)))
+                                 failure_config=FailureConfig(max_failures=spec.settings.max_retries or 0)))
         self._thread = threading.Thread(target=self._fit, args=(trainer,), name=f"dbml-ddp-{self.task.job_id}",
                                         daemon=True)
         self._thread.start()
@@ -91,7 +91,7 @@ class DataParallel:
     def stop(self) -> None:
         if self._thread is not None:
             self._thread.join(60.0)
-        if self.storage is not None and not self.task.spec.cluster_storage:
+        if self.storage is not None and not self.task.spec.settings.cluster_storage:
             shutil.rmtree(self.storage, ignore_errors=True)
 
 
@@ -104,7 +104,7 @@ def train_loop(config: dict) -> None:
     task: Task = config["task"]
     rank = ray.train.get_context().get_world_rank()
     device = "cpu"
-    if torch.cuda.is_available() and task.spec.device != "cpu":
+    if torch.cuda.is_available() and task.spec.settings.device != "cpu":
         import ray.train.torch
         torch.cuda.set_device(ray.train.torch.get_device())
         device = f"cuda:{ray.get_gpu_ids()[0]}" if ray.get_gpu_ids() else "cuda"

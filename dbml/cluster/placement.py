@@ -51,19 +51,19 @@ class WorkerDied(Exception):
 def check_job(spec) -> None:
     """The cluster's rules for one job (``TrainSpec.__post_init__``): the setting's form,
     and what data-parallel training needs. Reaching the cluster happens when the job runs."""
-    check_value(spec.cluster, fn="train")
-    if spec.workers > 1 and spec.cluster == "local":
+    check_value(spec.settings.cluster, fn="train")
+    if spec.workers > 1 and spec.settings.cluster == "local":
         raise InvalidArgument(f"train(): workers := {spec.workers} trains on a Ray cluster; "
                               f"SET VARIABLE dbml_cluster = 'ray' first, or pass workers := 1")
     if spec.workers > 1 and spec.policy not in ("tensile", "eager"):
         raise InvalidArgument(f"train(): workers := {spec.workers} runs each worker's step as plain PyTorch under "
                               f"DistributedDataParallel, not policy {spec.policy!r}; pass policy := 'eager'")
-    from ..core.kinds import FITTERS
-    if spec.arch in FITTERS:   # fitted in one call, not stepped: no worker's training loop, no model bytes to ship
+    from ..zoo import fitter
+    if fitter(spec.arch) is not None:   # fitted in one call, not stepped: no worker's training loop, no model bytes to ship
         raise InvalidArgument(f"train(): arch {spec.arch!r} is fitted on this machine, not on a Ray cluster; "
                               f"SET VARIABLE dbml_cluster = 'local' for it")
-    if spec.max_retries is not None and spec.max_retries < 0:
-        raise InvalidArgument(f"setting max_retries is {spec.max_retries}; SET VARIABLE dbml_max_retries = 0 (or more)")
+    if spec.settings.max_retries is not None and spec.settings.max_retries < 0:
+        raise InvalidArgument(f"setting max_retries is {spec.settings.max_retries}; SET VARIABLE dbml_max_retries = 0 (or more)")
 
 
 def check_value(value: str, *, fn: str) -> None:

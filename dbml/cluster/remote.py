@@ -39,7 +39,7 @@ KILL_AFTER_S = 10.0  # a cancelled job's worker that has not stopped by then is 
 
 def fit_model(cur, table: str, prep, spec, n_train: int, n_val: int, progress, fit) -> dict:
     """``training._fit_model`` on the cluster: its result, the module on the driver's CPU."""
-    return RemoteFit(connect(spec.cluster), cur, table, prep, spec, n_train, n_val, progress, fit).run()
+    return RemoteFit(connect(spec.settings.cluster), cur, table, prep, spec, n_train, n_val, progress, fit).run()
 
 
 class RemoteFit:
@@ -75,14 +75,14 @@ class RemoteFit:
 
     def _attempts(self) -> int:
         # a data-parallel job's restarts are Ray Train's own (FailureConfig), within one attempt here
-        return 1 if self.spec.workers > 1 else 1 + (self.spec.max_retries or 0)
+        return 1 if self.spec.workers > 1 else 1 + (self.spec.settings.max_retries or 0)
 
     def _attempt(self) -> tuple:
         started = time.perf_counter()
         placement = self._placement()
         # the feed is made before any worker asks for it (a retry's must not see the last one's)
         sender = Sender(self.ray, self.cur, self.table, self.cluster.hub, self.key, self.spec.workers,
-                        parquet_dir=self.spec.cluster_storage, parquet_bytes=self.spec.cluster_parquet_bytes)
+                        parquet_dir=self.spec.settings.cluster_storage, parquet_bytes=self.spec.settings.cluster_parquet_bytes)
         try:
             sender.start()
             placement.start()
@@ -177,9 +177,9 @@ class RemoteFit:
         where = f" on {node} ({device})" if node else ""
         retried = f" after {self.figures['retries']} retries" if self.figures["retries"] else ""
         if self.spec.workers > 1:
-            retried = f" after Ray Train's {self.spec.max_retries} restarts" if self.spec.max_retries else ""
+            retried = f" after Ray Train's {self.spec.settings.max_retries} restarts" if self.spec.settings.max_retries else ""
         fix = ("SET VARIABLE dbml_max_retries = 1 (or more) to restart a job from its last finished epoch when a "
-               "worker dies" if not self.spec.max_retries else "SET VARIABLE dbml_max_retries higher, or look for "
+               "worker dies" if not self.spec.settings.max_retries else "SET VARIABLE dbml_max_retries higher, or look for "
                "what kills the workers (memory: Ray's OOM killer)")
         return TrainingError(f"train(): job {self.progress.id} ({self.spec.model!r}) lost its Ray worker{where}"
                              f"{retried} ({e}); nothing was stored; {fix}")
@@ -194,7 +194,7 @@ class DeviceJob:
         self.ref = None
 
     def start(self) -> None:
-        gpu = self.cluster.gpus() and self.task.spec.device != "cpu"
+        gpu = self.cluster.gpus() and self.task.spec.settings.device != "cpu"
         self.slot = self.cluster.acquire(self.task.key, gpu, on_wait=lambda: self.progress.place(None, None, "a device"))
         self.progress.place(self.slot.node, self.slot.device, None)
         self.ref = self.slot.actor.run.remote(self.task)

@@ -27,7 +27,6 @@ from ..errors import CatalogError, InvalidArgument, ModelNotFound, TrainingError
 from .features import TASKS, Feature, Preprocessing
 from .models import ModelConfig, build
 from ..zoo import arch as zoo_arch
-from . import kinds  # noqa: F401 - registers the kinds' archs (dnn, trees, kmeans): a stored one loads
 
 
 # Writers of this process take versions one at a time (_WRITES), so two jobs finishing

@@ -64,9 +64,9 @@ def estimate(seq, *, n_train: int, n_val: int, batch_size: int, epochs: int, val
 
 
 def slow_warning(est: Estimate, config, spec) -> str | None:
-    """The warning of a job whose estimate passes ``spec.slow_train_seconds``, naming the
+    """The warning of a job whose estimate passes ``spec.settings.slow_train_seconds``, naming the
     estimate and cheaper choices; None under it."""
-    if est.seconds <= spec.slow_train_seconds:
+    if est.seconds <= spec.settings.slow_train_seconds:
         return None
     choices = cheaper_choices(est, config, spec)
     return (f"estimated {_duration(est.seconds)} to train ({est.epochs} epochs of {est.iterations} iterations, "
@@ -85,7 +85,7 @@ def cheaper_choices(est: Estimate, config, spec) -> list[str]:
     """What would take less time, as train() arguments: fewer epochs (those that fit the
     threshold), the kind's cheap arch, and smaller images."""
     out = []
-    fits = int(max(0.0, spec.slow_train_seconds - est.val_batches * est.forward) // max(est.epoch_seconds, 1e-12))
+    fits = int(max(0.0, spec.settings.slow_train_seconds - est.val_batches * est.forward) // max(est.epoch_seconds, 1e-12))
     if 1 <= fits < est.epochs:
         out.append(f"epochs := {fits}")
     inputs = config.inputs

@@ -42,7 +42,7 @@ def register(name: str, module: str) -> None:
 
 def is_local(spec) -> bool:
     """Whether the job trains on this process's threads, with no backend."""
-    return spec.cluster == LOCAL and spec.workers <= 1
+    return spec.settings.cluster == LOCAL and spec.workers <= 1
 
 
 def shown(address: str) -> str:
@@ -62,7 +62,7 @@ def check_access(spec, cur) -> None:
         return
     allowed = cur.execute("SELECT current_setting('enable_external_access')").fetchall()[0][0]
     if not allowed:
-        raise InvalidArgument(f"the cluster setting names a Ray cluster ({shown(spec.cluster)}), but DuckDB's "
+        raise InvalidArgument(f"the cluster setting names a Ray cluster ({shown(spec.settings.cluster)}), but DuckDB's "
                               f"enable_external_access is false here (safe mode), which refuses network access; "
                               f"SET VARIABLE dbml_cluster = 'local' to train on this machine")
 

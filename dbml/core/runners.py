@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import os
 import re
+from dataclasses import dataclass
 from typing import Hashable, Protocol
 
 import torch
@@ -48,6 +49,37 @@ MAX_PLAN_SHARE = 0.05
 # model is built first: the second capture would cost time for memory that is small.
 LARGE_MODEL_SHARE = 0.25
 
+
+@dataclass(frozen=True)
+class RunnerParams:
+    """What the runner and the checks before it use of a job (``of``), not its whole TrainSpec."""
+    job: str                        # the model's name: its captured graphs' (check_plan_fits)
+    policy: str                     # train()'s policy
+    workers: int                    # > 1: one worker of a data-parallel job
+    optimizer: OptimizerSpec        # what the runner steps with (a stacked model's: dbml.fusion)
+    memory_budget: int | None       # the job's own (memory_budget :=); None: the device's
+    shared_budget: int | None       # the memory_budget setting (dbml_memory_budget): the device's jobs'; None: unset
+    latency_model: str              # the latency_model setting
+    torch_threads: int              # the torch_threads setting
+    replan_beta: float              # the replan_beta setting
+    replan_threshold: float         # the replan_threshold setting
+    measure_vanilla: bool           # measure_vanilla :=
+
+    @classmethod
+    def of(cls, spec, *, optimizer: OptimizerSpec | None = None) -> RunnerParams:
+        """``spec``'s (a TrainSpec whose lr is resolved); ``optimizer``: when not its own."""
+        s = spec.settings
+        return cls(spec.model, spec.policy, spec.workers, optimizer or spec.optimizer_spec(), spec.memory_budget,
+                   s.memory_budget, s.latency_model, s.torch_threads, s.replan_beta, s.replan_threshold,
+                   spec.measure_vanilla)
+
+
+def shares_device(policy: str, memory_budget: int | None) -> bool:
+    """Whether a job plans jointly with the device's other jobs, within their shared budget
+    (``make_runner``): a tensile job without a ``memory_budget`` of its own."""
+    return policy == "tensile" and memory_budget is None
+
+
 class JobHandle(Protocol):
     """The job a runner plans for, as the shared scheduler sees it (``dbml.core.jobs.Job`` is one)."""
 
@@ -75,9 +107,9 @@ class JobHandle(Protocol):
         while DuckDB cannot give it back; ``release_scheduler`` gives it back."""
 
 
-def make_runner(model: torch.nn.Module, loss_fn, spec, device: str, job: JobHandle,
-                config: Hashable | None = None, *, optimizer: OptimizerSpec | None = None,
-                optimizer_state: list[dict] | None = None, spill: SpillFile | None = None) -> StepRunner:
+def make_runner(model: torch.nn.Module, loss_fn, params: RunnerParams, device: str, job: JobHandle,
+                config: Hashable | None = None, *, optimizer_state: list[dict] | None = None,
+                spill: SpillFile | None = None) -> StepRunner:
     """The step-runner boundary: the TENSILE scheduler, or plain PyTorch for policy 'eager'.
 
     A tensile job without a ``memory_budget`` of its own plans jointly with every other
@@ -85,41 +117,40 @@ def make_runner(model: torch.nn.Module, loss_fn, spec, device: str, job: JobHand
     device budget (the ``memory_budget`` setting), waiting for admission when it does not
     fit beside the running ones. A job given its own budget, and the none/capuchin/vdnn/
     pooch/swapadvisor policies, plan alone. Jobs with the same model ``config`` (a
-    ``ModelConfig``, or any name of the architecture) share captured graphs. ``spec`` is
-    the job's TrainSpec; ``optimizer``: the optimizer spec when not ``spec``'s own (a
-    stacked model's, ``dbml.search.fusion``), ``optimizer_state``: the state to start from
+    ``ModelConfig``, or any name of the architecture) share captured graphs. ``params``:
+    what the runner uses of the job (``RunnerParams.of(spec)``), ``optimizer_state``: the state to start from
     (``ScheduledStep(optimizer_state=...)``; a scheduled runner only). ``spill``: on the
     CPU, the job's spill file (:func:`spill_file`), where swapped tensors go; the runner
     owns it from here and removes it when it closes.
     """
-    if spec.workers > 1:   # one worker of a data-parallel job (dbml.core.placement): plain PyTorch under DDP
+    if params.workers > 1:   # one worker of a data-parallel job (dbml.core.placement): plain PyTorch under DDP
         from .placement import backend
-        return backend(spec).step(model, loss_fn, spec.optimizer_spec(), job)
-    optimizer = optimizer or spec.optimizer_spec()
-    if spec.policy == "eager" and spill is not None:
+        return backend(params).step(model, loss_fn, params.optimizer, job)
+    optimizer = params.optimizer
+    if params.policy == "eager" and spill is not None:
         spill.close()   # plain PyTorch swaps nothing
-    if spec.policy == "eager":
+    if params.policy == "eager":
         if optimizer_state is not None:
             raise ValueError("make_runner(): policy 'eager' starts from fresh optimizer state")
-        hold_database_memory(job, device, job_budget(spec, device, job), shared=False)
+        hold_database_memory(job, device, job_budget(params, device, job), shared=False)
         return EagerStep(model, loss_fn, optimizer)
-    estimator, how = latency_model(spec.latency_model, device, spec.torch_threads)
-    shared = spec.policy == "tensile" and spec.memory_budget is None
-    budget = job_budget(spec, device, job)
+    estimator, how = latency_model(params.latency_model, device, params.torch_threads)
+    shared = shares_device(params.policy, params.memory_budget)
+    budget = job_budget(params, device, job)
     planner = None
     if shared:
         scheduler = shared_scheduler(device, budget)
         # the device's budget as this connection set it (or any, unset): waits while jobs
         # run under another one, never changes theirs
-        budget = scheduler.hold_budget(job.name, spec.device_budget,
+        budget = scheduler.hold_budget(job.name, params.shared_budget,
                                        lambda: default_budget(device, job.memory_limit()), cancelled=job.cancelled)
         job.attach_scheduler(scheduler)
         planner = scheduler.planner_for(job.name, wait=True, cancelled=job.cancelled)
     hold_database_memory(job, device, budget, shared=shared)
-    runner = ScheduledStep(model, loss_fn, optimizer, policy=spec.policy, budget_bytes=budget,
+    runner = ScheduledStep(model, loss_fn, optimizer, policy=params.policy, budget_bytes=budget,
                            device=CpuDevice(device, spill=spill) if spill is not None else device, job=job.name, latency_model=estimator, planner=planner,
                            ledger=device_ledger(device), share_graphs=config, optimizer_state=optimizer_state,
-                           update=UpdateSettings(beta=spec.replan_beta, threshold=spec.replan_threshold,
+                           update=UpdateSettings(beta=params.replan_beta, threshold=params.replan_threshold,
                                                  max_plan_share=MAX_PLAN_SHARE))
     runner.latency_source = how   # the train summary reports it
     return runner
@@ -155,13 +186,13 @@ def _temp_limit(setting: str, directory: str) -> int:
     return parse_bytes(setting, name="max_temp_directory_size")
 
 
-def job_budget(spec, device: str, job: JobHandle | None = None) -> int:
+def job_budget(params: RunnerParams, device: str, job: JobHandle | None = None) -> int:
     """The budget a job plans within, before it joins the device: its own ``memory_budget``,
     else the device budget of its connection (the setting, or the device's default: on the
     CPU a share of ``job``'s database's memory_limit). A job sharing the device then runs
     under the budget it holds there (``hold_budget``)."""
-    if spec.memory_budget or spec.device_budget:
-        return spec.memory_budget or spec.device_budget
+    if params.memory_budget or params.shared_budget:
+        return params.memory_budget or params.shared_budget
     return default_budget(device, job.memory_limit() if job is not None else None)
 
 
@@ -193,19 +224,19 @@ def device_memory(device: str) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def state_bytes(cfg: models.ModelConfig, spec) -> tuple[int, int]:
+def state_bytes(cfg: models.ModelConfig, optimizer: OptimizerSpec) -> tuple[int, int]:
     """(parameters plus optimizer state, parameters) in bytes, counted on the meta device."""
     params = models.parameter_bytes(cfg)
-    states = sum(k != "step" for k in state_keys(spec.optimizer_spec()))   # step: a scalar
+    states = sum(k != "step" for k in state_keys(optimizer))   # step: a scalar
     return params * (1 + states), params
 
 
-def check_model_fits(cfg: models.ModelConfig, spec, device: str) -> None:
+def check_model_fits(cfg: models.ModelConfig, optimizer: OptimizerSpec, device: str) -> None:
     """Refuse a model whose parameters and optimizer state alone exceed the device's memory
     (the machine's RAM on the CPU, the GPU's total on CUDA): counted on the meta device,
     before any parameter is allocated. Raises InvalidArgument naming the arguments that
     shrink the model (hidden, arch). Against the budget, ``check_plan_fits``."""
-    need, params = state_bytes(cfg, spec)
+    need, params = state_bytes(cfg, optimizer)
     memory = device_memory(device)
     if need <= memory:
         return
@@ -215,7 +246,7 @@ def check_model_fits(cfg: models.ModelConfig, spec, device: str) -> None:
     else:
         shape, fix = f"{cfg.describe()} on {cfg.inputs.kind} inputs", "pass smaller widths in options := or a smaller arch"
     raise InvalidArgument(
-        f"train(): the model's parameters and {spec.optimizer} state alone need {_gb(need)} "
+        f"train(): the model's parameters and {optimizer.kind} state alone need {_gb(need)} "
         f"({_gb(params)} of parameters: {shape}), more than the device's "
         f"memory ({_gb(memory)}, {device}); nothing was stored; {fix}")
 
@@ -224,8 +255,8 @@ def _gb(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
 
-def check_plan_fits(cfg: models.ModelConfig, loss_fn, spec, device: str, rows: int, label: torch.dtype,
-                    job: JobHandle | None = None) -> None:
+def check_plan_fits(cfg: models.ModelConfig, loss_fn, params: RunnerParams, device: str, rows: int,
+                    label: torch.dtype, job: JobHandle | None = None) -> None:
     """For a tensile job whose parameters and optimizer state are a large part of its
     budget (``LARGE_MODEL_SHARE`` or more), plan its first batch on a model of the meta
     device before the real one is built: capture runs on fake tensors, so a budget no plan
@@ -233,41 +264,42 @@ def check_plan_fits(cfg: models.ModelConfig, loss_fn, spec, device: str, rows: i
     nothing. Smaller models are built first; their own ahead-of-time plan (``prepare``)
     checks, still before any activation. A job with no budget plans within its device's
     default (``job_budget``: on the CPU a share of its database's memory_limit)."""
-    if spec.policy != "tensile" or spec.workers > 1 or scheduler_config.scheduler_disabled():
+    if params.policy != "tensile" or params.workers > 1 or scheduler_config.scheduler_disabled():
         return
-    budget = job_budget(spec, device, job)
-    if state_bytes(cfg, spec)[0] < LARGE_MODEL_SHARE * budget:
+    budget = job_budget(params, device, job)
+    if state_bytes(cfg, params.optimizer)[0] < LARGE_MODEL_SHARE * budget:
         return
     with torch.device("meta"):
         model = models.build(cfg)
         batch = (models.sample_input(cfg, rows), torch.empty(rows, dtype=label))
-    estimator, _ = latency_model(spec.latency_model, device, spec.torch_threads)
+    estimator, _ = latency_model(params.latency_model, device, params.torch_threads)
     estimator = estimator or RooflineModel(device=str(torch.device(device)))
-    captured = GraphCache(model, loss_fn, spec.optimizer_spec(), job=spec.model).get(*batch)
-    plan(build_sequence(captured, estimator, spec.model), budget)
+    captured = GraphCache(model, loss_fn, params.optimizer, job=params.job).get(*batch)
+    plan(build_sequence(captured, estimator, params.job), budget)
 
 
 # -- the vanilla and the summary ---------------------------------------------------------
 
-def eager_peak(model: torch.nn.Module, loss_fn, spec, x: torch.Tensor, y: torch.Tensor) -> int:
+def eager_peak(model: torch.nn.Module, loss_fn, params: RunnerParams, x: torch.Tensor, y: torch.Tensor) -> int:
     """Eager PyTorch's peak on a copy of the model, over two iterations (the first creates
     the optimizer state, the second is a steady one): unbudgeted memory, so only with
     ``measure_vanilla`` and only after the job's plan fit its budget."""
-    runner = EagerStep(copy.deepcopy(model), loss_fn, spec.optimizer_spec())
+    runner = EagerStep(copy.deepcopy(model), loss_fn, params.optimizer)
     runner.step(x, y)
     runner.step(x, y)
     return runner.stats()["measured_peak_bytes"]
 
 
-def vanilla_peak(model: torch.nn.Module, loss_fn, spec, x: torch.Tensor, y: torch.Tensor) -> int | None:
+def vanilla_peak(model: torch.nn.Module, loss_fn, params: RunnerParams, x: torch.Tensor,
+                 y: torch.Tensor) -> int | None:
     """The measured vanilla for the job's first batch: ``eager_peak`` on the CPU when
-    ``spec.measure_vanilla`` and the job is scheduled (an eager job measures itself).
+    ``params.measure_vanilla`` and the job is scheduled (an eager job measures itself).
     Otherwise None, and the vanilla is the plan's analysed peak (``memory_summary``); on
     CUDA always None: an eager copy would take device memory the shared budget does not
     know of (and the allocator's peak is every job's)."""
-    if not spec.measure_vanilla or spec.policy == "eager" or torch.device(x.device).type != "cpu":
+    if not params.measure_vanilla or params.policy == "eager" or torch.device(x.device).type != "cpu":
         return None
-    return eager_peak(model, loss_fn, spec, x, y)
+    return eager_peak(model, loss_fn, params, x, y)
 
 
 def memory_summary(stats: dict, vanilla: int | None, real=None) -> dict:

@@ -7,10 +7,12 @@ From it (and from ``settings.SETTINGS``) come:
   their defaults, passed to the internal ``dbml_train`` followed by every setting, read
   with ``getvariable``;
 - ``dbml_train``'s DuckDB parameter types (``dbml.udfs.types.TRAIN_ARGS``);
-- ``TrainSpec`` itself (``make_dataclass``): one field per parameter but ``on_error`` and
-  ``wait`` (how the statement treats its jobs, not a job), then one per setting, named as
-  the setting but ``memory_budget``, which is ``device_budget`` (the job's own
-  ``memory_budget`` is the parameter), each with the table's default.
+- ``TrainSpec`` itself (``make_dataclass``): what the user asked for, one field per parameter
+  but ``on_error`` and ``wait`` (how the statement treats its jobs, not a job), each with the
+  table's default; then ``settings``, a ``JobSettings``: the environment the job runs in, one
+  field per setting named as the setting, resolved (a NULL setting takes its default). So
+  ``spec.memory_budget`` is the job's own budget (``memory_budget :=``) and
+  ``spec.settings.memory_budget`` the device's (``dbml_memory_budget``), as in SQL.
 
 ``from_sql_row`` turns one row of ``dbml_train``'s arguments back into a TrainSpec;
 ``calls_from_sql_rows`` turns a statement's rows into ``TrainCall``s.
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import asdict, dataclass, field, make_dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import InvalidArgument
@@ -74,14 +76,6 @@ TRAIN_PARAMS = (
     Param("on_error", "VARCHAR", "raise", in_spec=False),
     Param("wait", "BOOLEAN", True, in_spec=False),
 )
-# the TrainSpec field of a setting, where it is not the setting's own name
-SETTING_FIELDS = {"memory_budget": "device_budget"}
-
-
-def spec_field(setting: str) -> str:
-    return SETTING_FIELDS.get(setting, setting)
-
-
 # tensile: the TENSILE scheduler within the budget; none: the same captured graph, tensors
 # released after their last use, no budget; eager: plain PyTorch (the vanilla); capuchin:
 # passive mode, the cold-start peer (swap on demand in iteration 1, then plan from it);
@@ -98,6 +92,19 @@ SERIES_SCALES = ("global", "row")
 MAX_LR = 1e6
 
 
+class _JobSettingsChecks:
+    """JobSettings' behaviour; its fields come from ``settings.SETTINGS`` (see ``JobSettings`` below)."""
+
+    def check(self) -> None:
+        """InvalidArgument naming the setting and the fix (``TrainSpec`` checks its own with it)."""
+        if not 0.0 < self.replan_beta <= 1.0 or not self.replan_threshold > 0:
+            raise InvalidArgument(f"train(): plan updating needs 0 < replan_beta <= 1 and replan_threshold > 0; "
+                                  f"SET VARIABLE dbml_replan_beta = {DEFAULTS['replan_beta']}, "
+                                  f"dbml_replan_threshold = {DEFAULTS['replan_threshold']}")
+        if self.sources not in SOURCES:
+            raise InvalidArgument(f"setting sources is {self.sources!r}; SET VARIABLE dbml_sources = 'any' or 'tables'")
+
+
 class _TrainSpecChecks:
     """TrainSpec's behaviour; its fields come from the tables (see ``TrainSpec`` below)."""
 
@@ -111,9 +118,8 @@ class _TrainSpecChecks:
             raise InvalidArgument(f"{fn}(): lr must be a positive number up to {MAX_LR:g}, got {self.lr!r}; "
                                   f"pass e.g. lr := 0.01")
         _positive_int(self.patience, "patience", "patience := 5")
-        from ..scheduler import OPTIMIZERS  # the scheduler and the zoo import torch: here, not at start-up
+        from ..scheduler import OPTIMIZERS   # the scheduler and the zoo import torch: here, not at start-up
         from ..zoo import arch as zoo_arch
-        from . import kinds  # noqa: F401 - registers the kinds' archs (dnn, trees, kmeans) in the zoo
         if self.optimizer not in OPTIMIZERS:
             raise InvalidArgument(f"{fn}(): unknown optimizer {self.optimizer!r}; "
                                   f"pass optimizer := one of {', '.join(map(repr, OPTIMIZERS))}")
@@ -129,12 +135,7 @@ class _TrainSpecChecks:
         if self.policy not in SQL_POLICIES:
             raise InvalidArgument(f"{fn}(): unknown policy {self.policy!r}; "
                                   f"pass policy := one of {', '.join(map(repr, SQL_POLICIES))}")
-        if not 0.0 < self.replan_beta <= 1.0 or not self.replan_threshold > 0:
-            raise InvalidArgument(f"{fn}(): plan updating needs 0 < replan_beta <= 1 and replan_threshold > 0; "
-                                  f"SET VARIABLE dbml_replan_beta = {DEFAULTS['replan_beta']}, "
-                                  f"dbml_replan_threshold = {DEFAULTS['replan_threshold']}")
-        if self.sources not in SOURCES:
-            raise InvalidArgument(f"setting sources is {self.sources!r}; SET VARIABLE dbml_sources = 'any' or 'tables'")
+        self.settings.check()
         if self.weight_decay is None or not 0 <= self.weight_decay < math.inf:
             raise InvalidArgument(f"{fn}(): weight_decay must be a finite number >= 0, got {self.weight_decay!r}; "
                                   f"pass e.g. weight_decay := 0.01")
@@ -176,21 +177,51 @@ def _annotation(sql_type: str, size: bool, default) -> str:
     return python if default is not None else f"{python} | None"
 
 
+def _settings_fields() -> list[tuple]:
+    """JobSettings' fields: one per setting, named as it, with its default."""
+    return [(st.name, _annotation(st.sql_type, st.size, st.default), field(default=st.default)) for st in SETTINGS]
+
+
 def _spec_fields() -> list[tuple]:
-    """TrainSpec's fields: train()'s parameters (but ``wait``), then one per setting."""
+    """TrainSpec's fields: train()'s parameters (but ``wait`` and ``on_error``), then ``settings``."""
     out = [(p.name, _annotation(p.sql_type, p.size, None if p.required else p.default))
            + (() if p.required else (field(default=p.default),)) for p in TRAIN_PARAMS if p.in_spec]
-    out += [(spec_field(st.name), _annotation(st.sql_type, st.size, st.default), field(default=st.default))
-            for st in SETTINGS]
+    out.append(("settings", "JobSettings", field(default_factory=JobSettings)))
     return out
 
 
+# The settings a job runs under, resolved (a NULL setting is its default): derived from
+# settings.SETTINGS, so that a setting added there is a field here, with the same default.
+JobSettings = make_dataclass("JobSettings", _settings_fields(), bases=(_JobSettingsChecks,), frozen=True)
+JobSettings.__module__ = __name__
+JobSettings.__doc__ = "The settings of a train() job, resolved: one field per setting, named as it."
+
 # The validated job train() describes: what the user asked for (TRAIN_PARAMS), then the
-# environment it runs in (the settings). Derived from the two tables, so that a parameter
+# environment it runs in (``settings``). Derived from the two tables, so that a parameter
 # or a setting added there is a field here, with the same default.
 TrainSpec = make_dataclass("TrainSpec", _spec_fields(), bases=(_TrainSpecChecks,), frozen=True)
 TrainSpec.__module__ = __name__
-TrainSpec.__doc__ = "A validated train() job: one field per TRAIN_PARAMS entry (but wait), then per setting."
+TrainSpec.__doc__ = ("A validated train() job: one field per TRAIN_PARAMS entry (but wait and on_error), then "
+                     "its JobSettings.")
+
+
+# The catalog's params (dbml_models.params) are one flat object, the parameters' then the
+# settings', as stored since the first catalog: there the memory_budget setting is stored as
+# device_budget, beside the job's own memory_budget. A stored format, not a name in the code.
+STORED_KEYS = {"memory_budget": "device_budget"}
+
+
+def stored_key(setting: str) -> str:
+    """The key of ``setting`` in the catalog's params (``STORED_KEYS``)."""
+    return STORED_KEYS.get(setting, setting)
+
+
+def stored_params(spec: TrainSpec) -> dict:
+    """``spec`` as the catalog stores it in params: its fields but model, source and settings,
+    then each setting under its ``stored_key``."""
+    out = {f: v for f, v in asdict(spec).items() if f not in ("model", "source", "settings")}
+    out.update((stored_key(k), v) for k, v in asdict(spec.settings).items())
+    return out
 
 
 # lr := NULL: a learning rate per arch family (issue 24: Adam at 0.01 overfit a small tabular
@@ -231,10 +262,10 @@ def from_sql_row(row: tuple) -> tuple[TrainSpec, bool]:
     values = row[len(TRAIN_PARAMS):]
     fields = {p.name: _from_sql(p.sql_type, p.size, args[p.name], f"train(): {p.name}")
               for p in TRAIN_PARAMS if p.in_spec}
-    for setting, value in zip(SETTINGS, values, strict=True):
-        fields[spec_field(setting.name)] = _from_sql(setting.sql_type, setting.size, resolve(setting.name, value),
-                                                     f"setting {setting.name}")
-    return TrainSpec(**fields), args["wait"] is not False
+    settings = {setting.name: _from_sql(setting.sql_type, setting.size, resolve(setting.name, value),
+                                        f"setting {setting.name}")
+                for setting, value in zip(SETTINGS, values, strict=True)}
+    return TrainSpec(**fields, settings=JobSettings(**settings)), args["wait"] is not False
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import gc
 import math
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Iterator, Protocol, runtime_checkable
 
 import duckdb
@@ -31,14 +31,14 @@ from .columns import MEMORY_FIELDS
 from .data import BatchStream, StreamStats
 from ..errors import SourceError, TrainingError, scheduler_errors
 from .features import Preprocessing, fit as fit_preprocessing
-from .kinds import FITTERS
 from .runners import JobHandle
 from ..scheduler import hostmem, procmem
 from ..scheduler.execute import rng
 from ..scheduler.execute.step import EagerStep, StepRunner
 from .settings import resolve_device
 from .source import as_select, check_tables_only, describe
-from .spec import TrainSpec, default_lr, default_validation
+from .spec import TrainSpec, default_lr, default_validation, stored_params
+from ..zoo import fitter as zoo_fitter
 
 
 
@@ -195,9 +195,9 @@ class Scratch:
 def scratch(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> Iterator[Scratch]:
     """The job's source checked, its preprocessing fitted and its rows materialised
     (``_materialise``) into the job's scratch table, dropped when the block ends."""
-    threads.use(spec.torch_threads)
+    threads.use(spec.settings.torch_threads)
     select_sql = as_select(spec.source, fn="train")
-    if spec.sources == "tables":
+    if spec.settings.sources == "tables":
         check_tables_only(cur, select_sql, fn="train")
     columns = describe(cur, select_sql, fn="train")
     prep = fit_preprocessing(cur, select_sql, columns, label=spec.label,
@@ -238,9 +238,7 @@ def _drop_scratch(cur, table: str) -> None:
 
 
 def _params(spec: TrainSpec) -> dict:
-    d = asdict(spec)
-    d.pop("source"), d.pop("model")
-    return d
+    return stored_params(spec)
 
 
 def _materialise(cur, table: str, select_sql: str, prep: Preprocessing, spec: TrainSpec) -> tuple[int, int]:
@@ -320,7 +318,7 @@ class TrainLoop:
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if not self._measured:
-            self.vanilla = runners.vanilla_peak(self.module, self.loss_fn, self.spec, x, y)
+            self.vanilla = runners.vanilla_peak(self.module, self.loss_fn, runners.RunnerParams.of(self.spec), x, y)
             self._measured = True
         loss = self.random.call(self.runner.step, x, y) if self._whole_step else self.runner.step(x, y)
         self.progress.step(len(y))
@@ -390,28 +388,30 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
                progress: Progress, resume: dict | None = None) -> dict:
     """Train the model on the job's scratch ``table``. ``resume``: a checkpoint to go on from
     (a job retried on a Ray worker: ``dbml.core.checkpoints``)."""
-    fitted = FITTERS.get(spec.arch)   # trees, k-means (dbml.core.kinds): fitted on the scratch table, not stepped
+    fitted = zoo_fitter(spec.arch)   # trees, k-means (dbml.core.kinds): fitted on the scratch table, not stepped
     if fitted is not None:   # lr and early stopping are a stepped model's: its spec as given
         return {**fitted(cur, table, prep, spec, n_train, n_val, progress), "spec": spec}
-    device = resolve_device(spec.device)
+    device = resolve_device(spec.settings.device)
     outputs = len(prep.classes) if prep.task == "classification" else 1
     config = models.config(spec.arch, prep.model_inputs(), outputs, spec.options_dict(), hidden=spec.hidden,
                            dropout=spec.dropout or None, rows=n_train)
     if spec.lr is None:
         spec = dataclasses.replace(spec, lr=default_lr(config.arch, spec.optimizer))
-    runners.check_model_fits(config, spec, device)
+    params = runners.RunnerParams.of(spec)
+    runners.check_model_fits(config, params.optimizer, device)
     loss_fn = loss_function(prep)
     label = torch.int64 if prep.task == "classification" else torch.float32
     # what the job adds to the process's real memory, from here to its end
-    with procmem.watch() as real, scheduler_errors(spec, job_id=progress.id,
-                                                   device_budget=lambda: runners.job_budget(spec, device, progress)):
-        runners.check_plan_fits(config, loss_fn, spec, device, min(spec.batch_size, n_train), label, progress)
+    with procmem.watch() as real, scheduler_errors(
+            spec.model, job_id=progress.id, memory_budget=params.memory_budget,
+            shared_budget=lambda: runners.job_budget(params, device, progress)):
+        runners.check_plan_fits(config, loss_fn, params, device, min(spec.batch_size, n_train), label, progress)
         module = models.build_seeded(config, spec.seed).to(device)
         if resume is not None:
             checkpoints.restore_model(module, resume)
         spill = runners.spill_file(cur, progress.name, device)
         try:
-            runner = runners.make_runner(module, loss_fn, spec, device, progress, config, spill=spill)
+            runner = runners.make_runner(module, loss_fn, params, device, progress, config, spill=spill)
         except BaseException:
             if spill is not None:
                 spill.close()
@@ -422,7 +422,7 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
                                                     _converter(prep, "train"))) \
             if (progress.validate_epochs or spec.early_stop) and n_val else None
         loop = TrainLoop(runner, module, loss_fn, spec, prep, progress, n_train, device, config, validate, n_val)
-        loop.checkpoints = spec.cluster != "local" and bool(spec.max_retries)
+        loop.checkpoints = spec.settings.cluster != "local" and bool(spec.settings.max_retries)
         if resume is not None:
             loop.resume(resume)
         progress.begin(spec.epochs, math.ceil(n_train / spec.batch_size))
@@ -487,8 +487,8 @@ def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int
         start = int(rng.integers(n_rows))
         sql = [f"SELECT x, y FROM {table} WHERE NOT is_val AND rowid >= {start}",
                f"SELECT x, y FROM {table} WHERE NOT is_val AND rowid < {start}"]
-        return BatchStream(cur, sql, spec.batch_size, spec.prefetch_batches, shuffle=int(rng.integers(2**63)),
-                           window_rows=spec.shuffle_window, convert=convert).start()
+        return BatchStream(cur, sql, spec.batch_size, spec.settings.prefetch_batches, shuffle=int(rng.integers(2**63)),
+                           window_rows=spec.settings.shuffle_window, convert=convert).start()
 
     stream_stats, history = StreamStats(), list(history or [])
     start = len(history)

@@ -46,13 +46,14 @@ from datetime import datetime
 from typing import Callable
 
 from . import fusion
+from ..core import runners
 from . import trials as store
 from ..core import training
 from ..errors import BudgetTooSmall, Interrupted, InvalidArgument, JobCancelled, TrainingError
 from ..core.jobs import Job, JobManager, Wait
 from ..scheduler.multijob.registry import existing_scheduler
 from ..core.settings import resolve_device
-from .studies import decode, dists_json, distribution, encode, make_study
+from .studies import best_trial, decode, dists_json, distribution, encode, make_study
 from .tunespec import DEFAULT_TRIALS, TuneRequest
 
 POLL_S = 0.05      # how often the search looks at its running trials
@@ -237,7 +238,7 @@ class Search:
         fit the budget beside the running jobs at their unscheduled peaks (release after
         last use: no plan needs a swap or a recompute); a job still being set up counts as
         its trials at the largest too. A fused job's trial counts as its share of the job."""
-        scheduler = existing_scheduler(resolve_device(self.request.base.device))
+        scheduler = existing_scheduler(resolve_device(self.request.base.settings.device))
         if scheduler is None or not live:   # one trial runs whatever its size (admission plans it)
             return True
         snap = scheduler.snapshot()
@@ -250,7 +251,7 @@ class Search:
     def _shared(self) -> bool:
         """Whether trials join the device's shared scheduler (its admission packs them)."""
         base = self.request.base
-        return base.policy == "tensile" and base.memory_budget is None
+        return runners.shares_device(base.policy, base.memory_budget)
 
     def _ask_round(self) -> None:
         """Ask the sampler for the next round of trials and queue them, in fusions."""
@@ -433,10 +434,8 @@ class Search:
 
 
 def _better(a: Trial, b: Trial, direction: str) -> bool:
-    """Whether finished trial ``a`` beats ``b`` (``trials.ROWS_SQL``'s rule: ties go to the earlier)."""
-    if a.objective == b.objective:
-        return a.number < b.number
-    return a.objective > b.objective if direction == "maximize" else a.objective < b.objective
+    """Whether finished trial ``a`` beats ``b`` (``studies.best_trial``: ties go to the earlier)."""
+    return best_trial([(a.number, a.objective), (b.number, b.objective)], direction) == a.number
 
 
 class _tuning:

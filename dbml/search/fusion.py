@@ -212,7 +212,7 @@ def work(members: list[Member], validate: bool):
 
 def _fit(cur, data: training.Scratch, spec: TrainSpec, job: Job, members: list[Member], started: float) -> int:
     """Train ``members`` in waves of fusions; how many finished."""
-    device = resolve_device(spec.device)
+    device = resolve_device(spec.settings.device)
     outputs = len(data.prep.classes) if data.prep.task == "classification" else 1
     config = models.config(spec.arch, data.prep.model_inputs(), outputs, spec.options_dict(), hidden=spec.hidden,
                            dropout=spec.dropout or None, rows=data.n_train)
@@ -223,7 +223,9 @@ def _fit(cur, data: training.Scratch, spec: TrainSpec, job: Job, members: list[M
     loss_fn = training.loss_function(data.prep)
     label = torch.int64 if data.prep.task == "classification" else torch.float32
     rows = min(spec.batch_size, data.n_train)
-    with scheduler_errors(spec, job_id=job.id, device_budget=lambda: runners.job_budget(spec, device, job)):
+    params = runners.RunnerParams.of(spec)
+    with scheduler_errors(spec.model, job_id=job.id, memory_budget=params.memory_budget,
+                          shared_budget=lambda: runners.job_budget(params, device, job)):
         width = fusion_width(config, loss_fn, [m.spec for m in members], device, rows, label, job)
         waves = [members[i:i + width] for i in range(0, len(members), width)]
         job.begin(spec.epochs * len(waves), math.ceil(data.n_train / spec.batch_size))
@@ -252,7 +254,8 @@ def fusion_width(config: models.ModelConfig, loss_fn, specs: list[TrainSpec], de
     captured = GraphCache(model, stacked_loss(loss_fn), stacked_spec(specs), job=spec.model,
                           share=("stacked", 1, config)).get(*batch)
     one = release_only(build_sequence(captured, RooflineModel(device=str(torch.device(device))), spec.model)).peak_bytes
-    return max(1, min(len(specs), MAX_MEMBERS, runners.job_budget(spec, device, job) // max(one, 1)))
+    budget = runners.job_budget(runners.RunnerParams.of(spec), device, job)
+    return max(1, min(len(specs), MAX_MEMBERS, budget // max(one, 1)))
 
 
 class Fusion:
@@ -279,9 +282,9 @@ class Fusion:
         stacking.probe_linears(self.base, len(self.live), self._batch_rows(), self.device)
         self.names = [n for n, _ in self.model.named_parameters()] + [n for n, _ in self.model.named_buffers()]
         self.loss_at = self.names.index(stacking.LOSS_BUFFER)
-        self.runner = runners.make_runner(self.model, stacked_loss(self.loss_fn), self.spec, self.device,
+        params = runners.RunnerParams.of(self.spec, optimizer=stacked_spec([m.spec for m in self.live]))
+        self.runner = runners.make_runner(self.model, stacked_loss(self.loss_fn), params, self.device,
                                           self.job, ("stacked", len(self.live), self.config),
-                                          optimizer=stacked_spec([m.spec for m in self.live]),
                                           optimizer_state=optimizer_state)
 
     def _batch_rows(self) -> set[int]:

@@ -5,15 +5,37 @@ Optuna's categories are scalars, so a list choice (``hidden``'s ``[128, 64]``) i
 JSON text (``encode``) and read back (``decode``); ``dbml.trials`` keeps Optuna's form of each
 trial (its params and distributions, ``search``) beside the decoded one, so a study made again
 (``make_study``, ``frozen``) is the one that ran. Optuna is imported when a function runs.
+
+``best_trial`` is the one rule of which trial is best, for tune()'s search and BigQuery ML's
+trials alike; ``dbml.trials.ROWS_SQL`` states it in SQL for the stored ones.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from typing import Iterable
 
 from .tunespec import Dimension, TuneRequest
 
-__all__ = ["make_study", "frozen", "distribution", "encode", "decode", "dists_json"]
+__all__ = ["make_study", "frozen", "distribution", "encode", "decode", "dists_json", "best_trial"]
+
+
+def best_trial(results: Iterable[tuple[int, float | None]], direction: str) -> int | None:
+    """The number of the best of ``results`` ((trial number, objective) pairs): the lowest
+    objective, the highest where ``direction`` is 'maximize'; a tie goes to the lowest
+    number. A trial without an objective (None) is never best, and NaN is worse than any
+    number (as ``dbml.trials.ROWS_SQL`` orders them); None when no trial has an objective.
+
+    >>> best_trial([(1, 0.5), (2, 0.7), (3, 0.7), (4, None)], "maximize")
+    2
+    >>> best_trial([(1, 0.5), (2, 0.7)], "minimize")
+    1
+    """
+    sign = -1.0 if direction == "maximize" else 1.0
+    scored = [(math.isnan(value), 0.0 if math.isnan(value) else sign * value, number)
+              for number, value in results if value is not None]
+    return min(scored)[2] if scored else None
 
 
 def make_study(request: TuneRequest, stored: list[dict]):

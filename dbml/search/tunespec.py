@@ -283,8 +283,7 @@ def _option_type(name: str, base: TrainSpec) -> str:
     if base.arch == "auto":
         raise InvalidArgument(f"tune(): space's {name} is an option of an arch, and arch is 'auto'; "
                               f"pass arch := '<name>' (e.g. 'mlp') so its options are known")
-    from ..zoo import arch as zoo_arch  # the zoo imports torch
-    from ..core import kinds  # noqa: F401 - registers the kinds' archs in the zoo
+    from ..zoo import arch as zoo_arch   # the zoo imports torch
     defaults = zoo_arch(base.arch, fn="tune").options
     if option not in defaults:
         allowed = ", ".join(f"options.{k}" for k in defaults) or "none"

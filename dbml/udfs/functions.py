@@ -59,7 +59,7 @@ def train(ctx: Context, *columns: pa.Array) -> pa.Array:
         if call.spec is not None:
             check_not_temp(as_select(call.spec.source, fn="train"), temp_names[0].as_py(), fn="train")
             placement.check_access(call.spec, ctx.instance.cursor())
-    waiting = [c.spec.progress for c in calls if c.spec is not None and c.wait]
+    waiting = [c.spec.settings.progress for c in calls if c.spec is not None and c.wait]
     statement = connection[0].as_py()
     with progress.watching(ctx.instance, renderer_for(waiting[0]) if waiting else None, connection=statement):
         summaries = jobs.train_all(ctx.instance.jobs, calls, statement)
@@ -75,7 +75,7 @@ def tune(ctx: Context, *args) -> list[dict]:
     request = request_from_sql_row(tuple(args))
     check_not_temp(as_select(request.base.source, fn="tune"), temp_names, fn="tune")
     placement.check_access(request.base, ctx.instance.cursor())
-    with progress.watching(ctx.instance, renderer_for(request.base.progress), connection=connection):
+    with progress.watching(ctx.instance, renderer_for(request.base.settings.progress), connection=connection):
         return search.run(ctx.instance, request, connection)
 
 

@@ -7,11 +7,16 @@ process. Built-ins, in this order (:func:`describe` lists them so, then the cust
 tabular ``linear``, ``mlp``, ``resnet_tabular``, ``ft_transformer``; image ``cnn``,
 ``resnet18``, ``resnet50``, ``vgg16``, ``densenet121``, ``inception_v3``, ``inception_v4``;
 tokens ``bow``; tokens and series ``transformer``, ``tcn``.
+
+dbml's own model kinds (``dbml/kinds/``: ``dnn``, ``boosted_tree``, ``random_forest``, ``kmeans``)
+are registered here too, listed by entry (:data:`KINDS_ENTRY`) and loaded on the registry's
+first use, before any custom arch: :func:`fitter` says which of them are fitted, not stepped.
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib
 import json
 import math
 import threading
@@ -42,6 +47,9 @@ class Arch:
     options: dict = field(default_factory=dict)   # every option with its default
     doc: str = ""
     builtin: bool = True
+    # a fitted kind (trees, k-means): fit(cur, table, prep, spec, n_train, n_val, progress), which
+    # training calls on the job's scratch table instead of stepping a runner; None: stepped
+    fit: Callable | None = None
 
 
 ARCHS: dict[str, Arch] = {
@@ -51,6 +59,30 @@ ARCHS: dict[str, Arch] = {
 
 _CUSTOM: dict[str, Arch] = {}
 _LOCK = threading.Lock()
+
+# dbml's own kinds, by entry as a plugin's entry point names them: the module whose ``ARCHS``
+# maps each kind's arch to (factory, options, doc, fit). A name, not an import: the kinds
+# build on dbml's models, which build on this registry. They take tabular inputs and their
+# options are checked as a custom arch's (by type, not the built-ins' ranges).
+KINDS_ENTRY = "dbml.core.kinds:ARCHS"
+_KINDS_LOADED = threading.Event()
+_KINDS_LOCK = threading.Lock()
+
+
+def _load_kinds() -> None:
+    """Register dbml's kinds (:data:`KINDS_ENTRY`) once, before any other use of the registry,
+    so that a custom arch registered from Python may replace one, as it may any custom arch."""
+    if _KINDS_LOADED.is_set():
+        return
+    with _KINDS_LOCK:
+        if _KINDS_LOADED.is_set():
+            return
+        module, _, attribute = KINDS_ENTRY.partition(":")
+        entries = getattr(importlib.import_module(module), attribute)
+        with _LOCK:
+            for name, (factory, options, doc, fit) in entries.items():
+                _CUSTOM[name] = Arch(name, ("tabular",), factory, dict(options), doc, builtin=False, fit=fit)
+        _KINDS_LOADED.set()
 
 AUTO = {"tabular": "mlp", "tokens": "transformer", "series": "tcn"}
 WHAT = {"tabular": "tabular columns", "image": "images", "tokens": "token sequences (text or integer lists)",
@@ -74,6 +106,7 @@ def register_model(name: str, factory: Callable, *, kinds=KINDS, options: dict |
         raise InvalidArgument(f"{fn}(): kinds must be a non-empty subset of {', '.join(KINDS)}, got {kinds!r}")
     if options is not None and not isinstance(options, dict):
         raise InvalidArgument(f"{fn}(): options must be a dict of option name -> default")
+    _load_kinds()
     with _LOCK:
         _CUSTOM[name] = Arch(name, kinds, factory, dict(options or {}), doc or f"registered from Python: {factory!r}",
                              builtin=False)
@@ -81,19 +114,20 @@ def register_model(name: str, factory: Callable, *, kinds=KINDS, options: dict |
 
 def unregister_model(name: str) -> None:
     """Forget the custom arch ``name`` (no error if it is not registered)."""
+    _load_kinds()
     with _LOCK:
         _CUSTOM.pop(name, None)
 
 
 def _names() -> list[str]:
+    _load_kinds()
     with _LOCK:
         return list(ARCHS) + list(_CUSTOM)
 
 
 def arch(name: str, *, fn: str = "train") -> Arch:
     """The arch called ``name`` (resolve 'auto' with :func:`auto` first)."""
-    with _LOCK:
-        found = ARCHS.get(name) or _CUSTOM.get(name)
+    found = _find(name)
     if found is not None:
         return found
     names = ["auto", *_names()]
@@ -102,6 +136,19 @@ def arch(name: str, *, fn: str = "train") -> Arch:
     raise InvalidArgument(f"{fn}(): unknown arch {name!r}{hint}; pass arch := one of "
                           f"{', '.join(map(repr, names))}, or register your own with "
                           f"dbml.register_model(name, factory)")
+
+
+def _find(name: str) -> Arch | None:
+    _load_kinds()
+    with _LOCK:
+        return ARCHS.get(name) or _CUSTOM.get(name)
+
+
+def fitter(name: str) -> Callable | None:
+    """The fit of arch ``name`` if it is a fitted kind (``Arch.fit``); None for a stepped arch,
+    'auto' or a name not registered."""
+    found = _find(name)
+    return found.fit if found is not None else None
 
 
 # arch := 'auto' by input size and row count (issue 24): a ResNet-18 on small images or few
@@ -126,6 +173,7 @@ def auto(inputs: Inputs, rows: int | None = None) -> str:
 
 def archs_for(kind: str) -> list[str]:
     """Names of the archs (built-in, then custom) that take ``kind`` inputs."""
+    _load_kinds()
     with _LOCK:
         return [a.name for a in (*ARCHS.values(), *_CUSTOM.values()) if kind in a.kinds]
 
@@ -246,6 +294,7 @@ def _materialise(model: nn.Module, inputs: Inputs, name: str, fn: str) -> None:
 
 def describe() -> list[dict]:
     """One row per arch (built-ins in order, then custom): name, kinds, options (JSON), doc, builtin."""
+    _load_kinds()
     with _LOCK:
         archs = [*ARCHS.values(), *_CUSTOM.values()]
     return [{"name": a.name, "kinds": list(a.kinds), "options": json.dumps({k: _plain(v) for k, v in a.options.items()}),

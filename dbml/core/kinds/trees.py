@@ -155,7 +155,7 @@ def fit(cur, table: str, prep, spec, n_train: int, n_val: int, progress) -> dict
     from ...zoo import arch as zoo_arch, resolve_options
     options = resolve_options(zoo_arch(spec.arch), spec.options_dict(), prep.model_inputs())
     x, y, is_val = read(cur, table, prep.width)
-    p, rounds = params(spec.arch, options, prep, int(spec.seed), int(spec.torch_threads))
+    p, rounds = params(spec.arch, options, prep, int(spec.seed), int(spec.settings.torch_threads))
     balanced = bool(options.get("auto_class_weights"))
     train = lgb.Dataset(x[~is_val], y[~is_val], weight=_weights(prep, y[~is_val], balanced), free_raw_data=False)
     valid = [lgb.Dataset(x[is_val], y[is_val], reference=train)] if is_val.any() else []
