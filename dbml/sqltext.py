@@ -1,6 +1,8 @@
 """SQL text as the shell and ``dbml.execute`` read it: where statements end.
 
-Statements end at a ``;`` token of sqlglot's tokenizer for the dialect, which knows the
+This module is the one owner of that rule: the shell's reader asks :func:`ending` whether
+the lines typed so far form whole statements, and every splitter calls
+:func:`split_statements`. Statements end at a ``;`` token of sqlglot's tokenizer for the dialect, which knows the
 dialect's strings (``'…'`` with ``''``, DuckDB's ``E'…\\''`` and ``$$…$$``, BigQuery's
 ``\\'`` escapes, raw and triple-quoted strings), quoted identifiers and comments; it reads
 the text once, so splitting is linear in its length. DuckDB's own ``extract_statements``
@@ -19,11 +21,14 @@ translation reads as a comment.
 ['SELECT 1', 'SELECT $$a;b$$']
 >>> statement_complete("SELECT 'a;"), statement_complete("SELECT 'a;';  -- c")
 (False, True)
+>>> [ending(t) for t in ("SELECT 'a;", "-- c", "SELECT 1; -- c", "SELECT 1")]
+['open', 'blank', 'end', 'more']
 """
 
 from __future__ import annotations
 
 import re
+import threading
 
 from sqlglot.dialects import Dialect
 from sqlglot.errors import TokenError
@@ -31,7 +36,7 @@ from sqlglot.tokens import TokenType
 
 from .errors import InvalidArgument
 
-__all__ = ["statement_complete", "split_statements", "AmbiguousScript", "UnterminatedText"]
+__all__ = ["ending", "statement_complete", "split_statements", "AmbiguousScript", "UnterminatedText"]
 
 # A script that may hold BigQuery ML (model statements or ML.* functions): split by both dialects.
 _BIGQUERY_ML = re.compile(r"\bML\s*\.|\bMODEL\b", re.IGNORECASE)
@@ -45,9 +50,21 @@ class AmbiguousScript(InvalidArgument):
     """BigQuery's and DuckDB's rules end the script's statements in different places."""
 
 
+# a tokenizer holds its state while it reads, so each thread keeps its own, one per dialect
+_TOKENIZERS = threading.local()
+
+
+def _tokens(text: str, dialect: str) -> list:
+    """The dialect's tokens of ``text`` (comments are not tokens). Raises TokenError."""
+    cache = _TOKENIZERS.__dict__
+    if dialect not in cache:
+        cache[dialect] = Dialect.get_or_raise(dialect).tokenizer_class()
+    return cache[dialect].tokenize(text)
+
+
 def _semicolons(text: str, dialect: str) -> tuple[list[tuple[int, int]], bool]:
     """(spans of the statements' tokens, whether the last token is a ';'). Raises TokenError."""
-    tokens = Dialect.get_or_raise(dialect).tokenizer_class().tokenize(text)
+    tokens = _tokens(text, dialect)
     spans, first = [], None
     for token in tokens:
         if token.token_type == TokenType.SEMICOLON:
@@ -62,13 +79,22 @@ def _semicolons(text: str, dialect: str) -> tuple[list[tuple[int, int]], bool]:
     return spans, ends
 
 
+def ending(text: str, dialect: str = "duckdb") -> str:
+    """How ``text`` ends: ``"open"`` inside a string, a quoted name or a block comment;
+    ``"blank"`` when it holds no token (spaces and comments only); ``"end"`` at a ``;``
+    (comments may follow); ``"more"`` otherwise."""
+    try:
+        tokens = _tokens(text, dialect)
+    except TokenError:
+        return "open"
+    if not tokens:
+        return "blank"
+    return "end" if tokens[-1].token_type == TokenType.SEMICOLON else "more"
+
+
 def statement_complete(text: str, dialect: str = "duckdb") -> bool:
     """Whether ``text`` ends with a ``;`` outside strings and comments (comments may follow)."""
-    try:
-        spans, ends = _semicolons(text, dialect)
-    except TokenError:
-        return False        # inside a string, a quoted name or a block comment
-    return ends and bool(spans)
+    return ending(text, dialect) == "end"
 
 
 def split_statements(text: str, dialect: str = "duckdb") -> list[str]:
