@@ -23,6 +23,11 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
+from sqlglot import exp
+
+from ..source import literal as sql_string
+from ..source import quote
+
 __all__ = ["Display", "Result", "MODES", "render_text", "render_width", "set_mode", "terminal_width", "varchar_sql"]
 
 # mode -> (column separator, row separator) that .mode sets; None leaves it as it is
@@ -106,11 +111,12 @@ def _find_mode(name: str) -> str | None:
     return None
 
 
-def varchar_sql(name: str, t, mode: str) -> str:
-    """The SQL that makes DuckDB render one column (quoted ``name``) for ``mode``."""
+def varchar_sql(name: str, t, mode: str) -> exp.Expression:
+    """The expression that makes DuckDB render one column (named ``name``) for ``mode``."""
+    column: exp.Expression = exp.column(name, quoted=True)
     if mode in ("json", "jsonlines") and (type_id(t) in _NESTED | {"float", "double"}):
-        return f"CAST(CAST({name} AS JSON) AS VARCHAR)"
-    return f"CAST({name} AS VARCHAR)"
+        column = exp.cast(column, "JSON", dialect="duckdb")
+    return exp.cast(column, "VARCHAR", dialect="duckdb")
 
 
 def terminal_width() -> int:
@@ -220,17 +226,14 @@ def _csv(result: Result, d: Display, write) -> None:
         write(d.col_sep.join(_csv_field(v, d.col_sep) for v in row) + d.row_sep)
 
 
-def sql_string(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
 def sql_identifier(name: str) -> str:
     """A name as DuckDB's ``SQLIdentifier`` writes it: bare when it is a plain word that is no
-    keyword of DuckDB's parser (``duckdb_keywords()``), else double-quoted."""
+    keyword of DuckDB's parser (``duckdb_keywords()``), else quoted (by ``source.quote``, the
+    one quoter)."""
     plain = name and not name[0].isdigit() and name.isascii() and all(c.isalnum() or c == "_" for c in name)
     if plain and name.lower() not in _keywords():
         return name
-    return '"' + name.replace('"', '""') + '"'
+    return quote(name)
 
 
 @functools.lru_cache(maxsize=1)
