@@ -299,13 +299,12 @@ def insert_literal(text: str, newlines: bool) -> str:
 
 
 def _insert(result: Result, d: Display, write) -> None:
+    """The CLI's insert mode: each row as the text of an INSERT statement, written out (dbml runs none)."""
     numeric = [is_numeric(t) for t in result.types]
-    head = f"INSERT INTO {d.table}"
-    if d.header:
-        head += "(" + ",".join(sql_identifier(n) for n in result.names) + ")"
+    names = "(" + ",".join(sql_identifier(n) for n in result.names) + ")" if d.header else ""
     for row in result.rows:
         values = ["NULL" if v is None else v if num else insert_literal(v, d.newlines) for v, num in zip(row, numeric)]
-        write(head + " VALUES(" + ",".join(values) + ");\n")
+        write(f"INSERT INTO {d.table}{names} VALUES({','.join(values)});\n")
 
 
 _ROWS = {"list": _list, "ascii": _ascii, "line": _line, "html": _html, "tcl": _tcl, "csv": _csv, "quote": _quote,
