@@ -48,8 +48,8 @@ class Model:
             version = chosen[0]
         self.version, self.trials = version, trials
         self.stored = catalog.load(con, self.name, version)
-        self.params = json.loads(con.execute(f"SELECT params FROM {catalog.MODELS} WHERE uid = ?",
-                                             [self.stored.uid]).fetchall()[0][0])
+        params = exp.select("params").from_(exp.to_table(catalog.MODELS)).where(exp.column("uid").eq(exp.Placeholder()))
+        self.params = json.loads(con.execute(params.sql("duckdb"), [self.stored.uid]).fetchall()[0][0])
         self.prep = self.stored.preprocessing
         if self.prep.input is not None:
             raise InvalidArgument(f"BigQuery ML: {fn}: model {self.name} takes {self.prep.input.kind} input; "
