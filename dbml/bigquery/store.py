@@ -23,8 +23,9 @@ from ..source import refused
 
 TABLE = "dbml.bigquery_models"
 _SCHEMA, _NAME = TABLE.split(".")
-_COLUMNS = ("(uid UUID PRIMARY KEY, model_type VARCHAR, source VARCHAR, eval_source VARCHAR, transform VARCHAR[], "
-            "trial JSON)")
+# the store's table, its name set where it is created
+_CREATE = sqlglot.parse_one("CREATE TABLE IF NOT EXISTS t (uid UUID PRIMARY KEY, model_type VARCHAR, source VARCHAR, "
+                            "eval_source VARCHAR, transform VARCHAR[], trial JSON)", read="duckdb")
 
 
 def _table(alias: str | None = None) -> exp.Table:
@@ -49,7 +50,7 @@ def _joined(*columns: str) -> exp.Select:
 
 
 def ensure(con) -> None:
-    create = sqlglot.parse_one("CREATE TABLE IF NOT EXISTS t " + _COLUMNS, read="duckdb")
+    create = _CREATE.copy()
     create.this.set("this", _table())
     con.execute(create.sql("duckdb"))
 

@@ -386,8 +386,7 @@ def schema(shell, words):
                  exp.Escape(this=subject.like(exp.Literal.string(pattern)), expression=exp.Literal.string("\\")))
         query = query.where(match)
     if any(w.lstrip("-") == "debug" for w in words[1:] if w.startswith("-")):
-        shell.print("SQL: SELECT sql FROM sqlite_master WHERE " + where + "type!='meta' AND sql IS NOT NULL ORDER BY "
-                    "name;")
+        shell.print(f"SQL: SELECT sql FROM sqlite_master WHERE {where}type!='meta' AND sql IS NOT NULL ORDER BY name;")
         return 0
     from .schema_text import dbml_owned, pretty_schema
     for text, name in shell.db.execute(query.sql("duckdb")).fetchall():

@@ -109,7 +109,7 @@ def dump_database(shell, patterns: list[str], newlines: bool) -> int:
                         "ORDER BY table_schema", read="duckdb")
     tables = _schema_rows(like, ["name"], "type = 'table'")
     for (schema,) in db.execute(schemas.where(exp.column("table_name").isin(query=tables)).sql("duckdb")).fetchall():
-        write("CREATE SCHEMA IF NOT EXISTS " + sql_identifier(schema) + ";;\n")
+        write(f"CREATE SCHEMA IF NOT EXISTS {sql_identifier(schema)};;\n")
     entries = _schema_rows(like, ["name", "type", "sql"], "type = 'table' AND sql NOT NULL").order_by(
         "tbl_name = 'sqlite_sequence'", dialect="duckdb")
     for name, kind, sql in db.execute(entries.sql("duckdb")).fetchall():
