@@ -18,6 +18,7 @@ out here too.
 from __future__ import annotations
 
 import functools
+import re
 import shutil
 import unicodedata
 from dataclasses import dataclass, field
@@ -285,17 +286,15 @@ def _jsonlines(result: Result, d: Display, write) -> None:
     _json(result, d, write, array=False)
 
 
+_LINE_BREAKS = re.compile("([\n\r\0])")
+
+
 def insert_literal(text: str, newlines: bool) -> str:
     """A string as a SQL literal for .mode insert and .dump; newlines as chr() unless kept."""
     if newlines or not any(c in text for c in "\n\r\0"):
         return sql_string(text)
-    parts = ["concat('"]
-    for ch in text:
-        if ch in "\n\r\0":
-            parts.append(f"', chr({ord(ch)}), '")
-        else:
-            parts.append("''" if ch == "'" else ch)
-    return "".join(parts) + "')"
+    pieces = _LINE_BREAKS.split(text)    # text, a break, text, ...: the breaks as chr(n)
+    return "concat(" + ", ".join(sql_string(p) if i % 2 == 0 else f"chr({ord(p)})" for i, p in enumerate(pieces)) + ")"
 
 
 def _insert(result: Result, d: Display, write) -> None:
