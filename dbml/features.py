@@ -156,7 +156,8 @@ class Preprocessing:
             return exp.maybe_parse(self.input.raw_sql(), dialect="duckdb")
         means, stds, parts, at = *self.scaling(), [], 0
         for f in self.features:
-            parts += [exp.maybe_parse(p, dialect="duckdb") for p in f.sql(means[at:at + f.width], stds[at:at + f.width])]
+            parts += [exp.maybe_parse(part, dialect="duckdb")
+                      for part in f.sql(means[at:at + f.width], stds[at:at + f.width])]
             at += f.width
         vector = exp.DataType(this=exp.DataType.Type.ARRAY, expressions=[exp.DataType.build("FLOAT")],
                               values=[exp.Literal.number(self.width)], nested=True)

@@ -354,13 +354,15 @@ def evaluate(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, sourc
     y_sql = prep.label_sql() + "::BIGINT" if prep.task == "classification" else f"{quote(prep.label)}::DOUBLE"
     outs, ys = [], []
     if prep.input is None:
-        query = f"SELECT {prep.features_sql().sql('duckdb')} AS x, {y_sql} AS y FROM ({select_sql}) WHERE {prep.label_filter().sql('duckdb')}"
+        features, usable = prep.features_sql().sql("duckdb"), prep.label_filter().sql("duckdb")
+        query = f"SELECT {features} AS x, {y_sql} AS y FROM ({select_sql}) WHERE {usable}"
         batches = BatchStream(cur, query, 8192)
     else:   # the rows numbered (or named by file) before the label's filter
         named = exp.select(exp.Star(), exp.alias_(row_names(columns), "__dbml_row_name")).from_(
             exp.Subquery(this=sqlglot.parse_one(select_sql, read="duckdb"), alias=exp.TableAlias(this="src")))
-        query = (f"SELECT {prep.features_sql().sql('duckdb')} AS x, {y_sql} AS y, __dbml_row_name FROM ({named.sql('duckdb')}) "
-                 f"WHERE {prep.label_filter().sql('duckdb')}")
+        features, usable = prep.features_sql().sql("duckdb"), prep.label_filter().sql("duckdb")
+        query = (f"SELECT {features} AS x, {y_sql} AS y, __dbml_row_name FROM ({named.sql('duckdb')}) "
+                 f"WHERE {usable}")
         batches = _input_batches(cur, model, query, on_error, fn)
     for x, y in batches:
         outs.append(forward(model, x))

@@ -184,7 +184,8 @@ def _count(cur, table: str) -> int:
 
 def _typed(types: dict[str, str]) -> list:
     """The select list that gives the columns read from Parquet the scratch table's types."""
-    return [duckdb.ColumnExpression(name).cast(duckdb.sqltype(sql_type)).alias(name) for name, sql_type in types.items()]
+    return [duckdb.ColumnExpression(name).cast(duckdb.sqltype(sql_type)).alias(name)
+            for name, sql_type in types.items()]
 
 
 def _append(cur, table: str, data: pa.Table, *, first: bool) -> None:

@@ -380,7 +380,8 @@ def schema(shell, words):
         glob = any(c in pattern for c in "*?[")
         column = "lower(printf('%s.%s',sname,tbl_name))" if "." in pattern else "lower(tbl_name)"
         # the CLI's own text for --debug, printed and never run
-        where = f"{column} {'GLOB' if glob else 'LIKE'} {literal(pattern)}{'' if glob else ' ESCAPE ' + chr(39) + chr(92) + chr(39)} AND "
+        escape = "" if glob else " ESCAPE " + literal("\\")
+        where = f"{column} {'GLOB' if glob else 'LIKE'} {literal(pattern)}{escape} AND "
         subject = parse_one(column, read="duckdb")
         match = (exp.Glob(this=subject, expression=exp.Literal.string(pattern)) if glob else
                  exp.Escape(this=subject.like(exp.Literal.string(pattern)), expression=exp.Literal.string("\\")))

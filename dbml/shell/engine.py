@@ -89,8 +89,8 @@ class Kept:
 
     def by_position(self) -> exp.Select:
         """The kept rows with their columns named ``c0``, ``c1``, ... (by position)."""
-        return exp.select(*(exp.alias_(exp.column(n, quoted=True), f"c{i}") for i, n in enumerate(self._own_names())),
-                          ).from_(self.table())
+        columns = [exp.alias_(exp.column(n, quoted=True), f"c{i}") for i, n in enumerate(self._own_names())]
+        return exp.select(*columns).from_(self.table())
 
     def table(self) -> exp.Table:
         """The kept rows' table."""

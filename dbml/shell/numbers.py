@@ -62,7 +62,8 @@ def formatted_box(kept, display: Display, max_width: int) -> str | None:
     type_names = _type_names(kept)
     if type_names is None:
         return None
-    count = kept.con._submit(exp.select(exp.func("count", exp.Star())).from_(kept.table()).sql("duckdb")).fetchall()[0][0]
+    count = exp.select(exp.func("count", exp.Star())).from_(kept.table())
+    count = kept.con._submit(count.sql("duckdb")).fetchall()[0][0]
     limit = display.max_rows if display.max_rows >= 0 else count
     shown = count if count <= limit + 3 else limit
     top = shown if shown == count else shown // 2 + shown % 2
