@@ -2,8 +2,8 @@
 
 The CLI collects lines until the text ends with a ``;`` outside quotes, ``$tag$`` strings and
 comments, then hands the whole text to DuckDB's parser, which splits it into statements.
-Whether the text has ended is :func:`dbml.sqltext.ending`'s answer (DuckDB's tokens, as
-sqlglot reads them), the rule every splitter of dbml uses. :class:`SqlBuffer` asks it about
+Whether the text has ended is :func:`dbml.sqltext.ending`'s answer (DuckDB's own tokenizer,
+the lexer of the parser that then splits the text), the rule every splitter of dbml uses. :class:`SqlBuffer` asks it about
 the lines since the last place the tokens were whole, not the whole buffer, so a statement
 of any length is read in linear time (the CLI rescans the buffer at every line holding a
 ``;``: a 2,000-line statement used to take 31 s).
