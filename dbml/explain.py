@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import sqlglot
 import torch
 from sqlglot import exp
 from torch import nn
@@ -141,6 +140,6 @@ def explain_sql(cur, cache, name: str, source: str) -> str:
         raise InvalidArgument(f"explain(): model {name!r} takes {prep.input.kind} input; explanations cover "
                               f"tabular models (numeric and categorical columns)")
     call = exp.Anonymous(this="dbml_explain", expressions=[
-        value_sql(model.name), value_sql(model.uid), sqlglot.parse_one(prep.features_sql(), read="duckdb")])
+        value_sql(model.name), value_sql(model.uid), prep.features_sql()])
     return over_source([exp.alias_(prediction_expression(model), "prediction"), exp.func("unnest", call)],
                        select_sql)

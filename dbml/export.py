@@ -96,7 +96,7 @@ def _metadata(stored: catalog.StoredModel, input_name: str) -> dict[str, str]:
     if prep.task == "classification":
         meta["dbml.classes"] = json.dumps([c if isinstance(c, (int, float, str)) else str(c) for c in prep.classes])
     if prep.input is None and not prep.all_numeric:
-        meta["dbml.features_sql"] = prep.features_sql()
+        meta["dbml.features_sql"] = prep.features_sql().sql("duckdb")
     enc = prep.input
     if enc is not None and enc.kind != "image":
         meta["dbml.max_len"] = str(enc.max_len)

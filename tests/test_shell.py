@@ -40,6 +40,19 @@ def test_a_statement_ends_at_a_semicolon_outside_quotes_dollar_strings_and_comme
     assert [buf.add(line) for line in lines][-1] is complete
 
 
+@pytest.mark.parametrize("text", [
+    "SELECT 1; SELECT $$a;b$$; -- done", "SELECT E'a\\';b'; SELECT 2", "SELECT 'a'';b' /* ; */; -- ;\nSELECT 2;",
+    'SELECT 1 AS "a;b"; SELECT $tag$ ; $x$ ;$tag$;', "/* c */ SELECT 1;;SELECT 2", "SELECT 'C:\\'",
+])
+def test_dbml_and_duckdb_end_statements_in_the_same_places(text):
+    """``dbml.core.sqltext`` decides where statements end for the reader and every splitter of dbml;
+    DuckDB's parser splits the text the shell hands it. The two agree."""
+    import duckdb
+    from dbml.core.sqltext import split_statements
+    ours, theirs = split_statements(text), [s.query for s in duckdb.extract_statements(text)]
+    assert len(ours) == len(theirs) and all(o in t for o, t in zip(ours, theirs)), (ours, theirs)
+
+
 def test_a_line_of_spaces_and_comments_is_no_statement():
     assert all_whitespace("  -- a comment ;") and all_whitespace("/* ; */  ") and not all_whitespace("/* open")
     assert not all_whitespace("SELECT 1")

@@ -192,7 +192,7 @@ def test_the_sql_form_and_the_torch_module_encode_alike(con):
     cur = con.duckdb.cursor()
     model = load(cur, "m", 1)
     prep = model.preprocessing
-    sql = np.array(con.execute(f"SELECT {prep.features_sql()} FROM odd").fetchall(), dtype=object)
+    sql = np.array(con.execute(f"SELECT {prep.features_sql().sql('duckdb')} FROM odd").fetchall(), dtype=object)
     sql = np.stack([np.asarray(r[0], dtype=np.float32) for r in sql])
     raw = con.sql("SELECT a, arr[1], arr[2] FROM odd").to_arrow_table()
     x = np.stack([c.to_numpy(zero_copy_only=False).astype(np.float64) for c in raw.columns], axis=1)  # NULL: NaN
@@ -226,7 +226,7 @@ def test_the_scratch_tables_list_form_of_array_features_encodes_as_the_sql_form(
                       stds=tuple(float(v) for v in np.abs(rng.standard_normal(4)) * scales + 1e-300))
         prep = Preprocessing((Feature("b", "numeric", mean=0.3, std=7.1), arr,
                               Feature("c", "categorical", categories=("0", "2")), arr), "y", "regression")
-        by_element = con.execute(f"SELECT {prep.features_sql()} FROM t").fetchnumpy()
+        by_element = con.execute(f"SELECT {prep.features_sql().sql('duckdb')} FROM t").fetchnumpy()
         by_list = con.execute(f"SELECT {prep.scratch_sql()} FROM t").fetchnumpy()
         a, b = (np.stack(list(r.values())[0]).astype(np.float32) for r in (by_element, by_list))
         assert a.shape == (n, 11) and np.array_equal(a.view(np.uint32), b.view(np.uint32))

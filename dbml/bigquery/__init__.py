@@ -97,7 +97,9 @@ def execute(con, text: str):
 
 
 def _exists(con, name: str) -> bool:
-    return con.execute(f"SELECT count(*) FROM {MODELS} WHERE name = ?", [name]).fetchall()[0][0] > 0
+    query = exp.select(exp.func("count", exp.Star())).from_(exp.to_table(MODELS)).where(
+        exp.column("name").eq(exp.Placeholder()))
+    return con.execute(query.sql("duckdb"), [name]).fetchall()[0][0] > 0
 
 
 def _create_model(con, tree: exp.Create):
@@ -145,7 +147,9 @@ def _trials(con, plan: dict):
 
 def _metric_name(con, name: str, version: int) -> str:
     import json
-    metrics = con.execute(f"SELECT metrics FROM {MODELS} WHERE name = ? AND version = ?", [name, version]).fetchall()
+    query = exp.select("metrics").from_(exp.to_table(MODELS)).where(
+        exp.and_(exp.column("name").eq(exp.Placeholder()), exp.column("version").eq(exp.Placeholder())))
+    metrics = con.execute(query.sql("duckdb"), [name, version]).fetchall()
     return {"r2": "r2_score"}.get(json.loads(metrics[0][0]).get("val_metric_name"), "accuracy")
 
 

@@ -49,8 +49,8 @@ class Model:
             version = chosen[0]
         self.version, self.trials = version, trials
         self.stored = catalog.load(con, self.name, version)
-        self.params = json.loads(con.execute(f"SELECT params FROM {catalog.MODELS} WHERE uid = ?",
-                                             [self.stored.uid]).fetchall()[0][0])
+        params = exp.select("params").from_(exp.to_table(catalog.MODELS)).where(exp.column("uid").eq(exp.Placeholder()))
+        self.params = json.loads(con.execute(params.sql("duckdb"), [self.stored.uid]).fetchall()[0][0])
         self.prep = self.stored.preprocessing
         if self.prep.input is not None:
             raise InvalidArgument(f"BigQuery ML: {fn}: model {self.name} takes {self.prep.input.kind} input; "
@@ -79,7 +79,6 @@ def rows(con, model: Model, query: exp.Select, labelled: bool,
          held_out: bool = False) -> tuple[pa.Table, np.ndarray, np.ndarray | None]:
     """(the input rows, their encoded features, the label as class index or value) in one read;
     ``held_out``: only the rows ``train`` held out for validation (the training query's)."""
-    import sqlglot
     inner = exp.select(exp.alias_(exp.column("__in"), "__dbml_row"), exp.Star()).from_(
         exp.Subquery(this=query, alias=exp.TableAlias(this=exp.to_identifier("__in"))))
     transform = model.info.get("transform")
@@ -87,16 +86,15 @@ def rows(con, model: Model, query: exp.Select, labelled: bool,
     if transform:
         src = apply_transform(inner, [*transform, exp.column("__dbml_row")])
     src = temporal_as_numbers(con, src)
-    cols = [exp.column("__dbml_row"), exp.alias_(sqlglot.parse_one(model.prep.features_sql(), read="duckdb"), "__dbml_x")]
+    cols = [exp.column("__dbml_row"), exp.alias_(model.prep.features_sql(), "__dbml_x")]
     outer = exp.select(*cols).from_(exp.Subquery(this=src, alias=exp.TableAlias(this=exp.to_identifier("__dbml_s"))))
     if labelled:
-        y = model.prep.label_sql() if model.prep.task == "classification" else f"{exp.column(model.prep.label, quoted=True).sql('duckdb')}::DOUBLE"
-        outer = outer.select(exp.alias_(sqlglot.parse_one(y, read="duckdb"), "__dbml_y")).where(
-            sqlglot.parse_one(model.prep.label_filter(), read="duckdb"))
+        y = (exp.maybe_parse(model.prep.label_sql(), dialect="duckdb") if model.prep.task == "classification" else
+             exp.cast(exp.column(model.prep.label, quoted=True), "DOUBLE"))
+        outer = outer.select(exp.alias_(y, "__dbml_y")).where(model.prep.label_filter())
     if held_out:
         # src is train's source (the query, TRANSFORM, dates as numbers) with __dbml_row beside it
-        outer = outer.where(sqlglot.parse_one(held_out_sql(model.params["seed"], model.params["validation"],
-                                                           exclude=("__dbml_row",)), read="duckdb"))
+        outer = outer.where(held_out_sql(model.params["seed"], model.params["validation"], exclude=("__dbml_row",)))
     table = _arrow(con, outer)
     width = model.prep.width
     x = table.column("__dbml_x").combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(np.float32)

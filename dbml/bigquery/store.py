@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 
+import sqlglot
 from sqlglot import exp
 
 from ..core.catalog import MODELS
@@ -21,24 +22,54 @@ from ..errors import InvalidArgument, ModelNotFound
 from ..core.source import refused
 
 TABLE = "dbml.bigquery_models"
+_SCHEMA, _NAME = TABLE.split(".")
+# the store's table, its name set where it is created
+_CREATE = sqlglot.parse_one("CREATE TABLE IF NOT EXISTS t (uid UUID PRIMARY KEY, model_type VARCHAR, source VARCHAR, "
+                            "eval_source VARCHAR, transform VARCHAR[], trial JSON)", read="duckdb")
+
+
+def _table(alias: str | None = None) -> exp.Table:
+    table = exp.table_(_NAME, db=_SCHEMA)
+    return table.as_(alias) if alias else table
+
+
+def _models(alias: str | None = None) -> exp.Table:
+    table = exp.to_table(MODELS)
+    return table.as_(alias) if alias else table
+
+
+def _of(version: bool, prefix: str = "") -> exp.Expression:
+    """``name = ?`` (and ``version = ?``) of the catalog's models."""
+    name = exp.column("name", table=prefix or None).eq(exp.Placeholder())
+    return exp.and_(name, exp.column("version", table=prefix or None).eq(exp.Placeholder())) if version else name
+
+
+def _joined(*columns: str) -> exp.Select:
+    """The store's rows beside their catalog rows (``b`` and ``m``)."""
+    return exp.select(*columns).from_(_table("b")).join(_models("m"), using=["uid"])
 
 
 def ensure(con) -> None:
-    con.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} (uid UUID PRIMARY KEY, model_type VARCHAR, source VARCHAR, "
-                f"eval_source VARCHAR, transform VARCHAR[], trial JSON)")
+    create = _CREATE.copy()
+    create.this.set("this", _table())
+    con.execute(create.sql("duckdb"))
 
 
 def record(con, name: str, version: int, model_type: str, source: str, eval_source: str | None,
            transform: list[str] | None, trial: dict | None) -> None:
     ensure(con)
-    con.execute(f"DELETE FROM {TABLE} WHERE uid NOT IN (SELECT uid FROM {MODELS})")   # dropped models' rows
-    con.execute(f"INSERT INTO {TABLE} SELECT uid, ?, ?, ?, ?, ? FROM {MODELS} WHERE name = ? AND version = ?",
+    # dropped models' rows
+    con.execute(exp.delete(_table(), where=exp.column("uid").isin(query=exp.select("uid").from_(_models())).not_())
+                .sql("duckdb"))
+    row = exp.select("uid", *(exp.Placeholder() for _ in range(5))).from_(_models()).where(_of(version=True))
+    con.execute(exp.insert(row, _table()).sql("duckdb"),
                 [model_type, source, eval_source, transform, None if trial is None else json.dumps(trial), name,
                  version])
 
 
 def latest(con, name: str, fn: str) -> int:
-    rows = con.execute(f"SELECT max(version) FROM {MODELS} WHERE name = ?", [name]).fetchall()
+    query = exp.select(exp.func("max", exp.column("version"))).from_(_models()).where(_of(version=False))
+    rows = con.execute(query.sql("duckdb"), [name]).fetchall()
     if rows[0][0] is None:
         raise ModelNotFound(f"BigQuery ML: Not found: model {name} ({fn}); CREATE MODEL {name} first, or pick one "
                             f"from SELECT name FROM dbml_models")
@@ -46,16 +77,16 @@ def latest(con, name: str, fn: str) -> int:
 
 
 def _exists(con) -> bool:
-    return con.execute("SELECT count(*) FROM duckdb_tables() WHERE schema_name = 'dbml' AND table_name = ? "
-                       "AND NOT temporary", [TABLE.split(".")[1]]).fetchall()[0][0] > 0
+    return con.execute("SELECT count(*) FROM duckdb_tables() WHERE schema_name = ? AND table_name = ? "
+                       "AND NOT temporary", [_SCHEMA, _NAME]).fetchall()[0][0] > 0
 
 
 def info(con, name: str, version: int) -> dict:
     """The row of (name, version), or {} for a model trained by train()."""
     if not _exists(con):
         return {}
-    rows = con.execute(f"SELECT b.model_type, b.source, b.eval_source, b.transform, b.trial FROM {TABLE} b "
-                       f"JOIN {MODELS} m USING (uid) WHERE m.name = ? AND m.version = ?", [name, version]).fetchall()
+    query = _joined("b.model_type", "b.source", "b.eval_source", "b.transform", "b.trial").where(_of(True, "m"))
+    rows = con.execute(query.sql("duckdb"), [name, version]).fetchall()
     if not rows:
         return {}
     model_type, source, eval_source, transform, trial = rows[0]
@@ -67,15 +98,15 @@ def info(con, name: str, version: int) -> dict:
 def trials(con, name: str) -> list[tuple[int, dict]]:
     if not _exists(con):
         return []
-    rows = con.execute(f"SELECT m.version, b.trial FROM {TABLE} b JOIN {MODELS} m USING (uid) "
-                       f"WHERE m.name = ? AND b.trial IS NOT NULL ORDER BY m.version", [name]).fetchall()
+    query = (_joined("m.version", "b.trial").where(_of(False, "m")).where(exp.column("trial", table="b").is_(exp.null())
+                                                                            .not_()).order_by("m.version"))
+    rows = con.execute(query.sql("duckdb"), [name]).fetchall()
     return [(v, json.loads(t)) for v, t in rows]
 
 
 def checked_expression(text: str, name: str) -> exp.Expression:
     """A stored TRANSFORM expression, parsed and checked: no query, table or call with effects
     (the catalog is data: an edited row must not become code)."""
-    import sqlglot
     try:
         tree = sqlglot.parse_one(text, read="duckdb")
     except sqlglot.errors.ParseError:

@@ -32,16 +32,16 @@ import time
 import uuid
 from dataclasses import dataclass
 
+import duckdb
 import pyarrow as pa
-from sqlglot import exp
 
 from ..errors import JobCancelled
 from .hub import END
-from ..core.source import literal
 
 CHUNK_BYTES = 8 * 2**20   # an object per chunk: large against Ray's per-object cost (~1 ms), small against memory
 WINDOW = 8                # chunks a job may have in the object store that not every worker has taken
 SAMPLE_ROWS = 256         # rows read to estimate a row's bytes
+COLUMNS = ("x", "y", "is_val")   # the scratch table's columns a worker trains on
 
 
 @dataclass
@@ -100,13 +100,17 @@ class Sender:
             self.shipment.seconds = time.perf_counter() - started
             cur.close()
 
+    def _rows(self, cur):
+        """The scratch table's rows, in its order, as a relation."""
+        return cur.table(self.table).select(*COLUMNS)
+
     def _size(self, cur) -> tuple[int, int]:
-        rows = cur.execute(f"SELECT count(*) FROM {self.table}").fetchall()[0][0]
-        sample = cur.sql(f"SELECT x, y, is_val FROM {self.table} LIMIT {SAMPLE_ROWS}").to_arrow_table()
+        rows = _count(cur, self.table)
+        sample = self._rows(cur).limit(SAMPLE_ROWS).to_arrow_table()
         return rows, max(1, sample.nbytes // max(1, sample.num_rows))
 
     def _stream(self, cur, row_bytes: int) -> None:
-        reader = cur.sql(f"SELECT x, y, is_val FROM {self.table}").to_arrow_reader(max(1, CHUNK_BYTES // row_bytes))
+        reader = self._rows(cur).to_arrow_reader(max(1, CHUNK_BYTES // row_bytes))
         index = 0
         for batch in reader:
             while (in_flight := index - 1 - self.ray.get(self.hub.taken.remote(self.key))) >= WINDOW:
@@ -126,12 +130,11 @@ class Sender:
     def _parquet(self, cur, rows: int, row_bytes: int) -> None:
         path = os.path.join(self.parquet_dir, f"dbml-{self.key.replace(':', '-')}-{uuid.uuid4().hex[:8]}.parquet")
         self.files.append(path)
-        cur.execute(f"COPY (SELECT x, y, is_val FROM {self.table}) TO {literal(path)} "
-                    f"(FORMAT parquet, COMPRESSION zstd)")
+        rows_relation = self._rows(cur)
+        rows_relation.write_parquet(path, compression="zstd")
         self.shipment = Shipment(rows=rows, bytes=os.path.getsize(path), chunks=1, how="parquet")
         # Parquet has no fixed-size list: FLOAT[n] comes back as FLOAT[], so the types go along
-        types = dict(cur.execute(f"SELECT column_name, column_type FROM (DESCRIBE SELECT x, y, is_val "
-                                 f"FROM {self.table})").fetchall())
+        types = {name: str(t) for name, t in zip(rows_relation.columns, rows_relation.types)}
         self.ray.get(self.hub.feed.remote(self.key, 0, {"parquet": path, "types": types}))
         self.ray.get(self.hub.feed.remote(self.key, 1, END))
 
@@ -162,9 +165,9 @@ def receive(ray, hub, key: str, rank: int, cur, table: str, progress) -> Receive
             break
         if isinstance(chunk, dict):
             path = chunk["parquet"]
-            cur.execute(f"CREATE TABLE {table} AS SELECT {_typed(chunk['types'])} FROM read_parquet({literal(path)})")
+            cur.read_parquet(path).select(*_typed(chunk["types"])).create(table)
             got.how, got.bytes = "parquet", os.path.getsize(path)
-            got.rows = cur.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
+            got.rows = _count(cur, table)
         else:
             data = ray.get(chunk[0])
             _append(cur, table, data, first=index == 0)
@@ -175,17 +178,19 @@ def receive(ray, hub, key: str, rank: int, cur, table: str, progress) -> Receive
     return got
 
 
-def _typed(types: dict[str, str]) -> str:
+def _count(cur, table: str) -> int:
+    return cur.table(table).count("*").fetchall()[0][0]
+
+
+def _typed(types: dict[str, str]) -> list:
     """The select list that gives the columns read from Parquet the scratch table's types."""
-    return ", ".join(exp.alias_(exp.cast(exp.column(name), exp.DataType.build(sql_type, dialect="duckdb")), name)
-                     .sql("duckdb") for name, sql_type in types.items())
+    return [duckdb.ColumnExpression(name).cast(duckdb.sqltype(sql_type)).alias(name)
+            for name, sql_type in types.items()]
 
 
 def _append(cur, table: str, data: pa.Table, *, first: bool) -> None:
-    name = f"dbml_chunk_{uuid.uuid4().hex[:8]}"
-    cur.register(name, data)
-    try:
-        cur.execute(f"CREATE TABLE {table} AS SELECT * FROM {name}" if first else
-                    f"INSERT INTO {table} SELECT * FROM {name}")
-    finally:
-        cur.unregister(name)
+    chunk = cur.from_arrow(data)
+    if first:
+        chunk.create(table)
+    else:
+        chunk.insert_into(table)

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 import duckdb
 import numpy as np
 import torch
+from sqlglot import exp
 
 from . import inputs
 from ..errors import InvalidArgument, SourceError
@@ -140,23 +141,27 @@ class Preprocessing:
     def all_numeric(self) -> bool:
         return all(f.kind in ("numeric", "array") for f in self.features)
 
-    def label_filter(self) -> str:
-        """The rows training and evaluation use: a non-NULL label, finite when numeric, within
-        FLOAT's range for regression (``label_usable``)."""
+    def label_filter(self) -> exp.Expression:
+        """The rows training and evaluation use, as a sqlglot condition: a non-NULL label,
+        finite when numeric, within FLOAT's range for regression (``label_usable``)."""
         numeric = self.task == "regression" or all(
             isinstance(c, (int, float)) and not isinstance(c, bool) for c in self.classes)
-        return label_usable(quote(self.label), numeric=numeric, regression=self.task == "regression")
+        usable = label_usable(quote(self.label), numeric=numeric, regression=self.task == "regression")
+        return exp.maybe_parse(usable, dialect="duckdb")
 
-    def features_sql(self) -> str:
-        """A SQL expression of type ``FLOAT[width]`` over the source's columns (or, for an
+    def features_sql(self) -> exp.Expression:
+        """A sqlglot expression of type ``FLOAT[width]`` over the source's columns (or, for an
         image, text or sequence input, the column as its encoder reads it)."""
         if self.input is not None:
-            return self.input.raw_sql()
+            return exp.maybe_parse(self.input.raw_sql(), dialect="duckdb")
         means, stds, parts, at = *self.scaling(), [], 0
         for f in self.features:
-            parts += f.sql(means[at:at + f.width], stds[at:at + f.width])
+            parts += [exp.maybe_parse(part, dialect="duckdb")
+                      for part in f.sql(means[at:at + f.width], stds[at:at + f.width])]
             at += f.width
-        return f"[{', '.join(parts)}]::FLOAT[{self.width}]"
+        vector = exp.DataType(this=exp.DataType.Type.ARRAY, expressions=[exp.DataType.build("FLOAT")],
+                              values=[exp.Literal.number(self.width)], nested=True)
+        return exp.cast(exp.Array(expressions=parts), vector)
 
     def scratch_sql(self) -> str:
         """``features_sql`` as a job's scratch table stores it (images decoded once:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 import torch
+from sqlglot import exp
 
 from . import metrics
 from .data import BatchStream
@@ -40,12 +41,15 @@ def is_held_out(h: str, validation: float) -> str:
     return f"{h} % {VALIDATION_BUCKETS} < {int(validation * VALIDATION_BUCKETS)}"
 
 
-def held_out_sql(seed: int, validation: float, exclude: tuple[str, ...] = ()) -> str:
+def held_out_sql(seed: int, validation: float, exclude: tuple[str, ...] = ()) -> exp.Expression:
     """Whether a row of the source ``train`` read (every column of it, less ``exclude``: columns
     a reader added) is one it held out for validation, given the job's ``seed`` and
-    ``validation``: ``training._materialise``'s rule, so ``ML.EVALUATE(MODEL m)`` reads exactly those rows."""
-    columns = f"*COLUMNS(* EXCLUDE ({', '.join(exclude)}))" if exclude else "*COLUMNS(*)"
-    return is_held_out(f"hash({columns}, {int(seed)})", validation)
+    ``validation``, as a sqlglot condition: ``training._materialise``'s rule (``split_hash``,
+    ``is_held_out``), so ``ML.EVALUATE(MODEL m)`` reads exactly those rows."""
+    every = exp.Star(except_=[exp.column(c, quoted=True) for c in exclude] or None)
+    h = exp.Anonymous(this="hash", expressions=[exp.Columns(this=every, unpack=True), exp.Literal.number(int(seed))])
+    bucket = exp.Mod(this=h, expression=exp.Literal.number(VALIDATION_BUCKETS))
+    return exp.LT(this=bucket, expression=exp.Literal.number(int(validation * VALIDATION_BUCKETS)))
 
 
 class EarlyStopping:

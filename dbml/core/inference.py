@@ -331,7 +331,7 @@ def prediction_expression(model: catalog.StoredModel, on_error: str = "raise",
     ``names``: how an error names the row (``row_names``; tabular rows need none)."""
     prep = model.preprocessing
     call: exp.Expression = exp.Anonymous(this=infer_function(prep), expressions=[
-        value_sql(model.name), value_sql(model.uid), sqlglot.parse_one(prep.features_sql(), read="duckdb"),
+        value_sql(model.name), value_sql(model.uid), prep.features_sql(),
         exp.Literal.string(on_error), names if names is not None else exp.Literal.string("")])
     if prep.task == "classification":   # the class index -> the class, from the catalog's classes
         index = exp.Add(this=exp.cast(call, "INTEGER"), expression=exp.Literal.number(1))
@@ -367,13 +367,15 @@ def evaluate(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, sourc
     y_sql = prep.label_sql() + "::BIGINT" if prep.task == "classification" else f"{quote(prep.label)}::DOUBLE"
     outs, ys = [], []
     if prep.input is None:
-        query = f"SELECT {prep.features_sql()} AS x, {y_sql} AS y FROM ({select_sql}) WHERE {prep.label_filter()}"
+        features, usable = prep.features_sql().sql("duckdb"), prep.label_filter().sql("duckdb")
+        query = f"SELECT {features} AS x, {y_sql} AS y FROM ({select_sql}) WHERE {usable}"
         batches = BatchStream(cur, query, 8192)
     else:   # the rows numbered (or named by file) before the label's filter
         named = exp.select(exp.Star(), exp.alias_(row_names(columns), "__dbml_row_name")).from_(
             exp.Subquery(this=sqlglot.parse_one(select_sql, read="duckdb"), alias=exp.TableAlias(this="src")))
-        query = (f"SELECT {prep.features_sql()} AS x, {y_sql} AS y, __dbml_row_name FROM ({named.sql('duckdb')}) "
-                 f"WHERE {prep.label_filter()}")
+        features, usable = prep.features_sql().sql("duckdb"), prep.label_filter().sql("duckdb")
+        query = (f"SELECT {features} AS x, {y_sql} AS y, __dbml_row_name FROM ({named.sql('duckdb')}) "
+                 f"WHERE {usable}")
         batches = _input_batches(cur, model, query, on_error, fn)
     for x, y in batches:
         outs.append(forward(model, x))

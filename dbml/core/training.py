@@ -255,7 +255,7 @@ def _materialise(cur, table: str, select_sql: str, prep: Preprocessing, spec: Tr
         CREATE TABLE {table} AS
         SELECT x, y, {heldout.is_held_out("h", spec.validation)} AS is_val
         FROM (SELECT {prep.scratch_sql()} AS x, {_label_column(prep)} AS y, {heldout.split_hash(spec.seed)} AS h
-              FROM ({select_sql}) WHERE {prep.label_filter()})
+              FROM ({select_sql}) WHERE {prep.label_filter().sql('duckdb')})
         ORDER BY h""")
     n_train, n_val = cur.execute(f"SELECT count(*) FILTER (NOT is_val), count(*) FILTER (is_val) FROM {table}").fetchall()[0]
     if n_train == 0:

@@ -12,7 +12,9 @@ from __future__ import annotations
 import os
 import subprocess
 
-from .render import sql_identifier, sql_string
+from sqlglot import exp, parse_one
+
+from ..core.source import literal
 
 __all__ = ["change_directory", "databases", "dump", "excel", "import_data", "indexes", "last", "log",
            "open_database", "once", "output", "read", "schema", "system", "tables", "enable_safe_mode", "jobs"]
@@ -248,11 +250,13 @@ def _import(shell, file_name, table, function, params) -> int:
     db = shell.db
     exists = db.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ? AND schema_name = "
                         "current_schema() AND database_name = current_database()", [table]).fetchall()[0][0]
-    target = f"INSERT INTO {sql_identifier(table)} " if exists else f"CREATE TABLE {sql_identifier(table)} AS "
-    args = "".join(f", {sql_identifier(k)}={sql_string(v)}" for k, v in params.items())
+    args = [exp.EQ(this=exp.column(k, quoted=True), expression=exp.Literal.string(v)) for k, v in params.items()]
+    rows = exp.select("*").from_(exp.Anonymous(this=function, expressions=[exp.Literal.string(file_name), *args]))
+    target = exp.table_(exp.to_identifier(table, quoted=True))
+    load = exp.insert(rows, target) if exists else exp.Create(this=target, kind="TABLE", expression=rows)
     try:
         db.execute("BEGIN TRANSACTION").fetchall()
-        db.execute(f"{target}SELECT * FROM {function}({sql_string(file_name)}{args})").fetchall()
+        db.execute(load.sql("duckdb")).fetchall()
         db.execute("COMMIT").fetchall()
     except Exception as e:  # noqa: BLE001
         try:
@@ -370,16 +374,23 @@ def schema(shell, words):
             shell.error("Usage: .schema ?--indent? ?LIKE-PATTERN?")
             return FAIL
     where = ""
+    query = parse_one("SELECT sql, name FROM sqlite_master WHERE type != 'meta' AND NOT sql IS NULL ORDER BY name",
+                      read="duckdb")
     if pattern:
         glob = any(c in pattern for c in "*?[")
         column = "lower(printf('%s.%s',sname,tbl_name))" if "." in pattern else "lower(tbl_name)"
-        where = f"{column} {'GLOB' if glob else 'LIKE'} {sql_string(pattern)}{'' if glob else ' ESCAPE ' + chr(39) + chr(92) + chr(39)} AND "
-    sql = f"SELECT sql, name FROM sqlite_master WHERE {where}type!='meta' AND sql IS NOT NULL ORDER BY name"
+        # the CLI's own text for --debug, printed and never run
+        escape = "" if glob else " ESCAPE " + literal("\\")
+        where = f"{column} {'GLOB' if glob else 'LIKE'} {literal(pattern)}{escape} AND "
+        subject = parse_one(column, read="duckdb")
+        match = (exp.Glob(this=subject, expression=exp.Literal.string(pattern)) if glob else
+                 exp.Escape(this=subject.like(exp.Literal.string(pattern)), expression=exp.Literal.string("\\")))
+        query = query.where(match)
     if any(w.lstrip("-") == "debug" for w in words[1:] if w.startswith("-")):
-        shell.print(f"SQL: {sql.replace('sql, name', 'sql')};")
+        shell.print(f"SQL: SELECT sql FROM sqlite_master WHERE {where}type!='meta' AND sql IS NOT NULL ORDER BY name;")
         return 0
     from .schema_text import dbml_owned, pretty_schema
-    for text, name in shell.db.execute(sql).fetchall():
+    for text, name in shell.db.execute(query.sql("duckdb")).fetchall():
         if not dbml_owned(name, text):
             shell.output.write(pretty_schema(text) if indent else text + "\n")
 

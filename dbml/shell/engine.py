@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 
 import duckdb
+from sqlglot import exp
 
 __all__ = ["Kept", "Outcome", "check", "error_text", "keep", "run", "UNLIMITED"]
 
@@ -75,26 +76,38 @@ class Kept:
     names: list[str]
     types: list
 
-    def select(self, columns: list[str] | None = None):
-        """A result over the kept rows: ``columns`` are SQL expressions over ``c0``, ``c1``, ...
+    def select(self, columns: list[exp.Expression] | None = None):
+        """A result over the kept rows: ``columns`` are expressions over ``c0``, ``c1``, ...
         (the columns by position), each shown under the statement's own name."""
-        inner = ", ".join(f'"{n}" AS c{i}' for i, n in enumerate(self._own_names()))
-        exprs = columns if columns is not None else [f"c{i}" for i in range(len(self.names))]
-        outer = ", ".join(f'{e} AS "{n.replace(chr(34), chr(34) * 2)}"' for e, n in zip(exprs, self.names))
-        return self.con._submit(f"SELECT {outer} FROM (SELECT {inner} FROM {self.handle.name})")
+        return self.con._submit(self.named(columns).sql("duckdb"))
+
+    def named(self, columns: list[exp.Expression] | None = None) -> exp.Select:
+        """The query :meth:`select` runs."""
+        exprs = columns if columns is not None else [exp.column(f"c{i}") for i in range(len(self.names))]
+        outer = [exp.alias_(e, exp.to_identifier(n, quoted=True)) for e, n in zip(exprs, self.names)]
+        return exp.select(*outer).from_(self.by_position().subquery())
+
+    def by_position(self) -> exp.Select:
+        """The kept rows with their columns named ``c0``, ``c1``, ... (by position)."""
+        columns = [exp.alias_(exp.column(n, quoted=True), f"c{i}") for i, n in enumerate(self._own_names())]
+        return exp.select(*columns).from_(self.table())
+
+    def table(self) -> exp.Table:
+        """The kept rows' table."""
+        return exp.table_(exp.to_identifier(self.handle.name, quoted=True))
 
     def relation(self):
         """The rows as a relation, for ``FROM _``."""
-        return self.con.sql(f"FROM {self.handle.name}")
+        return self.con.sql(exp.select("*").from_(self.table()).sql("duckdb"))
 
     def _own_names(self) -> list[str]:
         # a kept result's columns have unique names (DuckDB renames a repeated one)
         names = getattr(self, "_names", None)
         if names is None and len(set(self.names)) == len(self.names):
-            names = self._names = [n.replace('"', '""') for n in self.names]
+            names = self._names = list(self.names)
         if names is None:
-            result = self.con._submit(f"SELECT * FROM {self.handle.name} LIMIT 0")
-            names = self._names = [d[0].replace('"', '""') for d in result.description]
+            result = self.con._submit(exp.select("*").from_(self.table()).limit(0).sql("duckdb"))
+            names = self._names = [d[0] for d in result.description]
         return names
 
 

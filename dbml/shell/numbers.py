@@ -13,6 +13,8 @@ as they are. Without these settings the shell never comes here.
 
 from __future__ import annotations
 
+from sqlglot import exp
+
 from .metadata import large_number, truncate
 from .render import Display, is_numeric, render_width
 
@@ -60,12 +62,13 @@ def formatted_box(kept, display: Display, max_width: int) -> str | None:
     type_names = _type_names(kept)
     if type_names is None:
         return None
-    count = kept.con._submit(f"SELECT count(*) FROM {kept.handle.name}").fetchall()[0][0]
+    count = exp.select(exp.func("count", exp.Star())).from_(kept.table())
+    count = kept.con._submit(count.sql("duckdb")).fetchall()[0][0]
     limit = display.max_rows if display.max_rows >= 0 else count
     shown = count if count <= limit + 3 else limit
     top = shown if shown == count else shown // 2 + shown % 2
     bottom = shown - top
-    exprs = [f"CAST(c{i} AS VARCHAR)" for i in range(len(names))]
+    exprs = [exp.cast(exp.column(f"c{i}"), "VARCHAR") for i in range(len(names))]
     rows = kept.select(exprs).fetchmany(top) if top else []
     tail = _last_rows(kept, exprs, bottom, count)
     footer_mode = display.large_numbers == "footer" and count == 1
@@ -101,7 +104,8 @@ def formatted_box(kept, display: Display, max_width: int) -> str | None:
 
 def _type_names(kept) -> list[str] | None:
     """DuckDB's own names of the types, as its box renderer writes them."""
-    header = kept.con._submit(f"SELECT * FROM ({_select_sql(kept)}) LIMIT 0").to_box(max_width=2 ** 62)
+    header = kept.con._submit(exp.select("*").from_(kept.named().subquery()).limit(0).sql("duckdb"))
+    header = header.to_box(max_width=2 ** 62)
     lines = header.split("\n")
     if len(lines) < 3:
         return None
@@ -109,19 +113,11 @@ def _type_names(kept) -> list[str] | None:
     return parts if len(parts) == len(kept.names) else None
 
 
-def _select_sql(kept) -> str:
-    inner = ", ".join(f'"{n}" AS c{i}' for i, n in enumerate(kept._own_names()))
-    outer = ", ".join(f'c{i} AS "{n.replace(chr(34), chr(34) * 2)}"' for i, n in enumerate(kept.names))
-    return f"SELECT {outer} FROM (SELECT {inner} FROM {kept.handle.name})"
-
-
 def _last_rows(kept, exprs, bottom: int, count: int) -> list:
     if not bottom:
         return []
-    cols = ", ".join(exprs)
-    inner = ", ".join(f'"{n}" AS c{i}' for i, n in enumerate(kept._own_names()))
-    return kept.con._submit(f"SELECT {cols} FROM (SELECT {inner} FROM {kept.handle.name}) "
-                            f"LIMIT {bottom} OFFSET {count - bottom}").fetchall()
+    rows = exp.select(*exprs).from_(kept.by_position().subquery()).limit(bottom).offset(count - bottom)
+    return kept.con._submit(rows.sql("duckdb")).fetchall()
 
 
 def _cells(row, types, display: Display) -> list[str] | None:

@@ -18,10 +18,16 @@ out here too.
 from __future__ import annotations
 
 import functools
+import re
 import shutil
 import unicodedata
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
+
+from sqlglot import exp
+
+from ..core.source import literal as sql_string
+from ..core.source import quote
 
 __all__ = ["Display", "Result", "MODES", "render_text", "render_width", "set_mode", "terminal_width", "varchar_sql"]
 
@@ -106,11 +112,12 @@ def _find_mode(name: str) -> str | None:
     return None
 
 
-def varchar_sql(name: str, t, mode: str) -> str:
-    """The SQL that makes DuckDB render one column (quoted ``name``) for ``mode``."""
+def varchar_sql(name: str, t, mode: str) -> exp.Expression:
+    """The expression that makes DuckDB render one column (named ``name``) for ``mode``."""
+    column: exp.Expression = exp.column(name, quoted=True)
     if mode in ("json", "jsonlines") and (type_id(t) in _NESTED | {"float", "double"}):
-        return f"CAST(CAST({name} AS JSON) AS VARCHAR)"
-    return f"CAST({name} AS VARCHAR)"
+        column = exp.cast(column, "JSON", dialect="duckdb")
+    return exp.cast(column, "VARCHAR", dialect="duckdb")
 
 
 def terminal_width() -> int:
@@ -220,17 +227,14 @@ def _csv(result: Result, d: Display, write) -> None:
         write(d.col_sep.join(_csv_field(v, d.col_sep) for v in row) + d.row_sep)
 
 
-def sql_string(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
 def sql_identifier(name: str) -> str:
     """A name as DuckDB's ``SQLIdentifier`` writes it: bare when it is a plain word that is no
-    keyword of DuckDB's parser (``duckdb_keywords()``), else double-quoted."""
+    keyword of DuckDB's parser (``duckdb_keywords()``), else quoted (by ``source.quote``, the
+    one quoter)."""
     plain = name and not name[0].isdigit() and name.isascii() and all(c.isalnum() or c == "_" for c in name)
     if plain and name.lower() not in _keywords():
         return name
-    return '"' + name.replace('"', '""') + '"'
+    return quote(name)
 
 
 @functools.lru_cache(maxsize=1)
@@ -282,27 +286,24 @@ def _jsonlines(result: Result, d: Display, write) -> None:
     _json(result, d, write, array=False)
 
 
+_LINE_BREAKS = re.compile("([\n\r\0])")
+
+
 def insert_literal(text: str, newlines: bool) -> str:
     """A string as a SQL literal for .mode insert and .dump; newlines as chr() unless kept."""
     if newlines or not any(c in text for c in "\n\r\0"):
         return sql_string(text)
-    parts = ["concat('"]
-    for ch in text:
-        if ch in "\n\r\0":
-            parts.append(f"', chr({ord(ch)}), '")
-        else:
-            parts.append("''" if ch == "'" else ch)
-    return "".join(parts) + "')"
+    pieces = _LINE_BREAKS.split(text)    # text, a break, text, ...: the breaks as chr(n)
+    return "concat(" + ", ".join(sql_string(p) if i % 2 == 0 else f"chr({ord(p)})" for i, p in enumerate(pieces)) + ")"
 
 
 def _insert(result: Result, d: Display, write) -> None:
+    """The CLI's insert mode: each row as the text of an INSERT statement, written out (dbml runs none)."""
     numeric = [is_numeric(t) for t in result.types]
-    head = f"INSERT INTO {d.table}"
-    if d.header:
-        head += "(" + ",".join(sql_identifier(n) for n in result.names) + ")"
+    names = "(" + ",".join(sql_identifier(n) for n in result.names) + ")" if d.header else ""
     for row in result.rows:
         values = ["NULL" if v is None else v if num else insert_literal(v, d.newlines) for v, num in zip(row, numeric)]
-        write(head + " VALUES(" + ",".join(values) + ");\n")
+        write(f"INSERT INTO {d.table}{names} VALUES({','.join(values)});\n")
 
 
 _ROWS = {"list": _list, "ascii": _ascii, "line": _line, "html": _html, "tcl": _tcl, "csv": _csv, "quote": _quote,

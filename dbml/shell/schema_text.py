@@ -6,7 +6,9 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from .render import Result, render_text, sql_identifier, sql_string
+from sqlglot import exp, parse_one
+
+from .render import Result, render_text, sql_identifier
 
 __all__ = ["pretty_schema", "dump_database", "dbml_owned"]
 
@@ -85,26 +87,40 @@ def _comment_to_eol(z: str, i: int) -> bool:
     return True
 
 
+def _named_like(patterns: list[str]) -> exp.Expression:
+    """``name LIKE p ESCAPE '\\'`` for any of the patterns; true without any."""
+    likes = [exp.Escape(this=exp.column("name").like(exp.Literal.string(p)), expression=exp.Literal.string("\\"))
+             for p in patterns]
+    return exp.or_(*likes) if likes else exp.true()
+
+
+def _schema_rows(like: exp.Expression, columns: list[str], condition: str) -> exp.Select:
+    """``SELECT columns FROM sqlite_schema`` where ``like`` and ``condition`` hold."""
+    return exp.select(*columns).from_("sqlite_schema").where(exp.paren(like)).where(condition, dialect="duckdb")
+
+
 def dump_database(shell, patterns: list[str], newlines: bool) -> int:
     db, write = shell.db, shell.output.write
-    like = " OR ".join(f"name LIKE {sql_string(p)} ESCAPE '\\'" for p in patterns) or "true"
+    like = _named_like(patterns)
     write("BEGIN TRANSACTION;\n")
     errors = 0
-    for (schema,) in db.execute(
-            "SELECT DISTINCT table_schema FROM information_schema.tables WHERE table_schema NOT IN ('main', 'dbml') AND "
-            "table_schema NOT LIKE 'pg_%' AND table_schema != 'information_schema' AND table_name IN "
-            f"(SELECT name FROM sqlite_schema WHERE ({like}) AND type=='table') ORDER BY table_schema").fetchall():
+    schemas = parse_one("SELECT DISTINCT table_schema FROM information_schema.tables WHERE table_schema NOT IN "
+                        "('main', 'dbml') AND table_schema NOT LIKE 'pg_%' AND table_schema != 'information_schema' "
+                        "ORDER BY table_schema", read="duckdb")
+    tables = _schema_rows(like, ["name"], "type = 'table'")
+    for (schema,) in db.execute(schemas.where(exp.column("table_name").isin(query=tables)).sql("duckdb")).fetchall():
         write(f"CREATE SCHEMA IF NOT EXISTS {sql_identifier(schema)};;\n")
-    for name, kind, sql in db.execute(f"SELECT name, type, sql FROM sqlite_schema WHERE ({like}) AND type=='table' "
-                                      "AND sql NOT NULL ORDER BY tbl_name='sqlite_sequence'").fetchall():
+    entries = _schema_rows(like, ["name", "type", "sql"], "type = 'table' AND sql NOT NULL").order_by(
+        "tbl_name = 'sqlite_sequence'", dialect="duckdb")
+    for name, kind, sql in db.execute(entries.sql("duckdb")).fetchall():
         if dbml_owned(name, sql):
             continue
         write(sql + ";\n")
         if kind == "table" and not _dump_rows(shell, name, newlines):
             errors += 1
             break
-    for sql, name in db.execute(f"SELECT sql, name FROM sqlite_schema WHERE ({like}) AND sql NOT NULL AND type IN "
-                                "('index','trigger','view')").fetchall():
+    others = _schema_rows(like, ["sql", "name"], "sql NOT NULL AND type IN ('index', 'trigger', 'view')")
+    for sql, name in db.execute(others.sql("duckdb")).fetchall():
         if not dbml_owned(name, sql):
             write(sql + ("\n;\n" if "--" in sql else ";\n"))
     write("ROLLBACK; -- due to errors\n" if errors else "COMMIT;\n")
@@ -118,15 +134,17 @@ def _dump_rows(shell, table: str, newlines: bool) -> bool:
     found = db.execute("SELECT table_schema FROM information_schema.tables WHERE table_name = ? AND "
                        "table_type='BASE TABLE' ORDER BY (table_schema='main') DESC LIMIT 1", [table]).fetchall()
     schema = found[0][0] if found else ""
-    qualified = f"{sql_identifier(schema)}.{sql_identifier(table)}"
-    columns = [r[1] for r in db.execute(f"PRAGMA table_info={sql_string(qualified)}").fetchall()]
+    source = exp.table_(exp.to_identifier(table, quoted=True), db=exp.to_identifier(schema, quoted=True))
+    columns = [r[0] for r in db.execute("SELECT name FROM pragma_table_info(?) ORDER BY cid",
+                                        [source.sql("duckdb")]).fetchall()]
     if not columns:
         return False
-    outcome = engine.run(db, f"SELECT {', '.join(sql_identifier(c) for c in columns)} FROM {qualified}")
+    query = exp.select(*(exp.column(c, quoted=True) for c in columns)).from_(source)
+    outcome = engine.run(db, query.sql("duckdb"))
     kept = engine.keep(db, outcome)
     display = replace(shell.display, mode="insert", header=False, newlines=newlines,
-                      table=qualified if schema else sql_identifier(table))
-    exprs = [f"CAST(c{i} AS VARCHAR)" for i in range(len(kept.names))]
+                      table=sql_identifier(schema) + "." + sql_identifier(table) if schema else sql_identifier(table))
+    exprs = [exp.cast(exp.column(f"c{i}"), "VARCHAR") for i in range(len(kept.names))]
     result = kept.select(exprs)
     rows = iter(lambda: result.fetchmany(2048), [])
     render_text(Result(kept.names, kept.types, (row for batch in rows for row in batch)), display,

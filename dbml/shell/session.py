@@ -132,10 +132,10 @@ class Shell:
                 errors += self.run_sql(buf.text)
                 buf.clear()
                 self.output.statement_done()
-            elif buf.state is None and buf.last == "":
+            elif buf.blank():
                 self._echo(buf.text)
                 buf.clear()
-        if buf and not (buf.state is None and buf.last == "") and not (errors and self.bails(mode)):
+        if buf and not buf.blank() and not (errors and self.bails(mode)):
             errors += self.run_sql(buf.text)
             self.output.statement_done()
         return 1 if errors else 0
