@@ -81,3 +81,35 @@ def test_a_budget_past_any_memory_is_refused_by_name(con):
     with pytest.raises(Exception, match=r"memory_budget '9999999999999999999999 TB' is larger than any machine's "
                                         r"memory; pass a size such as '512MB' or '2GiB'"):
         con.sql("SELECT train('m', 't', label := 'y', memory_budget := '9999999999999999999999 TB')").fetchall()
+
+
+def test_duckdb_statements_that_look_like_bigquery_run_as_duckdb_reads_them(con):
+    """Item 14: only BigQuery ML is translated; the rest runs as DuckDB reads it."""
+    con.execute("CREATE SCHEMA ml")
+    con.execute("CREATE TABLE ml.features AS SELECT 1.5 AS x0, 'yes' AS label")
+    con.execute("CREATE TABLE tab AS SELECT 2.5 AS x0")
+    assert dbml.execute(con, 'SELECT "x0", "label" FROM ml.features').fetchall() == [(1.5, "yes")]
+    dbml.execute(con, 'CREATE TABLE model AS SELECT "x0" AS v FROM tab')
+    assert con.execute("SELECT v FROM model").fetchall() == [(2.5,)]
+    assert dbml.execute(con, r"SELECT 'a_b' LIKE 'a\_%' ESCAPE '\'").fetchall() == [(True,)]
+    assert dbml.execute(con, r"SELECT 'C:\Users\' AS path, 'model' AS kind").fetchall() == [("C:\\Users\\", "model")]
+
+
+@pytest.mark.parametrize("script", [
+    "# a comment; DROP TABLE victim\nSELECT 1",
+    r"SELECT 'it\'s' AS a FROM `tab`; DROP TABLE victim; SELECT '\''",   # DuckDB: one string; BigQuery: a DROP
+], ids=["hash-comment", "escape-and-backquote"])
+def test_a_script_whose_readings_differ_runs_nothing(con, script):
+    """Item 7: BigQuery reads the DROP as a comment or a string, DuckDB as a statement."""
+    con.execute("CREATE TABLE victim AS SELECT 1 AS a")
+    con.execute("CREATE TABLE tab AS SELECT 1 AS a")
+    with pytest.raises(dbml.InvalidArgument, match="end its statements in different places"):
+        dbml.execute(con, script)
+    assert con.execute("SELECT count(*) FROM victim").fetchall() == [(1,)]
+
+
+def test_a_comment_only_script_and_a_lone_backquote(con):
+    """Item 7: a script of BigQuery comments runs nothing; a lone backquote is a named error."""
+    assert dbml.execute(con, "# nothing but a comment") is None
+    with pytest.raises(dbml.InvalidArgument, match="ends inside a string, a quoted name or a block comment"):
+        dbml.execute(con, "`")

@@ -28,7 +28,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from ..errors import InvalidArgument
-from ..core.sqltext import split_statements
+from ..core.sqltext import bigquery_markers, split_statements
 from ..core.catalog import MODELS
 from . import create, functions, names, store, tuning
 from .create import MODEL_TYPES, OPTIONS, model_name
@@ -38,20 +38,10 @@ __all__ = ["OPTIONS", "MODEL_TYPES", "run", "execute", "translate", "looks_like_
 
 
 def looks_like_bigquery(sql: str) -> bool:
-    """Whether ``sql`` is written for BigQuery: a backquoted name, a ``#`` comment, an ``ML.``
-    function, or CREATE/DROP MODEL. Anything else is DuckDB's and runs unchanged."""
-    from sqlglot.tokens import TokenType
-    from sqlglot.dialects.bigquery import BigQuery
-    if "`" in sql or any(line.lstrip().startswith("#") for line in sql.splitlines()):
-        return True
-    try:
-        tokens = BigQuery().tokenize(sql)
-    except Exception:   # noqa: BLE001 - not BigQuery's either: DuckDB reports it
-        return False
-    words = [t.text.upper() for t in tokens if t.token_type != TokenType.STRING]
-    pairs = list(zip(words, words[1:]))
-    model_statement = words[:1] in (["CREATE"], ["DROP"]) and "MODEL" in words[1:4]
-    return ("ML", ".") in pairs or model_statement
+    """Whether ``sql`` is written for BigQuery (``sqltext.bigquery_markers``: a backquoted
+    name, a ``#`` comment, an ``ML.`` function call, CREATE/DROP MODEL, as DuckDB reads the
+    text). Anything else is DuckDB's and runs unchanged."""
+    return bigquery_markers(sql)
 
 
 def run(con, statement: str):

@@ -39,10 +39,9 @@ from sqlglot.tokens import TokenType
 
 from ..errors import InvalidArgument
 
-__all__ = ["ending", "statement_complete", "split_statements", "AmbiguousScript", "UnterminatedText"]
+__all__ = ["ending", "statement_complete", "split_statements", "bigquery_markers", "AmbiguousScript",
+           "UnterminatedText"]
 
-# A script that may hold BigQuery ML (model statements or ML.* functions): split by both dialects.
-_BIGQUERY_ML = re.compile(r"\bML\s*\.|\bMODEL\b", re.IGNORECASE)
 
 
 class UnterminatedText(InvalidArgument):
@@ -111,13 +110,75 @@ def statement_complete(text: str, dialect: str = "duckdb") -> bool:
     return ending(text, dialect) == "end"
 
 
+def bigquery_markers(text: str) -> bool:
+    """Whether ``text`` is written for BigQuery, read as DuckDB reads it or as BigQuery does
+    (their tokens: strings and comments are not code): a backquoted name; a line that starts
+    with ``#`` not followed by a number (BigQuery's comment; DuckDB's ``#1`` is a column); an
+    ``ML.`` function call; a statement that starts ``CREATE [OR REPLACE] MODEL`` or ``DROP
+    MODEL``. Anything else is DuckDB's SQL, run as DuckDB reads it (``FROM ml.features``, a
+    table named ``model``, ``'C:\\Users\\'``)."""
+    return _marked(text, _duckdb_code(text)) or _marked(text, _bigquery_code(text))
+
+
+def _duckdb_code(text: str) -> list[int]:
+    """The starts of DuckDB's tokens of ``text`` that are code (not strings or comments)."""
+    try:
+        tokens = duckdb.tokenize(text + _SENTINEL)
+    except Exception:   # noqa: BLE001 - DuckDB's tokenizer refuses it: no reading of its
+        return []
+    if not tokens or tokens[-1][0] != len(text) + 1:
+        return []   # DuckDB's reading ends inside a string
+    comment, string = duckdb.token_type.comment, duckdb.token_type.string_const
+    return [start for start, kind in tokens[:-1] if kind not in (comment, string)]
+
+
+def _bigquery_code(text: str) -> list[int]:
+    try:
+        tokens = Dialect.get_or_raise("bigquery").tokenizer_class().tokenize(text)
+    except Exception:   # noqa: BLE001 - BigQuery's reading ends inside a string
+        return []
+    strings = (TokenType.STRING, TokenType.RAW_STRING, TokenType.NATIONAL_STRING, TokenType.BYTE_STRING)
+    return [t.start for t in tokens if t.token_type not in strings]
+
+
+def _marked(text: str, code: list[int]) -> bool:
+    words = [_word(text, start) for start in code]
+    for i, (start, word) in enumerate(zip(code, words)):
+        if word.startswith("`"):
+            return True
+        if word == "#" and (start == 0 or text[:start].rstrip(" \t").endswith("\n")) and \
+                not (i + 1 < len(words) and words[i + 1][:1].isdigit() and code[i + 1] == start + 1):
+            return True
+        if word.upper() == "ML" and words[i + 1:i + 2] == ["."] and words[i + 3:i + 4] == ["("]:
+            return True
+    for s in [0] + [i + 1 for i, w in enumerate(words) if w == ";"]:
+        head = [w.upper() for w in words[s:s + 4]]
+        if head[:2] in (["CREATE", "MODEL"], ["DROP", "MODEL"]) or head == ["CREATE", "OR", "REPLACE", "MODEL"]:
+            return True
+    return False
+
+
+_WORD = re.compile(r"`[^`]*`?|\w+|\S")
+
+
+def _word(text: str, start: int) -> str:
+    return _WORD.match(text, start).group(0)
+
+
 def split_statements(text: str, dialect: str = "duckdb") -> list[str]:
     """The statements of ``text``, each without its ``;``; empty ones (comments only) left
-    out. A text that may hold BigQuery ML is split by BigQuery's rules too, and refused
-    (``AmbiguousScript``) where the two disagree; an unterminated string or comment is
-    ``UnterminatedText``."""
-    if dialect == "bigquery" or not _BIGQUERY_ML.search(text):
+    out. A text written for BigQuery (``bigquery_markers``) is split by BigQuery's rules
+    too, and refused (``AmbiguousScript``) where the two disagree: whatever it holds, a
+    write DuckDB would read where BigQuery reads a comment or a string does not run. An
+    unterminated string or comment is ``UnterminatedText``. Any other text is split as
+    DuckDB reads it."""
+    if dialect == "bigquery" or not bigquery_markers(text):
         return _split(text, dialect)
+    bigquery, duck = _split_or_none(text, "bigquery"), _split_or_none(text, dialect)
+    if bigquery == [] and duck and all(s.startswith("#") for s in duck):
+        return []   # BigQuery's comments only
+    if bigquery is None and not duck:
+        return _split(text, "bigquery")   # raises UnterminatedText: a lone backquote, say
     ends = []
     for each in (dialect, "bigquery"):
         try:
@@ -128,10 +189,18 @@ def split_statements(text: str, dialect: str = "duckdb") -> list[str]:
         return _split(text, dialect)    # raises UnterminatedText
     if ends[0] != ends[1]:
         raise AmbiguousScript(
-            "the script holds BigQuery ML, and BigQuery's string rules (\\' escapes a quote) and DuckDB's "
-            "('' escapes a quote) end its statements in different places; dbml runs neither reading: write "
-            "strings without \\' in BigQuery ML scripts")
+            "the script is written for BigQuery (a backquoted name, a # comment, ML. or MODEL), and BigQuery's "
+            "rules (\\' escapes a quote, # starts a comment) and DuckDB's ('' escapes a quote) end its statements "
+            "in different places; dbml runs neither reading: write strings without \\' and comments with -- "
+            "in such scripts")
     return _split(text, dialect)
+
+
+def _split_or_none(text: str, dialect: str) -> list[str] | None:
+    try:
+        return _split(text, dialect)
+    except UnterminatedText:
+        return None
 
 
 def _spans(text: str, dialect: str) -> list[tuple[int, int]]:
