@@ -433,7 +433,7 @@ class Search:
 
 
 def _better(a: Trial, b: Trial, direction: str) -> bool:
-    """Whether finished trial ``a`` beats ``b`` (``trials.ROWS_SQL``'s rule: ties go to the earlier)."""
+    """Whether finished trial ``a`` beats ``b`` (``trials.ROWS``'s rule: ties go to the earlier)."""
     if a.objective == b.objective:
         return a.number < b.number
     return a.objective > b.objective if direction == "maximize" else a.objective < b.objective
