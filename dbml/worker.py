@@ -210,6 +210,7 @@ def run_task(task: Task, cur, progress: RemoteProgress) -> tuple:
     """One worker's part of ``task``: rows, resume point, training; the outcome (never raises)."""
     import ray
     from . import checkpoints, shipping
+    from .data import drop_scratch
     table = f"job_{task.job_id}_{uuid.uuid4().hex[:8]}"
     progress.start()
     try:
@@ -224,7 +225,7 @@ def run_task(task: Task, cur, progress: RemoteProgress) -> tuple:
         return "error", pack_error(e)
     finally:
         progress.close()
-        cur.execute(f"DROP TABLE IF EXISTS {table}")
+        cur.execute(drop_scratch(table).sql("duckdb"))
 
 
 # -- outcomes, as bytes and back -----------------------------------------------------------
