@@ -78,8 +78,20 @@ TEMP_HINT = (" (a TEMP table or view is not seen: dbml runs the source on its ow
 
 
 def quote(name: str) -> str:
-    """A column or table name as a quoted DuckDB identifier."""
+    """A column or table name as a quoted DuckDB identifier: the one quoter of names, as text
+    (``column`` is the same name in a tree)."""
     return exp.to_identifier(name, quoted=True).sql("duckdb")
+
+
+def parsed(sql: exp.Expression | str) -> exp.Expression:
+    """A tree as it is; SQL text a module still hands over (a source from ``as_select``, an
+    expression of the preprocessing) as sqlglot reads it for DuckDB."""
+    return exp.maybe_parse(sql, dialect="duckdb")
+
+
+def column(name: str) -> exp.Column:
+    """A column name, quoted, as a sqlglot column: one identifier, whatever it holds (dots, quotes)."""
+    return exp.column(exp.to_identifier(name, quoted=True))
 
 
 def literal(value) -> str:
