@@ -89,7 +89,7 @@ def sql_fstrings(root: Path = ROOT) -> list[str]:
                         and (path.relative_to(root).as_posix(), _enclosing_function(node, parents))
                         not in MESSAGE_BUILDERS):
                     hits.append(f"{path.relative_to(root)}:{node.lineno}")
-    return hits
+    return sorted(hits, key=lambda hit: (hit.rsplit(":", 1)[0], int(hit.rsplit(":", 1)[1])))
 
 
 def test_no_sql_built_as_text():
