@@ -68,7 +68,6 @@ def scratch_rows(table: str, condition: exp.Expression | str) -> exp.Select:
     return exp.select("x", "y").from_(exp.to_table(table, dialect="duckdb")).where(condition, dialect="duckdb")
 
 
-
 def drop_scratch(table: str) -> exp.Drop:
     """``DROP TABLE IF EXISTS`` of a job's scratch table ``table``."""
     return exp.Drop(tables=[exp.to_table(table, dialect="duckdb")], kind="TABLE", exists=True)

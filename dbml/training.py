@@ -44,7 +44,6 @@ from .spec import TrainSpec, default_lr, default_validation
 D = "duckdb"
 
 
-
 def _classification_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(out, y)
 
@@ -240,7 +239,6 @@ def _drop_scratch(cur, table: str) -> None:
         cur.execute(drop_scratch(table).sql(D))
 
 
-
 def _params(spec: TrainSpec) -> dict:
     d = asdict(spec)
     d.pop("source"), d.pop("model")
@@ -261,7 +259,7 @@ def _materialise(cur, table: str, select_sql: str, prep: Preprocessing, spec: Tr
                        exp.alias_(heldout.split_hash(spec.seed), "h"))
             .from_(_parsed(select_sql).subquery()).where(_parsed(prep.label_filter())))
     split = (exp.select("x", "y", exp.alias_(_parsed(heldout.is_held_out("h", spec.validation)), "is_val"))
-             .from_(rows.subquery()).order_by(exp.Ordered(this=exp.column("h"), nulls_first=False)))
+             .from_(rows.subquery()).order_by("h", dialect=D))
     cur.execute(exp.Create(this=exp.to_table(table, dialect=D), kind="TABLE", expression=split).sql(D))
     counts = exp.select("count(*) FILTER (NOT is_val)", "count(*) FILTER (is_val)", dialect=D).from_(
         exp.to_table(table, dialect=D))
