@@ -24,7 +24,7 @@ from .data import BatchStream
 from .errors import InvalidArgument, RowSkipped
 from .features import Preprocessing
 from .forward_memory import rows_within
-from .source import as_select, column, describe, parsed, resolve_column, value_sql
+from .source import column, describe, parsed, resolve_column, select_tree, value_sql
 
 
 class ModelCache:
@@ -305,7 +305,7 @@ def model_and_source(cur, cache: ModelCache, name: str, source: str, fn: str):
     """The latest version of model ``name``, the source as one SELECT and its columns,
     which must hold every feature of the model."""
     model = cache.get(name, fn=fn)
-    select_sql = as_select(source, fn=fn)
+    select_sql = select_tree(source, fn=fn)
     columns = describe(cur, select_sql, fn=fn)
     for f in model.preprocessing.feature_names:
         resolve_column(columns, f, fn=fn, arg="source")
@@ -326,9 +326,9 @@ def prediction_expression(model: catalog.StoredModel, on_error: str = "raise",
     return call
 
 
-def over_source(columns: list[exp.Expression], select_sql: str) -> str:
-    """``SELECT src.*, <columns> FROM (<source>) AS src``."""
-    source = exp.Subquery(this=sqlglot.parse_one(select_sql, read="duckdb"), alias=exp.TableAlias(this="src"))
+def over_source(columns: list[exp.Expression], select_sql: exp.Query) -> str:
+    """``SELECT src.*, <columns> FROM (<source>) AS src``, as the text a SQL macro runs."""
+    source = exp.Subquery(this=parsed(select_sql).copy(), alias=exp.TableAlias(this="src"))
     return exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier("src")), *columns).from_(source).sql("duckdb")
 
 
@@ -360,7 +360,7 @@ def evaluate(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, sourc
         batches = BatchStream(cur, query, 8192)
     else:   # the rows numbered (or named by file) before the label's filter
         named = exp.select(exp.Star(), exp.alias_(row_names(columns), "__dbml_row_name")).from_(
-            exp.Subquery(this=parsed(select_sql), alias=exp.TableAlias(this="src")))
+            exp.Subquery(this=parsed(select_sql).copy(), alias=exp.TableAlias(this="src")))
         query = (exp.select(*xy, "__dbml_row_name").from_(named.subquery())
                  .where(parsed(prep.label_filter())))
         batches = _input_batches(cur, model, query, on_error, fn)

@@ -38,7 +38,7 @@ from .scheduler import hostmem, procmem
 from .scheduler.execute import rng
 from .scheduler.execute.step import EagerStep, StepRunner
 from .settings import resolve_device
-from .source import as_select, check_tables_only, describe, parsed as _parsed
+from .source import check_tables_only, describe, parsed as _parsed, select_tree
 from .spec import TrainSpec, default_lr, default_validation
 
 D = "duckdb"
@@ -198,7 +198,7 @@ def scratch(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress)
     """The job's source checked, its preprocessing fitted and its rows materialised
     (``_materialise``) into the job's scratch table, dropped when the block ends."""
     threads.use(spec.torch_threads)
-    select_sql = as_select(spec.source, fn="train")
+    select_sql = select_tree(spec.source, fn="train")
     if spec.sources == "tables":
         check_tables_only(cur, select_sql, fn="train")
     columns = describe(cur, select_sql, fn="train")
@@ -245,7 +245,7 @@ def _params(spec: TrainSpec) -> dict:
     return d
 
 
-def _materialise(cur, table: str, select_sql: str, prep: Preprocessing, spec: TrainSpec) -> tuple[int, int]:
+def _materialise(cur, table: str, select_sql: exp.Query, prep: Preprocessing, spec: TrainSpec) -> tuple[int, int]:
     """Features and labels computed once by DuckDB, with a deterministic validation split.
 
     ``h`` hashes each source row (every column it has, as the source gives it: not the
