@@ -109,7 +109,7 @@ def value_sql(value) -> exp.Expression:
     if isinstance(value, int):
         return exp.Literal.number(int(value)) if value >= 0 else exp.Neg(this=exp.Literal.number(-int(value)))
     if isinstance(value, float):
-        return sqlglot.parse_one(number(value), read="duckdb")
+        return number_tree(value)
     if isinstance(value, (list, tuple)):
         return exp.Array(expressions=[value_sql(v) for v in value])
     return exp.Literal.string(str(value))
@@ -124,11 +124,16 @@ def number(value) -> str:
     >>> number(0.5), number(-3)
     ('0.5', '-3.0')
     """
+    return number_tree(value).sql("duckdb")
+
+
+def number_tree(value) -> exp.Expression:
+    """``number`` as a sqlglot tree: a literal, negated below zero."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"expected a finite number, got {value!r}")
     text = repr(float(value))          # digits, '.', 'e', '-' only: value is a finite float
     node = exp.Literal.number(text.lstrip("-"))
-    return (exp.Neg(this=node) if text.startswith("-") else node).sql("duckdb")
+    return exp.Neg(this=node) if text.startswith("-") else node
 
 
 def as_select(source: str | None, *, fn: str, arg: str = "source") -> str:
