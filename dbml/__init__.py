@@ -15,6 +15,7 @@ import threading
 from importlib import resources
 
 import duckdb
+from sqlglot import exp
 
 from .core import settings as _settings
 from .errors import (CatalogError, DbmlError, Interrupted, InvalidArgument, ModelNotFound, SourceError,
@@ -78,8 +79,8 @@ class Connection:
 
     def _read_settings(self) -> dict:
         names = [s.name for s in _settings.SETTINGS]   # one query for all, typed as set
-        values = self.duckdb.execute("SELECT " + ", ".join(f"getvariable('{_settings.variable(n)}')"
-                                                            for n in names)).fetchall()[0]
+        query = exp.select(*(exp.func("getvariable", exp.Literal.string(_settings.variable(n))) for n in names))
+        values = self.duckdb.execute(query.sql("duckdb")).fetchall()[0]
         return {n: v for n, v in zip(names, values) if v is not None}
 
     def interrupt(self) -> None:
@@ -156,9 +157,9 @@ def _install_sql(con: duckdb.DuckDBPyConnection, read_only: bool) -> None:
     for sql in sorted(resources.files("dbml.sql").iterdir(), key=lambda p: p.name):
         if sql.name.endswith(".sql") and not (read_only and sql.name in _WRITING_SQL):
             con.execute(sql.read_text())
-    con.execute(train_macro_sql())
-    con.execute(tune_macro_sql())
-    con.execute(view_sql(con))
+    con.execute(train_macro_sql().sql("duckdb"))
+    con.execute(tune_macro_sql().sql("duckdb"))
+    con.execute(view_sql(con).sql("duckdb"))
 
 
 def __getattr__(name: str):

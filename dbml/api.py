@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 
 import duckdb
+from sqlglot import exp
 
 from .errors import InvalidArgument
 
@@ -100,6 +101,12 @@ def _train_params() -> list[str]:
     return [p.name for p in TRAIN_PARAMS]
 
 
+def _call(fn: str, arguments: dict) -> exp.Anonymous:
+    """``fn(?, ?, name := ?, ...)``: the model, the source and ``arguments`` by name, bound."""
+    named = (exp.PropertyEQ(this=exp.to_identifier(k), expression=exp.Placeholder()) for k in arguments)
+    return exp.Anonymous(this=fn, expressions=[exp.Placeholder(), exp.Placeholder(), *named])
+
+
 def train(con, model: str, source: str, **arguments) -> dict:
     """``SELECT train(model, source, name := value, ...)``: trains (waiting for the job) and
     returns its summary. Arguments are train()'s, by name (``label='y'``, ``epochs=5``)."""
@@ -108,8 +115,8 @@ def train(con, model: str, source: str, **arguments) -> dict:
     if unknown:
         raise InvalidArgument(f"dbml.train(): unknown argument {unknown[0]!r}; train() takes "
                               f"{', '.join(names[2:])}")
-    named = "".join(f", {k} := ?" for k in arguments)
-    row = con.execute(f"SELECT train(?, ?{named})", [model, source, *arguments.values()]).fetchall()
+    row = con.execute(exp.select(_call("train", arguments)).sql("duckdb"),
+                      [model, source, *arguments.values()]).fetchall()
     return row[0][0]
 
 
@@ -126,8 +133,8 @@ def tune(con, model: str, source: str, **arguments) -> list[dict]:
         raise InvalidArgument(f"dbml.tune(): unknown argument {unknown[0]!r}; tune() takes {', '.join(names)}")
     if isinstance(arguments.get("space"), dict):
         arguments["space"] = json.dumps(arguments["space"])
-    named = "".join(f", {k} := ?" for k in arguments)
-    cur = con.execute(f"SELECT * FROM tune(?, ?{named})", [model, source, *arguments.values()])
+    cur = con.execute(exp.select("*").from_(exp.Table(this=_call("tune", arguments))).sql("duckdb"),
+                      [model, source, *arguments.values()])
     columns = [d[0] for d in cur.description]
     return [dict(zip(columns, row)) for row in cur.fetchall()]
 

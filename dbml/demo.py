@@ -93,13 +93,14 @@ FROM (SELECT train('house_price', 'SELECT * EXCLUDE (split) FROM houses WHERE sp
                    label := 'price', arch := 'linear', epochs := 15, lr := 0.05) AS t)"""),
 ]
 
-WIDE = ("'SELECT x1, x2, label FROM moons WHERE split = ''train''', label := 'label', "
-        "hidden := [256, 256], batch_size := 256, epochs := 3")
-
+# The statement is shown as it runs: written out in full, both models with the same arguments.
 MEMORY = [
-    ("The same MLP trained by plain PyTorch, then by the TENSILE scheduler at 90% of PyTorch's peak", f"""
-WITH eager AS MATERIALIZED (SELECT train('wide_eager', {WIDE}, policy := 'eager') AS r),
-     tensile AS MATERIALIZED (SELECT train('wide_tensile', {WIDE},
+    ("The same MLP trained by plain PyTorch, then by the TENSILE scheduler at 90% of PyTorch's peak", """
+WITH eager AS MATERIALIZED (SELECT train('wide_eager', 'SELECT x1, x2, label FROM moons WHERE split = ''train''',
+                                         label := 'label', hidden := [256, 256], batch_size := 256, epochs := 3,
+                                         policy := 'eager') AS r),
+     tensile AS MATERIALIZED (SELECT train('wide_tensile', 'SELECT x1, x2, label FROM moons WHERE split = ''train''',
+                              label := 'label', hidden := [256, 256], batch_size := 256, epochs := 3,
                               memory_budget := (SELECT (0.9 * r.vanilla_peak_bytes)::BIGINT FROM eager),
                               measure_vanilla := true) AS r)
 SELECT policy, r.measured_peak_bytes, r.vanilla_peak_bytes, round(r.msr, 3) AS msr, r.swaps, r.recomputes,
@@ -207,7 +208,7 @@ def main(database: str = ":memory:") -> int:
     for title, sql in DATA:
         con.execute(sql)
         name = sql.split("TABLE ")[1].split()[0]
-        rows = con.execute(f"SELECT count(*) FROM {name}").fetchall()[0][0]
+        rows = con.table(name).count("*").fetchall()[0][0]
         print(f"• {title}: table {name}, {rows} rows")
     for section, steps in (("Training", TRAIN), ("Memory", MEMORY)):
         run_section(con, section, steps)

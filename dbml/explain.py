@@ -133,13 +133,13 @@ def explain_sql(cur, cache, name: str, source: str) -> str:
     """The query behind ``explain(model, source)``: every source row, ``prediction`` and the
     columns of ``columns.EXPLAIN_RESULT``."""
     from .core.inference import model_and_source, over_source, prediction_expression
-    from .core.source import value_sql
+    from .core.source import parsed, value_sql
     model, select_sql, _ = model_and_source(cur, cache, name, source, "explain")
     prep = model.preprocessing
     if prep.input is not None:
         raise InvalidArgument(f"explain(): model {name!r} takes {prep.input.kind} input; explanations cover "
                               f"tabular models (numeric and categorical columns)")
     call = exp.Anonymous(this="dbml_explain", expressions=[
-        value_sql(model.name), value_sql(model.uid), prep.features_sql()])
+        value_sql(model.name), value_sql(model.uid), parsed(prep.features_sql())])
     return over_source([exp.alias_(prediction_expression(model), "prediction"), exp.func("unnest", call)],
                        select_sql)

@@ -64,7 +64,7 @@ def _objective(objective: str) -> str:
 
 def trials(con, model: str) -> list[dict]:
     """Every stored trial of ``model`` (the ``dbml_trials`` rows), in trial order."""
-    cur = con.execute(f"SELECT * FROM ({store.ROWS_SQL}) WHERE model = ? ORDER BY trial", [model])
+    cur = con.execute(store.ALL_ROWS_OF.sql(store.D), [model])
     names = [d[0] for d in cur.description]
     return [dict(zip(names, row)) for row in cur.fetchall()]
 

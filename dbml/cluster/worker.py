@@ -211,6 +211,7 @@ def run_task(task: Task, cur, progress: RemoteProgress) -> tuple:
     import ray
     from ..core import checkpoints
     from . import shipping
+    from ..core.data import drop_scratch
     table = f"job_{task.job_id}_{uuid.uuid4().hex[:8]}"
     progress.start()
     try:
@@ -225,7 +226,7 @@ def run_task(task: Task, cur, progress: RemoteProgress) -> tuple:
         return "error", pack_error(e)
     finally:
         progress.close()
-        cur.execute(f"DROP TABLE IF EXISTS {table}")
+        cur.execute(drop_scratch(table).sql("duckdb"))
 
 
 # -- outcomes, as bytes and back -----------------------------------------------------------

@@ -22,6 +22,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import torch
+from sqlglot import exp
 
 from ..errors import CatalogError, InvalidArgument, ModelNotFound, TrainingError
 from .features import TASKS, Feature, Preprocessing
@@ -39,6 +40,29 @@ _WRITES = threading.Lock()
 
 MODELS, WEIGHTS, JOB_IDS = "dbml.models", "dbml.weights", "dbml.job_ids"
 TRIALS = "dbml.trials"   # tune()'s trials (dbml.trials), dropped with their model
+
+# The catalog's statements, built once as sqlglot trees and rendered where they run; values
+# are bound parameters (?).
+D = "duckdb"
+_MODELS, _WEIGHTS, _TRIALS = (exp.to_table(t, dialect=D) for t in (MODELS, WEIGHTS, TRIALS))
+_BY_NAME = "name = ?"
+MOVE_MODELS = exp.insert(exp.select("*", "gen_random_uuid()", dialect=D).from_("main.dbml_models", dialect=D), _MODELS)
+MOVE_WEIGHTS = exp.insert(exp.select("*").from_("main.dbml_weights", dialect=D), _WEIGHTS)
+NEXT_JOB_ID = exp.select(exp.func("nextval", exp.Literal.string(JOB_IDS)))
+NEXT_VERSION = exp.select("coalesce(max(version), 0) + 1", dialect=D).from_(_MODELS).where(_BY_NAME, dialect=D)
+# dbml.models' columns in order: name, version and 9 more bound, created, the blob's size (bound), uid.
+INSERT_MODEL = exp.insert(exp.values([(*[exp.Placeholder()] * 11, exp.func("current_localtimestamp"),
+                                       exp.Placeholder(), exp.func("gen_random_uuid"))]), _MODELS)
+IDENTIFY = (exp.select("version", "uid::VARCHAR", dialect=D).from_(_MODELS)
+            .where("name = ? AND (? IS NULL OR version = ?)", dialect=D).order_by("version DESC", dialect=D).limit(1))
+COUNT_MODELS = exp.select("count(*)").from_(_MODELS).where(_BY_NAME, dialect=D)
+VERSION_OF_UID = exp.select("version").from_(_MODELS).where("name = ? AND uid::VARCHAR = ?", dialect=D)
+LOAD = (exp.select("m.config", "m.preprocessing", "w.weights", "m.uid::VARCHAR", dialect=D)
+        .from_(_MODELS.as_("m")).join(_WEIGHTS.as_("w"), using=["name", "version"])
+        .where("name = ? AND version = ? AND (? IS NULL OR m.uid::VARCHAR = ?)", dialect=D))
+COUNT_TRIALS = exp.select("count(*)").from_(_TRIALS).where("model = ?", dialect=D)
+DELETE_MODEL = (exp.delete(_TRIALS, where="model = ?", dialect=D), exp.delete(_WEIGHTS, where=_BY_NAME, dialect=D),
+                exp.delete(_MODELS, where=_BY_NAME, dialect=D))
 
 
 @dataclass
@@ -85,8 +109,8 @@ def migrate(con: duckdb.DuckDBPyConnection, catalog_sql: str) -> bool:
     con.execute("BEGIN TRANSACTION")
     try:
         con.execute(catalog_sql)
-        con.execute(f"INSERT INTO {MODELS} SELECT *, gen_random_uuid() FROM main.dbml_models")
-        con.execute(f"INSERT INTO {WEIGHTS} SELECT * FROM main.dbml_weights")
+        con.execute(MOVE_MODELS.sql(D))
+        con.execute(MOVE_WEIGHTS.sql(D))
         con.execute("DROP TABLE main.dbml_weights")
         con.execute("DROP TABLE main.dbml_models")
         con.execute("DROP SEQUENCE IF EXISTS main.dbml_job_ids")
@@ -98,7 +122,7 @@ def migrate(con: duckdb.DuckDBPyConnection, catalog_sql: str) -> bool:
 
 
 def next_job_id(cur: duckdb.DuckDBPyConnection) -> int:
-    return cur.execute(f"SELECT nextval('{JOB_IDS}')").fetchall()[0][0]
+    return cur.execute(NEXT_JOB_ID.sql(D)).fetchall()[0][0]
 
 
 def weights_blob(module: torch.nn.Module) -> bytearray:
@@ -172,10 +196,8 @@ def write(cur: duckdb.DuckDBPyConnection, *, name: str, config: ModelConfig, pre
 def _insert(cur: duckdb.DuckDBPyConnection, name: str, row: list, blob: bytearray) -> int:
     cur.execute("BEGIN TRANSACTION")
     try:
-        version = cur.execute(f"SELECT coalesce(max(version), 0) + 1 FROM {MODELS} WHERE name = ?",
-                              [name]).fetchall()[0][0]
-        cur.execute(f"INSERT INTO {MODELS} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, current_localtimestamp(), ?, "
-                    f"gen_random_uuid())", [name, version, *row, len(blob)])
+        version = cur.execute(NEXT_VERSION.sql(D), [name]).fetchall()[0][0]
+        cur.execute(INSERT_MODEL.sql(D), [name, version, *row, len(blob)])
         cur.from_arrow(_weights_row(name, version, blob)).insert_into(WEIGHTS)
         cur.execute("COMMIT")
         return version
@@ -198,8 +220,7 @@ def latest_version(cur: duckdb.DuckDBPyConnection, name: str, *, fn: str) -> int
 
 def identify(cur: duckdb.DuckDBPyConnection, name: str, version: int | None, *, fn: str) -> tuple[int, str]:
     """(version, uid) of model ``name``'s ``version`` (None: its latest); ModelNotFound naming the fix."""
-    rows = cur.execute(f"SELECT version, uid::VARCHAR FROM {MODELS} WHERE name = ? AND (? IS NULL OR version = ?) "
-                       f"ORDER BY version DESC LIMIT 1", [name, version, version]).fetchall()
+    rows = cur.execute(IDENTIFY.sql(D), [name, version, version]).fetchall()
     if not rows and version is not None and identify_any(cur, name):
         raise ModelNotFound(f"{fn}(): model {name!r} has no version {version}; pass one of "
                             f"SELECT version FROM dbml_models WHERE name = {name!r}, or leave version out")
@@ -210,12 +231,12 @@ def identify(cur: duckdb.DuckDBPyConnection, name: str, version: int | None, *, 
 
 
 def identify_any(cur: duckdb.DuckDBPyConnection, name: str) -> bool:
-    return bool(cur.execute(f"SELECT count(*) FROM {MODELS} WHERE name = ?", [name]).fetchall()[0][0])
+    return bool(cur.execute(COUNT_MODELS.sql(D), [name]).fetchall()[0][0])
 
 
 def load_uid(cur: duckdb.DuckDBPyConnection, name: str, uid: str, *, fn: str) -> StoredModel:
     """The stored model ``uid`` of ``name``; ModelNotFound if it was dropped or replaced."""
-    rows = cur.execute(f"SELECT version FROM {MODELS} WHERE name = ? AND uid::VARCHAR = ?", [name, uid]).fetchall()
+    rows = cur.execute(VERSION_OF_UID.sql(D), [name, uid]).fetchall()
     if not rows:
         raise ModelNotFound(f"{fn}(): model {name!r} was dropped or replaced while the statement ran; run it again")
     return load(cur, name, rows[0][0], uid)
@@ -223,10 +244,7 @@ def load_uid(cur: duckdb.DuckDBPyConnection, name: str, uid: str, *, fn: str) ->
 
 def load(cur: duckdb.DuckDBPyConnection, name: str, version: int, uid: str | None = None) -> StoredModel:
     """Version ``version`` of ``name`` (and, given ``uid``, only if it is still that stored model)."""
-    rows = cur.execute(f"""SELECT m.config, m.preprocessing, w.weights, m.uid::VARCHAR
-                         FROM {MODELS} m JOIN {WEIGHTS} w USING (name, version)
-                         WHERE name = ? AND version = ? AND (? IS NULL OR m.uid::VARCHAR = ?)""",
-                       [name, version, uid, uid]).fetchall()
+    rows = cur.execute(LOAD.sql(D), [name, version, uid, uid]).fetchall()
     if not rows and uid is not None:
         raise ModelNotFound(f"model {name!r} version {version} was dropped or replaced while the statement ran; "
                             f"run it again")
@@ -328,7 +346,7 @@ def _record_problem(d, cls, where: str) -> str | None:
 def drop(cur: duckdb.DuckDBPyConnection, name: str, *, fn: str = "drop_model") -> int:
     """Delete every version of ``name`` and its tune() trials; return how many versions there were.
     A model with trials but no version (no trial finished) is dropped too."""
-    if not cur.execute(f"SELECT count(*) FROM {TRIALS} WHERE model = ?", [name]).fetchall()[0][0]:
+    if not cur.execute(COUNT_TRIALS.sql(D), [name]).fetchall()[0][0]:
         latest_version(cur, name, fn=fn)
     with _WRITES:
         return _delete(cur, name)
@@ -337,10 +355,9 @@ def drop(cur: duckdb.DuckDBPyConnection, name: str, *, fn: str = "drop_model") -
 def _delete(cur: duckdb.DuckDBPyConnection, name: str) -> int:
     cur.execute("BEGIN TRANSACTION")
     try:
-        n = cur.execute(f"SELECT count(*) FROM {MODELS} WHERE name = ?", [name]).fetchall()[0][0]
-        cur.execute(f"DELETE FROM {TRIALS} WHERE model = ?", [name])
-        cur.execute(f"DELETE FROM {WEIGHTS} WHERE name = ?", [name])
-        cur.execute(f"DELETE FROM {MODELS} WHERE name = ?", [name])
+        n = cur.execute(COUNT_MODELS.sql(D), [name]).fetchall()[0][0]
+        for statement in DELETE_MODEL:
+            cur.execute(statement.sql(D), [name])
         cur.execute("COMMIT")
         return n
     except BaseException:

@@ -45,7 +45,7 @@ MEMORY_ROW = {
 }
 MEMORY_COLUMNS = tuple(MEMORY_ROW)
 
-# tune(): one row per trial it ran; the dbml_trials view: every stored trial (dbml.search.trials.ROWS_SQL)
+# tune(): one row per trial it ran; the dbml_trials view: every stored trial (dbml.search.trials.ROWS)
 TRIAL_ROW = {
     "model": "VARCHAR", "trial": "INTEGER", "status": "VARCHAR", "objective_name": "VARCHAR",
     "objective": "DOUBLE", "best": "BOOLEAN", "params": "JSON", "objectives": "DOUBLE[]", "epochs": "INTEGER",

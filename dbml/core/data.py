@@ -20,6 +20,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import torch
+from sqlglot import exp
 
 # Arrow buffers are immutable, so their numpy views are read-only; torch warns once that
 # it cannot protect them. Training only reads batches, so the zero-copy view is safe. The
@@ -69,6 +70,16 @@ class StreamStats:
         self.fetch_seconds += other.fetch_seconds
 
 
+def scratch_rows(table: str, condition: exp.Expression | str) -> exp.Select:
+    """``x, y`` of a job's scratch table ``table`` where ``condition`` holds."""
+    return exp.select("x", "y").from_(exp.to_table(table, dialect="duckdb")).where(condition, dialect="duckdb")
+
+
+def drop_scratch(table: str) -> exp.Drop:
+    """``DROP TABLE IF EXISTS`` of a job's scratch table ``table``."""
+    return exp.Drop(tables=[exp.to_table(table, dialect="duckdb")], kind="TABLE", exists=True)
+
+
 @dataclass
 class BatchStream:
     """Iterate the rows of one or more queries as tensors, ``batch_rows`` at a time,
@@ -82,7 +93,7 @@ class BatchStream:
     """
 
     con: duckdb.DuckDBPyConnection
-    sql: str | list[str]
+    sql: exp.Query | str | list[exp.Query | str]     # trees rendered here, where they run
     batch_rows: int
     prefetch: int = 4
     shuffle: int | None = None
@@ -155,8 +166,8 @@ class BatchStream:
         round trips to DuckDB), cut into ``batch_rows`` views when not shuffling."""
         rows = READ_ROWS if self.convert is None else CONVERTED_ROWS
         read_rows = self.batch_rows * max(1, -(-rows // self.batch_rows))
-        for sql in [self.sql] if isinstance(self.sql, str) else self.sql:
-            reader = cur.sql(sql).to_arrow_reader(read_rows)
+        for query in self.sql if isinstance(self.sql, list) else [self.sql]:
+            reader = cur.sql(query if isinstance(query, str) else query.sql("duckdb")).to_arrow_reader(read_rows)
             try:
                 for batch in reader:
                     tensors = batch_to_tensors(batch) if self.convert is None else \

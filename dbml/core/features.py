@@ -33,19 +33,39 @@ from sqlglot import exp
 from . import inputs
 from ..errors import InvalidArgument, SourceError
 from .inputs import InputEncoder
-from .source import Column, literal, number, quote, resolve_column
+from .source import Column, column, literal, number, parsed, quote, resolve_column, value_sql
 from ..zoo import Inputs
 
 MAX_CATEGORIES = 64
 MAX_INTEGER_CLASSES = 20
 MAX_CLASSES = 1000
+D = "duckdb"
 TASKS = ("classification", "regression")
 FLOAT_MAX = 3.4028234663852886e38    # the largest FLOAT: encoded values are clipped to it
 
 
-def finite_or_zero(value_sql: str) -> str:
-    """A DOUBLE expression as a FLOAT-safe value: NULL, NaN and ±Inf become 0, the rest is clipped."""
-    return f"CASE WHEN isfinite({value_sql}) THEN greatest(least({value_sql}, {number(FLOAT_MAX)}), {number(-FLOAT_MAX)}) ELSE 0 END"
+def finite_or_zero(value: exp.Expression) -> exp.Expression:
+    """A DOUBLE expression as a FLOAT-safe value: NULL, NaN and ±Inf become 0, the rest is clipped.
+    (Built from the node classes: the builders' parsing and copies cost seconds on a
+    784-element array.)"""
+    least = exp.Least(this=value.copy(), expressions=[value_sql(FLOAT_MAX)], ignore_nulls=True)
+    clipped = exp.Greatest(this=least, expressions=[value_sql(-FLOAT_MAX)], ignore_nulls=True)
+    finite = exp.Anonymous(this="isfinite", expressions=[value])
+    return exp.Case(ifs=[exp.If(this=finite, true=clipped)], default=exp.Literal.number(0))
+
+
+def scaled(value: exp.Expression, mean: exp.Expression, std: exp.Expression) -> exp.Expression:
+    """``(value::DOUBLE - mean) / std``: the standardisation, in DOUBLE arithmetic."""
+    return exp.Div(this=exp.Paren(this=exp.Sub(this=exp.cast(value, "DOUBLE"), expression=mean)), expression=std)
+
+
+def _element(array: exp.Expression, index: exp.Expression) -> exp.Bracket:
+    """``array[index]``, 1-based as DuckDB counts (the index is written as it is)."""
+    return exp.Bracket(this=array, expressions=[index], offset=1)
+
+
+def _lambda(name: str, body: exp.Expression) -> exp.Lambda:
+    return exp.Lambda(this=body, expressions=[exp.to_identifier(name)])
 
 
 @dataclass(frozen=True)
@@ -67,32 +87,39 @@ class Feature:
         """The name of each input this feature takes: the column, or one per array element."""
         return [f"{self.name}[{i + 1}]" for i in range(self.width)] if self.kind == "array" else [self.name]
 
-    def sql(self, means: tuple[float, ...], stds: tuple[float, ...]) -> list[str]:
-        """This feature's inputs as SQL, scaled by ``means`` and ``stds`` (its share of
+    def expressions(self, means: tuple[float, ...], stds: tuple[float, ...]) -> list[exp.Expression]:
+        """This feature's inputs as sqlglot trees, scaled by ``means`` and ``stds`` (its share of
         ``Preprocessing.scaling``)."""
-        col = quote(self.name)
+        col = column(self.name)
         if self.kind == "numeric":
-            return [finite_or_zero(f"({col}::DOUBLE - {number(means[0])}) / {number(stds[0])}")]
+            return [finite_or_zero(scaled(col, value_sql(means[0]), value_sql(stds[0])))]
         if self.kind == "array":
-            return [finite_or_zero(f"({col}[{i + 1}]::DOUBLE - {number(m)}) / {number(s)}")
+            return [finite_or_zero(scaled(_element(col.copy(), exp.Literal.number(i + 1)), value_sql(m), value_sql(s)))
                     for i, (m, s) in enumerate(zip(means, stds))]
-        return [f"CASE WHEN {col}::VARCHAR = {literal(c)} THEN 1 ELSE 0 END" for c in self.categories]
+        return [exp.Case().when(exp.EQ(this=exp.cast(col.copy(), "VARCHAR"), expression=value_sql(c)),
+                                exp.Literal.number(1)).else_(exp.Literal.number(0)) for c in self.categories]
 
-    def list_sql(self, means: tuple[float, ...], stds: tuple[float, ...]) -> str:
-        """An array feature's inputs as one list expression, each element scaled as
-        :meth:`sql` scales it (the same DOUBLE arithmetic, so the same bits): one lambda
-        over the positions, where :meth:`sql` gives an expression per element, each with
+    def sql(self, means: tuple[float, ...], stds: tuple[float, ...]) -> list[str]:
+        """:meth:`expressions` rendered for DuckDB (``Preprocessing.features_sql`` joins them)."""
+        return [e.sql("duckdb") for e in self.expressions(means, stds)]
+
+    def list_sql(self, means: tuple[float, ...], stds: tuple[float, ...]) -> exp.Expression:
+        """An array feature's inputs as one list expression (a tree), each element scaled as
+        :meth:`expressions` scales it (the same DOUBLE arithmetic, so the same bits): one lambda
+        over the positions, where :meth:`expressions` gives an expression per element, each with
         vectors of its own in DuckDB (a 784-element array: ~70 MB while a job's scratch
         table was written, issue 29)."""
-        col, at = quote(self.name), "__dbml_i"
-        scaled = (f"list_transform(range(1, {len(means) + 1}), lambda {at}: ({col}[{at}]::DOUBLE - "
-                  f"{_doubles(means)}[{at}]) / {_doubles(stds)}[{at}])")
-        return f"list_transform({scaled}, lambda __dbml_z: {finite_or_zero('__dbml_z')})"
+        at, z = exp.column("__dbml_i"), exp.column("__dbml_z")
+        each = scaled(_element(column(self.name), at), _element(_doubles(means), at.copy()),
+                      _element(_doubles(stds), at.copy()))
+        positions = exp.func("range", exp.Literal.number(1), exp.Literal.number(len(means) + 1))
+        elements = exp.func("list_transform", positions, _lambda("__dbml_i", each))
+        return exp.func("list_transform", elements, _lambda("__dbml_z", finite_or_zero(z)))
 
 
-def _doubles(values: tuple[float, ...]) -> str:
-    """A DOUBLE[] literal whose elements convert as the literals of ``Feature.sql`` do."""
-    return f"[{', '.join(f'{number(v)}::DOUBLE' for v in values)}]"
+def _doubles(values: tuple[float, ...]) -> exp.Array:
+    """A DOUBLE[] literal whose elements convert as the literals of ``Feature.expressions`` do."""
+    return exp.Array(expressions=[exp.cast(value_sql(v), "DOUBLE") for v in values])
 
 
 class Standardise(torch.nn.Module):
@@ -164,34 +191,47 @@ class Preprocessing:
         return exp.cast(exp.Array(expressions=parts), vector)
 
     def scratch_sql(self) -> str:
-        """``features_sql`` as a job's scratch table stores it (images decoded once:
-        ``InputEncoder.scratch_sql``; an array feature as one list expression,
+        """:meth:`scratch_expression` rendered for DuckDB."""
+        return self.scratch_expression().sql("duckdb")
+
+    def scratch_expression(self) -> exp.Expression:
+        """``features_sql`` as a job's scratch table stores it, a tree (images decoded once:
+        ``InputEncoder.scratch_expression``; an array feature as one list expression,
         ``Feature.list_sql``: the same values, tested equal)."""
         if self.input is not None:
-            return self.input.scratch_sql()
+            return self.input.scratch_expression()
         means, stds = self.scaling()
         segments, scalars, at = [], [], 0
         for f in self.features:
             m, s = means[at:at + f.width], stds[at:at + f.width]
             at += f.width
             if f.kind != "array":
-                scalars += f.sql(m, s)
+                scalars += f.expressions(m, s)
                 continue
             if scalars:
-                segments.append(f"[{', '.join(scalars)}]")
+                segments.append(exp.Array(expressions=scalars))
                 scalars = []
             segments.append(f.list_sql(m, s))
         if scalars:
-            segments.append(f"[{', '.join(scalars)}]")
-        return f"({' || '.join(segments)})::FLOAT[{self.width}]"
+            segments.append(exp.Array(expressions=scalars))
+        joined = segments[0]
+        for segment in segments[1:]:
+            joined = exp.DPipe(this=joined, expression=segment)
+        return exp.cast(exp.Paren(this=joined), exp.DataType.build(f"FLOAT[{self.width}]", dialect="duckdb"))
 
     def label_sql(self) -> str:
-        """Classification: the class index (INTEGER, -1 for an unseen class); regression: the scaled target."""
-        col = quote(self.label)
+        """:meth:`label_expression` rendered for DuckDB."""
+        return self.label_expression().sql("duckdb")
+
+    def label_expression(self) -> exp.Expression:
+        """Classification: the class index (INTEGER, -1 for an unseen class); regression: the
+        scaled target. A tree."""
+        col = column(self.label)
         if self.task == "classification":
-            values = ", ".join(literal(c) for c in self.classes)
-            return f"coalesce(list_position([{values}], {col}) - 1, -1)::INTEGER"
-        return f"(({col}::DOUBLE - {number(self.target_mean)}) / {number(self.target_std)})::FLOAT"
+            position = exp.func("list_position", value_sql(list(self.classes)), col)
+            index = exp.func("coalesce", exp.Sub(this=position, expression=exp.Literal.number(1)), value_sql(-1))
+            return exp.cast(index, "INTEGER")
+        return exp.cast(exp.Paren(this=scaled(col, value_sql(self.target_mean), value_sql(self.target_std))), "FLOAT")
 
     def scaling(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """(means, stds) of each input the model takes, in order: a numeric column's, or each
@@ -269,13 +309,13 @@ def fit(cur: duckdb.DuckDBPyConnection, select_sql: str, columns: list[Column], 
     return _with_label(cur, src, label_col, task, feats, fn)
 
 
-def _with_label(cur, src: str, label_col: Column, task: str, feats: tuple, fn: str, input=None) -> Preprocessing:
+def _with_label(cur, src: exp.Subquery, label_col: Column, task: str, feats: tuple, fn: str, input=None) -> Preprocessing:
     """The preprocessing of ``feats`` (or ``input``) with the label's classes or scaling."""
     if task == "classification":
         classes = _classes(cur, src, label_col, fn)
         return Preprocessing(feats, label_col.name, task, classes=classes, input=input)
-    mean, std = cur.execute(f"SELECT avg({quote(label_col.name)}::DOUBLE), "
-                            f"stddev_pop({quote(label_col.name)}::DOUBLE) FROM {src}").fetchall()[0]
+    y = exp.cast(column(label_col.name), "DOUBLE")
+    mean, std = cur.execute(exp.select(exp.func("avg", y), exp.func("stddev_pop", y)).from_(src).sql(D)).fetchall()[0]
     return Preprocessing(feats, label_col.name, task, target_mean=_finite(mean), target_std=_nonzero(std), input=input)
 
 
@@ -286,7 +326,7 @@ def _series_scale_applies(series_scale: str, kind: str | None, fn: str) -> None:
                               f"column), and this model's input is {kind or 'tabular'}; leave series_scale out")
 
 
-def _one_input(cur, src: str, feature_cols: list[Column], col: Column, kind: str, shape, image_size,
+def _one_input(cur, src: exp.Subquery, feature_cols: list[Column], col: Column, kind: str, shape, image_size,
                fn: str, series_scale: str = "global") -> InputEncoder:
     """The encoder of the one image, text or sequence column; the zoo's architectures take
     one kind of input, so other feature columns beside it are an error."""
@@ -308,12 +348,13 @@ def label_usable(col_sql: str, *, numeric: bool, regression: bool) -> str:
         f"coalesce({cond}, false)"
 
 
-def _labelled_rows(cur, select_sql: str, label: Column, fn: str, regression: bool = False) -> str:
+def _labelled_rows(cur, select_sql: str, label: Column, fn: str, regression: bool = False) -> exp.Subquery:
     """The source's rows with a usable label, as a subquery; an error naming the label if there are none."""
-    col = quote(label.name)
-    usable = label_usable(col, numeric=label.is_numeric, regression=regression)
-    n_usable, n_labelled = cur.execute(f"SELECT count(*) FILTER (WHERE {usable}), count({col}) "
-                                       f"FROM ({select_sql})").fetchall()[0]
+    usable = parsed(label_usable(quote(label.name), numeric=label.is_numeric, regression=regression))
+    source = parsed(select_sql).subquery()
+    counts = exp.select(exp.Filter(this=exp.Count(this=exp.Star()), expression=exp.Where(this=usable)),
+                        exp.Count(this=column(label.name))).from_(source)
+    n_usable, n_labelled = cur.execute(counts.sql(D)).fetchall()[0]
     if n_labelled == 0:
         raise SourceError(f"{fn}(): source has no rows with a non-NULL label {label.name!r}; "
                           f"pass a source that selects some rows")
@@ -321,7 +362,7 @@ def _labelled_rows(cur, select_sql: str, label: Column, fn: str, regression: boo
         beyond = " or beyond FLOAT's range" if regression else ""
         raise SourceError(f"{fn}(): label {label.name!r} has no usable value: every non-NULL one is NaN, "
                           f"±Inf{beyond}; pass a source with finite labels (rows with such labels are skipped)")
-    return f"(SELECT * FROM ({select_sql}) WHERE {usable})"
+    return exp.select("*").from_(source.copy()).where(usable.copy()).subquery()
 
 
 def array_size(col: Column) -> int | None:
@@ -366,7 +407,7 @@ def _type_fix(col: Column) -> str:
     return ""
 
 
-def _task(cur, src: str, label: Column, task: str | None, fn: str) -> str:
+def _task(cur, src: exp.Subquery, label: Column, task: str | None, fn: str) -> str:
     if task is not None:
         if task not in TASKS:
             raise InvalidArgument(f"{fn}(): unknown task {task!r}; pass task := 'classification' or 'regression'")
@@ -380,32 +421,35 @@ def _task(cur, src: str, label: Column, task: str | None, fn: str) -> str:
         raise InvalidArgument(f"{fn}(): label {label.name!r} has type {label.type}, which dbml cannot predict; "
                               f"cast it to a number or VARCHAR in the SELECT")
     if label.is_integer:
-        n = cur.execute(f"SELECT count(DISTINCT {quote(label.name)}) FROM {src}").fetchall()[0][0]
+        distinct = exp.Count(this=exp.Distinct(expressions=[column(label.name)]))
+        n = cur.execute(exp.select(distinct).from_(src).sql(D)).fetchall()[0][0]
         if n <= MAX_INTEGER_CLASSES:
             return "classification"
     return "regression"
 
 
-def _finite_stats(value_sql: str) -> str:
+def _finite_stats(value: exp.Expression) -> list[exp.Expression]:
     """Mean and population std of a DOUBLE expression over its finite values (NULL, NaN, ±Inf left out)."""
-    return (f"avg({value_sql}) FILTER (WHERE isfinite({value_sql})), "
-            f"stddev_pop({value_sql}) FILTER (WHERE isfinite({value_sql}))")
+    return [exp.Filter(this=exp.func(agg, value.copy()), expression=exp.Where(this=exp.func("isfinite", value.copy())))
+            for agg in ("avg", "stddev_pop")]
 
 
-def _numeric_stats(cur, src: str, cols: list[Column]) -> dict[str, Feature]:
+def _numeric_stats(cur, src: exp.Subquery, cols: list[Column]) -> dict[str, Feature]:
     if not cols:
         return {}
-    aggs = ", ".join(_finite_stats(f"{quote(c.name)}::DOUBLE") for c in cols)
-    row = cur.execute(f"SELECT {aggs} FROM {src}").fetchall()[0]
+    aggs = [agg for c in cols for agg in _finite_stats(exp.cast(column(c.name), "DOUBLE"))]
+    row = cur.execute(exp.select(*aggs).from_(src).sql(D)).fetchall()[0]
     return {c.name: Feature(c.name, "numeric", mean=_finite(row[2 * i]), std=_nonzero(row[2 * i + 1]))
             for i, c in enumerate(cols)}
 
 
-def _array_stats(cur, src: str, col: Column, size: int) -> Feature:
+def _array_stats(cur, src: exp.Subquery, col: Column, size: int) -> Feature:
     """Per-element mean and std of a fixed-size array column, by one grouped aggregate over its elements."""
-    rows = cur.execute(f"SELECT i, {_finite_stats('v')} FROM (SELECT unnest(range(1, {size + 1})) AS i, "
-                       f"unnest({quote(col.name)}::DOUBLE[]) AS v FROM {src} WHERE {quote(col.name)} IS NOT NULL) "
-                       f"GROUP BY i").fetchall()
+    elements = (exp.select(exp.alias_(exp.func("unnest", exp.func("range", 1, size + 1)), "i"),
+                           exp.alias_(exp.func("unnest", exp.cast(column(col.name), "DOUBLE[]", dialect=D)), "v"))
+                .from_(src).where(column(col.name).is_(exp.null()).not_()))
+    stats_sql = exp.select("i", *_finite_stats(exp.column("v"))).from_(elements.subquery()).group_by("i")
+    rows = cur.execute(stats_sql.sql(D)).fetchall()
     stats = {i: (m, s) for i, m, s in rows}
     means = tuple(_finite(stats.get(i, (None, None))[0]) for i in range(1, size + 1))
     stds = tuple(_nonzero(stats.get(i, (None, None))[1]) for i in range(1, size + 1))
@@ -421,9 +465,11 @@ def _nonzero(std) -> float:
     return float(std) if std and np.isfinite(std) and std > 0 else 1.0
 
 
-def _categories(cur, src: str, col: Column) -> tuple[str, ...]:
-    rows = cur.sql(f"SELECT {quote(col.name)}::VARCHAR AS v FROM {src} WHERE v IS NOT NULL "
-                   f"GROUP BY v ORDER BY count(*) DESC, v LIMIT {MAX_CATEGORIES}").fetchall()
+def _categories(cur, src: exp.Subquery, col: Column) -> tuple[str, ...]:
+    query = (exp.select(exp.alias_(exp.cast(column(col.name), "VARCHAR"), "v")).from_(src)
+             .where("v IS NOT NULL", dialect=D).group_by("v").order_by("count(*) DESC", "v", dialect=D)
+             .limit(MAX_CATEGORIES))
+    rows = cur.sql(query.sql(D)).fetchall()
     return tuple(sorted(r[0] for r in rows))
 
 
@@ -432,8 +478,9 @@ def _plain(value):
     return value if isinstance(value, (str, bool, int, float)) else float(value)
 
 
-def _classes(cur, src: str, label: Column, fn: str) -> tuple:
-    rows = cur.sql(f"SELECT DISTINCT {quote(label.name)} FROM {src} ORDER BY 1 LIMIT {MAX_CLASSES + 1}").fetchall()
+def _classes(cur, src: exp.Subquery, label: Column, fn: str) -> tuple:
+    query = exp.select(column(label.name)).distinct().from_(src).order_by("1", dialect=D).limit(MAX_CLASSES + 1)
+    rows = cur.sql(query.sql(D)).fetchall()
     classes = tuple(_plain(r[0]) for r in rows)
     if len(classes) < 2:
         only = classes[0] if classes else None

@@ -20,8 +20,9 @@ import torch
 from sqlglot import exp
 
 from . import metrics
-from .data import BatchStream
+from .data import BatchStream, scratch_rows
 from .features import Preprocessing
+from .source import value_sql
 from .spec import TrainSpec
 
 __all__ = ["EarlyStopping", "held_out_sql", "is_held_out", "split_hash", "validate", "validation_outputs", "scores"]
@@ -30,11 +31,12 @@ __all__ = ["EarlyStopping", "held_out_sql", "is_held_out", "split_hash", "valida
 VALIDATION_BUCKETS = 1_000_000
 
 
-def split_hash(seed: int) -> str:
-    """The hash of a source row (every column of the query it is selected from) with the seed:
-    it decides the validation split and the order the scratch table stores the rows in
-    (``held_out_sql`` is the same rule for a reader of the source)."""
-    return f"hash(*COLUMNS(*), {int(seed)})"
+def split_hash(seed: int) -> exp.Expression:
+    """The hash of a source row (every column of the query it is selected from) with the seed,
+    a tree: it decides the validation split and the order the scratch table stores the rows
+    in (``held_out_sql`` is the same rule for a reader of the source)."""
+    every_column = exp.Columns(this=exp.Star(), unpack=True)
+    return exp.Anonymous(this="hash", expressions=[every_column, value_sql(int(seed))])
 
 
 def is_held_out(h: str, validation: float) -> str:
@@ -97,7 +99,7 @@ def validation_outputs(cur, table: str, forward, device, rows: int, convert) -> 
     dimension 0, and the rows' labels."""
     outs, ys = [], []
     with torch.no_grad():
-        for x, y in BatchStream(cur, f"SELECT x, y FROM {table} WHERE is_val", rows,
+        for x, y in BatchStream(cur, scratch_rows(table, "is_val"), rows,
                                 convert=convert):
             outs.append(forward(x.to(device)).cpu())
             ys.append(y)

@@ -24,7 +24,7 @@ from .data import BatchStream
 from ..errors import InvalidArgument, RowSkipped
 from .features import Preprocessing
 from .forward_memory import rows_within
-from .source import as_select, describe, quote, resolve_column, value_sql
+from .source import column, describe, parsed, resolve_column, select_tree, value_sql
 
 
 class ModelCache:
@@ -318,7 +318,7 @@ def model_and_source(cur, cache: ModelCache, name: str, source: str, fn: str):
     """The latest version of model ``name``, the source as one SELECT and its columns,
     which must hold every feature of the model."""
     model = cache.get(name, fn=fn)
-    select_sql = as_select(source, fn=fn)
+    select_sql = select_tree(source, fn=fn)
     columns = describe(cur, select_sql, fn=fn)
     for f in model.preprocessing.feature_names:
         resolve_column(columns, f, fn=fn, arg="source")
@@ -331,7 +331,7 @@ def prediction_expression(model: catalog.StoredModel, on_error: str = "raise",
     ``names``: how an error names the row (``row_names``; tabular rows need none)."""
     prep = model.preprocessing
     call: exp.Expression = exp.Anonymous(this=infer_function(prep), expressions=[
-        value_sql(model.name), value_sql(model.uid), prep.features_sql(),
+        value_sql(model.name), value_sql(model.uid), parsed(prep.features_sql()),
         exp.Literal.string(on_error), names if names is not None else exp.Literal.string("")])
     if prep.task == "classification":   # the class index -> the class, from the catalog's classes
         index = exp.Add(this=exp.cast(call, "INTEGER"), expression=exp.Literal.number(1))
@@ -339,9 +339,9 @@ def prediction_expression(model: catalog.StoredModel, on_error: str = "raise",
     return call
 
 
-def over_source(columns: list[exp.Expression], select_sql: str) -> str:
-    """``SELECT src.*, <columns> FROM (<source>) AS src``."""
-    source = exp.Subquery(this=sqlglot.parse_one(select_sql, read="duckdb"), alias=exp.TableAlias(this="src"))
+def over_source(columns: list[exp.Expression], select_sql: exp.Query) -> str:
+    """``SELECT src.*, <columns> FROM (<source>) AS src``, as the text a SQL macro runs."""
+    source = exp.Subquery(this=parsed(select_sql).copy(), alias=exp.TableAlias(this="src"))
     return exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier("src")), *columns).from_(source).sql("duckdb")
 
 
@@ -364,18 +364,18 @@ def evaluate(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, sourc
     if not any(c.name.lower() == prep.label.lower() for c in columns):
         raise InvalidArgument(f"{fn}(): source has no column {prep.label!r}, the label of model {name!r}; "
                               f"include it in the SELECT")
-    y_sql = prep.label_sql() + "::BIGINT" if prep.task == "classification" else f"{quote(prep.label)}::DOUBLE"
+    y = (exp.cast(prep.label_expression(), "BIGINT") if prep.task == "classification"
+         else exp.cast(column(prep.label), "DOUBLE"))
+    xy = [exp.alias_(parsed(prep.features_sql()), "x"), exp.alias_(y, "y")]
     outs, ys = [], []
     if prep.input is None:
-        features, usable = prep.features_sql().sql("duckdb"), prep.label_filter().sql("duckdb")
-        query = f"SELECT {features} AS x, {y_sql} AS y FROM ({select_sql}) WHERE {usable}"
+        query = exp.select(*xy).from_(parsed(select_sql).subquery()).where(parsed(prep.label_filter()))
         batches = BatchStream(cur, query, 8192)
     else:   # the rows numbered (or named by file) before the label's filter
         named = exp.select(exp.Star(), exp.alias_(row_names(columns), "__dbml_row_name")).from_(
-            exp.Subquery(this=sqlglot.parse_one(select_sql, read="duckdb"), alias=exp.TableAlias(this="src")))
-        features, usable = prep.features_sql().sql("duckdb"), prep.label_filter().sql("duckdb")
-        query = (f"SELECT {features} AS x, {y_sql} AS y, __dbml_row_name FROM ({named.sql('duckdb')}) "
-                 f"WHERE {usable}")
+            exp.Subquery(this=parsed(select_sql).copy(), alias=exp.TableAlias(this="src")))
+        query = (exp.select(*xy, "__dbml_row_name").from_(named.subquery())
+                 .where(parsed(prep.label_filter())))
         batches = _input_batches(cur, model, query, on_error, fn)
     for x, y in batches:
         outs.append(forward(model, x))
@@ -389,10 +389,10 @@ def evaluate(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, sourc
     return {"rows": len(y), **metrics.regression(y, prep.unscale(out.squeeze(-1).numpy()))}
 
 
-def _input_batches(cur, model: catalog.StoredModel, query: str, on_error: str, fn: str):
+def _input_batches(cur, model: catalog.StoredModel, query: exp.Select, on_error: str, fn: str):
     """(input tensor, labels) of an image, text or sequence model's rows, 256 at a time;
     under on_error := 'skip' without the rows that do not encode."""
-    reader = cur.sql(query).to_arrow_reader(256)
+    reader = cur.sql(query.sql("duckdb")).to_arrow_reader(256)
     try:
         for batch in reader:
             x, y, names = batch.column(0), batch.column(1), batch.column(2).to_pylist()

@@ -48,10 +48,11 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import torch
+from sqlglot import exp
 
 from ..errors import CatalogError, InvalidArgument, SourceError
 from .input_modules import FLOAT_MAX, ChannelNormalise, SeriesScale
-from .source import Column, literal, quote
+from .source import Column, column, value_sql
 from .spec import SERIES_SCALES
 from ..zoo import Inputs
 
@@ -124,19 +125,29 @@ class InputEncoder:
         return Inputs("tokens", vocab=self.vocab_size, max_len=self.max_len)
 
     def raw_sql(self) -> str:
-        """The SQL expression of the column as the encoder reads it."""
-        col = quote(self.column)
-        return {"image": col if self.blob else f"{col}::FLOAT[]", "text": f"{col}::VARCHAR",
-                "tokens": f"{col}::BIGINT[]", "series": f"{col}::DOUBLE[]"}[self.kind]
+        """:meth:`raw_expression` rendered for DuckDB."""
+        return self.raw_expression().sql("duckdb")
+
+    def raw_expression(self) -> exp.Expression:
+        """The column as the encoder reads it (a tree)."""
+        col = column(self.column)
+        if self.kind == "image" and self.blob:
+            return col
+        to = {"image": "FLOAT[]", "text": "VARCHAR", "tokens": "BIGINT[]", "series": "DOUBLE[]"}[self.kind]
+        return exp.cast(col, exp.DataType.build(to, dialect="duckdb"))
 
     def scratch_sql(self) -> str:
-        """The column as a job's scratch table stores it: PNG/JPEG images decoded once, as
-        raw channel-height-width bytes (the ``dbml_decode_image`` UDF), so that epochs stream
+        """:meth:`scratch_expression` rendered for DuckDB."""
+        return self.scratch_expression().sql("duckdb")
+
+    def scratch_expression(self) -> exp.Expression:
+        """The column as a job's scratch table stores it (a tree): PNG/JPEG images decoded once,
+        as raw channel-height-width bytes (the ``dbml_decode_image`` UDF), so that epochs stream
         pixels instead of decoding every image again; other kinds as ``raw_sql``."""
         if self.kind == "image" and self.blob:
-            return (f"dbml_decode_image({quote(self.column)}, {literal(json.dumps(self.to_dict()))}, "
-                    f"{literal(DECODE_TOKEN)})")
-        return self.raw_sql()
+            return exp.func("dbml_decode_image", column(self.column), value_sql(json.dumps(self.to_dict())),
+                            value_sql(DECODE_TOKEN))
+        return self.raw_expression()
 
     def decode(self, col: pa.Array, *, fn: str = "train", names=None) -> pa.Array:
         """PNG/JPEG BLOBs -> raw uint8 CHW bytes per row, decoded on the pool in slices
@@ -358,7 +369,7 @@ def _pad(rows: list[list[int]], cap: int) -> torch.Tensor:
 
 
 # -- recognising and fitting -----------------------------------------------------------------
-def kind_of(cur, src: str, col: Column, *, text: bool | None, shape) -> str | None:
+def kind_of(cur, src: exp.Subquery, col: Column, *, text: bool | None, shape) -> str | None:
     """The input kind of a feature column, or None for a tabular one. ``text``: the column is text
     (True), is not (False), or is when its values average many words (None)."""
     t = col.type.strip().upper()
@@ -378,13 +389,14 @@ def kind_of(cur, src: str, col: Column, *, text: bool | None, shape) -> str | No
     return None
 
 
-def _looks_like_text(cur, src: str, col: Column) -> bool:
-    words = cur.execute(f"SELECT avg(len(string_split(trim({quote(col.name)}), ' '))) "
-                        f"FROM (SELECT * FROM {src} LIMIT 1000)").fetchall()[0][0]
+def _looks_like_text(cur, src: exp.Subquery, col: Column) -> bool:
+    split = exp.func("string_split", exp.func("trim", column(col.name)), exp.Literal.string(" "), dialect="duckdb")
+    sample = exp.select("*").from_(src).limit(1000).subquery()
+    words = cur.execute(exp.select(exp.func("avg", exp.func("len", split))).from_(sample).sql("duckdb")).fetchall()[0][0]
     return words is not None and words >= TEXT_MIN_WORDS
 
 
-def fit(cur, src: str, col: Column, kind: str, *, image_size, shape, series_scale: str = "global",
+def fit(cur, src: exp.Subquery, col: Column, kind: str, *, image_size, shape, series_scale: str = "global",
         fn: str = "train") -> InputEncoder:
     """Fit the encoder of ``col`` on the training rows ``src`` (a subquery)."""
     if kind == "image":
@@ -414,8 +426,8 @@ def fit(cur, src: str, col: Column, kind: str, *, image_size, shape, series_scal
     return InputEncoder("series", col.name, mean=(mean,), std=(std,), max_len=_max_len(values))
 
 
-def _column_values(cur, src: str, col: Column) -> list:
-    return cur.sql(f"SELECT {quote(col.name)} FROM {src}").to_arrow_table().column(0).to_pylist()
+def _column_values(cur, src: exp.Subquery, col: Column) -> list:
+    return cur.sql(exp.select(column(col.name)).from_(src).sql("duckdb")).to_arrow_table().column(0).to_pylist()
 
 
 def _max_len(values: list) -> int:
@@ -435,7 +447,7 @@ def _fit_text(values: list, col: Column, fn: str) -> InputEncoder:
     return InputEncoder("text", col.name, vocab=vocab, vocab_size=len(vocab) + 2, max_len=min(MAX_LEN, longest))
 
 
-def _fit_array_image(cur, src: str, col: Column, shape, fn: str) -> InputEncoder:
+def _fit_array_image(cur, src: exp.Subquery, col: Column, shape, fn: str) -> InputEncoder:
     if len(shape) != 3 or any(s is None or s <= 0 for s in shape):
         raise InvalidArgument(f"{fn}(): shape must be [channels, height, width] of positive sizes, got {list(shape)}")
     c, h, w = shape
@@ -449,9 +461,10 @@ def _fit_array_image(cur, src: str, col: Column, shape, fn: str) -> InputEncoder
                         std=tuple(float(s) if s > 0 else 1.0 for s in std))
 
 
-def _blobs(cur, src: str, col: Column, limit: str = ""):
-    """The column's rows, streamed: (row number, bytes)."""
-    reader = cur.sql(f"SELECT {quote(col.name)} FROM {src}{limit}").to_arrow_reader(1024)
+def _blobs(cur, src: exp.Subquery, col: Column, limit: int | None = None):
+    """The column's rows (the first ``limit``), streamed: (row number, bytes)."""
+    query = exp.select(column(col.name)).from_(src)
+    reader = cur.sql((query if limit is None else query.limit(limit)).sql("duckdb")).to_arrow_reader(1024)
     row = 0
     for batch in reader:
         for data in batch.column(0).to_pylist():
@@ -459,7 +472,7 @@ def _blobs(cur, src: str, col: Column, limit: str = ""):
             row += 1
 
 
-def _fit_blob_image(cur, src: str, col: Column, image_size, fn: str) -> InputEncoder:
+def _fit_blob_image(cur, src: exp.Subquery, col: Column, image_size, fn: str) -> InputEncoder:
     """Every training image checked (an image, its size and mode), then the channel
     statistics over the first STATS_SAMPLE, summed as they are decoded: memory stays that
     of one image whatever the table's size."""
@@ -483,7 +496,7 @@ def _fit_blob_image(cur, src: str, col: Column, image_size, fn: str) -> InputEnc
     enc = InputEncoder("image", col.name, blob=True, shape=(c, *hw), resize=image_size is not None,
                        mean=(0.0,) * c, std=(1.0,) * c)
     total, squares, n = np.zeros(c), np.zeros(c), 0
-    for row, data in _blobs(cur, src, col, f" LIMIT {STATS_SAMPLE}"):
+    for row, data in _blobs(cur, src, col, STATS_SAMPLE):
         x = enc._pixels(open_image(data, row, col.name, fn)).reshape(c, -1).astype(np.float64) / 255.0
         total, squares, n = total + x.sum(1), squares + (x * x).sum(1), n + x.shape[1]
     mean = total / n

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 
 import duckdb
+from sqlglot import exp
 
 from ..errors import InvalidArgument
 
@@ -121,7 +122,8 @@ def apply(con: duckdb.DuckDBPyConnection, **settings) -> None:
         else:
             continue
         if value is not None:
-            con.execute(f"SET VARIABLE {variable(name)} = ?", [value])
+            assign = exp.EQ(this=exp.column(variable(name)), expression=exp.Placeholder())
+            con.execute(exp.Set(expressions=[exp.SetItem(this=assign, kind="VARIABLE")]).sql("duckdb"), [value])
 
 
 def resolve_device(device: str | None) -> str:

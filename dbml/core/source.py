@@ -78,8 +78,20 @@ TEMP_HINT = (" (a TEMP table or view is not seen: dbml runs the source on its ow
 
 
 def quote(name: str) -> str:
-    """A column or table name as a quoted DuckDB identifier."""
+    """A column or table name as a quoted DuckDB identifier: the one quoter of names, as text
+    (``column`` is the same name in a tree)."""
     return exp.to_identifier(name, quoted=True).sql("duckdb")
+
+
+def parsed(sql: exp.Expression | str) -> exp.Expression:
+    """A tree as it is; SQL text a module still hands over (a source from ``as_select``, an
+    expression of the preprocessing) as sqlglot reads it for DuckDB."""
+    return exp.maybe_parse(sql, dialect="duckdb")
+
+
+def column(name: str) -> exp.Column:
+    """A column name, quoted, as a sqlglot column: one identifier, whatever it holds (dots, quotes)."""
+    return exp.column(exp.to_identifier(name, quoted=True))
 
 
 def literal(value) -> str:
@@ -97,7 +109,7 @@ def value_sql(value) -> exp.Expression:
     if isinstance(value, int):
         return exp.Literal.number(int(value)) if value >= 0 else exp.Neg(this=exp.Literal.number(-int(value)))
     if isinstance(value, float):
-        return sqlglot.parse_one(number(value), read="duckdb")
+        return number_tree(value)
     if isinstance(value, (list, tuple)):
         return exp.Array(expressions=[value_sql(v) for v in value])
     return exp.Literal.string(str(value))
@@ -112,15 +124,31 @@ def number(value) -> str:
     >>> number(0.5), number(-3)
     ('0.5', '-3.0')
     """
+    return number_tree(value).sql("duckdb")
+
+
+def number_tree(value) -> exp.Expression:
+    """``number`` as a sqlglot tree: a literal, negated below zero."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"expected a finite number, got {value!r}")
     text = repr(float(value))          # digits, '.', 'e', '-' only: value is a finite float
     node = exp.Literal.number(text.lstrip("-"))
-    return (exp.Neg(this=node) if text.startswith("-") else node).sql("duckdb")
+    return exp.Neg(this=node) if text.startswith("-") else node
 
 
 def as_select(source: str | None, *, fn: str, arg: str = "source") -> str:
-    """The source as one SELECT statement's SQL; raises SourceError for anything else."""
+    """The source as one SELECT statement's SQL (``select_tree`` rendered); raises SourceError
+    for anything else."""
+    return select_tree(source, fn=fn, arg=arg).sql("duckdb")
+
+
+def select_tree(source: str | exp.Query | None, *, fn: str, arg: str = "source") -> exp.Query:
+    """The source as one SELECT statement's sqlglot tree, which modules pass on and render
+    where it runs; raises SourceError for anything else. A tree made here passes as it is
+    (its effects checked again)."""
+    if isinstance(source, exp.Query):
+        _refuse_effects(source, fn=fn, arg=arg)
+        return source
     if source is None or not source.strip():
         raise SourceError(f"{fn}(): {arg} is empty; pass a table name or one SELECT statement")
     try:
@@ -135,13 +163,18 @@ def as_select(source: str | None, *, fn: str, arg: str = "source") -> str:
     if isinstance(tree, exp.Column):  # a bare (possibly dotted) name: a table
         table = exp.Table(this=exp.to_identifier(tree.parts[-1].name, quoted=True),
                           db=_part(tree.parts, -2), catalog=_part(tree.parts, -3))
-        return exp.select("*").from_(table).sql("duckdb")
+        return exp.select("*").from_(table)
     if not isinstance(tree, exp.Query):
         kind = tree.key.upper()
         raise SourceError(f"{fn}(): {arg} must be a table name or one SELECT statement, not {kind}; "
                           f"pass e.g. 'SELECT ... FROM ...'")
     _refuse_effects(tree, fn=fn, arg=arg)
-    return tree.sql("duckdb")
+    return tree
+
+
+def _text(select_sql: exp.Query | str) -> str:
+    """The source's SELECT as DuckDB runs it: a tree rendered, text as it is."""
+    return select_sql if isinstance(select_sql, str) else select_sql.sql("duckdb")
 
 
 def _refuse_effects(tree: exp.Expression, *, fn: str, arg: str) -> None:
@@ -166,10 +199,11 @@ def _function_name(node: exp.Expression) -> str | None:
     return None
 
 
-def check_plan(cur: duckdb.DuckDBPyConnection, select_sql: str, *, fn: str, arg: str = "source") -> None:
+def check_plan(cur: duckdb.DuckDBPyConnection, select_sql: exp.Query | str, *, fn: str, arg: str = "source") -> None:
     """Defence in depth: DuckDB binds the query into its logical plan (``json_serialize_plan``:
     nothing runs), views and macros expanded; a plan that writes or calls a function with
     effects is refused. A query DuckDB cannot plan is refused with DuckDB's error."""
+    select_sql = _text(select_sql)
     plan = json.loads(cur.execute("SELECT json_serialize_plan(?)", [select_sql]).fetchall()[0][0])
     if plan.get("error") and "does not support serialization" in str(plan.get("error_message")):
         return _check_physical_plan(cur, select_sql, fn=fn, arg=arg)     # e.g. read_parquet's scan
@@ -220,7 +254,7 @@ def _plan_nodes(value):
             yield from _plan_nodes(child)
 
 
-def check_not_temp(select_sql: str, temp_names, *, fn: str, arg: str = "source") -> None:
+def check_not_temp(select_sql: exp.Query | str, temp_names, *, fn: str, arg: str = "source") -> None:
     """Refuse a source that names one of the calling connection's TEMP tables or views
     (``temp_names``, from the ``dbml_temp_names()`` macro): dbml runs it on its own connection,
     which cannot see them, and would read the database's object of the same name if there
@@ -228,7 +262,7 @@ def check_not_temp(select_sql: str, temp_names, *, fn: str, arg: str = "source")
     temp = {n.lower() for n in temp_names or ()}
     if not temp:
         return
-    tree = sqlglot.parse_one(select_sql, read="duckdb")
+    tree = parsed(select_sql)
     ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
     for table in tree.find_all(exp.Table):
         name = table.name.lower()
@@ -240,10 +274,11 @@ def check_not_temp(select_sql: str, temp_names, *, fn: str, arg: str = "source")
                               f"CREATE TABLE or CREATE VIEW in the database instead, under a name of its own")
 
 
-def check_tables_only(cur: duckdb.DuckDBPyConnection, select_sql: str, *, fn: str, arg: str = "source") -> None:
+def check_tables_only(cur: duckdb.DuckDBPyConnection, select_sql: exp.Query | str, *, fn: str,
+                      arg: str = "source") -> None:
     """The ``sources = 'tables'`` setting: every table the query reads is a table or view of
     the current database (or a CTE). Files, table functions and attached databases: SourceError."""
-    tree = sqlglot.parse_one(select_sql, read="duckdb")
+    tree = parsed(select_sql)
     ctes = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
     fix = "SET VARIABLE dbml_sources = 'any' to allow it, or load the data into a table first"
     for table in tree.find_all(exp.Table):
@@ -303,12 +338,13 @@ class Column:
         return self.base_type in CATEGORICAL_TYPES
 
 
-def describe(cur: duckdb.DuckDBPyConnection, select_sql: str, *, fn: str, arg: str = "source") -> list[Column]:
+def describe(cur: duckdb.DuckDBPyConnection, select_sql: exp.Query | str, *, fn: str,
+             arg: str = "source") -> list[Column]:
     """The source's columns, from DuckDB, once its plan passed ``check_plan``.
     Unknown tables and columns become SourceErrors."""
     try:
         check_plan(cur, select_sql, fn=fn, arg=arg)
-        rel = cur.sql(select_sql)
+        rel = cur.sql(_text(select_sql))
         return [Column(n, str(t)) for n, t in zip(rel.columns, rel.types)]
     except duckdb.CatalogException as e:
         raise SourceError(f"{fn}(): {arg} refers to something that does not exist: "

@@ -25,10 +25,12 @@ import math
 from dataclasses import asdict, dataclass, field, make_dataclass
 from typing import TYPE_CHECKING
 
+from sqlglot import exp
+
 from ..errors import InvalidArgument
 from . import placement
 from .settings import DEFAULTS, SETTINGS, SOURCES, parse_bytes, resolve
-from .source import literal
+from .source import value_sql
 
 if TYPE_CHECKING:
     from ..scheduler import OptimizerSpec
@@ -307,19 +309,33 @@ def _from_sql(sql_type: str, size: bool, value, name: str):
     return tuple(value) if sql_type.endswith("[]") else value
 
 
-def train_macro_sql() -> str:
-    """The ``train`` macro: TRAIN_PARAMS with their defaults, passed to ``dbml_train`` with every
-    setting, the calling connection's id and its TEMP tables and views.
+def train_macro_sql() -> exp.Create:
+    """The ``train`` macro (a tree): TRAIN_PARAMS with their defaults, passed to ``dbml_train``
+    with every setting, the calling connection's id and its TEMP tables and views."""
+    return macro("train", TRAIN_PARAMS, exp.func("dbml_train", *macro_arguments(TRAIN_PARAMS)))
 
-    Sizes are cast to VARCHAR, as a budget may be given as a number of bytes or as text, and
-    so are text settings, so that one set to a number is refused by its own check.
-    """
-    params = ", ".join(p.name if p.required else f"{p.name} := {literal(p.default)}" for p in TRAIN_PARAMS)
-    args = [f"{p.name}::VARCHAR" if p.size else p.name for p in TRAIN_PARAMS]
-    # a text setting set to another type (SET VARIABLE dbml_cluster = 42) reaches its check as text
-    args += [f"getvariable('dbml_{s.name}')" + ("::VARCHAR" if s.size or s.sql_type == "VARCHAR" else "")
+
+def macro(name: str, params, body: exp.Expression, *, table: bool = False) -> exp.Create:
+    """``CREATE OR REPLACE TEMP MACRO name(params) AS [TABLE] body``: each of ``params`` (``Param``)
+    by name, with its default unless it is required."""
+    declared = [exp.to_identifier(p.name) if p.required else
+                exp.PropertyEQ(this=exp.to_identifier(p.name), expression=value_sql(p.default)) for p in params]
+    overload = exp.MacroOverload(this=body, expressions=declared, is_table=table)
+    return exp.Create(this=exp.UserDefinedFunction(this=exp.to_identifier(name)), kind="MACRO", replace=True,
+                      expression=exp.MacroOverloads(expressions=[overload]),
+                      properties=exp.Properties(expressions=[exp.TemporaryProperty()]))
+
+
+def macro_arguments(params) -> list[exp.Expression]:
+    """What a macro passes on to its ``dbml_`` function: ``params``, every setting, the calling
+    connection's id and its TEMP objects. Sizes are cast to VARCHAR, as a budget may be given
+    as a number of bytes or as text, and so are text settings, so that one set to a number
+    (SET VARIABLE dbml_cluster = 42) is refused by its own check."""
+    def size(e: exp.Expression, is_size: bool) -> exp.Expression:
+        return exp.cast(e, "VARCHAR") if is_size else e
+    args = [size(exp.column(p.name), p.size) for p in params]
+    args += [size(exp.func("getvariable", exp.Literal.string(f"dbml_{s.name}")), s.size or s.sql_type == "VARCHAR")
              for s in SETTINGS]
-    args.append("current_connection_id()::BIGINT")   # whose interrupt() reaches the statement's jobs
-    args.append("dbml_temp_names()")                 # the caller's TEMP objects, which sources may not name
-    return (f"CREATE OR REPLACE TEMP MACRO train({params}) AS\n"
-            f"    dbml_train({', '.join(args)});")
+    args.append(exp.cast(exp.func("current_connection_id"), "BIGINT"))   # whose interrupt() reaches the jobs
+    args.append(exp.func("dbml_temp_names"))     # the caller's TEMP objects, which sources may not name
+    return args

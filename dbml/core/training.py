@@ -24,11 +24,12 @@ import duckdb
 import numpy as np
 import torch
 import torch.nn.functional as F
+from sqlglot import exp
 
 from . import catalog, checkpoints, heldout, models, placement, runners, threads
 from .estimate import Estimate, estimate, slow_warning
 from .columns import MEMORY_FIELDS
-from .data import BatchStream, StreamStats
+from .data import BatchStream, StreamStats, drop_scratch, scratch_rows
 from ..errors import SourceError, TrainingError, scheduler_errors
 from .features import Preprocessing, fit as fit_preprocessing
 from .runners import JobHandle
@@ -36,10 +37,11 @@ from ..scheduler import hostmem, procmem
 from ..scheduler.execute import rng
 from ..scheduler.execute.step import EagerStep, StepRunner
 from .settings import resolve_device
-from .source import as_select, check_tables_only, describe
+from .source import check_tables_only, describe, parsed as _parsed, select_tree
 from .spec import TrainSpec, default_lr, default_validation, stored_params
 from ..zoo import fitter as zoo_fitter
 
+D = "duckdb"
 
 
 def _classification_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -196,7 +198,7 @@ def scratch(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress)
     """The job's source checked, its preprocessing fitted and its rows materialised
     (``_materialise``) into the job's scratch table, dropped when the block ends."""
     threads.use(spec.settings.torch_threads)
-    select_sql = as_select(spec.source, fn="train")
+    select_sql = select_tree(spec.source, fn="train")
     if spec.settings.sources == "tables":
         check_tables_only(cur, select_sql, fn="train")
     columns = describe(cur, select_sql, fn="train")
@@ -205,7 +207,7 @@ def scratch(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress)
                              text=spec.text, shape=spec.shape, image_size=spec.image_size,
                              series_scale=spec.series_scale)
     table = f"dbml_scratch.job_{progress.id}"
-    total = cur.execute(f"SELECT count(*) FROM ({select_sql})").fetchall()[0][0]
+    total = cur.execute(exp.select("count(*)").from_(_parsed(select_sql).subquery()).sql(D)).fetchall()[0][0]
     if spec.validation is None:
         spec = dataclasses.replace(spec, validation=default_validation(total))
     try:
@@ -232,16 +234,16 @@ def label_warnings(prep: Preprocessing, rows: int) -> tuple[str, ...]:
 def _drop_scratch(cur, table: str) -> None:
     """Drop the job's scratch table, even just after a cancel interrupted the cursor."""
     try:
-        cur.execute(f"DROP TABLE IF EXISTS {table}")
+        cur.execute(drop_scratch(table).sql(D))
     except duckdb.InterruptException:
-        cur.execute(f"DROP TABLE IF EXISTS {table}")
+        cur.execute(drop_scratch(table).sql(D))
 
 
 def _params(spec: TrainSpec) -> dict:
     return stored_params(spec)
 
 
-def _materialise(cur, table: str, select_sql: str, prep: Preprocessing, spec: TrainSpec) -> tuple[int, int]:
+def _materialise(cur, table: str, select_sql: exp.Query, prep: Preprocessing, spec: TrainSpec) -> tuple[int, int]:
     """Features and labels computed once by DuckDB, with a deterministic validation split.
 
     ``h`` hashes each source row (every column it has, as the source gives it: not the
@@ -251,22 +253,25 @@ def _materialise(cur, table: str, select_sql: str, prep: Preprocessing, spec: Tr
     source yields rows in. Epochs then stream that order from a random starting row
     through a shuffle buffer (``data.shuffle_windows``).
     """
-    cur.execute(f"""
-        CREATE TABLE {table} AS
-        SELECT x, y, {heldout.is_held_out("h", spec.validation)} AS is_val
-        FROM (SELECT {prep.scratch_sql()} AS x, {_label_column(prep)} AS y, {heldout.split_hash(spec.seed)} AS h
-              FROM ({select_sql}) WHERE {prep.label_filter().sql('duckdb')})
-        ORDER BY h""")
-    n_train, n_val = cur.execute(f"SELECT count(*) FILTER (NOT is_val), count(*) FILTER (is_val) FROM {table}").fetchall()[0]
+    rows = (exp.select(exp.alias_(prep.scratch_expression(), "x"), exp.alias_(_label_column(prep), "y"),
+                       exp.alias_(heldout.split_hash(spec.seed), "h"))
+            .from_(_parsed(select_sql).subquery()).where(_parsed(prep.label_filter())))
+    split = (exp.select("x", "y", exp.alias_(_parsed(heldout.is_held_out("h", spec.validation)), "is_val"))
+             .from_(rows.subquery()).order_by("h", dialect=D))
+    cur.execute(exp.Create(this=exp.to_table(table, dialect=D), kind="TABLE", expression=split).sql(D))
+    counts = exp.select("count(*) FILTER (NOT is_val)", "count(*) FILTER (is_val)", dialect=D).from_(
+        exp.to_table(table, dialect=D))
+    n_train, n_val = cur.execute(counts.sql(D)).fetchall()[0]
     if n_train == 0:
         raise SourceError(f"train(): no rows left for training after holding out validation := {spec.validation}; "
                           f"pass a larger source or validation := 0")
     return n_train, n_val
 
 
-def _label_column(prep: Preprocessing) -> str:
+def _label_column(prep: Preprocessing) -> exp.Expression:
     """The label as the dtype the loss wants: int64 class indices or float32 scaled targets."""
-    return f"({prep.label_sql()})::BIGINT" if prep.task == "classification" else prep.label_sql()
+    label = prep.label_expression()
+    return exp.cast(label, "BIGINT", dialect=D) if prep.task == "classification" else label
 
 
 class TrainLoop:
@@ -485,8 +490,9 @@ def _run_epochs(cur, table: str, spec: TrainSpec, step, device: str, n_rows: int
     def epoch_stream(epoch: int) -> BatchStream:
         rng = np.random.default_rng([spec.seed % 2**64, epoch])   # any BIGINT seed, negative too
         start = int(rng.integers(n_rows))
-        sql = [f"SELECT x, y FROM {table} WHERE NOT is_val AND rowid >= {start}",
-               f"SELECT x, y FROM {table} WHERE NOT is_val AND rowid < {start}"]
+        rowid, at = exp.column("rowid"), exp.Literal.number(start)
+        sql = [scratch_rows(table, exp.and_("NOT is_val", rowid >= at, dialect=D)),
+               scratch_rows(table, exp.and_("NOT is_val", rowid < at, dialect=D))]
         return BatchStream(cur, sql, spec.batch_size, spec.settings.prefetch_batches, shuffle=int(rng.integers(2**63)),
                            window_rows=spec.settings.shuffle_window, convert=convert).start()
 

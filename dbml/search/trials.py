@@ -2,7 +2,7 @@
 rows users read, ``dbml_trials``.
 
 One row per trial, written by the statement that runs it (``dbml.tuning``): when it
-starts (status 'running') and when it ends. ``ROWS_SQL`` is the one reading of the table
+starts (status 'running') and when it ends. ``ROWS`` (a sqlglot tree) is the one reading of the table
 as users see it, and the owner of what the best trial is: of a model's finished trials,
 the one with the lowest objective (the highest for objectives that grow, 'maximize'),
 the earliest on a tie. The view ``dbml_trials`` and tune()'s own result are both it.
@@ -13,29 +13,50 @@ from __future__ import annotations
 import json
 
 import duckdb
+import sqlglot
+from sqlglot import exp
 
 from ..core.columns import TRIAL_ROW
 
+D = "duckdb"
 TRIALS = "dbml.trials"
 # the table's columns, in order (sql/catalog.sql)
 COLUMNS = ("model", "trial", "status", "objective_name", "direction", "objective", "objectives", "params",
            "search", "epochs", "error", "seconds", "peak_bytes", "job_id", "version", "started_at")
 
-_BEST = """
-    status = 'finished' AND trial = first(trial ORDER BY
-        CASE WHEN status <> 'finished' OR objective IS NULL THEN NULL
-             WHEN direction = 'maximize' THEN -objective ELSE objective END ASC NULLS LAST, trial)
-        OVER (PARTITION BY model)"""
-ROWS_SQL = f"SELECT {', '.join(_BEST + ' AS best' if c == 'best' else c for c in TRIAL_ROW)} FROM {TRIALS}"
+# The objective to rank by: NULL where a trial did not finish; sorted last whatever DuckDB's
+# default_null_order (the IS NULL key first: sqlglot renders NULLS LAST as DuckDB's default,
+# which a setting can change).
+_RANK = sqlglot.parse_one("""
+    CASE WHEN status <> 'finished' OR objective IS NULL THEN NULL
+         WHEN direction = 'maximize' THEN -objective ELSE objective END""", read=D)
+_BEST = sqlglot.parse_one(
+    "status = 'finished' AND trial = first(trial ORDER BY $rank IS NULL, $rank, trial) OVER (PARTITION BY model)",
+    read=D)
+_BEST = exp.replace_placeholders(_BEST, rank=_RANK)
+_TABLE = exp.to_table(TRIALS, dialect=D)
+ROWS = exp.select(*(_BEST.as_("best") if c == "best" else exp.column(c) for c in TRIAL_ROW)).from_(_TABLE)
 
 
-def view_sql(con: duckdb.DuckDBPyConnection) -> str:
-    """The ``dbml_trials`` view: ``ROWS_SQL``, or no rows of the same columns where the
+def view_sql(con: duckdb.DuckDBPyConnection) -> exp.Create:
+    """The ``dbml_trials`` view (a tree): ``ROWS``, or no rows of the same columns where the
     database has no ``dbml.trials`` (an older database opened read-only)."""
     if has_table(con):
-        return f"CREATE OR REPLACE TEMP VIEW dbml_trials AS {ROWS_SQL}"
-    empty = ", ".join(f"NULL::{t} AS {c}" for c, t in TRIAL_ROW.items())
-    return f"CREATE OR REPLACE TEMP VIEW dbml_trials AS SELECT {empty} WHERE false"
+        rows = ROWS
+    else:
+        rows = exp.select(*(exp.cast(exp.Null(), t, dialect=D).as_(c) for c, t in TRIAL_ROW.items())).where(exp.false())
+    return exp.Create(this=exp.to_table("dbml_trials"), kind="VIEW", replace=True, expression=rows.copy(),
+                      properties=exp.Properties(expressions=[exp.TemporaryProperty()]))
+
+
+_LOAD = (exp.select(*COLUMNS).from_(_TABLE).where("model = ?", dialect=D).order_by("trial", dialect=D))
+_SAVE = exp.insert(exp.values([tuple(exp.Placeholder() for _ in COLUMNS)]), _TABLE, columns=COLUMNS)
+_SAVE.set("alternative", "REPLACE")
+_DELETE = exp.delete(_TABLE, where="model = ? AND list_contains(?, trial)", dialect=D)
+_ROWS_OF = (exp.select("*").from_(ROWS.subquery()).where("model = ? AND list_contains(?, trial)", dialect=D)
+            .order_by("trial", dialect=D))
+_BEST_OF = exp.select("trial").from_(ROWS.subquery()).where("model = ? AND best", dialect=D)
+ALL_ROWS_OF = exp.select("*").from_(ROWS.subquery()).where("model = ?", dialect=D).order_by("trial", dialect=D)
 
 
 def has_table(con: duckdb.DuckDBPyConnection) -> bool:
@@ -45,8 +66,7 @@ def has_table(con: duckdb.DuckDBPyConnection) -> bool:
 
 def load(cur: duckdb.DuckDBPyConnection, model: str) -> list[dict]:
     """Every stored trial of ``model``, in trial order, as the table holds it (JSON decoded)."""
-    rows = cur.execute(f"SELECT {', '.join(COLUMNS)} FROM {TRIALS} WHERE model = ? ORDER BY trial",
-                       [model]).fetchall()
+    rows = cur.execute(_LOAD.sql(D), [model]).fetchall()
     out = []
     for row in rows:
         record = dict(zip(COLUMNS, row))
@@ -59,24 +79,22 @@ def save(cur: duckdb.DuckDBPyConnection, record: dict) -> None:
     """Write one trial (a dict of COLUMNS; params and search as Python values), replacing
     the row of the same model and trial."""
     values = [json.dumps(record[c]) if c in ("params", "search") else record[c] for c in COLUMNS]
-    cur.execute(f"INSERT OR REPLACE INTO {TRIALS} ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
-                values)
+    cur.execute(_SAVE.sql(D), values)
 
 
 def delete(cur: duckdb.DuckDBPyConnection, model: str, trials: list[int]) -> None:
     if trials:
-        cur.execute(f"DELETE FROM {TRIALS} WHERE model = ? AND list_contains(?, trial)", [model, trials])
+        cur.execute(_DELETE.sql(D), [model, trials])
 
 
 def rows(cur: duckdb.DuckDBPyConnection, model: str, trials: list[int]) -> list[dict]:
     """The ``dbml_trials`` rows of these trials of ``model``, in trial order."""
-    result = cur.execute(f"SELECT * FROM ({ROWS_SQL}) WHERE model = ? AND list_contains(?, trial) ORDER BY trial",
-                         [model, trials])
+    result = cur.execute(_ROWS_OF.sql(D), [model, trials])
     names = [d[0] for d in result.description]
     return [dict(zip(names, row)) for row in result.fetchall()]
 
 
 def best(cur: duckdb.DuckDBPyConnection, model: str) -> int | None:
     """The number of ``model``'s best trial (see the module docstring), or None."""
-    found = cur.execute(f"SELECT trial FROM ({ROWS_SQL}) WHERE model = ? AND best", [model]).fetchall()
+    found = cur.execute(_BEST_OF.sql(D), [model]).fetchall()
     return found[0][0] if found else None

@@ -28,10 +28,11 @@ import math
 import random
 from dataclasses import dataclass
 
+from sqlglot import exp
+
 from ..errors import InvalidArgument
 from ..core.settings import SETTINGS
-from ..core.source import literal
-from ..core.spec import TRAIN_PARAMS, Param, TrainSpec, from_sql_row
+from ..core.spec import TRAIN_PARAMS, Param, TrainSpec, from_sql_row, macro, macro_arguments
 
 SEARCH_PARAMS = (
     Param("space", "VARCHAR", None),       # the search space, a JSON object (module docstring)
@@ -358,13 +359,10 @@ def _describe(sql_type: str) -> str:
             "INTEGER[]": "list-of-integers", "BOOLEAN": "boolean"}[sql_type]
 
 
-def tune_macro_sql() -> str:
+def tune_macro_sql() -> exp.Create:
     """The ``tune`` table macro: TUNE_PARAMS with their defaults, passed to ``dbml_tune`` with
     every setting, the calling connection's id and its TEMP objects (as ``train``); one row
     per trial the call ran."""
-    params = ", ".join(p.name if p.required else f"{p.name} := {literal(p.default)}" for p in TUNE_PARAMS)
-    args = [f"{p.name}::VARCHAR" if p.size else p.name for p in TUNE_PARAMS]
-    args += [f"getvariable('dbml_{s.name}')" + ("::VARCHAR" if s.size else "") for s in SETTINGS]
-    args += ["current_connection_id()::BIGINT", "dbml_temp_names()"]
-    return (f"CREATE OR REPLACE TEMP MACRO tune({params}) AS TABLE\n"
-            f"    SELECT unnest(dbml_tune({', '.join(args)}), recursive := true);")
+    recursive = exp.PropertyEQ(this=exp.to_identifier("recursive"), expression=exp.true())
+    rows = exp.select(exp.func("unnest", exp.func("dbml_tune", *macro_arguments(TUNE_PARAMS)), recursive))
+    return macro("tune", TUNE_PARAMS, rows, table=True)

@@ -171,8 +171,8 @@ def _macros() -> dict[str, set[str]]:
     from ..core.sqltext import split_statements
     from ..search.tunespec import tune_macro_sql
 
-    text = (resources.files("dbml.sql").joinpath("macros.sql").read_text() + ";\n" + train_macro_sql() + "\n"
-            + tune_macro_sql())
+    text = ";\n".join([resources.files("dbml.sql").joinpath("macros.sql").read_text(),
+                       train_macro_sql().sql("duckdb"), tune_macro_sql().sql("duckdb")])
     out: dict[str, set[str]] = {}
     for statement in split_statements(text):
         tokens = Dialect.get_or_raise("duckdb").tokenizer_class().tokenize(statement)

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 
 import pyarrow as pa
+from sqlglot import exp
 
 from ..core import inference, jobs, latency, placement, progress, views
 from ..core.catalog import drop
@@ -24,7 +25,7 @@ from ..core.instance import Instance
 from ..scheduler.latency.predictor import predictor_path
 from ..scheduler.multijob.registry import device_ledger, existing_scheduler
 from ..core.settings import SOURCES, resolve, resolve_device
-from ..core.source import as_select, check_not_temp, check_tables_only
+from ..core.source import check_not_temp, check_tables_only, select_tree
 from ..core.spec import calls_from_sql_rows
 from ..search.tunespec import request_from_sql_row
 from .types import TRAIN_RESULT_ARROW
@@ -57,7 +58,7 @@ def train(ctx: Context, *columns: pa.Array) -> pa.Array:
     calls = calls_from_sql_rows(zip(*(c.to_pylist() for c in columns)))  # all validated first
     for call in calls:
         if call.spec is not None:
-            check_not_temp(as_select(call.spec.source, fn="train"), temp_names[0].as_py(), fn="train")
+            check_not_temp(select_tree(call.spec.source, fn="train"), temp_names[0].as_py(), fn="train")
             placement.check_access(call.spec, ctx.instance.cursor())
     waiting = [c.spec.settings.progress for c in calls if c.spec is not None and c.wait]
     statement = connection[0].as_py()
@@ -73,7 +74,7 @@ def tune(ctx: Context, *args) -> list[dict]:
     *args, connection, temp_names = args
     _writable(ctx, "tune")
     request = request_from_sql_row(tuple(args))
-    check_not_temp(as_select(request.base.source, fn="tune"), temp_names, fn="tune")
+    check_not_temp(select_tree(request.base.source, fn="tune"), temp_names, fn="tune")
     placement.check_access(request.base, ctx.instance.cursor())
     with progress.watching(ctx.instance, renderer_for(request.base.settings.progress), connection=connection):
         return search.run(ctx.instance, request, connection)
@@ -164,11 +165,11 @@ def _with_cursor(ctx: Context, work):
         cur.close()
 
 
-def _checked(cur, source: str, sources: str | None, temp_names: list[str], fn: str) -> str:
-    """The source as one SELECT, under the ``sources`` setting, naming none of the caller's TEMP objects."""
+def _checked(cur, source: str, sources: str | None, temp_names: list[str], fn: str) -> exp.Query:
+    """The source as one SELECT (a tree), under the ``sources`` setting, naming none of the caller's TEMP objects."""
     if sources not in SOURCES:
         raise InvalidArgument(f"{fn}(): setting sources is {sources!r}; SET VARIABLE dbml_sources = 'any' or 'tables'")
-    select_sql = as_select(source, fn=fn)
+    select_sql = select_tree(source, fn=fn)
     check_not_temp(select_sql, temp_names, fn=fn)
     if sources == "tables":
         check_tables_only(cur, select_sql, fn=fn)
