@@ -50,6 +50,7 @@ import pyarrow as pa
 import torch
 
 from .errors import CatalogError, InvalidArgument, SourceError
+from .runtime import runtime
 from .input_modules import FLOAT_MAX, ChannelNormalise, SeriesScale
 from .source import Column, literal, quote
 from .spec import SERIES_SCALES
@@ -70,7 +71,6 @@ DECODE_TOKEN = secrets.token_hex(16)
 MAX_CHANNELS = 64                   # an array image's channels (shape := [c, h, w])
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 PAD_ID, UNKNOWN_ID, FIRST_ID = 0, 1, 2   # text and token ids: padding, a token not in the vocabulary, the first known
-_POOL: ThreadPoolExecutor | None = None
 
 
 def tokenize(text: str) -> list[str]:
@@ -93,10 +93,10 @@ def row_name(row: int | str) -> str:
 
 
 def _pool() -> ThreadPoolExecutor:
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(DECODE_WORKERS, thread_name_prefix="dbml-decode")
-    return _POOL
+    rt = runtime()   # the process's pool, started at the first use
+    if rt.decode_pool is None:
+        rt.decode_pool = ThreadPoolExecutor(DECODE_WORKERS, thread_name_prefix="dbml-decode")
+    return rt.decode_pool
 
 
 @dataclass(frozen=True)

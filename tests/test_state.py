@@ -1,0 +1,175 @@
+"""Module-level mutable state has an owner: per-database state lives on the database's
+``Instance``, per-process state on the one runtime (``dbml.runtime``), and what is left at
+module level is a registry of built-ins or a cache of a pure fact, each named below with
+the reason it may stay (``docs/architecture.md`` lists the same).
+
+A holder is found by reading the modules (``ast``), not by running them: a module-level
+name rebound with ``global``, or mutated by the module's own functions (item assignment,
+``del``, or a mutating method: ``append``, ``add``, ``update``, ``setdefault``, ...); a
+module-level lock, thread-local, counter, weak map or ordered dict; a function memoised
+with ``functools.cache``/``lru_cache``. Writes to the process outside Python's objects
+(the SIGINT handler, ``os.environ``, ``mallopt``) have one place each.
+"""
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGES = ("dbml", "udfs", "scheduler", "zoo", "sql")
+
+# "module:name" -> why it may stay at module level. Two kinds only: a registry of built-ins
+# (filled at import, or by dbml's own modules, never by a job or a connection), and a cache
+# of a pure fact (a probe, a file read, an analysis: recomputing it gives the same answer).
+ALLOWED = {
+    # --- the one runtime objects --------------------------------------------------------------
+    "dbml/runtime.py:_RUNTIME": "the process's one Runtime: runtime() returns it, reset() empties it",
+    "scheduler/multijob/registry.py:DEVICES":
+        "the scheduler's device schedulers and ledgers (it imports nothing of dbml); the runtime resets it",
+    "udfs/__init__.py:f": "no state: f.<name> is a proxy that imports udfs.functions at the first call",
+    "scheduler/procmem.py:_SAMPLER": "the process's one RSS sampler thread (per process by nature, idle when unwatched)",
+    # --- registries of built-ins --------------------------------------------------------------
+    "zoo/registry.py:_CUSTOM": "architectures registered beside the zoo's: dbml/kinds' at import, and Python "
+                               "factories a user registers (dbml.register_model: code lives in the process)",
+    "zoo/registry.py:_LOCK": "guards the registry _CUSTOM",
+    "dbml/source.py:_REFUSED": "functions a source may not call: DuckDB's and dbml's, registered by dbml.udfs at import",
+    "dbml/source.py:_REFUSED_CALL": "the regex over plan text compiled from _REFUSED (the same registry)",
+    # --- caches of pure facts -----------------------------------------------------------------
+    "dbml/stacking.py:_BMM_PROBE_CACHE": "probe: whether batched matmuls give each member the single model's bits",
+    "dbml/latency.py:_PREDICTOR_CACHE": "the latency predictor loaded from the cache folder, per (device, threads)",
+    "dbml/latency.py:_LOCK": "guards _PREDICTOR_CACHE",
+    "dbml/duckmem.py:default_limit": "functools.cache: DuckDB's default memory_limit on this machine",
+    "dbml/forward_memory.py:forward_bytes": "lru_cache: a forward pass's measured bytes for an architecture and shape",
+    "dbml/forward_memory.py:rows_within": "lru_cache: the rows that fit a budget, from forward_bytes",
+    "dbml/shell/render.py:_keywords": "lru_cache: DuckDB's keyword list",
+    "dbml/threads.py:per_thread": "lru_cache: the thread-local holder of per-thread torch settings (one object)",
+    "udfs/functions.py:_encoder": "lru_cache: a model's input encoder decoded from its catalog JSON",
+    "scheduler/graph/graphkey.py:_file_hash": "lru_cache: a source file's hash",
+    "scheduler/graph/graphs.py:_SHARED_GRAPHS": "captured graphs by architecture and shapes (LRU, SHARED_GRAPHS entries)",
+    "scheduler/graph/graphs.py:_SHARED_KEY_LOCKS": "one capture at a time per _SHARED_GRAPHS key",
+    "scheduler/graph/graphs.py:_SHARED_LOCK": "guards _SHARED_GRAPHS",
+    "scheduler/plan/liveness.py:_CACHE": "a sequence's liveness analysis, kept while the sequence lives",
+    "scheduler/plan/liveness.py:_CACHE_LOCK": "guards the liveness _CACHE",
+    "scheduler/latency/estimate.py:_MACHINES": "probe: the roofline's measured machine per device",
+    "scheduler/execute/spill.py:_tiers": "probe: a file system's measured write/read speed, by st_dev",
+    "scheduler/execute/spill.py:_tiers_lock": "guards _tiers",
+    "scheduler/hostmem.py:_state": "probe and mode of glibc's malloc (mallopt applies process-wide, once)",
+    "scheduler/hostmem.py:_lock": "guards hostmem._state",
+    "scheduler/latency/utilisation.py:_warned": "warnings said once per process (a fact said once, not state a job reads)",
+    # --- locks and counters with no other state -----------------------------------------------
+    "dbml/catalog.py:_WRITES": "lock: the process's writers take catalog versions one at a time (no state)",
+    "scheduler/execute/rng.py:_LOCK": "lock: torch's default generators are the process's; one swap at a time",
+    "scheduler/execute/rng.py:_LOCAL": "thread-local: the job generators in use on this thread (scoped by using())",
+    "scheduler/graph/capture.py:_TRACE_LOCK": "lock: one trace at a time (make_fx patches torch process-wide)",
+    "scheduler/execute/spill.py:_serial": "counter: unique spill file names in the process",
+}
+
+MUTATING = {"append", "add", "update", "setdefault", "pop", "popitem", "clear", "discard", "remove", "extend",
+            "insert", "appendleft", "move_to_end", "__setitem__"}
+STATEFUL_CALLS = {"Lock", "RLock", "local", "count", "WeakKeyDictionary", "WeakValueDictionary", "WeakSet",
+                  "OrderedDict", "defaultdict", "deque", "Event", "Condition", "Semaphore", "ThreadPoolExecutor"}
+CACHES = {"cache", "lru_cache"}
+
+
+def _modules():
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            yield path.relative_to(ROOT).as_posix(), ast.parse(path.read_text(), str(path))
+
+
+def _module_names(tree) -> dict[str, ast.AST]:
+    names = {}
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, ast.AnnAssign) and node.value is not None else []
+        for t in targets:
+            if isinstance(t, ast.Name):
+                names[t.id] = node.value
+    return names
+
+
+def _call_name(node) -> str | None:
+    if isinstance(node, ast.Call):
+        f = node.func
+        return f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+    return None
+
+
+def holders(module: str, tree) -> set[str]:
+    """The module-level mutable holders of one module (see the module docstring)."""
+    names = _module_names(tree)
+    found = {n for n, v in names.items() if _call_name(v) in STATEFUL_CALLS}
+    classes = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+    found |= {n for n, v in names.items() if isinstance(v, ast.Call) and isinstance(v.func, ast.Name)
+              and v.func.id in classes}   # an instance of the module's own class
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for d in node.decorator_list:
+                d = d.func if isinstance(d, ast.Call) else d
+                if (d.attr if isinstance(d, ast.Attribute) else getattr(d, "id", None)) in CACHES:
+                    found.add(node.name)
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Global):
+                found.update(node.names)
+            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+                for t in node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]:
+                    if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id in names:
+                        found.add(t.value.id)
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and node.func.attr in MUTATING and isinstance(node.func.value, ast.Name)
+                  and node.func.value.id in names and _is_global(fn, node.func.value.id)):
+                found.add(node.func.value.id)
+    return {f"{module}:{n}" for n in found}
+
+
+def _is_global(fn, name: str) -> bool:
+    """``name`` is not a local of ``fn`` (a parameter or an assignment inside it)."""
+    if not isinstance(fn, ast.Lambda):
+        args = fn.args
+        if name in {a.arg for a in args.args + args.kwonlyargs + args.posonlyargs}:
+            return False
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store):
+            return False
+    return True
+
+
+def test_module_level_state_is_a_registry_or_a_cache():
+    found = set()
+    for module, tree in _modules():
+        found |= holders(module, tree)
+    unowned = sorted(found - ALLOWED.keys())
+    assert not unowned, (f"module-level mutable state without an owner: {unowned}; put per-database state on "
+                         f"dbml.instance.Instance, per-process state on dbml.runtime.Runtime, or (a registry of "
+                         f"built-ins, a cache of a pure fact) name it in tests/test_state.py's ALLOWED with a reason")
+    stale = sorted(ALLOWED.keys() - found)
+    assert not stale, f"ALLOWED names holders that are gone: {stale}"
+
+
+def test_the_process_is_written_in_one_place():
+    """The SIGINT chain and the environment are the runtime's; mallopt is hostmem's."""
+    owners = {"signal.signal(": {"dbml/runtime.py"}, "os.environ[": {"dbml/runtime.py"},
+              "environ.setdefault(": set(), "os.putenv(": set(), "mallopt(": {"scheduler/hostmem.py"}}
+    for module, tree in _modules():
+        text = (ROOT / module).read_text()
+        for needle, allowed in owners.items():
+            if module not in allowed:
+                assert needle not in "".join(
+                    line.split("#")[0] for line in text.splitlines(keepends=True)
+                    if not line.lstrip().startswith(("``", '"', "'"))), f"{module} writes {needle!r}"
+
+
+def test_the_runtime_resets_to_a_fresh_process():
+    import dbml
+    from dbml.runtime import reset, runtime
+    from dbml.scheduler.multijob import registry
+    con = dbml.connect()
+    rt = runtime()
+    assert rt.instances and not rt.reset(), "a reset with a database open touches nothing"
+    con.close()
+    registry.shared_scheduler("cpu", 1000)
+    rt.views[1] = ["__dbml_ml_1"]
+    assert reset()
+    assert not rt.views and registry.existing_scheduler("cpu") is None and rt.sigint_previous is None
