@@ -69,8 +69,8 @@ class Instance:
 
     def _release(self) -> None:
         """One user connection less; after the last, cancel and wait for the jobs, then close.
-        While it closes, a new ``attach`` to the same file waits (the runtime's ``closing``): its UDFs are
-        the database instance's, and would be unregistered under the newcomer's feet."""
+        While it closes, a new ``attach`` to the same file waits (the runtime's ``closing``):
+        its UDFs are the database instance's, and would be unregistered under the newcomer's feet."""
         rt = runtime()
         with rt.lock:
             self._users -= 1

@@ -26,12 +26,12 @@ ALLOWED = {
     "scheduler/multijob/registry.py:DEVICES":
         "the scheduler's device schedulers and ledgers (it imports nothing of dbml); the runtime resets it",
     "udfs/__init__.py:f": "no state: f.<name> is a proxy that imports udfs.functions at the first call",
-    "scheduler/procmem.py:_SAMPLER": "the process's one RSS sampler thread (per process by nature, idle when unwatched)",
+    "scheduler/procmem.py:_SAMPLER": "the process's one RSS sampler thread (per process by nature)",
     # --- registries of built-ins --------------------------------------------------------------
     "zoo/registry.py:_CUSTOM": "architectures registered beside the zoo's: dbml/kinds' at import, and Python "
                                "factories a user registers (dbml.register_model: code lives in the process)",
     "zoo/registry.py:_LOCK": "guards the registry _CUSTOM",
-    "dbml/source.py:_REFUSED": "functions a source may not call: DuckDB's and dbml's, registered by dbml.udfs at import",
+    "dbml/source.py:_REFUSED": "functions a source may not call: DuckDB's, and dbml's (dbml.udfs at import)",
     "dbml/source.py:_REFUSED_CALL": "the regex over plan text compiled from _REFUSED (the same registry)",
     # --- caches of pure facts -----------------------------------------------------------------
     "dbml/stacking.py:_BMM_PROBE_CACHE": "probe: whether batched matmuls give each member the single model's bits",
@@ -44,7 +44,7 @@ ALLOWED = {
     "dbml/threads.py:per_thread": "lru_cache: the thread-local holder of per-thread torch settings (one object)",
     "udfs/functions.py:_encoder": "lru_cache: a model's input encoder decoded from its catalog JSON",
     "scheduler/graph/graphkey.py:_file_hash": "lru_cache: a source file's hash",
-    "scheduler/graph/graphs.py:_SHARED_GRAPHS": "captured graphs by architecture and shapes (LRU, SHARED_GRAPHS entries)",
+    "scheduler/graph/graphs.py:_SHARED_GRAPHS": "captured graphs by architecture and shapes (LRU)",
     "scheduler/graph/graphs.py:_SHARED_KEY_LOCKS": "one capture at a time per _SHARED_GRAPHS key",
     "scheduler/graph/graphs.py:_SHARED_LOCK": "guards _SHARED_GRAPHS",
     "scheduler/plan/liveness.py:_CACHE": "a sequence's liveness analysis, kept while the sequence lives",
@@ -54,7 +54,7 @@ ALLOWED = {
     "scheduler/execute/spill.py:_tiers_lock": "guards _tiers",
     "scheduler/hostmem.py:_state": "probe and mode of glibc's malloc (mallopt applies process-wide, once)",
     "scheduler/hostmem.py:_lock": "guards hostmem._state",
-    "scheduler/latency/utilisation.py:_warned": "warnings said once per process (a fact said once, not state a job reads)",
+    "scheduler/latency/utilisation.py:_warned": "warnings said once per process (no job reads it)",
     # --- locks and counters with no other state -----------------------------------------------
     "dbml/catalog.py:_WRITES": "lock: the process's writers take catalog versions one at a time (no state)",
     "scheduler/execute/rng.py:_LOCK": "lock: torch's default generators are the process's; one swap at a time",
