@@ -176,15 +176,21 @@ def test_the_process_is_written_in_one_place():
     assert writers == {(write, module) for write, module in owners.items()}, writers
 
 
-def test_the_runtime_resets_to_a_fresh_process():
+def test_the_runtime_resets_to_a_fresh_process(monkeypatch):
+    """A fresh runtime and device registry (the process's may hold another test's open
+    database): a reset touches nothing while a database is open, and after it is closed
+    empties the views, the devices and the SIGINT chain."""
     import dbml
-    from dbml.runtime import reset, runtime
+    from dbml import runtime as runtimes
     from dbml.scheduler.multijob import registry
+    monkeypatch.setattr(runtimes, "_RUNTIME", runtimes.Runtime())
+    monkeypatch.setattr(registry, "DEVICES", registry.Devices())
+    rt = runtimes.runtime()
     con = dbml.connect()
-    rt = runtime()
-    assert rt.instances and not rt.reset(), "a reset with a database open touches nothing"
+    assert rt.instances and rt.sigint_previous is not None
+    assert not runtimes.reset(), "a reset with a database open touches nothing"
     con.close()
     registry.shared_scheduler("cpu", 1000)
     rt.views[1] = ["__dbml_ml_1"]
-    assert reset()
+    assert runtimes.reset()
     assert not rt.views and registry.existing_scheduler("cpu") is None and rt.sigint_previous is None
