@@ -20,6 +20,7 @@ import tempfile
 import pytest
 
 import dbml
+from dbml.core import runtime
 from dbml.scheduler.latency import calibrate as calibration
 
 from helpers import load, moons
@@ -52,6 +53,17 @@ def no_unplanned_calibration(request, monkeypatch):
     monkeypatch.setattr(calibration, "collect_samples", refuse)
     yield
     assert not calls, f"{request.node.nodeid} tried to calibrate the latency predictor {len(calls)} time(s)"
+
+
+@pytest.fixture(autouse=True)
+def fresh_runtime():
+    """After each test the process's runtime (``dbml.core.runtime``) is put back to a fresh
+    process's state where nothing uses it any more (no database open, no job on a device):
+    the device schedulers and ledgers, the SIGINT chain, the BigQuery surface's views, the
+    decode pool. A test that leaves a database open leaves the runtime as it is. The Ray
+    connection stays: test_cluster.py keeps one local cluster per session."""
+    yield
+    runtime.reset()
 
 
 @pytest.fixture(scope="session")

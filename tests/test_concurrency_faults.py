@@ -23,7 +23,7 @@ import time
 import duckdb
 import pytest
 
-from dbml.core import instance as instances
+from dbml.core.runtime import runtime
 from dbml.core.jobs import Job
 
 from helpers import load, moons
@@ -74,7 +74,7 @@ class VersionWindow:
 def test_jobs_training_one_name_at_once_are_all_stored_as_consecutive_versions(db, monkeypatch):
     n = 3
     db.sql("SELECT train('same', 'moons', label := 'label', epochs := 1, validation := 0)").fetchall()   # version 1
-    manager = instances._INSTANCES[db.execute("SELECT dbml_instance_id()").fetchall()[0][0]].jobs
+    manager = runtime().instances[db.execute("SELECT dbml_instance_id()").fetchall()[0][0]].jobs
     window = threading.Barrier(n, timeout=1.0)
     cursor = manager._cursor
     monkeypatch.setattr(manager, "_cursor", lambda: VersionWindow(cursor(), window))
@@ -165,7 +165,7 @@ SERVER = textwrap.dedent('''
     import torch
     torch.set_num_threads(1)
     import dbml
-    from dbml import catalog
+    from dbml.core import catalog
 
     DB, TRAIN = sys.argv[1], sys.argv[2]
 

@@ -15,7 +15,7 @@ import duckdb
 import pytest
 
 import dbml
-from dbml.core import instance as dbml_instance
+from dbml.core.runtime import runtime
 
 TABLE = ("CREATE OR REPLACE TABLE t AS SELECT random() AS x1, random() AS x2, "
          "(random() > 0.5)::INT AS y FROM range(2000)")
@@ -70,7 +70,7 @@ def test_close_cancels_running_jobs_and_releases_the_file(tmp_path):
     con = dbml.connect(path, latency_model="roofline")
     con.execute(TABLE)
     job_id = con.execute(ASYNC).fetchall()[0][0]["job_id"]
-    jobs = dbml_instance._INSTANCES[con.execute("SELECT dbml_instance_id()").fetchall()[0][0]].jobs
+    jobs = runtime().instances[con.execute("SELECT dbml_instance_id()").fetchall()[0][0]].jobs
     end = time.monotonic() + 60   # until the job is mid-training (no helpers: also runs on f30edaf)
     while not con.execute(RUNNING).fetchall()[0][0]:
         assert time.monotonic() < end, "the job never started training"

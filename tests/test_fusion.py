@@ -141,5 +141,5 @@ def test_the_probe_finds_shapes_the_batched_products_round_differently():
     for rows, inputs, outputs in shapes:
         stacking.probe_linears(torch.nn.Linear(inputs, outputs), 3, [rows], "cpu")
     stacking.probe_linears(torch.nn.Linear(16, 32), 3, [32], "cpu")
-    assert stacking._BMM_AGREES[("cpu", 3, 32, 16, 32, True)], "a batch of 32 rows runs batched"
-    assert not all(stacking._BMM_AGREES[("cpu", 3, r, i, o, True)] for r, i, o in shapes)
+    assert stacking._BMM_PROBE_CACHE[("cpu", 3, 32, 16, 32, True)], "a batch of 32 rows runs batched"
+    assert not all(stacking._BMM_PROBE_CACHE[("cpu", 3, r, i, o, True)] for r, i, o in shapes)

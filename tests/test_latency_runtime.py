@@ -15,7 +15,7 @@ from helpers import load, moons
 def fresh_cache(tmp_path, monkeypatch):
     """An empty predictor cache, and no predictor loaded in this process."""
     monkeypatch.setenv("DBML_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(latency, "_LOADED", {})
+    monkeypatch.setattr(latency, "_PREDICTOR_CACHE", {})
     return tmp_path / "cache"
 
 
@@ -34,7 +34,7 @@ def test_cli_install_then_train_plans_with_the_predictor(installed_predictor, mo
     saved = Path(r.stdout.strip().splitlines()[-1].removeprefix("saved "))
     assert saved.exists() and saved.parent == cache
     monkeypatch.setenv("DBML_CACHE_DIR", str(cache))
-    monkeypatch.setattr(latency, "_LOADED", {})
+    monkeypatch.setattr(latency, "_PREDICTOR_CACHE", {})
     written = saved.stat().st_mtime_ns
     con = dbml.connect()
     rows = con.sql("SELECT op, samples, r2, baseline_r2, median_rel_error, fingerprint, model_bytes "

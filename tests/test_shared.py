@@ -445,7 +445,7 @@ def test_plans_over_the_budget_are_never_published():
 
 
 def test_shared_scheduler_is_one_per_device(monkeypatch):
-    monkeypatch.setattr(registry, "_DEFAULTS", {})
+    monkeypatch.setattr(registry, "DEVICES", registry.Devices())
     with pytest.raises(ValueError, match="must give budget_bytes"):
         shared_scheduler("cpu")
     cpu = shared_scheduler("cpu", 1000)

@@ -10,7 +10,6 @@ output columns. The input rows (a ``(SELECT ...)``, which may use the outer quer
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 
@@ -22,13 +21,13 @@ from sqlglot import exp
 from ..core import catalog
 from .. import explain as attributions
 from ..errors import InvalidArgument
+from ..core.runtime import runtime
 from ..core.inference import forward
 from ..core.heldout import held_out_sql
 from . import evaluation, names, store
 from .create import apply_transform, model_name, temporal_as_numbers
 from .parse import MLFunction, function_name, settings
 
-_NAMES = itertools.count(1)
 KEEP_REGISTERED = 16
 
 
@@ -189,7 +188,7 @@ def _arrow(con, tree: exp.Expression) -> pa.Table:
 
 def result(con, table: pa.Table) -> str:
     """The query that reads ``table`` (registered on ``con``) as the result of a statement."""
-    view = f"__dbml_ml_{next(_NAMES)}"
+    view = f"__dbml_ml_{next(runtime().view_names)}"
     con.register(view, table)
     _forget_old(con, view)
     return exp.select(exp.Star()).from_(exp.to_identifier(view)).sql("duckdb")
@@ -363,7 +362,7 @@ def rewrite(con, tree: exp.Expression) -> exp.Expression:
         trial = settings(structs[-1], f"ML.{name}").get("trial_id") if structs else None
         model = Model(con, node, f"ML.{name}", trial)
         table_ = HANDLERS[name](con, node, tree, model)
-        view = f"__dbml_ml_{next(_NAMES)}"
+        view = f"__dbml_ml_{next(runtime().view_names)}"
         con.register(view, table_)
         _forget_old(con, view)
         table = node.parent if isinstance(node.parent, exp.Table) else node
@@ -372,11 +371,8 @@ def rewrite(con, tree: exp.Expression) -> exp.Expression:
     return tree
 
 
-_REGISTERED: dict[int, list[str]] = {}
-
-
 def _forget_old(con, view: str) -> None:
-    views = _REGISTERED.setdefault(id(con), [])
+    views = runtime().views.setdefault(id(con), [])   # the process's, per connection
     views.append(view)
     while len(views) > KEEP_REGISTERED:
         try:

@@ -23,6 +23,7 @@ import threading
 
 from .placement import WorkerDied
 from ..errors import DbmlError
+from ..core.runtime import runtime
 from .worker import RemoteProgress, Task, run_task, unpack_error
 
 # Ray Train's controller looks at its workers this often (its default is 2 s: a finished
@@ -40,12 +41,11 @@ class DataParallel:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        import os
-
         from ray.train import FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchTrainer
         spec = self.task.spec
-        os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", HEALTH_CHECK_S)
+        # Ray Train reads its health check's interval only from its environment
+        runtime().environ_default("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", HEALTH_CHECK_S)
         self.cluster.free_idle()   # idle device workers give their slots to this job's workers
         gpu = self.cluster.gpus() and spec.settings.device != "cpu"
         self.progress.place(None, None, f"{spec.workers} devices")

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 from ..errors import InvalidArgument
 from ..core.placement import shown
+from ..core.runtime import runtime
 
 INSTALL = "pip install 'dbml[ray]'"
 # A TCP probe of the address before Ray's own connect: Ray retries an unreachable GCS for
@@ -39,8 +40,7 @@ WORKER_CONCURRENCY = 32
 # A data-parallel job that needs the slots takes them from idle workers at once.
 IDLE_S = 120.0
 
-_LOCK = threading.Lock()
-_CLUSTER: "Cluster | None" = None
+# The process's one connection is the runtime's (``runtime().cluster``, under ``cluster_lock``).
 
 
 class WorkerDied(Exception):
@@ -99,25 +99,26 @@ def connect(value: str, *, fn: str = "train") -> "Cluster":
     """The process's Cluster for setting ``value`` ('ray' or 'ray://...'), connecting once.
     One line naming the fix if Ray is missing, the address cannot be reached, or the
     process is already connected to another cluster."""
-    global _CLUSTER
     check_value(value, fn=fn)
-    with _LOCK:
-        if _CLUSTER is not None and _CLUSTER.alive():
-            if value not in ("ray", _CLUSTER.setting):
-                raise InvalidArgument(f"{fn}(): this process is connected to Ray cluster {_CLUSTER.setting!r}, and "
+    rt = runtime()
+    with rt.cluster_lock:
+        cluster = rt.cluster
+        if cluster is not None and cluster.alive():
+            if value not in ("ray", cluster.setting):
+                raise InvalidArgument(f"{fn}(): this process is connected to Ray cluster {cluster.setting!r}, and "
                                       f"Ray connects a process to one cluster; SET VARIABLE dbml_cluster = "
-                                      f"{_CLUSTER.setting!r} (or 'ray'), or use another process")
-            return _CLUSTER
+                                      f"{cluster.setting!r} (or 'ray'), or use another process")
+            return cluster
         ray = require_ray()
         if not ray.is_initialized():
             _init(ray, value, fn)
-        _CLUSTER = Cluster(ray, value)
-        return _CLUSTER
+        rt.cluster = Cluster(ray, value)
+        return rt.cluster
 
 
 def current() -> "Cluster | None":
     """The connected Cluster, if any (tests and benchmarks inject faults through it)."""
-    return _CLUSTER
+    return runtime().cluster
 
 
 def _address(value: str) -> str:
@@ -144,9 +145,9 @@ def _init(ray, value: str, fn: str) -> None:
 
 def disconnect() -> None:
     """Stop this process's device workers and hub (the cluster itself runs on)."""
-    global _CLUSTER
-    with _LOCK:
-        cluster, _CLUSTER = _CLUSTER, None
+    rt = runtime()
+    with rt.cluster_lock:
+        cluster, rt.cluster = rt.cluster, None
     if cluster is not None:
         cluster.close()
 

@@ -51,6 +51,7 @@ import torch
 from sqlglot import exp
 
 from ..errors import CatalogError, InvalidArgument, SourceError
+from .runtime import runtime
 from .input_modules import FLOAT_MAX, ChannelNormalise, SeriesScale
 from .source import Column, column, value_sql
 from .spec import SERIES_SCALES
@@ -71,7 +72,6 @@ DECODE_TOKEN = secrets.token_hex(16)
 MAX_CHANNELS = 64                   # an array image's channels (shape := [c, h, w])
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 PAD_ID, UNKNOWN_ID, FIRST_ID = 0, 1, 2   # text and token ids: padding, a token not in the vocabulary, the first known
-_POOL: ThreadPoolExecutor | None = None
 
 
 def tokenize(text: str) -> list[str]:
@@ -94,10 +94,10 @@ def row_name(row: int | str) -> str:
 
 
 def _pool() -> ThreadPoolExecutor:
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(DECODE_WORKERS, thread_name_prefix="dbml-decode")
-    return _POOL
+    rt = runtime()   # the process's pool, started at the first use
+    if rt.decode_pool is None:
+        rt.decode_pool = ThreadPoolExecutor(DECODE_WORKERS, thread_name_prefix="dbml-decode")
+    return rt.decode_pool
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ owner closed, before DuckDB's objects are torn down.
 from __future__ import annotations
 
 import atexit
-import signal
 import sys
 import threading
 import uuid
@@ -29,12 +28,11 @@ import duckdb
 
 from .duckmem import DatabaseMemory
 from .jobs import JobManager, interrupt_off_main_thread
+from .runtime import runtime
 
-_INSTANCES: dict[str, "Instance"] = {}
-_CLOSING: dict[str, threading.Event] = {}   # database file -> set once its last instance has closed
-_LOCK = threading.Lock()
-_SIGINT_HOOKED = False
-_USERS: "weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, weakref.finalize]" = weakref.WeakKeyDictionary()
+# The open databases are the process's (dbml.core.runtime): ``instances`` (id -> Instance),
+# ``closing`` (database file -> set once its last instance has closed), ``users`` (a user
+# connection -> its release), all under ``lock``.
 
 
 def _train(*args, **kwargs):
@@ -62,31 +60,33 @@ class Instance:
         return self.owner.cursor()
 
     def _add_user(self, con: duckdb.DuckDBPyConnection) -> None:
-        if con in _USERS:   # installed again: already counted
+        users = runtime().users
+        if con in users:   # installed again: already counted
             return
         self._users += 1
-        release = _USERS[con] = weakref.finalize(con, self._release)
+        release = users[con] = weakref.finalize(con, self._release)
         release.atexit = False  # at exit, _close_all does it
 
     def _release(self) -> None:
         """One user connection less; after the last, cancel and wait for the jobs, then close.
-        While it closes, a new ``attach`` to the same file waits (``_CLOSING``): its UDFs are
-        the database instance's, and would be unregistered under the newcomer's feet."""
-        with _LOCK:
+        While it closes, a new ``attach`` to the same file waits (the runtime's ``closing``):
+        its UDFs are the database instance's, and would be unregistered under the newcomer's feet."""
+        rt = runtime()
+        with rt.lock:
             self._users -= 1
             if self._users:
                 return
-            _INSTANCES.pop(self.id, None)
-            closed = _CLOSING.setdefault(self.path, threading.Event()) if self._owns else None
+            rt.instances.pop(self.id, None)
+            closed = rt.closing.setdefault(self.path, threading.Event()) if self._owns else None
         try:
             self.jobs.shutdown("the connection was closed")
             if self._owns:
                 self.close()
         finally:
             if closed is not None:
-                with _LOCK:
-                    if _CLOSING.get(self.path) is closed:
-                        del _CLOSING[self.path]
+                with rt.lock:
+                    if rt.closing.get(self.path) is closed:
+                        del rt.closing[self.path]
                 closed.set()
 
     def close(self) -> None:
@@ -104,9 +104,10 @@ def _close_all() -> None:
     """At exit: cancel running jobs (one line each on stderr) and join their threads, then
     close what dbml registered (DuckDB's bindings report UDFs left alive as leaks, and a
     job thread still inside DuckDB at teardown aborts the process)."""
-    with _LOCK:
-        instances = list(_INSTANCES.values())
-        _INSTANCES.clear()
+    rt = runtime()
+    with rt.lock:
+        instances = list(rt.instances.values())
+        rt.instances.clear()
     for instance in instances:
         for job in instance.jobs.shutdown("Python is exiting"):
             print(f"dbml: {job.error}", file=sys.stderr, flush=True)
@@ -117,20 +118,9 @@ def _close_all() -> None:
 def install_sigint_hook() -> None:
     """Chain a hook before Python's SIGINT handler (once, from the main thread): Ctrl-C also
     interrupts training statements whose UDF DuckDB runs on one of its worker threads,
-    where no KeyboardInterrupt arrives (``jobs.interrupt_off_main_thread``)."""
-    global _SIGINT_HOOKED
-    if _SIGINT_HOOKED or threading.current_thread() is not threading.main_thread():
-        return
-    previous = signal.getsignal(signal.SIGINT)
-    if not callable(previous):   # SIG_IGN / SIG_DFL: Ctrl-C is not Python's to handle
-        return
-
-    def hook(signum, frame):
-        interrupt_off_main_thread()
-        return previous(signum, frame)
-
-    signal.signal(signal.SIGINT, hook)
-    _SIGINT_HOOKED = True
+    where no KeyboardInterrupt arrives (``jobs.interrupt_off_main_thread``). The chain is
+    the runtime's (``Runtime.hook_sigint``), which puts the previous handler back at reset."""
+    runtime().hook_sigint(interrupt_off_main_thread)
 
 
 def release_user(con: duckdb.DuckDBPyConnection) -> None:
@@ -138,7 +128,7 @@ def release_user(con: duckdb.DuckDBPyConnection) -> None:
     connection of a database cancels its running jobs, waits for them and closes the
     owner, so the file is free once ``close()`` returns). ``dbml.Connection.close`` calls
     it; a raw DuckDB connection closed directly is released when it is collected."""
-    release = _USERS.pop(con, None)
+    release = runtime().users.pop(con, None)
     if release is not None:
         release()
 
@@ -148,19 +138,20 @@ def attach(con: duckdb.DuckDBPyConnection, register: Callable[[Instance], None])
     ``register`` before any other connection can find it) and whether it is new. If the
     file's previous instance is still closing, waits for it first."""
     path = _path(con)
+    rt = runtime()
     while True:
-        with _LOCK:
-            closing = _CLOSING.get(path) if path else None
+        with rt.lock:
+            closing = rt.closing.get(path) if path else None
             if closing is None:
                 try:
-                    instance = _INSTANCES.get(con.execute("SELECT dbml_instance_id()").fetchall()[0][0])
+                    instance = rt.instances.get(con.execute("SELECT dbml_instance_id()").fetchall()[0][0])
                 except duckdb.CatalogException:
                     instance = None
                 new = instance is None
                 if new:
                     instance = Instance(*_owner(con, path), path=path)
                     register(instance)
-                    _INSTANCES[instance.id] = instance
+                    rt.instances[instance.id] = instance
                 instance._add_user(con)
                 break
         closing.wait()

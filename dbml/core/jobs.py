@@ -23,6 +23,7 @@ import duckdb
 
 from .columns import TRAIN_RESULT
 from ..errors import DbmlError, Interrupted, InvalidArgument, JobCancelled
+from .runtime import runtime
 
 if TYPE_CHECKING:   # spec imports the scheduler, which the job manager does not
     from .spec import TrainCall
@@ -295,11 +296,11 @@ class JobManager:
         with self._lock:
             self._waits.setdefault(connection, []).append(wait)
         if wait.off_main:
-            _OFF_MAIN.add(wait)
+            runtime().off_main.add(wait)
         try:
             yield wait
         finally:
-            _OFF_MAIN.discard(wait)
+            runtime().off_main.discard(wait)
             with self._lock:
                 self._waits[connection].remove(wait)
                 if not self._waits[connection]:
@@ -340,13 +341,13 @@ class JobManager:
 
 # Waits running on a DuckDB worker thread rather than the caller's (DuckDB may run a UDF
 # there): Ctrl-C raises KeyboardInterrupt only on the main thread, in DuckDB's own loop,
-# so a SIGINT hook (``instance.install_sigint_hook``) interrupts these.
-_OFF_MAIN: set["Wait"] = set()
+# so a SIGINT hook (``instance.install_sigint_hook``) interrupts these: the runtime's
+# ``off_main`` (dbml.core.runtime), since the signal chain is the process's.
 
 
 def interrupt_off_main_thread() -> None:
     """Ctrl-C: interrupt every statement waiting on jobs off the main thread."""
-    for wait in list(_OFF_MAIN):
+    for wait in list(runtime().off_main):
         wait.interrupt()
 
 

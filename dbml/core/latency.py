@@ -26,7 +26,7 @@ from ..zoo import Inputs, build
 
 LATENCY_MODELS = ("predictor", "roofline")
 _LOCK = threading.Lock()
-_LOADED: dict[tuple[str, int], object] = {}   # (device, threads) -> Predictor
+_PREDICTOR_CACHE: dict[tuple[str, int], object] = {}   # (device, threads) -> Predictor: a cache of the file
 
 
 # -- the zoo's networks for calibration ---------------------------------------------------------
@@ -139,7 +139,7 @@ def calibrate(device: str, quick: bool, threads: int, progress=None):
     use_threads(threads)
     with _LOCK:
         predictor = run(device, quick=quick, progress=progress, work=calibration_work(device, quick))
-        _LOADED[(device, threads)] = predictor
+        _PREDICTOR_CACHE[(device, threads)] = predictor
     return predictor
 
 
@@ -155,15 +155,15 @@ def latency_model(kind: str, device: str, threads: int) -> tuple[object | None, 
 
     key = (device, threads)
     with _LOCK:
-        if key in _LOADED:
-            return _LOADED[key], "predictor"
+        if key in _PREDICTOR_CACHE:
+            return _PREDICTOR_CACHE[key], "predictor"
         predictor = load_predictor(device, threads=threads)
         how = "predictor"
         if predictor is None:
             use_threads(threads)
             predictor = run(device, quick=True, work=calibration_work(device, True))
             how = "predictor (none was installed: quick calibration ran now; run python -m dbml install)"
-        _LOADED[key] = predictor
+        _PREDICTOR_CACHE[key] = predictor
         return predictor, how
 
 
@@ -172,4 +172,4 @@ def loaded_predictor(device: str, threads: int):
     process loaded or calibrated, else the installed one; None if there is none."""
     from ..scheduler.latency.predictor import load_predictor
 
-    return _LOADED.get((device, threads)) or load_predictor(device, threads=threads)
+    return _PREDICTOR_CACHE.get((device, threads)) or load_predictor(device, threads=threads)

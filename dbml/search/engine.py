@@ -51,6 +51,7 @@ from . import trials as store
 from ..core import training
 from ..errors import BudgetTooSmall, Interrupted, InvalidArgument, JobCancelled, TrainingError
 from ..core.jobs import Job, JobManager, Wait
+from ..core.runtime import runtime
 from ..scheduler.multijob.registry import existing_scheduler
 from ..core.settings import resolve_device
 from .studies import best_trial, decode, dists_json, distribution, encode, make_study
@@ -80,8 +81,6 @@ FUSE_ROUND = 8
 # tune()'s objective -> the key of each epoch's record that holds it
 RECORD_KEYS = {"val_loss": "val_loss", "val_metric": "val_metric", "loss": "loss"}
 
-_ACTIVE: set[str] = set()   # models a statement of this process is tuning
-_ACTIVE_LOCK = threading.Lock()
 
 
 @dataclass
@@ -445,15 +444,17 @@ class _tuning:
         self.model = model
 
     def __enter__(self):
-        with _ACTIVE_LOCK:
-            if self.model in _ACTIVE:
+        rt = runtime()   # the models a statement of this process is tuning
+        with rt.tuning_lock:
+            if self.model in rt.tuning:
                 raise InvalidArgument(f"tune(): model {self.model!r} is being tuned by another statement; "
                                       f"wait for it to end, or tune another name")
-            _ACTIVE.add(self.model)
+            rt.tuning.add(self.model)
 
     def __exit__(self, *exc):
-        with _ACTIVE_LOCK:
-            _ACTIVE.discard(self.model)
+        rt = runtime()
+        with rt.tuning_lock:
+            rt.tuning.discard(self.model)
 
 
 def _same_objective(stored: list[dict], request: TuneRequest) -> None:

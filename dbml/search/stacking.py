@@ -84,7 +84,7 @@ def _members_first(t: torch.Tensor | None, dim: int | None, members: int) -> tor
 # differs in the last bit (a small-matrix kernel of the single addmm), one output or one
 # input differs (addmm runs a matrix-vector product), and a member's slice that does not
 # start on a 64-byte boundary differs (17 inputs). A shape not probed runs per member.
-_BMM_AGREES: dict[tuple, bool] = {}
+_BMM_PROBE_CACHE: dict[tuple, bool] = {}   # a cache of pure facts: probe_linears fills it
 # Switch: False runs every stacked Linear one member at a time (always the single model's bits).
 BATCHED_MATMULS = True
 _ALIGN = 64   # bytes: where the CPU allocator starts every tensor
@@ -98,7 +98,7 @@ def batched_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     member (:func:`_per_member_linear`)."""
     members, rows, inputs = x.shape
     key = (x.device.type, members, rows, inputs, weight.shape[1], bias is not None)
-    if BATCHED_MATMULS and _BMM_AGREES.get(key, False):
+    if BATCHED_MATMULS and _BMM_PROBE_CACHE.get(key, False):
         return _bmm_linear(x, weight, bias)
     return _per_member_linear(x, weight, bias)
 
@@ -140,14 +140,14 @@ def probe_linears(model: nn.Module, members: int, rows: Iterable[int], device) -
     """Decide, once per shape, whether ``model``'s Linear layers stacked ``members`` times
     run batched for batches of ``rows``: batched where every member's output and gradients
     (weight, bias, input; the input stacked or shared, as a first layer's is) equal
-    ``F.linear``'s on an aligned copy of its own, on random values (``_BMM_AGREES``)."""
+    ``F.linear``'s on an aligned copy of its own, on random values (``_BMM_PROBE_CACHE``)."""
     device = torch.device(device)
     for layer in model.modules():
         if isinstance(layer, nn.Linear):
             for r in sorted(set(rows)):
                 key = (device.type, members, r, layer.in_features, layer.out_features, layer.bias is not None)
-                if key not in _BMM_AGREES:
-                    _BMM_AGREES[key] = _bmm_agrees(device, members, r, layer.in_features, layer.out_features,
+                if key not in _BMM_PROBE_CACHE:
+                    _BMM_PROBE_CACHE[key] = _bmm_agrees(device, members, r, layer.in_features, layer.out_features,
                                                    layer.bias is not None)
 
 

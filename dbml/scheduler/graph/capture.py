@@ -53,6 +53,7 @@ A new batch shape (e.g. the last, smaller batch) needs its own graph;
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -337,6 +338,21 @@ def _outputs_from_copies(gm: fx.GraphModule) -> dict[int, int]:
 # two threads at once corrupt each other: concurrent jobs capture one at a time.
 _TRACE_LOCK = threading.Lock()
 
+
+class _QuietWhileTracing(logging.Filter):
+    """torch logs a meta kernel that fails while tracing at ERROR, with its traceback; the
+    failure reaches the job as a CaptureError that names it, so the log only repeats it (a
+    job cancelled by the interpreter's exit mid-capture printed 28 such lines). Only
+    torch's fake-tensor logger, only while dbml traces (one trace at a time)."""
+
+    tracing = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not _QuietWhileTracing.tracing
+
+
+logging.getLogger("torch._subclasses.fake_tensor").addFilter(_QuietWhileTracing())
+
 def capture(model: torch.nn.Module, loss_fn: LossFn, optimizer_spec: OptimizerSpec,
             example_batch: tuple[torch.Tensor, torch.Tensor], *, job: str = "job") -> CapturedStep:
     """Trace one training iteration of ``model`` on fake tensors; annotate its nodes."""
@@ -350,7 +366,11 @@ def capture(model: torch.nn.Module, loss_fn: LossFn, optimizer_spec: OptimizerSp
     step = _make_step_fn(model, loss_fn, optimizer_spec, names, buffer_names, marks)
     try:
         with _TRACE_LOCK:
-            gm = make_fx(torch.func.functionalize(step), tracing_mode="fake")(units, buffers, states, fx_, fy)
+            _QuietWhileTracing.tracing = True
+            try:
+                gm = make_fx(torch.func.functionalize(step), tracing_mode="fake")(units, buffers, states, fx_, fy)
+            finally:
+                _QuietWhileTracing.tracing = False
     except Exception as e:  # noqa: BLE001 - re-raised with the job's context
         raise CaptureError(f"job {job!r}: could not capture the training step of "
                            f"{type(model).__name__}: {type(e).__name__}: {e}") from e
