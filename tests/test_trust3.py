@@ -113,3 +113,43 @@ def test_a_comment_only_script_and_a_lone_backquote(con):
     assert dbml.execute(con, "# nothing but a comment") is None
     with pytest.raises(dbml.InvalidArgument, match="ends inside a string, a quoted name or a block comment"):
         dbml.execute(con, "`")
+
+
+def _tab(con):
+    con.execute("CREATE TABLE tab AS SELECT range::DOUBLE AS a, (range % 2)::INT AS y FROM range(60)")
+    con.execute("CREATE TABLE t AS SELECT 1 AS x")
+
+
+def test_create_model_runs_nothing_of_the_users_before_its_checks(con, tmp_path):
+    """Items 8 and 15: a write in CREATE MODEL's query, a call with effects in its TRANSFORM,
+    a TRANSFORM over another table, and a CREATE refused as existing run nothing."""
+    _tab(con)
+    opts = "OPTIONS(model_type='logistic_reg', input_label_cols=['y'])"
+    with pytest.raises(dbml.DbmlError, match=r"CREATE MODEL m: its query contains a DELETE"):
+        dbml.execute(con, f"CREATE MODEL m {opts} AS WITH d AS (DELETE FROM t RETURNING *) SELECT * FROM tab")
+    assert con.execute("SELECT count(*) FROM t").fetchall() == [(1,)]
+    dbml.execute(con, f"CREATE MODEL keep {opts} AS SELECT * FROM tab")
+    with pytest.raises(dbml.DbmlError, match=r"TRANSFORM calls drop_model\(\), which has effects"):
+        dbml.execute(con, f"CREATE MODEL m TRANSFORM(a, y, drop_model('keep') OVER () AS z) {opts} AS SELECT * FROM tab")
+    with pytest.raises(dbml.DbmlError, match=r"TRANSFORM's .* holds a subquery"):
+        dbml.execute(con, f"CREATE MODEL m TRANSFORM(a, (SELECT max(x) FROM t) AS z, y) {opts} AS SELECT * FROM tab")
+    out = tmp_path / "x.onnx"
+    with pytest.raises(dbml.DbmlError, match=r"Already exists: model keep"):
+        dbml.execute(con, f"CREATE MODEL keep TRANSFORM(a, y, export_model('keep', '{out}') OVER () AS z) {opts} "
+                          f"AS SELECT * FROM tab")
+    assert not out.exists()
+    assert con.execute("SELECT name FROM dbml_models").fetchall() == [("keep",)]
+
+
+def test_a_model_functions_input_only_reads_and_is_not_another_model_function(con):
+    """Items 8 and 10: ML.PREDICT's input is checked as predictions()'s source; ML functions
+    nested in an ML function's input are refused by name."""
+    _tab(con)
+    dbml.execute(con, "CREATE MODEL keep OPTIONS(model_type='logistic_reg', input_label_cols=['y']) AS "
+                      "SELECT * FROM tab")
+    with pytest.raises(dbml.DbmlError, match=r"ML.PREDICT: its input calls drop_model\(\), which has effects"):
+        dbml.execute(con, "SELECT * FROM ML.PREDICT(MODEL keep, (SELECT a, drop_model('keep') AS q FROM tab))")
+    with pytest.raises(dbml.DbmlError, match=r"ML.PREDICT's input holds another model function \(ML.PREDICT\)"):
+        dbml.execute(con, "SELECT * FROM ML.PREDICT(MODEL keep, (SELECT * FROM ML.PREDICT(MODEL keep, TABLE tab)))")
+    assert con.execute("SELECT name FROM dbml_models").fetchall() == [("keep",)]
+    assert dbml.execute(con, "SELECT count(*) FROM ML.PREDICT(MODEL keep, TABLE tab)").fetchall() == [(60,)]

@@ -30,6 +30,7 @@ from sqlglot import exp
 from ..errors import InvalidArgument
 from ..core.sqltext import bigquery_markers, split_statements
 from ..core.catalog import MODELS
+from ..core.source import refuse_effects
 from . import create, functions, names, store, tuning
 from .create import MODEL_TYPES, OPTIONS, model_name
 from .parse import MLFunction, parse
@@ -62,6 +63,7 @@ def translate(con, statement: str) -> str:
     if isinstance(tree, exp.Drop) and str(tree.args.get("kind", "")).upper() == "MODEL":
         return _drop_model(con, tree)
     if any(tree.find_all(MLFunction, exp.Predict)):
+        _check_inputs(tree)
         tree = tree.transform(_predict_node)
         tree = functions.rewrite(con, names.to_duckdb(con, tree))
     else:
@@ -86,6 +88,29 @@ def execute(con, text: str):
     return result
 
 
+def _check_inputs(tree: exp.Expression) -> None:
+    """Before any model function runs: the rows each one reads only read (as ``predictions()``'s
+    source), and no model function reads another's result in its input."""
+    for node in tree.find_all(MLFunction, exp.Predict):
+        fn = _ml_name(node)
+        for child in node.iter_expressions():
+            if child is node.this:
+                continue   # the model's name
+            inner = next((n for n in child.find_all(MLFunction, exp.Predict)), None)
+            if inner is not None:
+                raise InvalidArgument(f"BigQuery ML: {fn}'s input holds another model function "
+                                      f"({_ml_name(inner)}); dbml does not nest "
+                                      f"them: write the inner one's rows to a table first (CREATE TABLE t AS "
+                                      f"SELECT * FROM ML....) and read that")
+            refuse_effects(child, where=f"BigQuery ML: {fn}", arg="its input")
+
+
+def _ml_name(node: exp.Expression) -> str:
+    name = node.args.get("name")
+    name = name.name if isinstance(name, exp.Expression) else name
+    return f"ML.{str(name or 'PREDICT').upper()}"
+
+
 def _exists(con, name: str) -> bool:
     query = exp.select(exp.func("count", exp.Star())).from_(exp.to_table(MODELS)).where(
         exp.column("name").eq(exp.Placeholder()))
@@ -93,13 +118,13 @@ def _exists(con, name: str) -> bool:
 
 
 def _create_model(con, tree: exp.Create):
-    plan = create.plan(con, tree)   # every option checked: nothing trains before this passes
-    name = plan["name"]
-    if _exists(con, name):
+    name = model_name(tree.this)
+    if _exists(con, name):   # before anything of the statement runs (TRANSFORM's statistics read the query)
         if tree.args.get("exists"):
             return functions.result(con, pa.table({"model": pa.array([], pa.string())}))
         if not tree.args.get("replace"):
             raise InvalidArgument(f"Already exists: model {name}; use CREATE OR REPLACE MODEL to train a new version")
+    plan = create.plan(con, tree)   # every option checked: nothing trains before this passes
     if plan["trials"]:
         return _trials(con, plan)
     summary = _train(con, plan, plan["runs"][0][0])

@@ -15,6 +15,7 @@ from sqlglot import exp
 
 from ..errors import InvalidArgument
 from ..core.kinds.kmeans import NO_LABEL
+from ..core.source import refuse_effects
 from ..core.spec import TRAIN_PARAMS
 from ..zoo import arch as zoo_arch
 from . import names, preprocess, tuning
@@ -261,6 +262,15 @@ def plan(con, tree: exp.Create) -> dict:
         raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: needs AS <query> (the training data); dbml trains "
                               f"only from a query")
     options, transform = given_options(tree)
+    # nothing of the user's runs before this: the query and the TRANSFORM only read
+    where = f"BigQuery ML: CREATE MODEL {name}"
+    refuse_effects(tree.expression, where=where, arg="its query")
+    for e in transform or ():
+        refuse_effects(e, where=where, arg="TRANSFORM")
+        if e.find(exp.Query) is not None:
+            raise InvalidArgument(f"{where}: TRANSFORM's {e.sql('bigquery')[:60]} holds a subquery; TRANSFORM computes "
+                                  f"each row from its own columns (and the query's statistics): join what it needs "
+                                  f"in the AS query instead")
     kind, arch, task = model_kind(name, options)
     check_options(name, kind, arch, options)
     if arch in TREES and importlib.util.find_spec("lightgbm") is None:

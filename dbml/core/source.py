@@ -179,15 +179,21 @@ def _text(select_sql: exp.Query | str) -> str:
 
 def _refuse_effects(tree: exp.Expression, *, fn: str, arg: str) -> None:
     """Any write, or any call to a function with effects, anywhere in the tree: SourceError."""
+    refuse_effects(tree, where=f"{fn}()", arg=arg)
+
+
+def refuse_effects(tree: exp.Expression, *, where: str, arg: str) -> None:
+    """Any write, or any call to a function with effects, anywhere in ``tree`` (a query, or
+    an expression such as BigQuery ML's TRANSFORM): SourceError, ``where: arg ...``."""
     for node in tree.walk():
         if isinstance(node, WRITE_NODES):
             kind = node.key.upper()
             article = "an" if kind[0] in "AEIOU" else "a"
-            raise SourceError(f"{fn}(): {arg} contains {article} {kind} ({_first_line(node.sql('duckdb'))[:80]!r}); "
+            raise SourceError(f"{where}: {arg} contains {article} {kind} ({_first_line(node.sql('duckdb'))[:80]!r}); "
                               f"a source must only read: pass a table name or a SELECT without {kind}")
         name = _function_name(node)
         if name in _REFUSED:
-            raise SourceError(f"{fn}(): {arg} calls {name}(), which has effects (or runs SQL text); "
+            raise SourceError(f"{where}: {arg} calls {name}(), which has effects (or runs SQL text); "
                               f"a source must only read: call {name}() in its own statement")
 
 
