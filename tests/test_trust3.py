@@ -153,3 +153,59 @@ def test_a_model_functions_input_only_reads_and_is_not_another_model_function(co
         dbml.execute(con, "SELECT * FROM ML.PREDICT(MODEL keep, (SELECT * FROM ML.PREDICT(MODEL keep, TABLE tab)))")
     assert con.execute("SELECT name FROM dbml_models").fetchall() == [("keep",)]
     assert dbml.execute(con, "SELECT count(*) FROM ML.PREDICT(MODEL keep, TABLE tab)").fetchall() == [(60,)]
+
+
+@pytest.mark.parametrize("statement, message", [
+    ("SELECT * FROM ML.PREDICT(MODEL keep, TABLE tab, STRUCT('abc' AS threshold))",
+     r"ML.PREDICT: setting threshold must be a number in \[0, 1\], got 'abc'"),
+    ("SELECT * FROM ML.EXPLAIN_PREDICT(MODEL keep, TABLE tab, STRUCT('abc' AS top_k_features))",
+     r"setting top_k_features must be a whole number of at least 1, got 'abc'"),
+    ("SELECT * FROM ML.EXPLAIN_PREDICT(MODEL keep, TABLE tab, STRUCT(-1 AS top_k_features))",
+     r"setting top_k_features must be a whole number of at least 1, got -1"),
+    ("SELECT ML.QUANTILE_BUCKETIZE(a, 10000000) OVER () FROM tab",
+     r"ML.QUANTILE_BUCKETIZE's buckets must be a whole number from 1 to 10000, got 10000000"),
+    ("SELECT * FROM ML.ROC_CURVE(MODEL keep, TABLE tab, GENERATE_ARRAY(0, 1, 0.0000001))",
+     r"the number of ML.ROC_CURVE's thresholds must be a whole number from 1 to 10000, got 10000001"),
+    ("SELECT ML.POLYNOMIAL_EXPAND(STRUCT(" + ", ".join(f"a AS f{i}" for i in range(2000)) + ")) FROM tab",
+     r"ML.POLYNOMIAL_EXPAND takes at most 100 fields .* got 2000"),
+    ("CREATE MODEL t OPTIONS(model_type='logistic_reg', input_label_cols=['y'], num_trials=-3) AS SELECT * FROM tab",
+     r"num_trials must be a whole number from 1 to 1000, got -3"),
+    ("CREATE MODEL t OPTIONS(model_type='logistic_reg', input_label_cols=['y'], num_trials=1000000000) AS "
+     "SELECT * FROM tab", r"num_trials must be a whole number from 1 to 1000, got 1000000000"),
+    ("CREATE MODEL t OPTIONS(model_type='dnn_classifier', input_label_cols=['y'], num_trials=2, "
+     "learn_rate=HPARAM_RANGE(0, 1e400)) AS SELECT * FROM tab", r"HPARAM_RANGE must be a finite number, got 1e400"),
+], ids=["threshold-text", "top-k-text", "top-k-negative", "buckets", "roc-thresholds", "polynomial-fields",
+        "trials-negative", "trials-huge", "range-overflow"])
+def test_every_number_a_statement_passes_is_checked_before_work_starts(con, statement, message):
+    """Items 9, 10 and 19: raw errors and unbounded work from one number, each refused by name."""
+    _tab(con)
+    dbml.execute(con, "CREATE MODEL keep OPTIONS(model_type='logistic_reg', input_label_cols=['y']) AS "
+                      "SELECT * FROM tab")
+    with pytest.raises(dbml.InvalidArgument, match=message):
+        dbml.execute(con, statement)
+    assert con.execute("SELECT name FROM dbml_models").fetchall() == [("keep",)]
+
+
+def test_explain_predict_over_many_rows_runs_in_chunks(con):
+    """Item 9: ML.EXPLAIN_PREDICT over many rows attributes them in chunks (it asked for
+    3.3 GB at once over 200,000 rows); the chunks' rows equal one pass's."""
+    from dbml.bigquery import functions
+    _tab(con)
+    dbml.execute(con, "CREATE MODEL keep OPTIONS(model_type='dnn_classifier', input_label_cols=['y'], "
+                      "hidden_units=[8], max_iterations=1) AS SELECT * FROM tab")
+    query = "SELECT * FROM ML.EXPLAIN_PREDICT(MODEL keep, TABLE tab) ORDER BY a"
+    whole = dbml.execute(con, query).fetchall()
+    functions.EXPLAIN_ROWS, old = 7, functions.EXPLAIN_ROWS
+    try:
+        chunked = dbml.execute(con, query).fetchall()
+    finally:
+        functions.EXPLAIN_ROWS = old
+    def rounded(v):   # a chunk's matmuls round the last bits differently from a larger batch's
+        if isinstance(v, float):
+            return round(v, 6)
+        if isinstance(v, (list, tuple)):
+            return type(v)(rounded(i) for i in v)
+        if isinstance(v, dict):
+            return {k: rounded(i) for k, i in v.items()}
+        return v
+    assert rounded(chunked) == rounded(whole) and len(whole) == 60

@@ -19,7 +19,7 @@ from ..core.source import refuse_effects
 from ..core.spec import TRAIN_PARAMS
 from ..zoo import arch as zoo_arch
 from . import names, preprocess, tuning
-from .parse import constant
+from .parse import constant, count
 
 # model_type -> (dbml arch, task)
 MODEL_TYPES = {
@@ -253,6 +253,9 @@ def train_statement(name: str, source: str, args: dict) -> exp.Select:
                                  for k, v in args.items()]))
 
 
+MAX_TRIALS = 1000   # num_trials: BigQuery ML's own limit is lower for most models; each trial trains a model
+
+
 def plan(con, tree: exp.Create) -> dict:
     """Everything CREATE MODEL will do, checked before anything trains: the ``train`` arguments,
     the source it trains on (TRANSFORM applied), and what the store keeps (the queries before
@@ -276,7 +279,8 @@ def plan(con, tree: exp.Create) -> dict:
     if arch in TREES and importlib.util.find_spec("lightgbm") is None:
         raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: model_type {kind} needs LightGBM, which is not "
                               f"installed; pip install 'dbml[trees]'")
-    trials = int(options.get("num_trials", 0) or 0)
+    trials = options.get("num_trials")
+    trials = 0 if trials is None else count(trials, f"CREATE MODEL {name}: num_trials", 1, MAX_TRIALS)
     given = tuning.given_spaces(options)
     if given and not trials:
         raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: HPARAM_RANGE and HPARAM_CANDIDATES need "

@@ -26,9 +26,11 @@ from ..core.inference import forward
 from ..core.heldout import held_out_sql
 from . import evaluation, names, store
 from .create import apply_transform, model_name, temporal_as_numbers
-from .parse import MLFunction, function_name, settings
+from .parse import MLFunction, count, function_name, settings
 
 KEEP_REGISTERED = 16
+MAX_THRESHOLDS = 10_000     # ML.ROC_CURVE: one pass over the rows per threshold
+EXPLAIN_ROWS = 512          # ML.EXPLAIN_PREDICT attributes rows in chunks of this many (its memory per row is large)
 
 
 class Model:
@@ -231,7 +233,9 @@ def _roc(con, node, outer, model: Model) -> pa.Table:
     if rest:
         # BigQuery's 0.5 is a FLOAT64 (DuckDB's a DECIMAL, which rounds a long literal)
         given = exp.cast(names.to_duckdb(con, rest[0].copy()), "DOUBLE[]", dialect="duckdb")
-        thresholds = con.execute(exp.select(given).sql("duckdb")).fetchall()[0][0]
+        n = con.execute(exp.select(exp.func("len", given)).sql("duckdb")).fetchall()[0][0]
+        count(n, "the number of ML.ROC_CURVE's thresholds", 1, MAX_THRESHOLDS)
+        thresholds = con.execute(exp.select(given.copy()).sql("duckdb")).fetchall()[0][0]
     _, x, y = rows(con, model, query, labelled=True, held_out=held_out)
     return pa.Table.from_pylist(evaluation.roc_curve(y, probabilities(_outputs(model, x))[:, 1], thresholds))
 
@@ -258,9 +262,9 @@ def _training_rows(con, model: Model, fn: str, limit: int = 2000):
 def _explain_predict(con, node, outer, model: Model) -> pa.Table:
     args = node.expressions
     opts = settings(args[1] if len(args) > 1 else None, "ML.EXPLAIN_PREDICT")
-    top_k = int(opts.get("top_k_features", 5))
+    top_k = opts.get("top_k_features", 5)
     inputs, x, _ = rows(con, model, input_query(con, args[0] if args else None, outer), labelled=False)
-    e = attributions.explain_rows(model.stored, x)
+    e = _explained(model.stored, x)
     out = _outputs(model, x)
     label = model.prep.label
     cols = {}
@@ -279,6 +283,15 @@ def _explain_predict(con, node, outer, model: Model) -> pa.Table:
     cols["prediction_value"] = pa.array(e["prediction"])
     cols["approximation_error"] = pa.array(e["approximation_error"])
     return _with_inputs(cols, inputs)
+
+
+def _explained(stored, x: np.ndarray) -> dict:
+    """``explain_rows`` over ``x`` in chunks of ``EXPLAIN_ROWS`` (integrated gradients hold
+    every step's inputs per row: 200,000 rows at once asked for 3.3 GB)."""
+    parts = [attributions.explain_rows(stored, x[i:i + EXPLAIN_ROWS]) for i in range(0, max(len(x), 1), EXPLAIN_ROWS)]
+    joined = {k: np.concatenate([np.asarray(p[k]) for p in parts]) for k in ("attributions", "baseline", "prediction",
+                                                                             "approximation_error")}
+    return {**parts[0], **joined}
 
 
 def _global_explain(con, node, outer, model: Model) -> pa.Table:

@@ -8,6 +8,8 @@ is parsed here into one node, :class:`MLFunction`: the model, then its arguments
 
 from __future__ import annotations
 
+import math
+
 import sqlglot
 from sqlglot import exp
 from sqlglot.dialects.bigquery import BigQuery
@@ -71,8 +73,34 @@ def function_name(node: MLFunction) -> str:
     return node.args["name"].this
 
 
+# the model functions' settings dbml reads: name -> (what it must be, the check, an example)
+SETTINGS = {
+    "threshold": ("a number in [0, 1]", lambda v: _number(v) and 0 <= v <= 1, "0.5 AS threshold"),
+    "top_k_features": ("a whole number of at least 1", lambda v: _whole(v) and v >= 1, "5 AS top_k_features"),
+    "class_level_explain": ("TRUE or FALSE", lambda v: isinstance(v, bool), "TRUE AS class_level_explain"),
+    "standardize": ("TRUE or FALSE", lambda v: isinstance(v, bool), "TRUE AS standardize"),
+}
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _whole(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def count(value, what: str, low: int, high: int) -> int:
+    """A whole-number argument that sizes work (buckets, thresholds, trials), within
+    [low, high] before any work starts; InvalidArgument naming it otherwise."""
+    if not _whole(value) or not low <= value <= high:
+        raise InvalidArgument(f"BigQuery ML: {what} must be a whole number from {low} to {high}, got {value!r}")
+    return value
+
+
 def settings(node: exp.Expression | None, fn: str) -> dict:
-    """``STRUCT(0.55 AS threshold, ...)`` as {name: value}; constants only."""
+    """``STRUCT(0.55 AS threshold, ...)`` as {name: value}; constants only, each setting dbml
+    reads checked (``SETTINGS``)."""
     if node is None:
         return {}
     if not isinstance(node, exp.Struct):
@@ -83,6 +111,11 @@ def settings(node: exp.Expression | None, fn: str) -> dict:
         if not isinstance(item, exp.PropertyEQ):
             raise InvalidArgument(f"BigQuery ML: {fn}: each setting is <value> AS <name>, got {item.sql('bigquery')[:80]}")
         out[item.name.lower()] = constant(item.expression, f"{fn} setting {item.name}")
+    for name, value in out.items():
+        rule = SETTINGS.get(name)
+        if rule is not None and value is not None and not rule[1](value):
+            raise InvalidArgument(f"BigQuery ML: {fn}: setting {name} must be {rule[0]}, got {value!r}; "
+                                  f"pass e.g. STRUCT({rule[2]})")
     return out
 
 
@@ -102,5 +135,7 @@ def constant(value: exp.Expression, what: str):
         if value.is_string:
             return value.this
         number = float(value.this)
+        if not math.isfinite(number):
+            raise InvalidArgument(f"BigQuery ML: {what} must be a finite number, got {value.this[:40]}")
         return int(number) if number.is_integer() and "." not in value.this and "e" not in value.this.lower() else number
     raise InvalidArgument(f"BigQuery ML: {what} must be a constant, got {value.sql(dialect='bigquery')[:80]}")

@@ -73,11 +73,20 @@ ANALYTIC = {
                                "most_frequent": _f("mode", x)}[str(_const(_arg(a, 1), "ML.IMPUTER strategy")).lower()]],
                 lambda x, a, s: _f("coalesce", x, s[0])),
     "QUANTILE_BUCKETIZE": (lambda x, a: [_f("quantile_cont", x, _num(
-                               [i / int(_const(a[1], "ML.QUANTILE_BUCKETIZE buckets"))
-                                for i in range(1, int(_const(a[1], "ML.QUANTILE_BUCKETIZE buckets")))]))],
+                               [i / _buckets(a) for i in range(1, _buckets(a))]))],
                            lambda x, a, s: _bins(x, [exp.Bracket(this=s[0].copy(), expressions=[exp.Literal.number(i)])
-                                                     for i in range(1, int(_const(a[1], "buckets")))])),
+                                                     for i in range(1, _buckets(a))])),
 }
+
+
+MAX_BUCKETS = 10_000        # ML.QUANTILE_BUCKETIZE's buckets: each is a quantile DuckDB computes
+MAX_FIELDS = 100            # POLYNOMIAL_EXPAND / FEATURE_CROSS: the terms grow as the fields' square
+
+
+def _buckets(args) -> int:
+    from .parse import count
+    return count(_const(_arg(args, 1), "ML.QUANTILE_BUCKETIZE buckets"), "ML.QUANTILE_BUCKETIZE's buckets",
+                 1, MAX_BUCKETS)
 
 
 def _bucketize(x, args):
@@ -99,6 +108,9 @@ def _fields(args, fn):
             out.append((item.alias, item.this))
         else:
             out.append((item.alias_or_name, item))
+    if len(out) > MAX_FIELDS:
+        raise InvalidArgument(f"BigQuery ML: ML.{fn} takes at most {MAX_FIELDS} fields (its terms grow as their "
+                              f"square), got {len(out)}")
     return out
 
 
