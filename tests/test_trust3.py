@@ -209,3 +209,20 @@ def test_explain_predict_over_many_rows_runs_in_chunks(con):
             return {k: rounded(i) for k, i in v.items()}
         return v
     assert rounded(chunked) == rounded(whole) and len(whole) == 60
+
+
+def test_a_bigquery_project_is_the_attached_database_of_its_name(con):
+    """Item 2: project.dataset.table is DuckDB's catalog.schema.table where the project is
+    attached (never the main database's dataset.table then); else the local dataset.table."""
+    con.execute("CREATE SCHEMA mydataset")
+    con.execute("CREATE TABLE mydataset.mytable AS SELECT 1 AS v")
+    con.execute("ATTACH ':memory:' AS project_id")
+    con.execute("CREATE SCHEMA project_id.mydataset")
+    con.execute("CREATE TABLE project_id.mydataset.mytable AS SELECT 2 AS v")
+    assert dbml.execute(con, "SELECT v FROM `project_id.mydataset.mytable`").fetchall() == [(2,)]
+    assert dbml.execute(con, "SELECT v FROM `project_id`.mydataset.mytable").fetchall() == [(2,)]
+    assert dbml.execute(con, "SELECT v FROM `elsewhere.mydataset.mytable`").fetchall() == [(1,)]
+    con.execute("ATTACH ':memory:' AS \"bigquery-public-data\"")
+    con.execute("CREATE SCHEMA \"bigquery-public-data\".ml_datasets")
+    con.execute("CREATE TABLE \"bigquery-public-data\".ml_datasets.penguins AS SELECT 3 AS v")
+    assert dbml.execute(con, "SELECT v FROM `bigquery-public-data.ml_datasets.penguins`").fetchall() == [(3,)]

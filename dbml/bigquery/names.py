@@ -1,7 +1,8 @@
 """BigQuery names and functions in DuckDB terms, on sqlglot trees.
 
-* A table ``project.dataset.table`` is DuckDB's ``dataset.table`` (the dataset is a schema;
-  the project is dropped). A wildcard table ``dataset.prefix*`` is the union of the schema's
+* A table ``project.dataset.table`` is DuckDB's three-part ``project.dataset.table`` where a
+  database called ``project`` is attached (the project is a catalog, the dataset a schema),
+  else ``dataset.table`` of the current database (a local copy of a public dataset). A wildcard table ``dataset.prefix*`` is the union of the schema's
   tables whose names start with ``prefix``, each row with its ``_TABLE_SUFFIX``.
 * ``ST_DISTANCE(ST_GEOGPOINT(lon, lat), ST_GEOGPOINT(lon, lat))`` is the haversine distance
   in metres on a sphere of the Earth's mean radius (DuckDB's spatial extension is not needed).
@@ -54,10 +55,21 @@ def _table(con, table: exp.Table) -> exp.Expression:
         return table
     if table.name.endswith("*"):
         return _wildcard(con, table)
-    if table.args.get("catalog") is not None:
+    catalog = table.args.get("catalog")
+    if catalog is not None and not _attached(con, catalog.name):
         table = table.copy()
-        table.set("catalog", None)
+        table.set("catalog", None)   # no database of the project's name: the dataset is a schema here
+    elif catalog is not None:
+        table = table.copy()
+        table.set("catalog", exp.to_identifier(catalog.name, quoted=True))
     return table
+
+
+def _attached(con, name: str) -> bool:
+    """Whether a database (DuckDB's catalog) called ``name`` is attached: BigQuery's project."""
+    query = exp.select(exp.func("count", exp.Star())).from_(exp.func("duckdb_databases")).where(
+        exp.column("database_name").eq(exp.Placeholder()))
+    return con.execute(query.sql("duckdb"), [name]).fetchall()[0][0] > 0
 
 
 def _is_model(table: exp.Table) -> bool:
