@@ -226,3 +226,18 @@ def test_a_bigquery_project_is_the_attached_database_of_its_name(con):
     con.execute("CREATE SCHEMA \"bigquery-public-data\".ml_datasets")
     con.execute("CREATE TABLE \"bigquery-public-data\".ml_datasets.penguins AS SELECT 3 AS v")
     assert dbml.execute(con, "SELECT v FROM `bigquery-public-data.ml_datasets.penguins`").fetchall() == [(3,)]
+
+
+@pytest.mark.parametrize("n", [2, 3, 100])
+def test_an_array_column_of_another_length_is_an_error_not_an_answer(con, n):
+    """Item 13: predictions() and evaluate() of a model trained on FLOAT[4] refuse FLOAT[n]
+    (predict() already did); a NULL array still predicts as before."""
+    con.execute("CREATE TABLE d AS SELECT [x, x + 1, x * 2, 1]::FLOAT[4] AS v, (x % 2)::INT AS y FROM range(100) t(x)")
+    con.sql("SELECT train('m', 'd', label := 'y', epochs := 1)").fetchall()
+    con.execute(f"CREATE TABLE e AS SELECT list_transform(range({n}), lambda i: (i + x)::FLOAT)::FLOAT[{n}] AS v, "
+                f"(x % 2)::INT AS y FROM range(10) t(x)")
+    for query in ("SELECT sum(prediction) FROM predictions('m', 'e')", "SELECT evaluate('m', 'e')"):
+        with pytest.raises(Exception, match=r"column v holds an array whose length is not 4"):
+            con.sql(query).fetchall()
+    assert con.sql("SELECT count(prediction) FROM predictions('m', 'd')").fetchall() == [(100,)]
+    assert con.sql("SELECT count(*) FROM predictions('m', 'SELECT NULL::FLOAT[4] AS v, 1 AS y')").fetchall() == [(1,)]

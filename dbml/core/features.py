@@ -94,8 +94,17 @@ class Feature:
         if self.kind == "numeric":
             return [finite_or_zero(scaled(col, value_sql(means[0]), value_sql(stds[0])))]
         if self.kind == "array":
-            return [finite_or_zero(scaled(_element(col.copy(), exp.Literal.number(i + 1)), value_sql(m), value_sql(s)))
-                    for i, (m, s) in enumerate(zip(means, stds))]
+            elements = [finite_or_zero(scaled(_element(col.copy(), exp.Literal.number(i + 1)), value_sql(m),
+                                              value_sql(s))) for i, (m, s) in enumerate(zip(means, stds))]
+            # a column of another length would read NULLs past its end (or ignore its tail): an
+            # error in the row, not an answer
+            n = exp.Literal.number(len(means))
+            message = (f"column {self.name} holds an array whose length is not {len(means)}, the length the model "
+                       f"was trained on; pass arrays of {len(means)} numbers (e.g. CAST({self.name} AS FLOAT[{len(means)}]))")
+            fits = exp.or_(exp.Is(this=col.copy(), expression=exp.Null()),
+                           exp.EQ(this=exp.Anonymous(this="array_length", expressions=[col.copy()]), expression=n))
+            elements[0] = exp.Case().when(fits, elements[0]).else_(exp.func("error", exp.Literal.string(message)))
+            return elements
         return [exp.Case().when(exp.EQ(this=exp.cast(col.copy(), "VARCHAR"), expression=value_sql(c)),
                                 exp.Literal.number(1)).else_(exp.Literal.number(0)) for c in self.categories]
 
