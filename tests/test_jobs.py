@@ -195,7 +195,7 @@ def slow_copies(monkeypatch):
     monkeypatch.setattr(estimate, "measure_machine", lambda device="cpu": machine)
     # ...under the paper's planner, which plans no swap that makes compute wait (dbml's
     # default would stall for the copies and fit both jobs): a fresh shared scheduler with it
-    monkeypatch.setattr(registry, "_DEFAULTS", {})
+    monkeypatch.setattr(registry.DEVICES, "schedulers", {})
     monkeypatch.setattr(registry, "MemoryScheduler", lambda budget, settings=None, **kw:
                         MemoryScheduler(budget, settings or PlanSettings(**PAPER), **kw))
 

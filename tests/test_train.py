@@ -144,6 +144,8 @@ def test_sql_defaults_equal_trainspec_defaults(moons_con):
              "lr": default_lr("mlp", "adam"), "validation": default_validation(300)}
     defaults = {f.name: f.default for f in dataclasses.fields(TrainSpec) if f.name not in ("model", "source", "settings")}
     defaults |= {stored_key(f.name): f.default for f in dataclasses.fields(JobSettings)}
+    bucket = params.pop("held_out_bucket")   # the split's exact bucket (issue 31), beside the parameters
+    assert isinstance(bucket, int) and 0 < bucket < 1_000_000
     assert params == {k: given.get(k, v) for k, v in defaults.items()}
 
 

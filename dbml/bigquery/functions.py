@@ -95,7 +95,8 @@ def rows(con, model: Model, query: exp.Select, labelled: bool,
         outer = outer.select(exp.alias_(y, "__dbml_y")).where(model.prep.label_filter())
     if held_out:
         # src is train's source (the query, TRANSFORM, dates as numbers) with __dbml_row beside it
-        outer = outer.where(held_out_sql(model.params["seed"], model.params["validation"], exclude=("__dbml_row",)))
+        outer = outer.where(held_out_sql(model.params["seed"], model.params["validation"], exclude=("__dbml_row",),
+                                         bucket=model.params.get("held_out_bucket")))
     table = _arrow(con, outer)
     width = model.prep.width
     x = table.column("__dbml_x").combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(np.float32)

@@ -39,19 +39,25 @@ def split_hash(seed: int) -> exp.Expression:
     return exp.Anonymous(this="hash", expressions=[every_column, value_sql(int(seed))])
 
 
-def is_held_out(h: str, validation: float) -> str:
-    return f"{h} % {VALIDATION_BUCKETS} < {int(validation * VALIDATION_BUCKETS)}"
+def is_held_out(h: str, validation: float | None = None, *, bucket: int | None = None) -> str:
+    """The split's rule on a row's hash ``h``: its bucket is below ``bucket`` (a job's exact
+    one, ``training._held_out_share``), or below ``validation``'s share of the buckets (a
+    model stored before the bucket was)."""
+    cut = bucket if bucket is not None else int(validation * VALIDATION_BUCKETS)
+    return f"{h} % {VALIDATION_BUCKETS} < {cut}"
 
 
-def held_out_sql(seed: int, validation: float, exclude: tuple[str, ...] = ()) -> exp.Expression:
+def held_out_sql(seed: int, validation: float, exclude: tuple[str, ...] = (), *,
+                 bucket: int | None = None) -> exp.Expression:
     """Whether a row of the source ``train`` read (every column of it, less ``exclude``: columns
     a reader added) is one it held out for validation, given the job's ``seed`` and
     ``validation``, as a sqlglot condition: ``training._materialise``'s rule (``split_hash``,
     ``is_held_out``), so ``ML.EVALUATE(MODEL m)`` reads exactly those rows."""
     every = exp.Star(except_=[exp.column(c, quoted=True) for c in exclude] or None)
     h = exp.Anonymous(this="hash", expressions=[exp.Columns(this=every, unpack=True), exp.Literal.number(int(seed))])
-    bucket = exp.Mod(this=h, expression=exp.Literal.number(VALIDATION_BUCKETS))
-    return exp.LT(this=bucket, expression=exp.Literal.number(int(validation * VALIDATION_BUCKETS)))
+    h_bucket = exp.Mod(this=h, expression=exp.Literal.number(VALIDATION_BUCKETS))
+    cut = bucket if bucket is not None else int(validation * VALIDATION_BUCKETS)
+    return exp.LT(this=h_bucket, expression=exp.Literal.number(cut))
 
 
 class EarlyStopping:

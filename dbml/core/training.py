@@ -38,7 +38,7 @@ from ..scheduler.execute import rng
 from ..scheduler.execute.step import EagerStep, StepRunner
 from .settings import resolve_device
 from .source import check_tables_only, describe, parsed as _parsed, select_tree
-from .spec import TrainSpec, default_lr, default_validation, stored_params
+from .spec import MAX_VALIDATION, MIN_VALIDATION, TrainSpec, default_lr, default_validation, stored_params
 from ..zoo import fitter as zoo_fitter
 
 D = "duckdb"
@@ -116,6 +116,7 @@ class Trained:
     skipped: int           # source rows left out for an unusable label
     started: float         # time.perf_counter() when the job started
     warnings: tuple[str, ...] = ()   # what looks wrong with the data (label_warnings)
+    held_out_bucket: int | None = None   # the split's exact hash bucket (Scratch), stored in params
 
     def summary(self, job_id: int, version: int | None) -> dict:
         """The train() row of the job, stored as ``version``."""
@@ -146,7 +147,7 @@ def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -
 def store(cur: duckdb.DuckDBPyConnection, trained: Trained) -> int:
     """Write a trained model as the next version of its name (one transaction); its version."""
     return catalog.write(cur, name=trained.spec.model, config=trained.config, prep=trained.prep,
-                         params=_params(trained.spec), metrics=trained.metrics, rows=trained.rows,
+                         params=_params(trained.spec, trained.held_out_bucket), metrics=trained.metrics, rows=trained.rows,
                          module=trained.module)
 
 
@@ -170,7 +171,7 @@ def fit(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> 
         give_back_host_memory()
     warnings = label_warnings(data.prep, data.n_train + data.n_val) + tuple(result["metrics"].get("warnings", ()))
     return Trained(result["spec"], data.prep, result["config"], result["module"], result["metrics"], result["memory"],
-                   data.n_train, data.skipped, started, warnings)
+                   data.n_train, data.skipped, started, warnings, data.held_out_bucket)
 
 
 def give_back_host_memory() -> None:
@@ -191,6 +192,7 @@ class Scratch:
     n_train: int
     n_val: int
     skipped: int   # source rows left out for an unusable label (features.label_usable)
+    held_out_bucket: int = 0   # rows whose hash bucket is below it are held out (_held_out_share)
 
 
 @contextmanager
@@ -208,13 +210,13 @@ def scratch(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress)
                              series_scale=spec.series_scale)
     table = f"dbml_scratch.job_{progress.id}"
     total = cur.execute(exp.select("count(*)").from_(_parsed(select_sql).subquery()).sql(D)).fetchall()[0][0]
-    if spec.validation is None:
-        spec = dataclasses.replace(spec, validation=default_validation(total))
+    share, bucket = _held_out_share(cur, select_sql, prep, spec, total)
+    spec = dataclasses.replace(spec, validation=share)
     try:
         progress.check()
-        n_train, n_val = _materialise(cur, table, select_sql, prep, spec)
+        n_train, n_val = _materialise(cur, table, select_sql, prep, spec, bucket)
         progress.check()
-        yield Scratch(spec, table, prep, n_train, n_val, total - n_train - n_val)
+        yield Scratch(spec, table, prep, n_train, n_val, total - n_train - n_val, bucket)
     finally:
         _drop_scratch(cur, table)
 
@@ -239,11 +241,17 @@ def _drop_scratch(cur, table: str) -> None:
         cur.execute(drop_scratch(table).sql(D))
 
 
-def _params(spec: TrainSpec) -> dict:
-    return stored_params(spec)
+def _params(spec: TrainSpec, held_out_bucket: int | None = None) -> dict:
+    """What the catalog stores of the job: its parameters, and the split's exact hash bucket
+    (``held_out_sql`` reads it: ML.EVALUATE's rows are the ones held out)."""
+    params = stored_params(spec)
+    if held_out_bucket is not None:
+        params["held_out_bucket"] = held_out_bucket
+    return params
 
 
-def _materialise(cur, table: str, select_sql: exp.Query, prep: Preprocessing, spec: TrainSpec) -> tuple[int, int]:
+def _materialise(cur, table: str, select_sql: exp.Query, prep: Preprocessing, spec: TrainSpec,
+                 bucket: int) -> tuple[int, int]:
     """Features and labels computed once by DuckDB, with a deterministic validation split.
 
     ``h`` hashes each source row (every column it has, as the source gives it: not the
@@ -256,7 +264,7 @@ def _materialise(cur, table: str, select_sql: exp.Query, prep: Preprocessing, sp
     rows = (exp.select(exp.alias_(prep.scratch_expression(), "x"), exp.alias_(_label_column(prep), "y"),
                        exp.alias_(heldout.split_hash(spec.seed), "h"))
             .from_(_parsed(select_sql).subquery()).where(_parsed(prep.label_filter())))
-    split = (exp.select("x", "y", exp.alias_(_parsed(heldout.is_held_out("h", spec.validation)), "is_val"))
+    split = (exp.select("x", "y", exp.alias_(_parsed(heldout.is_held_out("h", bucket=bucket)), "is_val"))
              .from_(rows.subquery()).order_by("h", dialect=D))
     cur.execute(exp.Create(this=exp.to_table(table, dialect=D), kind="TABLE", expression=split).sql(D))
     counts = exp.select("count(*) FILTER (NOT is_val)", "count(*) FILTER (is_val)", dialect=D).from_(
@@ -266,6 +274,31 @@ def _materialise(cur, table: str, select_sql: exp.Query, prep: Preprocessing, sp
         raise SourceError(f"train(): no rows left for training after holding out validation := {spec.validation}; "
                           f"pass a larger source or validation := 0")
     return n_train, n_val
+
+
+def _held_out_share(cur, select_sql: exp.Query, prep: Preprocessing, spec: TrainSpec,
+                    total: int) -> tuple[float, int]:
+    """(the validation share, the hash bucket below which the rows held out fall): the share
+    of the rows with a usable label, rounded to whole rows (``validation := NULL``: between
+    10 % and 25 % of them, as documented), made exact by choosing the bucket below which
+    exactly those rows fall. A fixed bucket per share held out 29 % of iris's 112 rows for a
+    share of 25 %. The model stores the bucket (``held_out_bucket``), so ``ML.EVALUATE``
+    (``held_out_sql``) reads the same rows."""
+    share = spec.validation if spec.validation is not None else default_validation(total)
+    if share == 0:
+        return 0.0, 0
+    bucket = exp.alias_(exp.Mod(this=heldout.split_hash(spec.seed), expression=exp.Literal.number(
+        heldout.VALIDATION_BUCKETS)), "r")
+    usable = exp.select(bucket).from_(_parsed(select_sql).subquery()).where(_parsed(prep.label_filter()))
+    n = cur.execute(exp.select("count(*)").from_(usable.subquery()).sql(D)).fetchall()[0][0]
+    k = round(share * n)
+    if spec.validation is None:   # the documented bounds, in whole rows
+        k = min(max(k, math.ceil(MIN_VALIDATION * n)), math.floor(MAX_VALIDATION * n))
+    if k <= 0 or n == 0:
+        return share, 0
+    nth = exp.select("r").from_(usable.subquery()).order_by("r").limit(1).offset(k)
+    cut = cur.execute(nth.sql(D)).fetchall()
+    return share, (int(cut[0][0]) if cut else heldout.VALIDATION_BUCKETS)
 
 
 def _label_column(prep: Preprocessing) -> exp.Expression:
