@@ -254,3 +254,20 @@ def test_the_hold_out_is_the_documented_share_in_whole_rows(con, rows, share, he
     assert rows - r["rows"] == held
     params = con.sql("SELECT params FROM dbml_models WHERE name = 'm'").fetchall()[0][0]
     assert '"held_out_bucket"' in params   # ML.EVALUATE's rule reads the same bucket (test_bigquery checks the rows)
+
+
+@pytest.mark.parametrize("args, message", [
+    ("""space := '{"batch_size": {"int": [1, 1000000000]}}', sampler := 'grid'""",
+     r"space's grid has 1000000000 points, more than 10000"),
+    ("""space := '{"lr": {"choice": [0.1, 0.01]}}', sampler := 'random', trials := 1000000000""",
+     r"trials := 1000000000 is more than 10000"),
+], ids=["huge-grid", "huge-trials"])
+def test_tune_bounds_its_work_before_it_starts(con, args, message):
+    """Item 17: a grid over [0, 1e9] built its whole axis first (22.7 GB); a billion random
+    trials were asked for at once."""
+    import time
+    con.execute("CREATE TABLE t AS SELECT range::DOUBLE a, (range % 2)::INT y FROM range(50)")
+    started = time.perf_counter()
+    with pytest.raises(Exception, match=message):
+        con.sql(f"SELECT * FROM tune('m', 't', label := 'y', {args})").fetchall()
+    assert time.perf_counter() - started < 30

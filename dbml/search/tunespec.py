@@ -51,6 +51,7 @@ PRUNERS = ("median", "successive_halving", "none")
 SAMPLERS = ("tpe", "random", "grid")
 DEFAULT_TRIALS = 20
 MAX_GRID = 10_000   # the most points a grid may have
+MAX_TRIALS = 10_000  # the most trials one tune() call runs (a later call resumes the search)
 # train() parameters a space may search; the others describe the data, the run or its memory
 SEARCHABLE = ("lr", "batch_size", "optimizer", "weight_decay", "l1_reg", "momentum", "dropout", "hidden", "arch", "seed")
 # distribution -> the parameter types it draws
@@ -77,6 +78,12 @@ class Dimension:
     def ends(self) -> tuple:
         """The values that bound what it draws: a range's ends, or every choice."""
         return self.choices if self.kind == "choice" else (self.low, self.high)
+
+    def size(self) -> int:
+        """How many values :meth:`points` lists, counted without listing them."""
+        if self.kind == "choice" or self.sql_type == "DOUBLE":
+            return len(self.points())
+        return max(0, int(self.high) - int(self.low) + 1)
 
     def points(self) -> tuple:
         """Every value it can take (a grid's axis); a DOUBLE range has no such list."""
@@ -114,11 +121,11 @@ class Space:
     def grid(self, seed: int = 0) -> list[dict]:
         """Every point of the space's grid, the smallest in memory (``corner``) first, the
         others in an order drawn with ``seed``."""
-        axes = [d.points() for d in self.dims]
-        size = math.prod(len(a) for a in axes)
+        size = math.prod(d.size() for d in self.dims)   # counted before any axis is listed
         if size > MAX_GRID:
             raise InvalidArgument(f"tune(): space's grid has {size} points, more than {MAX_GRID}; "
                                   f"list fewer values, or pass sampler := 'tpe'")
+        axes = [d.points() for d in self.dims]
         points = [dict(zip(self.names(), p)) for p in itertools.product(*axes)]
         corner = self.corner()
         first = next(i for i, p in enumerate(points) if all(p[k] == v for k, v in corner.items()))
@@ -193,6 +200,9 @@ def make_request(base: TrainSpec, space, trials: int | None, parallel: int | Non
         if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
             raise InvalidArgument(f"tune(): {name} must be a positive integer, got {value!r}; "
                                   f"pass e.g. {name} := {DEFAULT_TRIALS if name == 'trials' else 4}")
+    if trials is not None and trials > MAX_TRIALS:   # each trial trains a model: a typo, not a search
+        raise InvalidArgument(f"tune(): trials := {trials} is more than {MAX_TRIALS}; pass fewer, and call tune() "
+                              f"again to resume the search for more")
     if objective != "loss" and base.validation == 0:
         raise InvalidArgument(f"tune(): objective {objective!r} is measured on held-out rows, and validation is "
                               f"{base.validation}; pass validation := 0.1, or objective := 'loss'")
