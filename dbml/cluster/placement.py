@@ -73,7 +73,7 @@ def check_value(value: str, *, fn: str) -> None:
     parts = urlsplit(value or "")
     if parts.scheme == "ray" and parts.hostname and _port(parts) and not parts.path.strip("/"):
         return
-    raise InvalidArgument(f"{fn}(): setting cluster is {shown(value)}; SET VARIABLE dbml_cluster = 'local', 'ray' "
+    raise InvalidArgument(f"{fn}(): setting cluster is {shown(value)!r}; SET VARIABLE dbml_cluster = 'local', 'ray' "
                           f"or 'ray://<head host>:<client port, 10001 by default>'")
 
 

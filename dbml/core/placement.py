@@ -49,9 +49,9 @@ def shown(address: str) -> str:
     """A cluster address as messages show it: a password in it is never repeated."""
     parts = urlsplit(address or "")
     if parts.password is None:
-        return repr(address)
+        return address
     host = parts.netloc.rpartition("@")[2]
-    return repr(urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}")))
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
 
 
 def check_access(spec, cur) -> None:
@@ -62,7 +62,7 @@ def check_access(spec, cur) -> None:
         return
     allowed = cur.execute("SELECT current_setting('enable_external_access')").fetchall()[0][0]
     if not allowed:
-        raise InvalidArgument(f"the cluster setting names a Ray cluster ({shown(spec.settings.cluster)}), but DuckDB's "
+        raise InvalidArgument(f"the cluster setting names a Ray cluster ({shown(spec.settings.cluster)!r}), but DuckDB's "
                               f"enable_external_access is false here (safe mode), which refuses network access; "
                               f"SET VARIABLE dbml_cluster = 'local' to train on this machine")
 

@@ -228,8 +228,11 @@ class Transfers:
         """Issue the swap-ins held back for room that now fit (after releases, or at
         an op boundary); the one that does not fit yet and those after it keep waiting
         (in the plan's order)."""
-        ledger, now = self.ledger, time.perf_counter()
+        ledger, now, res = self.ledger, time.perf_counter(), self.it.res
         for sid, at in list(self.waiting.items()):
+            if res[sid] or sid in self.inflight_in or (sid not in self.host_store and sid not in self.inflight_out):
+                del self.waiting[sid]   # brought in meanwhile (fetched, recomputed), or nothing to copy
+                continue
             if ledger.total + self.prog.nbytes[sid] > budget:
                 return
             del self.waiting[sid]
