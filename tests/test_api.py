@@ -94,7 +94,9 @@ def test_memory_plots_the_plan_of_a_job_under_a_budget(wide):
     summary = wide.sql("SELECT train('w', 't', label := 'y', epochs := 1, hidden := [256, 256, 256])").fetchall()[0][0]
     fig = dbml.plot.memory(wide, summary["job_id"])
     data = fig.dbml
-    assert max(data["planned_bytes"]) == data["planned_peak_bytes"] == summary["planned_peak_bytes"]
+    # the plot shows the plan in effect for the job's graph; the summary's peak is the largest of
+    # every plan the job ran (replans from measured latencies, the last batch's graph)
+    assert max(data["planned_bytes"]) == data["planned_peak_bytes"] <= summary["planned_peak_bytes"]
     assert data["measured_peak_bytes"] == summary["measured_peak_bytes"]
     assert data["events"]["swap_out"] > 0 and data["budget_bytes"] == 1_500_000   # it had to swap to fit
     with pytest.raises(dbml.InvalidArgument, match="no job 999"):
