@@ -266,7 +266,7 @@ def plan(con, tree: exp.Create) -> dict:
                               f"only from a query")
     options, transform = given_options(tree)
     # nothing of the user's runs before this: the query and the TRANSFORM only read
-    where = f"BigQuery ML: CREATE MODEL {name}"
+    where = "BigQuery ML: CREATE MODEL " + name   # the messages' subject
     refuse_effects(tree.expression, where=where, arg="its query")
     for e in transform or ():
         refuse_effects(e, where=where, arg="TRANSFORM")
@@ -280,7 +280,7 @@ def plan(con, tree: exp.Create) -> dict:
         raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: model_type {kind} needs LightGBM, which is not "
                               f"installed; pip install 'dbml[trees]'")
     trials = options.get("num_trials")
-    trials = 0 if trials is None else count(trials, f"CREATE MODEL {name}: num_trials", 1, MAX_TRIALS)
+    trials = 0 if trials is None else count(trials, "CREATE MODEL " + name + ": num_trials", 1, MAX_TRIALS)
     given = tuning.given_spaces(options)
     if given and not trials:
         raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: HPARAM_RANGE and HPARAM_CANDIDATES need "

@@ -100,7 +100,7 @@ class Feature:
             # error in the row, not an answer
             n = exp.Literal.number(len(means))
             message = (f"column {self.name} holds an array whose length is not {len(means)}, the length the model "
-                       f"was trained on; pass arrays of {len(means)} numbers (e.g. CAST({self.name} AS FLOAT[{len(means)}]))")
+                       f"was trained on; pass arrays of {len(means)} numbers (cast the column to FLOAT[{len(means)}])")
             fits = exp.or_(exp.Is(this=col.copy(), expression=exp.Null()),
                            exp.EQ(this=exp.Anonymous(this="array_length", expressions=[col.copy()]), expression=n))
             elements[0] = exp.Case().when(fits, elements[0]).else_(exp.func("error", exp.Literal.string(message)))
