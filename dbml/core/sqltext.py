@@ -59,20 +59,32 @@ _TOKENIZERS = threading.local()
 _SENTINEL = "\n;"
 
 
+def _duckdb_tokens(text: str) -> list[tuple[int, object]]:
+    """(start, kind) of DuckDB's tokens of ``text``, comments included. Raises TokenError
+    where the text ends inside a string, a quoted name or a block comment."""
+    tokens = duckdb.tokenize(text + _SENTINEL)
+    if not tokens or tokens[-1][0] != len(text) + 1:
+        raise TokenError(f"Error tokenizing {text[-40:]!r}")
+    return tokens[:-1]
+
+
+def _tokenizer(dialect: str):
+    """This thread's sqlglot tokenizer of ``dialect``."""
+    cache = _TOKENIZERS.__dict__
+    if dialect not in cache:
+        cache[dialect] = Dialect.get_or_raise(dialect).tokenizer_class()
+    return cache[dialect]
+
+
 def _tokens(text: str, dialect: str) -> list[tuple[int, bool]]:
     """(start, whether it is a ``;``) of each of the dialect's tokens of ``text``, comments
     left out. Raises TokenError where the text ends inside a string, a quoted name or a
     block comment."""
     if dialect == "duckdb":
-        tokens = duckdb.tokenize(text + _SENTINEL)
-        if not tokens or tokens[-1][0] != len(text) + 1:
-            raise TokenError(f"Error tokenizing {text[-40:]!r}")
         comment, operator = duckdb.token_type.comment, duckdb.token_type.operator
-        return [(start, kind == operator and text[start] == ";") for start, kind in tokens[:-1] if kind != comment]
-    cache = _TOKENIZERS.__dict__
-    if dialect not in cache:
-        cache[dialect] = Dialect.get_or_raise(dialect).tokenizer_class()
-    return [(t.start, t.token_type == TokenType.SEMICOLON) for t in cache[dialect].tokenize(text)]
+        return [(start, kind == operator and text[start] == ";") for start, kind in _duckdb_tokens(text)
+                if kind != comment]
+    return [(t.start, t.token_type == TokenType.SEMICOLON) for t in _tokenizer(dialect).tokenize(text)]
 
 
 def _semicolons(text: str, dialect: str) -> tuple[list[tuple[int, int]], bool]:
@@ -123,18 +135,16 @@ def bigquery_markers(text: str) -> bool:
 def _duckdb_code(text: str) -> list[int]:
     """The starts of DuckDB's tokens of ``text`` that are code (not strings or comments)."""
     try:
-        tokens = duckdb.tokenize(text + _SENTINEL)
-    except Exception:   # noqa: BLE001 - DuckDB's tokenizer refuses it: no reading of its
+        tokens = _duckdb_tokens(text)
+    except Exception:   # noqa: BLE001 - DuckDB's reading ends inside a string, or it refuses the text
         return []
-    if not tokens or tokens[-1][0] != len(text) + 1:
-        return []   # DuckDB's reading ends inside a string
     comment, string = duckdb.token_type.comment, duckdb.token_type.string_const
-    return [start for start, kind in tokens[:-1] if kind not in (comment, string)]
+    return [start for start, kind in tokens if kind not in (comment, string)]
 
 
 def _bigquery_code(text: str) -> list[int]:
     try:
-        tokens = Dialect.get_or_raise("bigquery").tokenizer_class().tokenize(text)
+        tokens = _tokenizer("bigquery").tokenize(text)
     except Exception:   # noqa: BLE001 - BigQuery's reading ends inside a string
         return []
     strings = (TokenType.STRING, TokenType.RAW_STRING, TokenType.NATIONAL_STRING, TokenType.BYTE_STRING)

@@ -209,8 +209,11 @@ def scratch(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress)
                              text=spec.text, shape=spec.shape, image_size=spec.image_size,
                              series_scale=spec.series_scale)
     table = f"dbml_scratch.job_{progress.id}"
-    total = cur.execute(exp.select("count(*)").from_(_parsed(select_sql).subquery()).sql(D)).fetchall()[0][0]
-    share, bucket = _held_out_share(cur, select_sql, prep, spec, total)
+    # one scan counts the rows, and those with a usable label (the split's)
+    counts = exp.select("count(*)", exp.Filter(this=exp.func("count", exp.Star()), expression=exp.Where(
+        this=_parsed(prep.label_filter())))).from_(_parsed(select_sql).subquery())
+    total, usable = cur.execute(counts.sql(D)).fetchall()[0]
+    share, bucket = _held_out_share(cur, select_sql, prep, spec, total, usable)
     spec = dataclasses.replace(spec, validation=share)
     try:
         progress.check()
@@ -277,20 +280,20 @@ def _materialise(cur, table: str, select_sql: exp.Query, prep: Preprocessing, sp
 
 
 def _held_out_share(cur, select_sql: exp.Query, prep: Preprocessing, spec: TrainSpec,
-                    total: int) -> tuple[float, int]:
+                    total: int, n: int) -> tuple[float, int]:
     """(the validation share, the hash bucket below which the rows held out fall): the share
     of the rows with a usable label, rounded to whole rows (``validation := NULL``: between
     10 % and 25 % of them, as documented), made exact by choosing the bucket below which
     exactly those rows fall. A fixed bucket per share held out 29 % of iris's 112 rows for a
     share of 25 %. The model stores the bucket (``held_out_bucket``), so ``ML.EVALUATE``
-    (``held_out_sql``) reads the same rows."""
+    (``held_out_sql``) reads the same rows. ``n``: the rows with a usable label (counted with
+    ``total`` in one scan)."""
     share = spec.validation if spec.validation is not None else default_validation(total)
     if share == 0:
         return 0.0, 0
     bucket = exp.alias_(exp.Mod(this=heldout.split_hash(spec.seed), expression=exp.Literal.number(
         heldout.VALIDATION_BUCKETS)), "r")
     usable = exp.select(bucket).from_(_parsed(select_sql).subquery()).where(_parsed(prep.label_filter()))
-    n = cur.execute(exp.select("count(*)").from_(usable.subquery()).sql(D)).fetchall()[0][0]
     k = round(share * n)
     if spec.validation is None:   # the documented bounds, in whole rows
         k = min(max(k, math.ceil(MIN_VALIDATION * n)), math.floor(MAX_VALIDATION * n))
