@@ -17,7 +17,7 @@ from importlib import resources
 import duckdb
 from sqlglot import exp
 
-from .core import settings as _settings
+from .core import home, settings as _settings
 from .errors import (CatalogError, DbmlError, Interrupted, InvalidArgument, ModelNotFound, SourceError,
                      TrainingError)
 from .api import drop_model, evaluate, list_jobs, predictions, train, tune
@@ -29,7 +29,8 @@ __all__ = ["connect", "install", "execute", "export_model", "train", "tune", "pr
 
 # SQL files that write the database: skipped on a read-only one (sql/scratch.sql attaches an
 # in-memory database, which DuckDB refuses in read-only mode; only training uses it).
-_WRITING_SQL = ("catalog.sql", "scratch.sql")
+# sql/catalog.sql is run by dbml.core.home, in the catalog's home.
+_WRITING_SQL = ("scratch.sql",)
 
 
 class Connection:
@@ -74,7 +75,7 @@ class Connection:
                 pass
             settings = dict(self._settings)
         _settings.apply(cur, **settings)
-        _install_sql(cur, self._read_only)
+        _install_sql(cur, self._instance)
         return Connection(cur, self._instance, settings)
 
     def _read_settings(self) -> dict:
@@ -129,37 +130,39 @@ def install(con: duckdb.DuckDBPyConnection | Connection, *, preload: bool = True
 
     def first_install(instance) -> None:   # before any other connection finds the instance
         register(instance, preload)
-        if not instance.read_only and _older_catalog_may_exist(con):
-            from .core.catalog import migrate  # it imports torch: only where there may be one to move
-            migrate(con, resources.files("dbml.sql").joinpath("catalog.sql").read_text())
+        instance.home = home.settle(con, instance.read_only)
     instance, _ = attach(con, first_install)
-    if instance.read_only:
-        from .core.catalog import require_catalog
-        require_catalog(con)
-    _install_sql(con, instance.read_only)
+    _install_sql(con, instance)
     return Connection(con, instance)
 
 
-def _older_catalog_may_exist(con: duckdb.DuckDBPyConnection) -> bool:
-    """Whether an older dbml's ``main.dbml_models`` is there (``catalog.migrate`` decides the rest)."""
-    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
-                            "AND schema_name = 'main' AND table_name = 'dbml_models' AND NOT temporary").fetchall()[0][0])
-
-
-def _install_sql(con: duckdb.DuckDBPyConnection, read_only: bool) -> None:
-    """Run ``sql/``, the generated ``train`` and ``tune`` macros and the ``dbml_trials`` view
-    (``dbml.search.trials.view_sql``) on one connection or cursor: TEMP macros
-    and views are per connection, UDFs and the catalog per database."""
+def _install_sql(con: duckdb.DuckDBPyConnection, instance) -> None:
+    """Run ``sql/``, the catalog's views (``home.views``), the generated ``train`` and
+    ``tune`` macros and the ``dbml_trials`` view (``dbml.search.trials.view_sql``) on one
+    connection or cursor: TEMP macros and views are per connection, UDFs and the catalog
+    (``home.settle``, at the instance's first install) per database."""
     from .core.spec import train_macro_sql
     from .search.trials import view_sql
     from .search.tunespec import tune_macro_sql
 
+    for view in home.views(instance.home):
+        con.execute(view)
     for sql in sorted(resources.files("dbml.sql").iterdir(), key=lambda p: p.name):
-        if sql.name.endswith(".sql") and not (read_only and sql.name in _WRITING_SQL):
+        if sql.name.endswith(".sql") and sql.name != "catalog.sql" and not (instance.read_only and sql.name in _WRITING_SQL):
             con.execute(sql.read_text())
     con.execute(train_macro_sql().sql("duckdb"))
     con.execute(tune_macro_sql().sql("duckdb"))
-    con.execute(view_sql(con).sql("duckdb"))
+    con.execute(view_sql(con, instance.home).sql("duckdb"))
+
+
+def import_database(con, sql: str, run):
+    """Run ``sql``, an ``IMPORT DATABASE`` statement (``home.import_path``), by ``run(sql)``:
+    the export's dbml catalog becomes the database's (``home.import_database``), and ``con``'s
+    views read it. dbml's statement paths (the shell, ``Connection.sql``, ``dbml.execute``)
+    send IMPORT DATABASE here; DuckDB's own ``execute`` does not."""
+    result, instance = home.import_database(con, sql, run)
+    _install_sql(con, instance)
+    return result
 
 
 def __getattr__(name: str):
@@ -194,5 +197,13 @@ def export_model(con, model: str, path: str, version: int | None = None, overwri
 
 
 def connect(database: str = ":memory:", read_only: bool = False, **settings) -> Connection:
-    """A DuckDB connection to ``database`` with dbml installed; ``settings`` as in dbml.core.settings."""
-    return install(duckdb.connect(database, read_only=read_only), **settings)
+    """A DuckDB connection to ``database`` with dbml installed; ``settings`` as in dbml.core.settings.
+    If installing fails, the connection is closed (the file released) before the error is raised."""
+    con = duckdb.connect(database, read_only=read_only)
+    try:
+        return install(con, **settings)
+    except BaseException:
+        from .core.instance import release_user
+        release_user(con)
+        con.close()
+        raise

@@ -83,7 +83,12 @@ class OnceRelation:
 
 
 def sql(con: duckdb.DuckDBPyConnection, query, **kwargs):
-    """``con.sql`` for a dbml Connection: a :class:`OnceRelation` for a SELECT with effects."""
+    """``con.sql`` for a dbml Connection: a :class:`OnceRelation` for a SELECT with effects;
+    an IMPORT DATABASE that brings a dbml catalog replaces the database's empty one."""
+    from .core.home import import_path
+    if isinstance(query, str) and import_path(query) is not None:
+        from . import import_database
+        return import_database(con, query, lambda q: con.sql(q, **kwargs))
     if isinstance(query, str) and has_effects(query):
         try:
             statements = duckdb.extract_statements(query)

@@ -14,6 +14,7 @@ search itself is ``dbml.search.engine``; the trial records ``dbml.trials``.
 
 from __future__ import annotations
 
+from .core import home
 from .search import trials as store
 from .errors import InvalidArgument
 from .search.tunespec import OBJECTIVES, SAMPLERS
@@ -64,7 +65,7 @@ def _objective(objective: str) -> str:
 
 def trials(con, model: str) -> list[dict]:
     """Every stored trial of ``model`` (the ``dbml_trials`` rows), in trial order."""
-    cur = con.execute(store.ALL_ROWS_OF.sql(store.D), [model])
+    cur = con.execute(home.sql(con, store.ALL_ROWS_OF), [model])
     names = [d[0] for d in cur.description]
     return [dict(zip(names, row)) for row in cur.fetchall()]
 

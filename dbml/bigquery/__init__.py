@@ -29,6 +29,7 @@ from sqlglot import exp
 
 from ..errors import InvalidArgument
 from ..core.sqltext import bigquery_markers, split_statements
+from ..core import home
 from ..core.catalog import MODELS
 from ..core.source import refuse_effects
 from . import create, functions, names, store, tuning
@@ -47,7 +48,11 @@ def looks_like_bigquery(sql: str) -> bool:
 
 def run(con, statement: str):
     """Run one statement: BigQuery (ML) rewritten into dbml and DuckDB, anything else unchanged.
-    Returns DuckDB's result (``con.execute``'s): rows to fetch, a description of its columns."""
+    Returns DuckDB's result (``con.execute``'s): rows to fetch, a description of its columns.
+    An IMPORT DATABASE that brings a dbml catalog replaces the database's empty one."""
+    if home.import_path(statement) is not None:
+        from .. import import_database
+        return import_database(con, statement, con.execute)
     return con.execute(translate(con, statement))
 
 
@@ -114,7 +119,7 @@ def _ml_name(node: exp.Expression) -> str:
 def _exists(con, name: str) -> bool:
     query = exp.select(exp.func("count", exp.Star())).from_(exp.to_table(MODELS)).where(
         exp.column("name").eq(exp.Placeholder()))
-    return con.execute(query.sql("duckdb"), [name]).fetchall()[0][0] > 0
+    return con.execute(home.sql(con, query), [name]).fetchall()[0][0] > 0
 
 
 def _create_model(con, tree: exp.Create):
@@ -164,7 +169,7 @@ def _metric_name(con, name: str, version: int) -> str:
     import json
     query = exp.select("metrics").from_(exp.to_table(MODELS)).where(
         exp.and_(exp.column("name").eq(exp.Placeholder()), exp.column("version").eq(exp.Placeholder())))
-    metrics = con.execute(query.sql("duckdb"), [name, version]).fetchall()
+    metrics = con.execute(home.sql(con, query), [name, version]).fetchall()
     return {"r2": "r2_score"}.get(json.loads(metrics[0][0]).get("val_metric_name"), "accuracy")
 
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 import torch
 from sqlglot import exp
 
-from ..core import catalog
+from ..core import catalog, home
 from .. import explain as attributions
 from ..errors import InvalidArgument
 from ..core.runtime import runtime
@@ -51,7 +51,7 @@ class Model:
         self.version, self.trials = version, trials
         self.stored = catalog.load(con, self.name, version)
         params = exp.select("params").from_(exp.to_table(catalog.MODELS)).where(exp.column("uid").eq(exp.Placeholder()))
-        self.params = json.loads(con.execute(params.sql("duckdb"), [self.stored.uid]).fetchall()[0][0])
+        self.params = json.loads(con.execute(home.sql(con, params), [self.stored.uid]).fetchall()[0][0])
         self.prep = self.stored.preprocessing
         if self.prep.input is not None:
             raise InvalidArgument(f"BigQuery ML: {fn}: model {self.name} takes {self.prep.input.kind} input; "

@@ -3,7 +3,7 @@ its model_type, the training query (what ``ML.EVALUATE(MODEL m)``, ``ML.FEATURE_
 ``ML.GLOBAL_EXPLAIN`` read), the held-out query where the split is BigQuery's own (``SEQ``,
 ``CUSTOM``), the frozen ``TRANSFORM`` and the hyperparameter trial.
 
-One row per stored model in ``dbml.bigquery_models`` (the catalog's schema, out of SHOW
+One row per stored model in ``dbml.bigquery_models`` (the catalog's home, ``dbml.core.home``, out of SHOW
 TABLES), keyed by the model's ``uid``: a version dropped and trained again by ``train()``
 has another uid, so a stale row never applies to it (and is deleted at the next CREATE
 MODEL). The queries are kept before ``TRANSFORM``: the functions apply the model's frozen
@@ -17,6 +17,7 @@ import json
 import sqlglot
 from sqlglot import exp
 
+from ..core import home
 from ..core.catalog import MODELS
 from ..errors import InvalidArgument, ModelNotFound
 from ..core.source import refused
@@ -52,24 +53,23 @@ def _joined(*columns: str) -> exp.Select:
 def ensure(con) -> None:
     create = _CREATE.copy()
     create.this.set("this", _table())
-    con.execute(create.sql("duckdb"))
+    con.execute(home.sql(con, create))
 
 
 def record(con, name: str, version: int, model_type: str, source: str, eval_source: str | None,
            transform: list[str] | None, trial: dict | None) -> None:
     ensure(con)
     # dropped models' rows
-    con.execute(exp.delete(_table(), where=exp.column("uid").isin(query=exp.select("uid").from_(_models())).not_())
-                .sql("duckdb"))
+    con.execute(home.sql(con, exp.delete(_table(), where=exp.column("uid").isin(query=exp.select("uid").from_(_models())).not_())))
     row = exp.select("uid", *(exp.Placeholder() for _ in range(5))).from_(_models()).where(_of(version=True))
-    con.execute(exp.insert(row, _table()).sql("duckdb"),
+    con.execute(home.sql(con, exp.insert(row, _table())),
                 [model_type, source, eval_source, transform, None if trial is None else json.dumps(trial), name,
                  version])
 
 
 def latest(con, name: str, fn: str) -> int:
     query = exp.select(exp.func("max", exp.column("version"))).from_(_models()).where(_of(version=False))
-    rows = con.execute(query.sql("duckdb"), [name]).fetchall()
+    rows = con.execute(home.sql(con, query), [name]).fetchall()
     if rows[0][0] is None:
         raise ModelNotFound(f"BigQuery ML: Not found: model {name} ({fn}); CREATE MODEL {name} first, or pick one "
                             f"from SELECT name FROM dbml_models")
@@ -77,8 +77,9 @@ def latest(con, name: str, fn: str) -> int:
 
 
 def _exists(con) -> bool:
-    return con.execute("SELECT count(*) FROM duckdb_tables() WHERE schema_name = ? AND table_name = ? "
-                       "AND NOT temporary", [_SCHEMA, _NAME]).fetchall()[0][0] > 0
+    where = home.of(con)
+    return con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = ? AND schema_name = ? "
+                       "AND table_name = ? AND NOT temporary", [where.database, where.schema, _NAME]).fetchall()[0][0] > 0
 
 
 def info(con, name: str, version: int) -> dict:
@@ -86,7 +87,7 @@ def info(con, name: str, version: int) -> dict:
     if not _exists(con):
         return {}
     query = _joined("b.model_type", "b.source", "b.eval_source", "b.transform", "b.trial").where(_of(True, "m"))
-    rows = con.execute(query.sql("duckdb"), [name, version]).fetchall()
+    rows = con.execute(home.sql(con, query), [name, version]).fetchall()
     if not rows:
         return {}
     model_type, source, eval_source, transform, trial = rows[0]
@@ -100,7 +101,7 @@ def trials(con, name: str) -> list[tuple[int, dict]]:
         return []
     query = (_joined("m.version", "b.trial").where(_of(False, "m")).where(exp.column("trial", table="b").is_(exp.null())
                                                                             .not_()).order_by("m.version"))
-    rows = con.execute(query.sql("duckdb"), [name]).fetchall()
+    rows = con.execute(home.sql(con, query), [name]).fetchall()
     return [(v, json.loads(t)) for v, t in rows]
 
 

@@ -1,12 +1,14 @@
 """The model catalog: tables in the user's database that hold every trained model.
 
-They live in a schema of their own, ``dbml`` (``sql/catalog.sql``): ``dbml.models`` has one
+They live in a schema of their own, the catalog's *home* (``dbml.core.home``: ``dbml``, unless
+the user has a schema of that name; ``sql/catalog.sql``). Statements here name the tables
+``dbml.models`` etc. and run through ``home.sql``, which puts the home in: ``dbml.models`` has one
 row per (name, version) with everything needed to use the model and a ``uid`` no other
 stored model ever has; ``dbml.weights`` holds its weights as a ``torch.save`` blob of plain
 tensors, loaded with ``weights_only=True`` (never arbitrary pickles). A model is written
 in one transaction, so the catalog never holds half of one. Users read them through the
 TEMP views ``dbml_models`` and ``dbml_weights``; a database written by an older dbml (its
-tables in ``main``) is moved here when dbml is first installed on it writable (``migrate``).
+tables in ``main``) is moved here when dbml is first installed on it writable (``home.older``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 from sqlglot import exp
 
 from ..errors import CatalogError, InvalidArgument, ModelNotFound, TrainingError
+from . import home
 from .features import TASKS, Feature, Preprocessing
 from .models import ModelConfig, build
 from ..zoo import arch as zoo_arch
@@ -38,7 +41,7 @@ WRITE_ATTEMPTS = 10
 _WRITES = threading.Lock()
 
 
-MODELS, WEIGHTS, JOB_IDS = "dbml.models", "dbml.weights", "dbml.job_ids"
+MODELS, WEIGHTS = "dbml.models", "dbml.weights"   # as statements name them: home.render places them
 TRIALS = "dbml.trials"   # tune()'s trials (dbml.trials), dropped with their model
 
 # The catalog's statements, built once as sqlglot trees and rendered where they run; values
@@ -46,9 +49,6 @@ TRIALS = "dbml.trials"   # tune()'s trials (dbml.trials), dropped with their mod
 D = "duckdb"
 _MODELS, _WEIGHTS, _TRIALS = (exp.to_table(t, dialect=D) for t in (MODELS, WEIGHTS, TRIALS))
 _BY_NAME = "name = ?"
-MOVE_MODELS = exp.insert(exp.select("*", "gen_random_uuid()", dialect=D).from_("main.dbml_models", dialect=D), _MODELS)
-MOVE_WEIGHTS = exp.insert(exp.select("*").from_("main.dbml_weights", dialect=D), _WEIGHTS)
-NEXT_JOB_ID = exp.select(exp.func("nextval", exp.Literal.string(JOB_IDS)))
 NEXT_VERSION = exp.select("coalesce(max(version), 0) + 1", dialect=D).from_(_MODELS).where(_BY_NAME, dialect=D)
 # dbml.models' columns in order: name, version and 9 more bound, created, the blob's size (bound), uid.
 INSERT_MODEL = exp.insert(exp.values([(*[exp.Placeholder()] * 11, exp.func("current_localtimestamp"),
@@ -80,49 +80,9 @@ class StoredModel:
         return self.preprocessing.standardiser()
 
 
-def _tables(con: duckdb.DuckDBPyConnection, schema: str, names: tuple[str, ...]) -> set[str]:
-    rows = con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
-                       "AND schema_name = ? AND list_contains(?, table_name) AND NOT temporary",
-                       [schema, list(names)]).fetchall()
-    return {r[0] for r in rows}
-
-
-def require_catalog(con: duckdb.DuckDBPyConnection) -> None:
-    """On a database opened read-only dbml cannot create its catalog (sql/catalog.sql): it must be there."""
-    if len(_tables(con, "dbml", ("models", "weights"))) == 2:
-        return
-    if len(_tables(con, "main", ("dbml_models", "dbml_weights"))) == 2:
-        raise CatalogError("dbml.connect(): the database is open read-only and its dbml catalog is an older "
-                           "dbml's (main.dbml_models); open it once without read_only (dbml.connect(path)) "
-                           "so dbml can move it to its own schema")
-    raise CatalogError("dbml.connect(): the database is open read-only and has no dbml catalog "
-                       "(dbml.models, dbml.weights) to create; open it once without read_only "
-                       "(dbml.connect(path)) so dbml can create it")
-
-
-def migrate(con: duckdb.DuckDBPyConnection, catalog_sql: str) -> bool:
-    """Move an older dbml's catalog (``main.dbml_models``, ``main.dbml_weights``,
-    ``main.dbml_job_ids``) into the ``dbml`` schema, giving each model a uid, in one
-    transaction; True if there was one to move. ``catalog_sql`` creates the new tables."""
-    if len(_tables(con, "main", ("dbml_models", "dbml_weights"))) < 2:
-        return False
-    con.execute("BEGIN TRANSACTION")
-    try:
-        con.execute(catalog_sql)
-        con.execute(MOVE_MODELS.sql(D))
-        con.execute(MOVE_WEIGHTS.sql(D))
-        con.execute("DROP TABLE main.dbml_weights")
-        con.execute("DROP TABLE main.dbml_models")
-        con.execute("DROP SEQUENCE IF EXISTS main.dbml_job_ids")
-        con.execute("COMMIT")
-    except BaseException:
-        _rollback(con)
-        raise
-    return True
-
-
 def next_job_id(cur: duckdb.DuckDBPyConnection) -> int:
-    return cur.execute(NEXT_JOB_ID.sql(D)).fetchall()[0][0]
+    sequence = exp.Literal.string(home.of(cur).name("job_ids"))   # nextval takes the sequence's name as text
+    return cur.execute(exp.select(exp.func("nextval", sequence)).sql(D)).fetchall()[0][0]
 
 
 def weights_blob(module: torch.nn.Module) -> bytearray:
@@ -196,9 +156,9 @@ def write(cur: duckdb.DuckDBPyConnection, *, name: str, config: ModelConfig, pre
 def _insert(cur: duckdb.DuckDBPyConnection, name: str, row: list, blob: bytearray) -> int:
     cur.execute("BEGIN TRANSACTION")
     try:
-        version = cur.execute(NEXT_VERSION.sql(D), [name]).fetchall()[0][0]
-        cur.execute(INSERT_MODEL.sql(D), [name, version, *row, len(blob)])
-        cur.from_arrow(_weights_row(name, version, blob)).insert_into(WEIGHTS)
+        version = cur.execute(home.sql(cur, NEXT_VERSION), [name]).fetchall()[0][0]
+        cur.execute(home.sql(cur, INSERT_MODEL), [name, version, *row, len(blob)])
+        cur.from_arrow(_weights_row(name, version, blob)).insert_into(home.of(cur).name("weights"))
         cur.execute("COMMIT")
         return version
     except BaseException:
@@ -220,7 +180,7 @@ def latest_version(cur: duckdb.DuckDBPyConnection, name: str, *, fn: str) -> int
 
 def identify(cur: duckdb.DuckDBPyConnection, name: str, version: int | None, *, fn: str) -> tuple[int, str]:
     """(version, uid) of model ``name``'s ``version`` (None: its latest); ModelNotFound naming the fix."""
-    rows = cur.execute(IDENTIFY.sql(D), [name, version, version]).fetchall()
+    rows = cur.execute(home.sql(cur, IDENTIFY), [name, version, version]).fetchall()
     if not rows and version is not None and identify_any(cur, name):
         raise ModelNotFound(f"{fn}(): model {name!r} has no version {version}; pass one of "
                             f"SELECT version FROM dbml_models WHERE name = {name!r}, or leave version out")
@@ -231,12 +191,12 @@ def identify(cur: duckdb.DuckDBPyConnection, name: str, version: int | None, *, 
 
 
 def identify_any(cur: duckdb.DuckDBPyConnection, name: str) -> bool:
-    return bool(cur.execute(COUNT_MODELS.sql(D), [name]).fetchall()[0][0])
+    return bool(cur.execute(home.sql(cur, COUNT_MODELS), [name]).fetchall()[0][0])
 
 
 def load_uid(cur: duckdb.DuckDBPyConnection, name: str, uid: str, *, fn: str) -> StoredModel:
     """The stored model ``uid`` of ``name``; ModelNotFound if it was dropped or replaced."""
-    rows = cur.execute(VERSION_OF_UID.sql(D), [name, uid]).fetchall()
+    rows = cur.execute(home.sql(cur, VERSION_OF_UID), [name, uid]).fetchall()
     if not rows:
         raise ModelNotFound(f"{fn}(): model {name!r} was dropped or replaced while the statement ran; run it again")
     return load(cur, name, rows[0][0], uid)
@@ -244,7 +204,7 @@ def load_uid(cur: duckdb.DuckDBPyConnection, name: str, uid: str, *, fn: str) ->
 
 def load(cur: duckdb.DuckDBPyConnection, name: str, version: int, uid: str | None = None) -> StoredModel:
     """Version ``version`` of ``name`` (and, given ``uid``, only if it is still that stored model)."""
-    rows = cur.execute(LOAD.sql(D), [name, version, uid, uid]).fetchall()
+    rows = cur.execute(home.sql(cur, LOAD), [name, version, uid, uid]).fetchall()
     if not rows and uid is not None:
         raise ModelNotFound(f"model {name!r} version {version} was dropped or replaced while the statement ran; "
                             f"run it again")
@@ -346,7 +306,7 @@ def _record_problem(d, cls, where: str) -> str | None:
 def drop(cur: duckdb.DuckDBPyConnection, name: str, *, fn: str = "drop_model") -> int:
     """Delete every version of ``name`` and its tune() trials; return how many versions there were.
     A model with trials but no version (no trial finished) is dropped too."""
-    if not cur.execute(COUNT_TRIALS.sql(D), [name]).fetchall()[0][0]:
+    if not cur.execute(home.sql(cur, COUNT_TRIALS), [name]).fetchall()[0][0]:
         latest_version(cur, name, fn=fn)
     with _WRITES:
         return _delete(cur, name)
@@ -355,9 +315,9 @@ def drop(cur: duckdb.DuckDBPyConnection, name: str, *, fn: str = "drop_model") -
 def _delete(cur: duckdb.DuckDBPyConnection, name: str) -> int:
     cur.execute("BEGIN TRANSACTION")
     try:
-        n = cur.execute(COUNT_MODELS.sql(D), [name]).fetchall()[0][0]
+        n = cur.execute(home.sql(cur, COUNT_MODELS), [name]).fetchall()[0][0]
         for statement in DELETE_MODEL:
-            cur.execute(statement.sql(D), [name])
+            cur.execute(home.sql(cur, statement), [name])
         cur.execute("COMMIT")
         return n
     except BaseException:

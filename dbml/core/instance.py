@@ -47,6 +47,7 @@ class Instance:
         self.owner = owner
         self.path = path
         self.functions: list[str] = []   # filled by dbml.udfs.register
+        self.home = None                  # where its model catalog lives (dbml.core.home.settle)
         # its jobs' budgets are taken off this database's memory_limit, and given back
         self.memory = DatabaseMemory(self.cursor)
         self.jobs = JobManager(self.cursor, run=_train, memory=self.memory)
@@ -89,12 +90,14 @@ class Instance:
                         del rt.closing[self.path]
                 closed.set()
 
-    def close(self) -> None:
-        """Unregister the UDFs and close the owner connection."""
+    def close(self, owner: bool = True) -> None:
+        """Unregister the UDFs and close the owner connection (unless not ``owner``: the
+        user's own, for an in-memory database)."""
         try:
             for name in self.functions:
                 self.owner.remove_function(name)
-            self.owner.close()
+            if owner:
+                self.owner.close()
         except duckdb.Error:  # already closed
             pass
 
@@ -150,7 +153,11 @@ def attach(con: duckdb.DuckDBPyConnection, register: Callable[[Instance], None])
                 new = instance is None
                 if new:
                     instance = Instance(*_owner(con, path), path=path)
-                    register(instance)
+                    try:
+                        register(instance)
+                    except BaseException:   # the owner's connection would keep the file
+                        instance.close(owner=instance._owns)
+                        raise
                     rt.instances[instance.id] = instance
                 instance._add_user(con)
                 break

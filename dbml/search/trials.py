@@ -16,6 +16,7 @@ import duckdb
 import sqlglot
 from sqlglot import exp
 
+from ..core import home
 from ..core.columns import TRIAL_ROW
 
 D = "duckdb"
@@ -38,11 +39,11 @@ _TABLE = exp.to_table(TRIALS, dialect=D)
 ROWS = exp.select(*(_BEST.as_("best") if c == "best" else exp.column(c) for c in TRIAL_ROW)).from_(_TABLE)
 
 
-def view_sql(con: duckdb.DuckDBPyConnection) -> exp.Create:
-    """The ``dbml_trials`` view (a tree): ``ROWS``, or no rows of the same columns where the
-    database has no ``dbml.trials`` (an older database opened read-only)."""
-    if has_table(con):
-        rows = ROWS
+def view_sql(con: duckdb.DuckDBPyConnection, where: home.Home) -> exp.Create:
+    """The ``dbml_trials`` view (a tree) of the catalog in ``where``: ``ROWS``, or no rows of
+    the same columns where it has no ``trials`` table (an older database opened read-only)."""
+    if has_table(con, where):
+        rows = home.placed(ROWS, where)
     else:
         rows = exp.select(*(exp.cast(exp.Null(), t, dialect=D).as_(c) for c, t in TRIAL_ROW.items())).where(exp.false())
     return exp.Create(this=exp.to_table("dbml_trials"), kind="VIEW", replace=True, expression=rows.copy(),
@@ -59,14 +60,14 @@ _BEST_OF = exp.select("trial").from_(ROWS.subquery()).where("model = ? AND best"
 ALL_ROWS_OF = exp.select("*").from_(ROWS.subquery()).where("model = ?", dialect=D).order_by("trial", dialect=D)
 
 
-def has_table(con: duckdb.DuckDBPyConnection) -> bool:
-    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
-                            "AND schema_name = 'dbml' AND table_name = 'trials' AND NOT temporary").fetchall()[0][0])
+def has_table(con: duckdb.DuckDBPyConnection, where: home.Home) -> bool:
+    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = ? AND schema_name = ? "
+                            "AND table_name = 'trials' AND NOT temporary", [where.database, where.schema]).fetchall()[0][0])
 
 
 def load(cur: duckdb.DuckDBPyConnection, model: str) -> list[dict]:
     """Every stored trial of ``model``, in trial order, as the table holds it (JSON decoded)."""
-    rows = cur.execute(_LOAD.sql(D), [model]).fetchall()
+    rows = cur.execute(home.sql(cur, _LOAD), [model]).fetchall()
     out = []
     for row in rows:
         record = dict(zip(COLUMNS, row))
@@ -79,22 +80,22 @@ def save(cur: duckdb.DuckDBPyConnection, record: dict) -> None:
     """Write one trial (a dict of COLUMNS; params and search as Python values), replacing
     the row of the same model and trial."""
     values = [json.dumps(record[c]) if c in ("params", "search") else record[c] for c in COLUMNS]
-    cur.execute(_SAVE.sql(D), values)
+    cur.execute(home.sql(cur, _SAVE), values)
 
 
 def delete(cur: duckdb.DuckDBPyConnection, model: str, trials: list[int]) -> None:
     if trials:
-        cur.execute(_DELETE.sql(D), [model, trials])
+        cur.execute(home.sql(cur, _DELETE), [model, trials])
 
 
 def rows(cur: duckdb.DuckDBPyConnection, model: str, trials: list[int]) -> list[dict]:
     """The ``dbml_trials`` rows of these trials of ``model``, in trial order."""
-    result = cur.execute(_ROWS_OF.sql(D), [model, trials])
+    result = cur.execute(home.sql(cur, _ROWS_OF), [model, trials])
     names = [d[0] for d in result.description]
     return [dict(zip(names, row)) for row in result.fetchall()]
 
 
 def best(cur: duckdb.DuckDBPyConnection, model: str) -> int | None:
     """The number of ``model``'s best trial (see the module docstring), or None."""
-    found = cur.execute(_BEST_OF.sql(D), [model]).fetchall()
+    found = cur.execute(home.sql(cur, _BEST_OF), [model]).fetchall()
     return found[0][0] if found else None

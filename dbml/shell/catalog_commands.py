@@ -271,12 +271,6 @@ def _import(shell, file_name, table, function, params) -> int:
 
 # -- the catalog --------------------------------------------------------------------------
 
-def _dbml_owned(database: str, name: str, schema: str = "") -> bool:
-    """dbml's own catalog objects, which .tables and .schema leave out: its schema ``dbml``
-    (the model catalog), its scratch database and its ``dbml_*`` views."""
-    return database == "dbml_scratch" or schema == "dbml" or name.startswith("dbml_")
-
-
 _TABLES = """
 SELECT columns.database_name, columns.schema_name, columns.table_name,
        list(struct_pack(column_name, data_type, is_primary_key := c.column_index IS NOT NULL) ORDER BY column_index),
@@ -305,8 +299,10 @@ def tables(shell, words):
         return FAIL
     from .metadata import ColumnInfo, TableInfo, max_render_width, render_tables, shell_paint
     found = []
+    from ..core import home
+    where = home.shell_home(shell.db)   # dbml's own objects are left out (home.owns)
     for db, sch, table, columns, size, oid in shell.db.execute(_TABLES, {"schema": schema, "name": name}).fetchall():
-        if _dbml_owned(db, table, sch):
+        if home.owns(where, db, sch, table):
             continue
         cols = [ColumnInfo(c["column_name"], c["data_type"], primary_key=c["is_primary_key"]) for c in columns]
         found.append(TableInfo(table, cols, db, sch, size, is_view=oid is None))
@@ -390,8 +386,9 @@ def schema(shell, words):
         shell.print(f"SQL: SELECT sql FROM sqlite_master WHERE {where}type!='meta' AND sql IS NOT NULL ORDER BY name;")
         return 0
     from .schema_text import dbml_owned, pretty_schema
+    owned = dbml_owned(shell.db)
     for text, name in shell.db.execute(query.sql("duckdb")).fetchall():
-        if not dbml_owned(name, text):
+        if not owned(name, text):
             shell.output.write(pretty_schema(text) if indent else text + "\n")
 
 

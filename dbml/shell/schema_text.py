@@ -13,13 +13,27 @@ from .render import Result, render_text, sql_identifier
 __all__ = ["pretty_schema", "dump_database", "dbml_owned"]
 
 _SPACE = " \t\n\r\f\v"
-# dbml's own objects: its catalog in schema dbml, its dbml_* views (sqlite_schema has no schema column)
-_DBML_SQL = re.compile(r'^CREATE (?:UNIQUE )?(?:TABLE|VIEW|SEQUENCE|INDEX \S+ ON) (?:"?dbml"?\.|dbml_)')
+# An entry's schema and whether it is TEMP, read from its SQL (sqlite_schema has no schema column)
+_ENTRY = re.compile(r'^CREATE (?:UNIQUE )?(TEMP(?:ORARY)? )?(?:TABLE|VIEW|SEQUENCE|INDEX \S+ ON) '
+                    r'(?:("(?:[^"]|"")*"|[^\s."(]+)\.)?')
 
 
-def dbml_owned(name: str, sql: str) -> bool:
-    """Whether a catalog entry is dbml's own, which .schema and .dump leave out."""
-    return name.startswith("dbml_") or bool(_DBML_SQL.match(sql or ""))
+def dbml_owned(con):
+    """A test of whether a ``sqlite_schema`` entry (name, sql) is dbml's own, which .schema
+    and .dump leave out: ``dbml.core.home.owns`` (the catalog's home, dbml's TEMP views)."""
+    from ..core import home
+    where = home.shell_home(con)
+
+    def owned(name: str, sql: str) -> bool:
+        match = _ENTRY.match(sql or "")
+        if match is None:
+            return False
+        schema = match.group(2) or "main"
+        if schema.startswith('"'):
+            schema = schema[1:-1].replace('""', '"')
+        database = "temp" if match.group(1) else (where.database if where else "")
+        return home.owns(where, database, schema, name)
+    return owned
 
 
 def pretty_schema(sql: str) -> str:
@@ -104,16 +118,20 @@ def dump_database(shell, patterns: list[str], newlines: bool) -> int:
     like = _named_like(patterns)
     write("BEGIN TRANSACTION;\n")
     errors = 0
+    owned = dbml_owned(db)
+    from ..core import home
+    where = home.shell_home(db)
     schemas = parse_one("SELECT DISTINCT table_schema FROM information_schema.tables WHERE table_schema NOT IN "
-                        "('main', 'dbml') AND table_schema NOT LIKE 'pg_%' AND table_schema != 'information_schema' "
+                        "('main', $home) AND table_schema NOT LIKE 'pg_%' AND table_schema != 'information_schema' "
                         "ORDER BY table_schema", read="duckdb")
+    schemas = exp.replace_placeholders(schemas, home=exp.Literal.string(where.schema if where else "main"))
     tables = _schema_rows(like, ["name"], "type = 'table'")
     for (schema,) in db.execute(schemas.where(exp.column("table_name").isin(query=tables)).sql("duckdb")).fetchall():
         write(f"CREATE SCHEMA IF NOT EXISTS {sql_identifier(schema)};;\n")
     entries = _schema_rows(like, ["name", "type", "sql"], "type = 'table' AND sql NOT NULL").order_by(
         "tbl_name = 'sqlite_sequence'", dialect="duckdb")
     for name, kind, sql in db.execute(entries.sql("duckdb")).fetchall():
-        if dbml_owned(name, sql):
+        if owned(name, sql):
             continue
         write(sql + ";\n")
         if kind == "table" and not _dump_rows(shell, name, newlines):
@@ -121,7 +139,7 @@ def dump_database(shell, patterns: list[str], newlines: bool) -> int:
             break
     others = _schema_rows(like, ["sql", "name"], "sql NOT NULL AND type IN ('index', 'trigger', 'view')")
     for sql, name in db.execute(others.sql("duckdb")).fetchall():
-        if not dbml_owned(name, sql):
+        if not owned(name, sql):
             write(sql + ("\n;\n" if "--" in sql else ";\n"))
     write("ROLLBACK; -- due to errors\n" if errors else "COMMIT;\n")
     return 0
@@ -131,10 +149,13 @@ def _dump_rows(shell, table: str, newlines: bool) -> bool:
     """One table's rows as INSERT statements (the insert mode, without column names)."""
     from . import engine
     db = shell.db
-    found = db.execute("SELECT table_schema FROM information_schema.tables WHERE table_name = ? AND "
-                       "table_type='BASE TABLE' ORDER BY (table_schema='main') DESC LIMIT 1", [table]).fetchall()
-    schema = found[0][0] if found else ""
-    source = exp.table_(exp.to_identifier(table, quoted=True), db=exp.to_identifier(schema, quoted=True))
+    found = db.execute("SELECT table_catalog, table_schema FROM information_schema.tables WHERE table_name = ? AND "
+                       "table_type='BASE TABLE' AND table_catalog = current_database() "
+                       "ORDER BY (table_schema='main') DESC LIMIT 1", [table]).fetchall()
+    database, schema = found[0] if found else ("", "")
+    # qualified by the database too: a TEMP view of the same name (dbml's dbml_models) is found before main's table
+    source = exp.table_(exp.to_identifier(table, quoted=True), db=exp.to_identifier(schema, quoted=True),
+                        catalog=exp.to_identifier(database, quoted=True) if database else None)
     columns = [r[0] for r in db.execute("SELECT name FROM pragma_table_info(?) ORDER BY cid",
                                         [source.sql("duckdb")]).fetchall()]
     if not columns:

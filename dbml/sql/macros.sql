@@ -7,9 +7,8 @@
 -- (dbml.trials.view_sql: dbml.trials with each model's best trial marked; an older database
 -- opened read-only has no dbml.trials, and the view is then empty).
 
--- The catalog (sql/catalog.sql, schema dbml) as users read it.
-CREATE OR REPLACE TEMP VIEW dbml_models AS SELECT * EXCLUDE (uid) FROM dbml.models;
-CREATE OR REPLACE TEMP VIEW dbml_weights AS SELECT * FROM dbml.weights;
+-- The catalog as users read it, dbml_models and dbml_weights, is made by dbml.core.home.views
+-- (in the catalog's home, which is not always the schema dbml).
 
 -- Calibrate this machine and train the latency predictor (as python -m dbml install).
 CREATE OR REPLACE TEMP MACRO calibrate(quick := false) AS
