@@ -289,25 +289,29 @@ def catalog_rates(trials: int, models: int, big_models: int, seed: int) -> dict:
 
 # -- the hub ----------------------------------------------------------------------------------
 
-def hub_capacity(seconds: float, threads: int) -> dict:
-    """Calls per second one real Hub actor serves (poll and report, as drivers and workers call
-    it), on a local Ray cluster of 2 CPUs."""
+def hub_capacity(seconds: float, threads: int, in_flight: int = 3072, workers: int = 512) -> dict:
+    """Calls per second one real Hub actor serves, on a local Ray cluster of 2 CPUs, as drivers
+    and workers call it: ``per_job``, a call per job (the design before the batched hub: every
+    job polled by the driver and reporting from its worker on its own), and ``batched``, one
+    ``report_many`` per worker process for its jobs (``in_flight / workers`` of them) and one
+    ``poll_all`` per driver tick, taking the updates of all ``in_flight`` jobs. The running jobs one hub follows
+    is what its measured rate pays for at the callers' intervals."""
     import ray
 
-    from dbml.cluster import placement as cluster, remote, worker
+    from dbml.cluster import placement as cluster, worker
     from dbml.cluster.hub import Hub
     ray.init(num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False, log_to_driver=False,
              logging_level="ERROR")
-    try:
-        hub = ray.remote(num_cpus=0, max_concurrency=cluster.WORKER_CONCURRENCY)(Hub).remote()
-        ray.get(hub.pid.remote())
+    per_worker = max(1, in_flight // workers)
+
+    def measure(call) -> tuple[float, float]:
+        """(report-side calls/s, poll-side calls/s) of ``threads`` callers for ``seconds``."""
         counts = [0] * threads
         stop = time.perf_counter() + seconds
 
         def caller(i: int) -> None:
-            key = f"s:{i}"
             while time.perf_counter() < stop:
-                ray.get(hub.report.remote(key, {"steps": [32]}) if i % 2 else hub.poll.remote(key))
+                call(i)
                 counts[i] += 1
         pool = [threading.Thread(target=caller, args=(i,)) for i in range(threads)]
         started = time.perf_counter()
@@ -315,16 +319,39 @@ def hub_capacity(seconds: float, threads: int) -> dict:
             p.start()
         for p in pool:
             p.join()
-        rate = sum(counts) / (time.perf_counter() - started)
+        wall = time.perf_counter() - started
+        return sum(counts[1:]) / wall, counts[0] / wall
+
+    try:
+        hub = ray.remote(num_cpus=0, max_concurrency=cluster.WORKER_CONCURRENCY)(Hub).remote()
+        ray.get(hub.pid.remote())
+        reports, polls = measure(lambda i: ray.get(hub.report.remote(f"s:{i}", {"steps": [32]}) if i % 2
+                                                   else hub.poll.remote(f"s:{i}")))
+        per_job_rate = reports + polls
+        keys = [f"b:{j}" for j in range(in_flight)]
+        batches = [{k: {"steps": [32]} for k in keys[i * per_worker:(i + 1) * per_worker]} for i in range(threads)]
+        batched_reports, batched_polls = measure(lambda i: ray.get(hub.report_many.remote(batches[i]) if i
+                                                                   else hub.poll_all.remote()))
         t = time.perf_counter()
         for _ in range(200):
             ray.available_resources()
         available_s = (time.perf_counter() - t) / 200
     finally:
         ray.shutdown()
-    per_job = 1 / remote.POLL_S + 1 / worker.REPORT_S   # a running job's calls per second on its hub
-    return {"threads": threads, "calls_per_s": rate, "calls_per_running_job_per_s": per_job,
-            "running_jobs_one_hub_follows": rate / per_job, "available_resources_ms": 1e3 * available_s}
+    per_job = 1 / cluster.POLL_S + 1 / worker.REPORT_S   # a job's calls per second on its hub, unbatched
+    # batched: the hub's calls, all kinds together (both are short), pay first for the driver's polls
+    # (1 / POLL_S) and then for reports, one per worker process every REPORT_S, each of per_worker jobs
+    batched_rate = batched_reports + batched_polls
+    reports_left = max(0.0, batched_rate - 1 / cluster.POLL_S)
+    return {"threads": threads, "per_job": {"calls_per_s": per_job_rate, "calls_per_running_job_per_s": per_job,
+                                            "running_jobs_one_hub_follows": per_job_rate / per_job},
+            "batched": {"in_flight": in_flight, "worker_processes": workers, "jobs_per_report": per_worker,
+                        "calls_per_s": batched_rate, "report_many_per_s": batched_reports,
+                        "poll_all_per_s": batched_polls,
+                        "worker_processes_one_hub_follows": reports_left * worker.REPORT_S,
+                        "running_jobs_one_hub_follows": reports_left * worker.REPORT_S * per_worker,
+                        "calls_per_s_the_simulation_needs": 1 / cluster.POLL_S + workers / worker.REPORT_S},
+            "available_resources_ms": 1e3 * available_s}
 
 
 def main(argv=None) -> dict:
@@ -358,7 +385,7 @@ def main(argv=None) -> dict:
         report["catalog"]["wall_s"] = time.perf_counter() - t
         print("catalog", json.dumps(report["catalog"], indent=1), flush=True)
     if "hub" in sections and a.hub_seconds > 0:
-        report["hub"] = hub_capacity(a.hub_seconds, 16)
+        report["hub"] = hub_capacity(a.hub_seconds, 16, a.parallel or 6 * devices, devices)
         print("hub", json.dumps(report["hub"], indent=1), flush=True)
     report["load_average_after"] = os.getloadavg()
     if a.out:

@@ -262,3 +262,55 @@ def test_two_data_parallel_workers_store_the_one_worker_model(rc):
     assert rc.execute("SELECT count(*) FROM dbml.models WHERE name = 'two'").fetchall() == [(1,)]
     assert cluster_figures(rc, "two")["workers"] == 2
     catalog_whole(rc)
+
+
+class CountingHandle:
+    """A Hub actor's handle that counts the calls made through it, by method."""
+
+    def __init__(self, handle):
+        self.handle, self.calls, self._actor_id = handle, {}, handle._actor_id
+
+    def __getattr__(self, name):
+        method = getattr(self.handle, name)
+        calls = self.calls
+
+        class Counted:
+            @staticmethod
+            def remote(*args):
+                calls[name] = calls.get(name, 0) + 1
+                return method.remote(*args)
+        return Counted
+
+
+def test_the_hub_is_called_per_worker_process_and_per_driver_not_per_job(ray_cluster):
+    """Issue 33, part 2: eight jobs on one worker process report in one call per interval, and
+    the driver takes all their updates in one poll per interval; none is lost."""
+    from dbml.cluster import worker
+    ray = ray_cluster
+    from dbml.cluster.hub import Hub
+    actor = ray.remote(num_cpus=0, max_concurrency=dbml_cluster.WORKER_CONCURRENCY)(Hub).remote()
+    hub = CountingHandle(actor)
+    jobs = 8
+    reporter = worker.Reporter()
+    progresses = [worker.RemoteProgress(worker.Task(f"s:{j}", j, None, None, 0, 0, None, hub), 0, "node", "cpu",
+                                        reporter=reporter) for j in range(jobs)]
+    poller = dbml_cluster.Poller(ray, hub)
+    for p in progresses:
+        poller.watch(p.task.key)
+        p.start()
+    seconds, steps = 2.0, 20
+    for s in range(steps):
+        for p in progresses:
+            p.step(s + 1)
+        time.sleep(seconds / steps)
+    for p in progresses:
+        p.close()   # its last report, directly
+    taken = {p.task.key: poller.take(p.task.key) + poller.drain(p.task.key) for p in progresses}
+    for key, updates in taken.items():   # every step of every job reached the driver, in order
+        assert [r for u in updates for r in u.get("steps", ())] == list(range(1, steps + 1)), key
+    calls = hub.calls
+    intervals = seconds / worker.REPORT_S
+    assert calls.get("report_many", 0) <= 2 * intervals + 2, calls   # one per interval, whatever the jobs
+    assert calls.get("poll_all", 0) <= 2 * seconds / dbml_cluster.POLL_S + 2, calls
+    assert calls.get("report", 0) == jobs and calls.get("poll", 0) == jobs, calls   # the closing ones only
+    ray.kill(actor)

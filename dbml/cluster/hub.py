@@ -7,7 +7,10 @@ hub serves every job of the process:
 
 =====================  ==============================================================
 progress               a worker's ``report`` (steps, epochs, memory, where it runs, what
-                       it waits for) queued for the driver's ``poll``
+                       it waits for) queued for the driver's ``poll``; batched: one
+                       ``report_many`` per worker process and one ``poll_all`` per
+                       driver each interval, for all their jobs (the calls grow with
+                       worker processes, not with jobs)
 control                the driver's ``cancel`` and, after an epoch whose record the driver
                        must see first (a tune() trial's pruner), its ``verdict``
 data                   the record batches' object refs (``feed``), handed to each worker
@@ -36,6 +39,7 @@ class Hub:
     def __init__(self):
         self._lock = threading.Condition()
         self._jobs: dict[str, dict] = {}
+        self._fresh: set[str] = set()   # jobs with updates queued since the last poll_all
 
     def _job(self, key: str) -> dict:
         job = self._jobs.get(key)
@@ -55,15 +59,33 @@ class Hub:
             job = self._job(key)
             if update:
                 job["updates"].append(update)
+                self._fresh.add(key)
                 if "worker" in update:
                     job["workers"][update["worker"]["rank"]] = update["worker"]
             return {"cancel": job["cancel"], "verdicts": dict(job["verdicts"])}
+
+    def report_many(self, updates: dict[str, dict]) -> dict[str, dict]:
+        """One worker process's reports for all its jobs of this driver, in one call (a
+        ``report`` each): each job's answer."""
+        with self._lock:
+            return {key: self.report(key, update) for key, update in updates.items()}
+
+    def poll_all(self) -> dict[str, list[dict]]:
+        """The driver's one poll for all its jobs (the hub is the driver's own): the updates
+        queued for each job that has some, taken. Its cost grows with the updates, not the jobs."""
+        with self._lock:
+            out = {key: self._jobs[key]["updates"] for key in self._fresh}
+            for key in self._fresh:
+                self._jobs[key]["updates"] = []
+            self._fresh.clear()
+            return out
 
     def poll(self, key: str) -> list[dict]:
         """The driver takes the updates queued since its last poll."""
         with self._lock:
             job = self._job(key)
             updates, job["updates"] = job["updates"], []
+            self._fresh.discard(key)
             return updates
 
     def cancel(self, key: str, reason: str) -> None:
@@ -145,3 +167,4 @@ class Hub:
         """The job has ended on the driver: forget it (its chunks' refs go with it)."""
         with self._lock:
             self._jobs.pop(key, None)
+            self._fresh.discard(key)

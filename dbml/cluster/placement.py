@@ -164,6 +164,64 @@ class Slot:
     ready: bool = False
 
 
+POLL_S = 0.05   # how often the driver takes its remote jobs' progress from the hub
+
+
+class Poller:
+    """The driver's one poll of its hub for all its running remote jobs: every ``POLL_S``, a
+    ``poll_all`` whose updates wait in each job's queue until the job takes them (the calls
+    grow with drivers, not with jobs). Its thread runs while any job is watched."""
+
+    def __init__(self, ray, hub):
+        self.ray, self.hub = ray, hub
+        self._queues: dict[str, list] = {}
+        self._lock = threading.Lock()        # the queues
+        self._calling = threading.Lock()     # one poll at a time: a drain sees every update in order
+        self._thread: threading.Thread | None = None
+
+    def watch(self, key: str) -> None:
+        with self._lock:
+            self._queues.setdefault(key, [])
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="dbml-poller", daemon=True)
+                self._thread.start()
+
+    def take(self, key: str) -> list[dict]:
+        """The updates polled for ``key`` since it last took them."""
+        with self._lock:
+            updates, self._queues[key] = self._queues.get(key, []), []
+            return updates
+
+    def drain(self, key: str) -> list[dict]:
+        """Every update of ``key`` (the job has ended): those polled, then the hub's last, in
+        order; ``key`` is no longer watched."""
+        with self._calling:
+            last = self.ray.get(self.hub.poll.remote(key))
+            with self._lock:
+                return self._queues.pop(key, []) + last
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            self._queues.pop(key, None)
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(POLL_S)
+            with self._lock:
+                if not self._queues:
+                    self._thread = None
+                    return
+            with self._calling:
+                try:
+                    got = self.ray.get(self.hub.poll_all.remote())
+                except Exception:  # noqa: BLE001 - the cluster is gone: each job's follow loop sees its worker die
+                    continue
+                with self._lock:
+                    for key, updates in got.items():
+                        if key in self._queues:
+                            self._queues[key].extend(updates)
+
+
 class Cluster:
     """The process's connection to a Ray cluster: its hub and its pool of device workers."""
 
@@ -174,6 +232,7 @@ class Cluster:
         started = time.perf_counter()
         self.hub = ray.remote(num_cpus=0, max_concurrency=WORKER_CONCURRENCY)(Hub).remote()
         ray.get(self.hub.pid.remote())
+        self.poller = Poller(ray, self.hub)
         self.start_seconds = time.perf_counter() - started
         self._slots: list[Slot] = []
         self._lock = threading.Lock()

@@ -12,7 +12,8 @@ stored there, in one transaction, once (``training.train``). Here:
    Ray Train's ``TorchTrainer`` (``dbml.cluster.parallel``).
 2. **Data.** A ``shipping.Sender`` streams the scratch table to the job's workers while
    they start.
-3. **Following.** Every ``POLL_S`` the driver takes the workers' progress from the hub and
+3. **Following.** Every ``POLL_S`` the driver takes the workers' progress from the hub (one
+   ``poll_many`` for all its jobs: ``placement.Poller``) and
    hands it to the job (``dbml_jobs`` shows it live: node, device, what it waits for,
    epoch, loss, memory), forwards a cancel (``cancel_job``, Ctrl-C, a closed connection)
    and, for a tune() trial, its verdict after each epoch. A worker that does not stop
@@ -28,12 +29,11 @@ from __future__ import annotations
 
 import time
 
-from .placement import Cluster, WorkerDied, connect
+from .placement import POLL_S, Cluster, WorkerDied, connect
 from ..errors import JobCancelled, TrainingError
 from .shipping import Sender
 from .worker import Task, unpack_error, unpack_result
 
-POLL_S = 0.05        # how often the driver looks at a remote job
 KILL_AFTER_S = 10.0  # a cancelled job's worker that has not stopped by then is killed
 
 
@@ -103,9 +103,17 @@ class RemoteFit:
         return DeviceJob(self.cluster, self.task, self.progress)
 
     def _follow(self, placement, sender: Sender, started: float) -> tuple:
+        poller = self.cluster.poller   # one poll of the hub for all this driver's jobs
+        poller.watch(self.key)
+        try:
+            return self._follow_polled(placement, sender, started, poller)
+        finally:
+            poller.forget(self.key)
+
+    def _follow_polled(self, placement, sender: Sender, started: float, poller) -> tuple:
         cancel_sent = None
         while not placement.done(POLL_S):
-            self._apply(self.ray.get(self.cluster.hub.poll.remote(self.key)), started)
+            self._apply(poller.take(self.key), started)
             if sender.error is not None and not self.progress.cancelled():
                 placement.kill()
                 raise sender.error
@@ -115,7 +123,7 @@ class RemoteFit:
                     cancel_sent = time.monotonic()
                 elif time.monotonic() - cancel_sent > KILL_AFTER_S:
                     placement.kill()
-        self._apply(self.ray.get(self.cluster.hub.poll.remote(self.key)), started)
+        self._apply(poller.drain(self.key), started)
         return placement.outcome()
 
     def _apply(self, updates: list[dict], started: float) -> None:

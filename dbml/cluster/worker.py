@@ -55,7 +55,8 @@ class RemoteProgress:
     data-parallel job, which stops only where every worker does (``ddp.DDPStep``); only
     rank 0 reports progress and checkpoints."""
 
-    def __init__(self, task: Task, rank: int, node: str, device: str, collective: bool = False):
+    def __init__(self, task: Task, rank: int, node: str, device: str, collective: bool = False,
+                 reporter: "Reporter | None" = None):
         self.task, self.id, self.rank, self.collective = task, task.job_id, rank, collective
         self.validate_epochs = task.validate_epochs
         self.worker = {"rank": rank, "node": node, "device": device, "pid": os.getpid()}
@@ -66,19 +67,27 @@ class RemoteProgress:
         self._verdicts: dict = {}
         self._scheduler = None
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._report_loop, name=f"dbml-report-{task.job_id}", daemon=True)
+        self._reporter = reporter   # the worker process's, for all its jobs; else a thread of its own
+        self._thread = None if reporter is not None else threading.Thread(
+            target=self._report_loop, name=f"dbml-report-{task.job_id}", daemon=True)
 
     @property
     def name(self) -> str:
         return f"job_{self.id}@{self.task.key.split(':')[0]}"   # unique among every driver's jobs on this worker
 
     def start(self) -> "RemoteProgress":
-        self._thread.start()
+        if self._reporter is not None:
+            self._reporter.add(self)
+        else:
+            self._thread.start()
         return self
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
+        if self._reporter is not None:
+            self._reporter.remove(self)
+        else:
+            self._stop.set()
+            self._thread.join()
         self._flush()
 
     # -- training.Progress -----------------------------------------------------------------
@@ -158,13 +167,20 @@ class RemoteProgress:
 
     def _flush(self) -> None:
         import ray
+        self.answer(ray.get(self.task.hub.report.remote(self.task.key, self.take())))
+
+    def take(self) -> dict:
+        """The update to report: what is pending since the last one."""
         with self._lock:
             update, self._pending = self._pending, {}
         if self.rank == 0:
             update["waiting"] = self.waiting_for_memory()
         else:
             update = {k: v for k, v in update.items() if k == "worker"}
-        control = ray.get(self.task.hub.report.remote(self.task.key, update))
+        return update
+
+    def answer(self, control: dict) -> None:
+        """The hub's answer to a report: a cancel, the verdicts so far."""
         self._verdicts.update(control["verdicts"])
         if control["cancel"] and not self._cancel.is_set():
             self._reason = f"job {self.id} was cancelled: {control['cancel']}; nothing was stored"
@@ -182,6 +198,48 @@ class RemoteProgress:
                 self.check()
 
 
+class Reporter:
+    """A device worker's reports to the hubs of the jobs it runs: every ``REPORT_S``, one
+    ``report_many`` call per hub (per driver) for all of that driver's jobs here, on one
+    thread, which runs while any job does."""
+
+    def __init__(self):
+        self._jobs: dict[str, RemoteProgress] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def add(self, progress: RemoteProgress) -> None:
+        with self._lock:
+            self._jobs[progress.task.key] = progress
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="dbml-reporter", daemon=True)
+                self._thread.start()
+
+    def remove(self, progress: RemoteProgress) -> None:
+        with self._lock:
+            self._jobs.pop(progress.task.key, None)
+
+    def _loop(self) -> None:
+        import ray
+        while True:
+            time.sleep(REPORT_S)
+            with self._lock:
+                if not self._jobs:
+                    self._thread = None
+                    return
+                jobs = list(self._jobs.values())
+            by_hub: dict = {}
+            for job in jobs:   # a driver's hub, by its actor id (jobs of several drivers can share a worker)
+                by_hub.setdefault(job.task.hub._actor_id, []).append(job)
+            for group in by_hub.values():
+                try:
+                    answers = ray.get(group[0].task.hub.report_many.remote({j.task.key: j.take() for j in group}))
+                except Exception:  # noqa: BLE001 - a driver gone: its jobs are cancelled by Ray
+                    continue
+                for job in group:
+                    job.answer(answers[job.task.key])
+
+
 class DeviceWorker:
     """A Ray actor owning one device; it runs the jobs placed on it (``dbml.cluster.placement.Cluster``)."""
 
@@ -193,6 +251,7 @@ class DeviceWorker:
         self.device = f"cuda:{int(gpus[0])}" if gpus else f"cpu (worker {os.getpid()})"
         self.node = ray.util.get_node_ip_address()
         self.db = duckdb.connect()   # in memory: the rows of the jobs running here, gone with the worker
+        self.reporter = Reporter()   # one report per interval for all the jobs running here
 
     def describe(self) -> dict:
         return {"node": self.node, "device": self.device, "pid": os.getpid()}
@@ -201,7 +260,7 @@ class DeviceWorker:
         """Run ``task`` here: ("ok", the trained model as bytes) or ("error", the packed error)."""
         cur = self.db.cursor()
         try:
-            return run_task(task, cur, RemoteProgress(task, 0, self.node, self.device))
+            return run_task(task, cur, RemoteProgress(task, 0, self.node, self.device, reporter=self.reporter))
         finally:
             cur.close()
 
