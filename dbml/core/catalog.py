@@ -38,7 +38,7 @@ WRITE_ATTEMPTS = 10
 _WRITES = threading.Lock()
 
 
-MODELS, WEIGHTS, JOB_IDS = "dbml.models", "dbml.weights", "dbml.job_ids"
+MODELS, WEIGHTS = "dbml.models", "dbml.weights"
 TRIALS = "dbml.trials"   # tune()'s trials (dbml.trials), dropped with their model
 
 # The catalog's statements, built once as sqlglot trees and rendered where they run; values
@@ -48,7 +48,6 @@ _MODELS, _WEIGHTS, _TRIALS = (exp.to_table(t, dialect=D) for t in (MODELS, WEIGH
 _BY_NAME = "name = ?"
 MOVE_MODELS = exp.insert(exp.select("*", "gen_random_uuid()", dialect=D).from_("main.dbml_models", dialect=D), _MODELS)
 MOVE_WEIGHTS = exp.insert(exp.select("*").from_("main.dbml_weights", dialect=D), _WEIGHTS)
-NEXT_JOB_ID = exp.select(exp.func("nextval", exp.Literal.string(JOB_IDS)))
 NEXT_VERSION = exp.select("coalesce(max(version), 0) + 1", dialect=D).from_(_MODELS).where(_BY_NAME, dialect=D)
 # dbml.models' columns in order: name, version and 9 more bound, created, the blob's size (bound), uid.
 INSERT_MODEL = exp.insert(exp.values([(*[exp.Placeholder()] * 11, exp.func("current_localtimestamp"),
@@ -119,10 +118,6 @@ def migrate(con: duckdb.DuckDBPyConnection, catalog_sql: str) -> bool:
         _rollback(con)
         raise
     return True
-
-
-def next_job_id(cur: duckdb.DuckDBPyConnection) -> int:
-    return cur.execute(NEXT_JOB_ID.sql(D)).fetchall()[0][0]
 
 
 def weights_blob(module: torch.nn.Module) -> bytearray:

@@ -215,9 +215,8 @@ def register(instance: Instance, preload: bool = True) -> None:
     def context():
         """The instance's ``functions.Context``, made at the first call of any of its UDFs."""
         if not contexts:
-            from ..core.inference import ModelCache
             from .functions import Context
-            contexts.append(Context(instance, ModelCache(instance.cursor)))
+            contexts.append(Context(instance))
         return contexts[0]
 
     for fn in FUNCTIONS:
