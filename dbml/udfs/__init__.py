@@ -65,8 +65,8 @@ if TYPE_CHECKING:
 
 
 class _Deferred:
-    """A function of ``functions.py`` named before it is imported: the module (and torch
-    with it) is imported when DuckDB first calls a UDF, not when dbml is installed."""
+    """A function of ``functions.py`` named before it is imported: the module is imported
+    when DuckDB first calls a UDF (or by ``register`` with ``preload``)."""
 
     def __init__(self, name: str):
         self.name = name
@@ -205,8 +205,9 @@ def register(instance: Instance, preload: bool = True) -> None:
     """Register every dbml UDF in a database instance (a ``dbml.core.instance.Instance``).
 
     UDFs are instance-wide in DuckDB; they are registered through the instance's owner
-    connection and take their cursors from it. Their implementation (``functions.py``, and
-    torch with it) is imported now with ``preload``, else at the first call of one of them.
+    connection and take their cursors from it. Their implementation (``functions.py``) is
+    imported now with ``preload``, else at the first call of one of them; torch comes later,
+    with the first UDF that uses a model or a job that trains one.
     """
     if preload:
         importlib.import_module(".functions", __package__)
