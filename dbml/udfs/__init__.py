@@ -10,6 +10,7 @@ it and a test checks that the README documents every entry.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass
 from inspect import Parameter, Signature
@@ -159,29 +160,27 @@ FUNCTIONS = (
 )
 
 
-def _macros() -> dict[str, set[str]]:
+@functools.cache
+def _macros() -> dict[str, frozenset[str]]:
     """Each of dbml's macros (``sql/macros.sql`` and the generated ``train`` and ``tune``) -> the names it
-    calls, read with the SQL tokenizer."""
+    calls, read with DuckDB's tokenizer (install and every ``con.sql`` ask: read once)."""
     from importlib import resources
 
-    from sqlglot.dialects import Dialect
-    from sqlglot.tokens import TokenType
-
     from ..core.spec import train_macro_sql
-    from ..core.sqltext import split_statements
+    from ..core.sqltext import code_words
     from ..search.tunespec import tune_macro_sql
 
     text = ";\n".join([resources.files("dbml.sql").joinpath("macros.sql").read_text(),
                        train_macro_sql().sql("duckdb"), tune_macro_sql().sql("duckdb")])
-    out: dict[str, set[str]] = {}
-    for statement in split_statements(text):
-        tokens = Dialect.get_or_raise("duckdb").tokenizer_class().tokenize(statement)
-        words = [tok.text.lower() for tok in tokens]
-        if "macro" not in words:
-            continue
-        name = words[words.index("macro") + 1]
-        out[name] = {tokens[i].text.lower() for i in range(len(tokens) - 1)
-                     if tokens[i + 1].token_type == TokenType.L_PAREN}
+    words = [w.lower() for w in code_words(text)] + [";"]
+    out: dict[str, frozenset[str]] = {}
+    start = 0
+    for end in (i for i, w in enumerate(words) if w == ";"):
+        statement = words[start:end]
+        start = end + 1
+        if "macro" in statement:
+            out[statement[statement.index("macro") + 1]] = frozenset(
+                w for w, after in zip(statement, statement[1:]) if after == "(")
     return out
 
 
