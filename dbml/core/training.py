@@ -47,7 +47,8 @@ D = "duckdb"
 # modules a job needs, alive until exit) is put out of the collector's reach, once per process:
 # the full collection after each job (give_back_host_memory) then walks only what jobs made.
 # With them it walked ~300,000 objects, 0.2-0.8 s a collection and two a job (a warm train()
-# of 400 rows spent half its time there); objects frozen are still freed by their refcount.
+# of 400 rows spent half its time there). Objects frozen are still freed by their refcount; a
+# cycle among them that becomes garbage later (what the process held before its first job) is not.
 gc.freeze()
 
 
