@@ -13,7 +13,6 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
 from sqlglot import exp
 
 from ..core import jobs, placement, progress, views
@@ -24,16 +23,18 @@ from ..core.settings import SOURCES, resolve, resolve_device
 from ..core.source import check_not_temp, check_tables_only, select_tree
 from ..core.spec import calls_from_sql_rows
 from ..search.tunespec import request_from_sql_row
-from .types import TRAIN_RESULT_ARROW
 
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from ..core.inference import ModelCache
     from ..core.inputs import InputEncoder
 
 # Torch comes with the modules that use a model (dbml.core.inference, catalog, inputs, explain,
 # latency, the scheduler): each UDF that needs one imports it in its body, so that the views,
 # job control and train()'s argument checks run without torch (tests/test_first_statement.py).
+# DuckDB imports pyarrow itself for the Arrow UDFs it calls; train() builds its result with it.
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,9 @@ def train(ctx: Context, *columns: pa.Array) -> pa.Array:
     statement = connection[0].as_py()
     with progress.watching(ctx.instance, renderer_for(waiting[0]) if waiting else None, connection=statement):
         summaries = jobs.train_all(ctx.instance.jobs, calls, statement)
+    import pyarrow as pa
+
+    from .types import TRAIN_RESULT_ARROW
     return pa.array(summaries, type=TRAIN_RESULT_ARROW)
 
 
