@@ -115,10 +115,10 @@ def install(con: duckdb.DuckDBPyConnection | Connection, *, preload: bool = True
 
     On a database opened read-only the catalog must already exist; ``predict``,
     ``predictions``, ``evaluate`` and the views work, and ``train``, ``drop_model`` and
-    ``calibrate`` are refused. ``preload=False`` leaves the UDFs' implementation (and torch)
-    to be imported at their first call, inside that statement (the shell: plain SQL never
-    imports torch); by default it is imported here, so the first statement costs no more
-    than the next."""
+    ``calibrate`` are refused. ``preload=False`` leaves the UDFs' module (``udfs/functions.py``)
+    to be imported at their first call (the shell); by default it is imported here. Neither
+    imports torch: it comes with the first statement that needs a model or trains one, so the
+    views, job control and train()'s argument checks answer without it."""
     from .core.instance import attach
     from .udfs import register
 

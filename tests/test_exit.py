@@ -27,7 +27,9 @@ def script(body: str, path, *args: str) -> subprocess.CompletedProcess:
     code = textwrap.dedent(f"""
         import dbml, duckdb, sys, time
         con = dbml.connect({str(path)!r}, latency_model='roofline')
-        con.execute("SET enable_progress_bar = false")   # DuckDB's own bar, on stdout past 2 s (a loaded machine)
+        # DuckDB's own bar (stdout) draws under a statement past 2 s: on a loaded machine, a
+        # query run while the first job imports torch on its thread (connect no longer does)
+        con.execute("SET enable_progress_bar = false")
         con.execute({TABLE!r})
     """) + textwrap.dedent(body)
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=180)

@@ -1,6 +1,7 @@
 """Start-up: ``import dbml`` and ``dbml.install(con, preload=False)`` (the shell's) import neither
 torch, the scheduler nor the zoo; they come when a statement first needs them (issue 25: a
-shell that runs plain SQL never imports torch). By default install preloads them."""
+shell that runs plain SQL never imports torch). By default install preloads the UDFs' module,
+which imports torch only in the UDFs that use a model (tests/test_first_statement.py)."""
 
 import subprocess
 import sys
@@ -29,11 +30,12 @@ def test_a_lazy_install_and_plain_sql_import_none_of_torch_the_scheduler_or_the_
     assert not any(loaded.values()), loaded
 
 
-@pytest.mark.slow   # ~3.3 s: out of the -m 'not slow' inner loop (under a minute)
-def test_import_dbml_is_light_and_install_preloads_by_default():
+@pytest.mark.slow   # ~1 s: out of the -m 'not slow' inner loop (under a minute)
+def test_import_dbml_is_light_and_install_preloads_the_udfs_module_without_torch():
     assert not any(imported_after("import dbml").values())
     loaded = imported_after("import dbml\ncon = dbml.connect()")
-    assert loaded["dbml.udfs.functions"] and loaded["torch"]
+    # torch: at the first statement using a model; pyarrow: at the first Arrow UDF DuckDB calls
+    assert loaded["dbml.udfs.functions"] and not loaded["torch"] and not loaded["pyarrow"]
 
 
 @pytest.mark.slow   # ~3.0 s: out of the -m 'not slow' inner loop (under a minute)

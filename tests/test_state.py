@@ -46,6 +46,9 @@ ALLOWED = {
     "dbml/shell/render.py:_keywords": "lru_cache: DuckDB's keyword list",
     "dbml/core/threads.py:per_thread": "lru_cache: the thread-local holder of per-thread torch settings (one object)",
     "dbml/udfs/functions.py:_encoder": "lru_cache: a model's input encoder decoded from its catalog JSON",
+    "dbml/udfs/types.py:sql": "functools.cache: a DuckDB type parsed from its name",
+    "dbml/udfs/__init__.py:_macros": "functools.cache: the names each of dbml's own macros calls (sql/macros.sql, "
+                                     "the generated train and tune)",
     "dbml/scheduler/graph/graphkey.py:_file_hash": "lru_cache: a source file's hash",
     "dbml/scheduler/graph/graphs.py:_SHARED_GRAPHS": "captured graphs by architecture and shapes (LRU)",
     "dbml/scheduler/graph/graphs.py:_SHARED_KEY_LOCKS": "one capture at a time per _SHARED_GRAPHS key",

@@ -80,9 +80,6 @@ class StoredModel:
         return self.preprocessing.standardiser()
 
 
-def next_job_id(cur: duckdb.DuckDBPyConnection) -> int:
-    sequence = exp.Literal.string(home.of(cur).name("job_ids"))   # nextval takes the sequence's name as text
-    return cur.execute(exp.select(exp.func("nextval", sequence)).sql(D)).fetchall()[0][0]
 
 
 def weights_blob(module: torch.nn.Module) -> bytearray:

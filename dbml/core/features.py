@@ -33,7 +33,7 @@ from sqlglot import exp
 from . import inputs
 from ..errors import InvalidArgument, SourceError
 from .inputs import InputEncoder
-from .source import Column, column, literal, number, parsed, quote, resolve_column, value_sql
+from .source import Column, column, label_and_text, literal, number, parsed, quote, resolve_column, value_sql
 from ..zoo import Inputs
 
 MAX_CATEGORIES = 64
@@ -283,10 +283,7 @@ def fit(cur: duckdb.DuckDBPyConnection, select_sql: str, columns: list[Column], 
         image_size=None, series_scale: str = "global", fn: str = "train") -> Preprocessing:
     """Choose features, infer the task and compute every statistic with SQL over the source.
     An image, text or sequence column (``dbml.core.inputs``) is fitted by its encoder instead."""
-    if label is None:
-        raise InvalidArgument(f"{fn}(): label is missing; pass label := '<column>' naming the column to predict")
-    label_col = resolve_column(columns, label, fn=fn, arg="label")
-    text_cols = {resolve_column(columns, t, fn=fn, arg="text").name for t in text or ()}
+    label_col, text_cols = label_and_text(columns, label, text, fn=fn)
     src = _labelled_rows(cur, select_sql, label_col, fn)
     kinds: dict[str, str | None] = {}
 

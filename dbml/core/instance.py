@@ -35,10 +35,13 @@ from .runtime import runtime
 # connection -> its release), all under ``lock``.
 
 
-def _train(*args, **kwargs):
-    """``training.train``, imported with torch when the first job runs."""
+def _train(cur: duckdb.DuckDBPyConnection, spec, progress):
+    """``training.train``, imported with torch when the first job runs, once its source and the
+    columns it names are there (``source.job_source``): a misnamed label fails without torch."""
+    from .source import job_source
+    job_source(cur, spec)
     from .training import train
-    return train(*args, **kwargs)
+    return train(cur, spec, progress)
 
 
 class Instance:

@@ -20,15 +20,24 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import duckdb
+from sqlglot import exp
 
 from .columns import TRAIN_RESULT
 from ..errors import DbmlError, Interrupted, InvalidArgument, JobCancelled
+from . import home
 from .runtime import runtime
 
 if TYPE_CHECKING:   # spec imports the scheduler, which the job manager does not
     from .spec import TrainCall
 
 __all__ = ["Job", "JobManager", "JobCancelled", "Wait", "outcome", "summary", "train_all"]   # JobCancelled: from .errors
+
+# A job's id: the next value of the catalog's sequence (sql/catalog.sql, in the catalog's home),
+# taken without the catalog module (it imports torch), so that a job that fails its checks never
+# imports it.
+def next_job_id(cur: duckdb.DuckDBPyConnection) -> int:
+    sequence = exp.Literal.string(home.of(cur).name("job_ids"))   # nextval takes the sequence's name as text
+    return cur.execute(exp.select(exp.func("nextval", sequence)).sql("duckdb")).fetchall()[0][0]
 
 
 @dataclass
@@ -234,7 +243,6 @@ class JobManager:
         the DuckDB connection id of the statement that starts it. ``run``: what the job does
         instead of the manager's function (a tune() trial trains without storing)."""
         cur = self._cursor()
-        from .catalog import next_job_id  # torch comes with the catalog: imported when a job starts
         job = Job(id=next_job_id(cur), model=spec.model, epochs=spec.epochs, connection=connection)
         job._memory = self._memory
         thread = threading.Thread(target=self._run, args=(job, spec, cur, run or self._run_job),

@@ -374,6 +374,27 @@ def resolve_column(columns: list[Column], name: str, *, fn: str, arg: str) -> Co
                           f"with columns from: {', '.join(c.name for c in columns)}")
 
 
+def label_and_text(columns: list[Column], label: str | None, text, *, fn: str) -> tuple[Column, set[str]]:
+    """The label's column and the names of the text columns (``text :=``) among ``columns``,
+    or InvalidArgument naming the argument and the fix."""
+    if label is None:
+        raise InvalidArgument(f"{fn}(): label is missing; pass label := '<column>' naming the column to predict")
+    label_col = resolve_column(columns, label, fn=fn, arg="label")
+    return label_col, {resolve_column(columns, t, fn=fn, arg="text").name for t in text or ()}
+
+
+def job_source(cur: duckdb.DuckDBPyConnection, spec, *, fn: str = "train") -> tuple[exp.Query, list[Column]]:
+    """A training job's source (a ``TrainSpec``'s) as one SELECT and its columns, checked: tables
+    only under the ``sources`` setting, and the label and text columns it names there. A job
+    runs this before it imports torch (``dbml.core.instance``), so a misnamed column fails at once."""
+    select_sql = select_tree(spec.source, fn=fn)
+    if spec.settings.sources == "tables":
+        check_tables_only(cur, select_sql, fn=fn)
+    columns = describe(cur, select_sql, fn=fn)
+    label_and_text(columns, spec.label, spec.text, fn=fn)
+    return select_sql, columns
+
+
 def _suggest(name: str, names: list[str]) -> str:
     import difflib
     close = difflib.get_close_matches(name, names, n=1)

@@ -120,12 +120,12 @@ class _TrainSpecChecks:
             raise InvalidArgument(f"{fn}(): lr must be a positive number up to {MAX_LR:g}, got {self.lr!r}; "
                                   f"pass e.g. lr := 0.01")
         _positive_int(self.patience, "patience", "patience := 5")
-        from ..scheduler import OPTIMIZERS   # the scheduler and the zoo import torch: here, not at start-up
-        from ..zoo import arch as zoo_arch
+        from ..scheduler.graph.optim import OPTIMIZERS   # plain names: no torch
         if self.optimizer not in OPTIMIZERS:
             raise InvalidArgument(f"{fn}(): unknown optimizer {self.optimizer!r}; "
                                   f"pass optimizer := one of {', '.join(map(repr, OPTIMIZERS))}")
         if self.arch != "auto":
+            from ..zoo import arch as zoo_arch   # the zoo imports torch: only for an arch named
             zoo_arch(self.arch, fn=fn)   # an unknown arch fails here, before anything runs
         self.options_dict()
         if self.series_scale not in SERIES_SCALES:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from .columns import JOB_COLUMNS, MEMORY_COLUMNS
 from .jobs import Job, JobManager
-from .latency import loaded_predictor
 
 def job_row(job: Job) -> dict:
     """One ``dbml_jobs`` row: the job's live figures."""
@@ -55,6 +54,7 @@ def memory_rows(manager: JobManager, scheduler, ledger=None) -> list[dict]:
 
 def predictor_rows(device: str, threads: int) -> list[dict]:
     """``dbml_predictor``: one row per op kind of the installed predictor (none if there is none)."""
+    from .latency import loaded_predictor   # the scheduler and torch: not for dbml_jobs
     predictor = loaded_predictor(device, threads)
     if predictor is None:
         return []

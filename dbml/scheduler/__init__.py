@@ -14,31 +14,46 @@ subpackages follow the paper's order, which is also a reading order:
 ``errors.py`` holds the exception tree and ``config.py`` the environment switches.
 """
 
-from .config import ENVIRONMENT
-from .errors import (CaptureError, ExecutionError, InfeasibleBudget, NotAdmitted, PlanningError,
-                     SchedulerError, SequenceError)
-from .graph.access import build_sequence
-from .graph.capture import CapturedStep, capture
-from .graph.graphs import GraphCache
-from .graph.optim import OPTIMIZERS, OptimizerSpec, make_optimizer
-from .plan.liveness import analyse_liveness, release_events
-from .plan.peak import Peak, analyse_peak
-from .plan.planner import PlanSettings, plan, plan_jobs, tensor_granularity_floor
-from .multijob.registry import device_ledger, shared_scheduler
-from .multijob.scheduler import JobPlanner, JobPlans, MemoryScheduler, graph_key
-from .execute.devices import CpuDevice, CudaDevice, make_device
-from .execute.executor import ExecState, Executor, Program, check_event_log
-from .execute.measure import PeakMeter, live_tensors, measure_peak
-from .execute.planners import ExternalPlanner, LocalPlanner
-from .execute.runner import RUNNER_POLICIES, RunnerStats, ScheduledStep
-from .execute.step import EagerStep, StepRunner
-from .execute.updating import LatencyTracker, UpdateSettings, retime
-from .latency.estimate import LatencyModel, Machine, RooflineModel, measure_machine
-# calibrate() stays in .latency.calibrate: a package attribute of that name would shadow
-# the module.
-from .latency.calibrate import load_or_calibrate
-from .latency.predictor import OpReport, Predictor, PredictorReport, load_predictor
-from .latency.utilisation import device_utilisation
+# Each public name -> the submodule that defines it, imported at the first use of the name
+# (PEP 562): importing one part (dbml.core.spec reads graph.optim's OPTIMIZERS) runs no other,
+# and torch.fx comes only with the parts that capture a graph. calibrate() stays in
+# .latency.calibrate: a package attribute of that name would shadow the module.
+_EXPORTS = {
+    **dict.fromkeys(('ENVIRONMENT',), '.config'),
+    **dict.fromkeys(('CaptureError', 'ExecutionError', 'InfeasibleBudget', 'NotAdmitted', 'PlanningError', 'SchedulerError', 'SequenceError'), '.errors'),
+    **dict.fromkeys(('build_sequence',), '.graph.access'),
+    **dict.fromkeys(('CapturedStep', 'capture'), '.graph.capture'),
+    **dict.fromkeys(('GraphCache',), '.graph.graphs'),
+    **dict.fromkeys(('OPTIMIZERS', 'OptimizerSpec', 'make_optimizer'), '.graph.optim'),
+    **dict.fromkeys(('analyse_liveness', 'release_events'), '.plan.liveness'),
+    **dict.fromkeys(('Peak', 'analyse_peak'), '.plan.peak'),
+    **dict.fromkeys(('PlanSettings', 'plan', 'plan_jobs', 'tensor_granularity_floor'), '.plan.planner'),
+    **dict.fromkeys(('device_ledger', 'shared_scheduler'), '.multijob.registry'),
+    **dict.fromkeys(('JobPlanner', 'JobPlans', 'MemoryScheduler', 'graph_key'), '.multijob.scheduler'),
+    **dict.fromkeys(('CpuDevice', 'CudaDevice', 'make_device'), '.execute.devices'),
+    **dict.fromkeys(('ExecState', 'Executor', 'Program', 'check_event_log'), '.execute.executor'),
+    **dict.fromkeys(('PeakMeter', 'live_tensors', 'measure_peak'), '.execute.measure'),
+    **dict.fromkeys(('ExternalPlanner', 'LocalPlanner'), '.execute.planners'),
+    **dict.fromkeys(('RUNNER_POLICIES', 'RunnerStats', 'ScheduledStep'), '.execute.runner'),
+    **dict.fromkeys(('EagerStep', 'StepRunner'), '.execute.step'),
+    **dict.fromkeys(('LatencyTracker', 'UpdateSettings', 'retime'), '.execute.updating'),
+    **dict.fromkeys(('LatencyModel', 'Machine', 'RooflineModel', 'measure_machine'), '.latency.estimate'),
+    **dict.fromkeys(('load_or_calibrate',), '.latency.calibrate'),
+    **dict.fromkeys(('OpReport', 'Predictor', 'PredictorReport', 'load_predictor'), '.latency.predictor'),
+    **dict.fromkeys(('device_utilisation',), '.latency.utilisation'),
+}
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        import importlib
+        return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))
+
 
 __all__ = [
     "ENVIRONMENT",

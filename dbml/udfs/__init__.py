@@ -10,6 +10,7 @@ it and a test checks that the README documents every entry.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass
 from inspect import Parameter, Signature
@@ -65,8 +66,8 @@ if TYPE_CHECKING:
 
 
 class _Deferred:
-    """A function of ``functions.py`` named before it is imported: the module (and torch
-    with it) is imported when DuckDB first calls a UDF, not when dbml is installed."""
+    """A function of ``functions.py`` named before it is imported: the module is imported
+    when DuckDB first calls a UDF (or by ``register`` with ``preload``)."""
 
     def __init__(self, name: str):
         self.name = name
@@ -159,29 +160,27 @@ FUNCTIONS = (
 )
 
 
-def _macros() -> dict[str, set[str]]:
+@functools.cache
+def _macros() -> dict[str, frozenset[str]]:
     """Each of dbml's macros (``sql/macros.sql`` and the generated ``train`` and ``tune``) -> the names it
-    calls, read with the SQL tokenizer."""
+    calls, read with DuckDB's tokenizer (install and every ``con.sql`` ask: read once)."""
     from importlib import resources
 
-    from sqlglot.dialects import Dialect
-    from sqlglot.tokens import TokenType
-
     from ..core.spec import train_macro_sql
-    from ..core.sqltext import split_statements
+    from ..core.sqltext import code_words
     from ..search.tunespec import tune_macro_sql
 
     text = ";\n".join([resources.files("dbml.sql").joinpath("macros.sql").read_text(),
                        train_macro_sql().sql("duckdb"), tune_macro_sql().sql("duckdb")])
-    out: dict[str, set[str]] = {}
-    for statement in split_statements(text):
-        tokens = Dialect.get_or_raise("duckdb").tokenizer_class().tokenize(statement)
-        words = [tok.text.lower() for tok in tokens]
-        if "macro" not in words:
-            continue
-        name = words[words.index("macro") + 1]
-        out[name] = {tokens[i].text.lower() for i in range(len(tokens) - 1)
-                     if tokens[i + 1].token_type == TokenType.L_PAREN}
+    words = [w.lower() for w in code_words(text)] + [";"]
+    out: dict[str, frozenset[str]] = {}
+    start = 0
+    for end in (i for i, w in enumerate(words) if w == ";"):
+        statement = words[start:end]
+        start = end + 1
+        if "macro" in statement:
+            out[statement[statement.index("macro") + 1]] = frozenset(
+                w for w, after in zip(statement, statement[1:]) if after == "(")
     return out
 
 
@@ -205,8 +204,9 @@ def register(instance: Instance, preload: bool = True) -> None:
     """Register every dbml UDF in a database instance (a ``dbml.core.instance.Instance``).
 
     UDFs are instance-wide in DuckDB; they are registered through the instance's owner
-    connection and take their cursors from it. Their implementation (``functions.py``, and
-    torch with it) is imported now with ``preload``, else at the first call of one of them.
+    connection and take their cursors from it. Their implementation (``functions.py``) is
+    imported now with ``preload``, else at the first call of one of them; torch comes later,
+    with the first UDF that uses a model or a job that trains one.
     """
     if preload:
         importlib.import_module(".functions", __package__)
@@ -215,9 +215,8 @@ def register(instance: Instance, preload: bool = True) -> None:
     def context():
         """The instance's ``functions.Context``, made at the first call of any of its UDFs."""
         if not contexts:
-            from ..core.inference import ModelCache
             from .functions import Context
-            contexts.append(Context(instance, ModelCache(instance.cursor)))
+            contexts.append(Context(instance))
         return contexts[0]
 
     for fn in FUNCTIONS:

@@ -9,33 +9,48 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
 from sqlglot import exp
 
-from ..core import inference, jobs, latency, placement, progress, views
-from ..core.catalog import drop
+from ..core import jobs, placement, progress, views
 from ..errors import InvalidArgument
-from ..explain import explain_sql as explain_query, explanations
-from ..core.inference import ModelCache
-from ..core.inputs import DECODE_TOKEN, InputEncoder
 from ..notebook import renderer_for
 from ..core.instance import Instance
-from ..scheduler.latency.predictor import predictor_path
-from ..scheduler.multijob.registry import device_ledger, existing_scheduler
 from ..core.settings import SOURCES, resolve, resolve_device
 from ..core.source import check_not_temp, check_tables_only, select_tree
 from ..core.spec import calls_from_sql_rows
 from ..search.tunespec import request_from_sql_row
-from .types import TRAIN_RESULT_ARROW
+
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from ..core.inference import ModelCache
+    from ..core.inputs import InputEncoder
+
+# Torch comes with the modules that use a model (dbml.core.inference, catalog, inputs, explain,
+# latency, the scheduler): each UDF that needs one imports it in its body, so that the views,
+# job control and train()'s argument checks run without torch (tests/test_first_statement.py).
+# DuckDB imports pyarrow itself for the Arrow UDFs it calls; train() builds its result with it.
 
 
 @dataclass(frozen=True)
 class Context:
-    """What the UDFs of one database instance share: the instance and its loaded models."""
+    """What the UDFs of one database instance share: the instance and its loaded models
+    (``models``: the cache is made, with torch, when a UDF first asks for a model)."""
     instance: Instance
-    models: ModelCache
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    @functools.cached_property
+    def models(self) -> ModelCache:
+        with self._lock:
+            if "models" not in self.__dict__:   # another thread may have made it meanwhile
+                from ..core.inference import ModelCache
+                self.__dict__["models"] = ModelCache(self.instance.cursor)
+            return self.__dict__["models"]
 
 
 def instance_id(ctx: Context) -> str:
@@ -64,6 +79,9 @@ def train(ctx: Context, *columns: pa.Array) -> pa.Array:
     statement = connection[0].as_py()
     with progress.watching(ctx.instance, renderer_for(waiting[0]) if waiting else None, connection=statement):
         summaries = jobs.train_all(ctx.instance.jobs, calls, statement)
+    import pyarrow as pa
+
+    from .types import TRAIN_RESULT_ARROW
     return pa.array(summaries, type=TRAIN_RESULT_ARROW)
 
 
@@ -93,11 +111,14 @@ def job_rows(ctx: Context) -> list[dict]:
 
 
 def memory_rows(ctx: Context, device: str | None) -> list[dict]:
+    from ..scheduler.multijob.registry import device_ledger, existing_scheduler
     device = resolve_device(device)
     return views.memory_rows(ctx.instance.jobs, existing_scheduler(device), device_ledger(device))
 
 
 def calibrate(ctx: Context, quick: bool | None, device: str | None, threads: int | None) -> dict:
+    from ..core import latency
+    from ..scheduler.latency.predictor import predictor_path
     _writable(ctx, "calibrate")
     if not ctx.instance.cursor().execute("SELECT current_setting('enable_external_access')").fetchall()[0][0]:
         raise InvalidArgument("calibrate(): DuckDB's enable_external_access is false here (safe mode), and "
@@ -116,6 +137,7 @@ def predictor_rows(ctx: Context, device: str | None, threads: int | None) -> lis
 
 
 def _predict(ctx: Context, models: pa.Array, features: pa.Array, kind: str, fn: str) -> pa.Array:
+    from ..core import inference
     return inference.per_model(models, lambda name, rows: inference.predict_values(
         ctx.models.get(name, fn=fn), features.take(rows), fn=fn, kind=kind))
 
@@ -137,6 +159,7 @@ def infer(ctx: Context, models: pa.Array, uids: pa.Array, x: pa.Array, on_error:
     """The table form's forward pass (``predictions``): rows already encoded by SQL (or an
     image, text or sequence column), for the stored model (its catalog uid) the statement
     was built for; ``on_error`` and the rows' ``names`` as ``predictions_sql`` wrote them."""
+    from ..core import inference
     return inference.per_model(models, lambda name, rows: inference.infer_encoded(
         ctx.models.get(name, fn="predictions", uid=uids[rows[0]].as_py()), x.take(rows),
         on_error=on_error[0].as_py(), names=names.take(rows)))
@@ -145,6 +168,7 @@ def infer(ctx: Context, models: pa.Array, uids: pa.Array, x: pa.Array, on_error:
 def decode_image(ctx: Context, images: pa.Array, encoders: pa.Array, tokens: pa.Array) -> pa.Array:
     """PNG/JPEG BLOBs -> raw pixels, as a job's scratch table stores them (``InputEncoder.scratch_sql``);
     only for the SQL dbml writes, which passes this process's ``DECODE_TOKEN``."""
+    from ..core.inputs import DECODE_TOKEN
     if set(tokens.to_pylist()) - {DECODE_TOKEN}:
         raise InvalidArgument("dbml_decode_image() is dbml's own, for the SQL train() writes; "
                               "call train() or predict() instead")
@@ -154,6 +178,7 @@ def decode_image(ctx: Context, images: pa.Array, encoders: pa.Array, tokens: pa.
 
 @functools.lru_cache(maxsize=16)
 def _encoder(text: str) -> InputEncoder:
+    from ..core.inputs import InputEncoder
     return InputEncoder.from_dict(json.loads(text))
 
 
@@ -178,22 +203,27 @@ def _checked(cur, source: str, sources: str | None, temp_names: list[str], fn: s
 
 def evaluate(ctx: Context, model: str, source: str, sources: str | None, temp_names: list[str],
              on_error: str | None) -> dict:
+    from ..core import inference
     return _with_cursor(ctx, lambda cur: inference.evaluate(
         cur, ctx.models, model, _checked(cur, source, sources, temp_names, "evaluate"), on_error))
 
 
 def predictions_sql(ctx: Context, model: str, source: str, sources: str | None, on_error: str | None) -> str:
+    from ..core import inference
     return _with_cursor(ctx, lambda cur: inference.predictions_sql(
         cur, ctx.models, model, _checked(cur, source, sources, [], "predictions"), on_error))
 
 
 def explain(ctx: Context, models: pa.Array, uids: pa.Array, x: pa.Array) -> pa.Array:
     """``explain``'s attributions for rows encoded by SQL, for the stored model the statement was built for."""
+    from ..core import inference
+    from ..explain import explanations
     return inference.per_model(models, lambda name, rows: explanations(
         ctx.models.get(name, fn="explain", uid=uids[rows[0]].as_py()), x.take(rows)))
 
 
 def explain_sql(ctx: Context, model: str, source: str, sources: str | None) -> str:
+    from ..explain import explain_sql as explain_query
     return _with_cursor(ctx, lambda cur: explain_query(cur, ctx.models, model,
                                                        _checked(cur, source, sources, [], "explain")))
 
@@ -209,5 +239,6 @@ def export_model(ctx: Context, model: str, path: str, version: int | None, overw
 
 
 def drop_model(ctx: Context, model: str) -> int:
+    from ..core.catalog import drop
     _writable(ctx, "drop_model")
     return _with_cursor(ctx, lambda cur: drop(cur, model))

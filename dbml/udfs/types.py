@@ -8,6 +8,8 @@ column or a parameter.
 
 from __future__ import annotations
 
+import functools
+
 import duckdb
 
 from ..core import columns
@@ -19,6 +21,7 @@ from ..search.tunespec import TUNE_PARAMS
 ARROW = {"BIGINT": "int64", "INTEGER": "int32", "DOUBLE": "float64", "VARCHAR": "string"}
 
 
+@functools.cache   # ~200 parameters of a few types: DuckDB parses each name once (60 ms at start-up)
 def sql(name: str) -> duckdb.sqltypes.DuckDBPyType:
     """``'BIGINT'``, ``'VARCHAR[]'``... -> the DuckDB type."""
     return duckdb.sqltype(name)

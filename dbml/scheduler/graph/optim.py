@@ -22,10 +22,13 @@ parameter would cut across its members).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
+# The spec is plain data (train()'s arguments are checked against OPTIMIZERS without torch);
+# torch is imported by the two functions below that compute with it.
 OPTIMIZERS = ("sgd", "adam", "adamw", "adagrad")
 
 # Parameters above this many bytes are updated in pieces of about this size (None: off).
@@ -66,10 +69,12 @@ def add_l1(spec: OptimizerSpec, params, grads) -> list:
     when ``spec.l1`` is 0). Eager and captured steps both call it, so they agree bit for bit."""
     if not spec.l1:
         return list(grads)
+    import torch
     return [g if g is None else torch.add(g, torch.sign(p.detach()), alpha=spec.l1) for p, g in zip(params, grads)]
 
 
 def make_optimizer(spec: OptimizerSpec, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    import torch
     if spec.stacked:
         raise ValueError("a stacked model's members each have their own hyper-parameters: torch.optim cannot "
                          "train it; capture its step (ScheduledStep)")

@@ -36,6 +36,10 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
+# ShapeEnv() imports the translation validator, and torch._dynamo with it, at its first
+# construction (every captured or loaded step makes one): imported here, with this module,
+# it is among what dbml.core.training freezes out of the collector's reach (gc.freeze).
+import torch.fx.experimental.validator  # noqa: E402,F401
 
 from .capture import CapturedStep
 from .optim import OptimizerSpec
