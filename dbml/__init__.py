@@ -132,6 +132,9 @@ def install(con: duckdb.DuckDBPyConnection | Connection, *, preload: bool = True
         if not instance.read_only and _older_catalog_may_exist(con):
             from .core.catalog import migrate  # it imports torch: only where there may be one to move
             migrate(con, resources.files("dbml.sql").joinpath("catalog.sql").read_text())
+        if not instance.read_only:   # no statement of this process runs a trial yet: any 'running' is a dead one's
+            from .search.trials import settle
+            settle(con)
     instance, _ = attach(con, first_install)
     if instance.read_only:
         from .core.catalog import require_catalog
