@@ -22,6 +22,7 @@ import sqlglot
 from sqlglot import exp
 
 from ..core.columns import TRIAL_ROW
+from ..core.instance import is_read_only
 
 D = "duckdb"
 TRIALS = "dbml.trials"
@@ -63,7 +64,7 @@ def view_sql(con: duckdb.DuckDBPyConnection) -> exp.Create:
     database has no ``dbml.trials`` (an older database opened read-only). On a read-only
     database no process writes the file (DuckDB's lock), so a row 'running' there is shown
     as ``settle`` would have written it."""
-    if has_table(con) and _read_only(con):
+    if has_table(con) and is_read_only(con):
         rows = _ROWS_SETTLED
     elif has_table(con):
         rows = ROWS
@@ -92,10 +93,6 @@ def settle(con: duckdb.DuckDBPyConnection, model: str | None = None) -> int:
         return 0
     update = _SETTLE if model is None else _SETTLE.where(exp.column("model").eq(exp.Placeholder()), copy=True)
     return con.execute(update.sql(D), [] if model is None else [model]).fetchall()[0][0]
-
-
-def _read_only(con: duckdb.DuckDBPyConnection) -> bool:
-    return con.execute("SELECT current_setting('access_mode')").fetchall()[0][0] == "read_only"
 
 
 def has_table(con: duckdb.DuckDBPyConnection) -> bool:
