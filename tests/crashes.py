@@ -68,30 +68,34 @@ SERVER = textwrap.dedent('''
         say("base", con.execute(BASE).fetchall()[0][0])
 
 
-    def train(con, point):
-        """Killed while train() of 'm' runs: as its job starts, in its second epoch, or with the
-        catalog's transaction open (the model row written, its weights not yet)."""
+    def train(con, point, model="m", table="t"):
+        """Killed while train() of ``model`` runs: as its job starts, in its second epoch, or with
+        the catalog's transaction open (the model row written, its weights not yet)."""
         if point == "commit":
             hook(catalog, "_weights_row", "commit")
-            con.execute("SELECT train('m', 't', label := 'y', epochs := 1)").fetchall()
-            raise AssertionError("train() stored 'm' without writing the catalog")
-        con.execute("SELECT train('m', 't', label := 'y', epochs := 100000, early_stop := false, "
-                    "wait := false)").fetchall()
+            con.execute("SELECT train(?, ?, label := 'y', epochs := 1)", [model, table]).fetchall()
+            raise AssertionError("train() stored a model without writing the catalog")
+        con.execute("SELECT train(?, ?, label := 'y', epochs := 100000, early_stop := false, wait := false)",
+                    [model, table]).fetchall()
         job_row(con, "status = 'running'" if point == "start" else "epoch >= 2")
         wait_here(point)
 
 
-    def tune(con):
-        """Killed with trial 0 of a grid finished and trial 1 just recorded 'running'."""
-        save = trials.save
+    def tune(con, statement=TUNE, *params):
+        """``statement`` (a tune(), parallel := 1) killed once its first trial has ended and its
+        second has just been recorded 'running'."""
+        save, started = trials.save, []
 
         def saved(cur, record):
             save(cur, record)
             say("saved", record["trial"], record["status"])
-            if (record["trial"], record["status"]) == (1, "running"):
+            if record["status"] == "running":
+                started.append(record["trial"])
+            if len(started) == 2:
                 wait_here("trial")
         trials.save = saved
-        con.execute(TUNE).fetchall()
+        con.execute(statement, list(params)).fetchall()
+        raise AssertionError("tune() ended before its second trial")
 
 
     def export(con, point, target):
