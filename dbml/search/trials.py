@@ -10,7 +10,8 @@ cannot write), and tune() on the model goes on without it (a grid tries its poin
 
 ``ROWS`` (a sqlglot tree) is the one reading of the table as users see it, and the owner of
 what the best trial is: of a model's finished trials, the one with the lowest objective
-(the highest for objectives that grow, 'maximize'), the earliest on a tie. The view ``dbml_trials`` and tune()'s own result are both it.
+(the highest for objectives that grow, 'maximize'), the earliest on a tie. The view
+``dbml_trials`` and tune()'s own result are both it.
 """
 
 from __future__ import annotations
