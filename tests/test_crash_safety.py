@@ -7,7 +7,8 @@ its catalog must be consistent (every weights row has its model row and the reve
 blob the size its row records, every model loads and predicts), the killed training's model
 absent (nothing is half-written), the killed tune() trial shown 'interrupted' and tune() with
 the same arguments going on with the search, and no export file presented as complete
-that is not.
+that is not. A fast test without subprocesses checks the rule behind 'interrupted': a row
+'running' is a dead process's only when the file is opened afresh.
 """
 
 from __future__ import annotations
@@ -23,8 +24,29 @@ from dbml.search.trials import ENDED
 
 from crashes import GRID, TUNE, CrashServer
 
-# subprocesses and a killed process each: in the full suite, not the fast loop
-pytestmark = pytest.mark.slow
+# the tests marked slow start subprocesses and kill one each: in the full suite, not the fast loop
+LEFT_RUNNING = ("INSERT INTO dbml.trials (model, trial, status, objective_name, direction, objectives, params, "
+                "search, epochs, started_at) VALUES ('k', 0, 'running', 'val_loss', 'minimize', [], '{}', '{}', 0, "
+                "now())")
+
+
+def test_a_trial_left_running_is_shown_interrupted_on_the_next_open_of_the_file_only(tmp_path):
+    """A row 'running' is a live search's while this process has the file open (a second
+    connection leaves it), a dead process's once the file is opened afresh."""
+    path = str(tmp_path / "left.duckdb")
+    first = dbml.connect(path)
+    first.execute(LEFT_RUNNING)
+    second = dbml.connect(path)
+    assert second.execute("SELECT status FROM dbml_trials").fetchall() == [("running",)]
+    second.close()
+    first.close()
+    reader = dbml.connect(path, read_only=True)
+    assert reader.execute("SELECT status, error FROM dbml_trials").fetchall() == [("interrupted", ENDED)]
+    assert reader.execute("SELECT status FROM dbml.trials").fetchall() == [("running",)]   # read-only: not written
+    reader.close()
+    again = dbml.connect(path)
+    assert again.execute("SELECT status, error FROM dbml.trials").fetchall() == [("interrupted", ENDED)]
+    again.close()
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +103,7 @@ def consistent(path, read_only: bool = False) -> dict[str, int]:
         con.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", ["start", "epoch", "commit"])
 def test_a_training_killed_leaves_the_catalog_without_its_model(server, db, point):
     pid = server.run("train", db, point)
@@ -95,6 +118,7 @@ def test_a_training_killed_leaves_the_catalog_without_its_model(server, db, poin
         con.close()
 
 
+@pytest.mark.slow
 def test_a_tune_killed_shows_its_trial_interrupted_and_resumes_with_the_same_arguments(server, db):
     pid = server.run("tune", db)
     assert server.expect("saved") == ["0", "running"]
@@ -131,6 +155,7 @@ def test_a_tune_killed_shows_its_trial_interrupted_and_resumes_with_the_same_arg
     assert consistent(db) == {"base": 1, "k": 1}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point, before", [("save", False), ("replace", True)])
 def test_an_export_killed_leaves_no_file_presented_as_complete(server, db, tmp_path, point, before):
     onnx = pytest.importorskip("onnx")
@@ -160,6 +185,7 @@ def test_an_export_killed_leaves_no_file_presented_as_complete(server, db, tmp_p
     onnx.checker.check_model(onnx.load(str(target)))
 
 
+@pytest.mark.slow
 def test_a_second_process_gets_duckdbs_lock_error_and_nothing_is_damaged(server, db):
     pid = server.run("hold", db)
     server.expect("at")
@@ -172,6 +198,7 @@ def test_a_second_process_gets_duckdbs_lock_error_and_nothing_is_damaged(server,
     assert consistent(db) == {"base": 1}
 
 
+@pytest.mark.slow
 def test_a_full_disk_fails_the_commit_and_keeps_the_earlier_models(server, db):
     # the file may not grow past 256 KiB: the WAL of a 1 MB model's commit cannot be written
     pid = server.run("full", db, 256 * 1024)
