@@ -12,7 +12,7 @@ catalog's transaction) or a tune() (its second trial running), and the file is o
 again. The model of the catalog then also counts each name's trials: a killed trial is
 kept, 'interrupted', and none is ever shown 'running'.
 
-``DBML_STATES_STEPS=300 pytest tests/test_catalog_states.py`` runs one sequence of that many
+``DBML_STATES_STEPS=300 pytest tests/test_catalog_states.py`` runs sequences of that many
 steps (the issue's goal); by default a few short ones run.
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from hypothesis import settings, strategies as st
+from hypothesis import event, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import dbml
@@ -77,6 +77,7 @@ class Catalog(RuleBasedStateMachine):
         self.models: dict[str, tuple[int, str]] = {}   # name -> (latest version, table it learned)
         self.trials: dict[str, tuple[int, int]] = {}   # name -> (its trials, of them interrupted)
         self.exports = 0
+        self.checks = 0   # the invariants' runs: once at the start, then after each step
 
     # -- connections ---------------------------------------------------------------------------
     def open_writers(self):
@@ -141,6 +142,7 @@ class Catalog(RuleBasedStateMachine):
             with pytest.raises(duckdb.Error, match="read-only"):
                 con.execute(TUNE, [name, table]).fetchall()
             return
+        event("tune")   # --hypothesis-show-statistics: which steps the runs took
         before, interrupted = self.trials.get(name, (0, 0))
         rows = con.execute(TUNE, [name, table]).fetchall()
         # numbers go on from the stored trials (a killed one's included); the best is stored
@@ -156,6 +158,7 @@ class Catalog(RuleBasedStateMachine):
     def killed_elsewhere(self, name, table, at):
         """This process lets the file go; another opens it, writes and is killed with SIGKILL; then
         the file is opened again as before (writable or read-only)."""
+        event(f"killed at {at}")
         read_only = not self.writers
         for c in self.connections():
             c.close()
@@ -214,6 +217,7 @@ class Catalog(RuleBasedStateMachine):
 
     @invariant()
     def catalog_matches(self):
+        self.checks += 1
         con = self.connections()[0]
         rows = con.execute("SELECT name, max(version) FROM dbml_models GROUP BY name ORDER BY name").fetchall()
         assert rows == sorted((n, v) for n, (v, _) in self.models.items())
@@ -231,11 +235,13 @@ class Catalog(RuleBasedStateMachine):
                            "'cancelled')").fetchall() == [(0,)]
 
     def teardown(self):
+        event(f"{self.checks - 1} steps")
         for c in self.connections():
             c.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-# by default 5 runs of 20 steps; DBML_STATES_STEPS=300: one run of 300
-Catalog.TestCase.settings = settings(max_examples=1 if STEPS else 5, stateful_step_count=STEPS or 20, deadline=None)
+# by default 5 runs of 20 steps; DBML_STATES_STEPS=300: two runs of 300 (Hypothesis's first run is
+# its simplest, the first rule again and again; the second draws every step)
+Catalog.TestCase.settings = settings(max_examples=2 if STEPS else 5, stateful_step_count=STEPS or 20, deadline=None)
 test_catalog_states = pytest.mark.slow(Catalog.TestCase)
