@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -50,8 +49,8 @@ _server: list[CrashServer] = []
 
 def server() -> CrashServer:
     """The fork server of the kill steps, started on first use (its warm-up is ~10 s of CPU)."""
-    if not _server:
-        _server.append(CrashServer(sys.stderr))
+    if not _server:   # its stderr to a file: pytest's capture may have no file descriptor
+        _server.append(CrashServer(tempfile.TemporaryFile("w+")))
     return _server[0]
 
 
