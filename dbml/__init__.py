@@ -131,6 +131,9 @@ def install(con: duckdb.DuckDBPyConnection | Connection, *, preload: bool = True
     def first_install(instance) -> None:   # before any other connection finds the instance
         register(instance, preload)
         instance.home = home.settle(con, instance.read_only)
+        if not instance.read_only:   # no statement of this process runs a trial yet: any 'running' is a dead one's
+            from .search.trials import settle
+            settle(con, where=instance.home)
     instance, _ = attach(con, first_install)
     _install_sql(con, instance)
     return Connection(con, instance)

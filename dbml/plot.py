@@ -192,7 +192,7 @@ def trials(con, model: str):
     right.set_title("parameters" if weights else "importance: too few finished trials")
     fig.tight_layout()
     fig.dbml = {"objective": name, "finished": done, "pruned": pruned, "best_so_far": best_so_far,
-                "failed": [r[0] for r in rows if r[1] in ("failed", "infeasible")],
+                "failed": [r[0] for r in rows if r[1] in ("failed", "infeasible", "interrupted")],
                 "best": [r[0] for r in rows if r[5]], "importance": weights}
     return fig
 

@@ -157,9 +157,9 @@ class Search:
     def _start(self) -> None:
         import optuna
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        store.settle(self.cur, self.model)   # one tune() per model at a time (_tuning): a 'running' one is stale
         stored = store.load(self.cur, self.model)
         _same_objective(stored, self.request)
-        self._stale(stored)
         self.study = make_study(self.request, stored)
         self.dists = {d.name: distribution(d) for d in self.request.space.dims}
         self.offset = (max((r["trial"] for r in stored), default=-1) + 1) - len(stored)
@@ -172,7 +172,7 @@ class Search:
         # has no smallest, and only a search whose every trial is infeasible tells
         self.probe = not feasible and "arch" not in space.names()
         if self.request.sampler == "grid":
-            tried = [r["params"] for r in stored if r["status"] != "running"]
+            tried = [r["params"] for r in stored if r["status"] != store.INTERRUPTED]   # its point was not tried
             points = [p for p in space.grid(self.request.base.seed) if p not in tried]
             if not points:
                 raise InvalidArgument(f"tune(): every point of space's grid has been tried for model {self.model!r} "
@@ -184,13 +184,6 @@ class Search:
         if corner and not feasible:
             self.study.enqueue_trial(encode(space.dims, corner))
         return self.request.trials or DEFAULT_TRIALS
-
-    def _stale(self, stored: list[dict]) -> None:
-        """Trials left 'running' by a process that ended: failed (the study must not wait for them)."""
-        for record in stored:
-            if record["status"] == "running":
-                record.update(status="failed", error="the process that ran it ended before it did")
-                store.save(self.cur, record)
 
     # -- the loop --------------------------------------------------------------------------
     def _loop(self, wait: Wait) -> None:

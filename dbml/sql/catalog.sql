@@ -39,7 +39,7 @@ CREATE SEQUENCE IF NOT EXISTS job_ids;
 CREATE TABLE IF NOT EXISTS trials (
     model VARCHAR NOT NULL,
     trial INTEGER NOT NULL,          -- the search's trial number, from 0
-    status VARCHAR NOT NULL,         -- running, finished, pruned, failed or infeasible
+    status VARCHAR NOT NULL,         -- running, finished, pruned, failed, infeasible or interrupted
     objective_name VARCHAR NOT NULL, -- val_loss, val_metric or loss
     direction VARCHAR NOT NULL,      -- minimize or maximize
     objective DOUBLE,                -- a finished trial's objective after its last epoch
