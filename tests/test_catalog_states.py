@@ -61,6 +61,11 @@ def stop_server():
         _server.pop().close()
 
 
+def dbml_quote(text: str) -> str:
+    """``text`` as a SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
+
+
 class Catalog(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
@@ -176,6 +181,25 @@ class Catalog(RuleBasedStateMachine):
             self.reader = dbml.connect(self.path, read_only=True)
         else:
             self.open_writers()
+
+    @rule(via=st.sampled_from(["sql", "execute"]))
+    def export_import_database(self, via):
+        """EXPORT DATABASE, then IMPORT DATABASE into a new file through dbml (issue 31, item 4):
+        the steps after go on in the new file, whose catalog must be the old one's."""
+        if not self.writers:
+            return
+        event(f"export/import via {via}")
+        self.exports += 1
+        exported = self.folder / f"db{self.exports}"
+        self.writers[0].execute("EXPORT DATABASE " + dbml_quote(str(exported)))
+        for c in self.writers:
+            c.close()
+        self.path = str(self.folder / f"c{self.exports}.duckdb")
+        fresh = dbml.connect(self.path, latency_model="roofline")
+        statement = "IMPORT DATABASE " + dbml_quote(str(exported))
+        fresh.sql(statement) if via == "sql" else dbml.execute(fresh, statement)
+        fresh.close()
+        self.open_writers()
 
     # -- reads ----------------------------------------------------------------------------------
     @rule(name=st.sampled_from(NAMES), i=st.integers(0, 1))
