@@ -245,9 +245,12 @@ def _drop_scratch(cur, table: str) -> None:
 
 
 def _params(spec: TrainSpec, held_out_bucket: int | None = None) -> dict:
-    """What the catalog stores of the job: its parameters, and the split's exact hash bucket
-    (``held_out_sql`` reads it: ML.EVALUATE's rows are the ones held out)."""
+    """What the catalog stores of the job: its parameters, the source it read (one SELECT: what
+    BigQuery ML's ``ML.EVALUATE(MODEL m)``, ``ML.FEATURE_INFO`` and ``ML.GLOBAL_EXPLAIN`` read
+    without input rows) and the split's exact hash bucket (``held_out_sql`` reads it:
+    ML.EVALUATE's rows are the ones held out)."""
     params = stored_params(spec)
+    params["source"] = select_tree(spec.source, fn="train").sql(D)
     if held_out_bucket is not None:
         params["held_out_bucket"] = held_out_bucket
     return params
