@@ -208,3 +208,15 @@ def test_model_functions_of_a_train_model_read_its_stored_source(bq):
     assert info[0]["mean"] == pytest.approx(bq.execute("SELECT avg(column1) FROM mydataset.mytable").fetchall()[0][0])
     explained = rows(bq, "SELECT * FROM ML.GLOBAL_EXPLAIN(MODEL m)")
     assert {r["feature"] for r in explained} == {"column1", "column2", "column3"}
+
+
+def test_evaluate_of_a_train_model_holds_out_its_rows_whatever_their_types(con):
+    """A DATE column train() leaves out is still part of each row's hash: ML.EVALUATE reads the
+    rows train() held out (CREATE MODEL's dates are features in seconds; train()'s are not)."""
+    con.execute("CREATE TABLE t AS SELECT range % 10 AS a, DATE '2024-01-01' + CAST(range AS INTEGER) AS d, "
+                "CASE WHEN hash(range) % 10 < 7 THEN range % 10 > 4 ELSE range % 10 <= 4 END AS label "
+                "FROM range(1000)")
+    summary = con.execute("SELECT train('m', 't', label := 'label', epochs := 2, features := ['a'], "
+                          "task := 'classification')").fetchall()[0][0]
+    evaluated, = rows(con, "SELECT * FROM ML.EVALUATE(MODEL m)")
+    assert summary["val_metric"] < 0.9 and evaluated["accuracy"] == pytest.approx(summary["val_metric"], abs=1e-12)

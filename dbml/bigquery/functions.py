@@ -91,7 +91,8 @@ def rows(con, model: Model, query: exp.Select, labelled: bool,
     src = inner
     if transform:
         src = apply_transform(inner, [*transform, exp.column("__dbml_row")])
-    src = temporal_as_numbers(con, src)
+    if model.info:   # CREATE MODEL's: dates are features, in seconds (train() takes none: its source as it was)
+        src = temporal_as_numbers(con, src)
     cols = [exp.column("__dbml_row"), exp.alias_(model.prep.features_sql(), "__dbml_x")]
     outer = exp.select(*cols).from_(exp.Subquery(this=src, alias=exp.TableAlias(this=exp.to_identifier("__dbml_s"))))
     if labelled:
