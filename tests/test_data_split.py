@@ -44,3 +44,12 @@ def test_folds_out_of_range_name_the_argument(con, folds):
                              f"folds := 5 \\(or leave it out: no cross-validation\\)"):
         con.execute(f"SELECT train('m', 'moons', label := 'label', folds := {folds})").fetchall()
     assert con.execute("SELECT count(*) FROM dbml_models").fetchall() == [(0,)]
+
+
+def test_tune_refuses_folds_rather_than_drop_them(con):
+    load(con, "moons", moons(50))
+    with pytest.raises(duckdb.Error, match="tune\\(\\): folds := 3 is train\\(\\)'s cross-validation; tune\\(\\) "
+                                           "scores each trial on its validation rows: leave folds out"):
+        con.execute("SELECT * FROM tune('m', 'moons', label := 'label', space := '{\"lr\": [\"log\", 0.001, 0.1]}', "
+                    "trials := 2, folds := 3)").fetchall()
+    assert con.execute("SELECT count(*) FROM dbml_models").fetchall() == [(0,)]
