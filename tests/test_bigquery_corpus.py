@@ -37,7 +37,8 @@ DOCUMENTED = {
                    "true_negatives", "false_negatives"]],
     "FEATURE_INFO": [["input", "min", "max", "mean", "median", "stddev", "category_count", "null_count",
                       "dimension"]],
-    "WEIGHTS": [["processed_input", "weight", "category_weights"]],
+    "WEIGHTS": [["processed_input", "weight", "category_weights"],
+                ["trial_id", "processed_input", "weight", "category_weights"]],   # a tuned model's
     "GLOBAL_EXPLAIN": [["feature", "attribution"], ["class_label", "feature", "attribution"]],
     "FEATURE_IMPORTANCE": [["feature", "importance_weight", "importance_gain", "importance_cover"]],
     "TRIAL_INFO": [["trial_id", "hyperparameters", "hparam_tuning_evaluation_metrics", "training_loss",

@@ -66,6 +66,8 @@ def test_hparam_tuning_objectives_rank_the_trials_by_that_figure(bq, objective, 
     evaluated, = rows(bq, "SELECT * FROM ML.EVALUATE(MODEL `mydataset.mymodel`)")
     assert list(evaluated)[:2] == ["trial_id", "precision"] and evaluated["trial_id"] == optimal
     assert evaluated[key] == pytest.approx(scores[optimal], abs=1e-12)    # measured on the same rows
+    weights = rows(bq, "SELECT * FROM ML.WEIGHTS(MODEL `mydataset.mymodel`)")   # trial_id first there too
+    assert list(weights[0])[:2] == ["trial_id", "processed_input"] and {w["trial_id"] for w in weights} == {optimal}
     other = next(t for t in scores if t != optimal)
     chosen, = rows(bq, f"SELECT * FROM ML.EVALUATE(MODEL `mydataset.mymodel`, STRUCT({other} AS trial_id))")
     assert chosen["trial_id"] == other and chosen[key] == pytest.approx(scores[other], abs=1e-12)

@@ -358,7 +358,8 @@ def _feature_importance(con, node, outer, model: Model) -> pa.Table:
 
 def _weights(con, node, outer, model: Model) -> pa.Table:
     opts = settings(node.expressions[0] if node.expressions else None, "ML.WEIGHTS")
-    return pa.Table.from_pylist(evaluation.weights(model, bool(opts.get("standardize", False))))
+    return pa.Table.from_pylist([{**_trial_id(model), **row}
+                                 for row in evaluation.weights(model, bool(opts.get("standardize", False)))])
 
 
 def _feature_info(con, node, outer, model: Model) -> pa.Table:
