@@ -97,13 +97,13 @@ def test_options_map_to_train_arguments(con):
 def test_every_option_has_one_owner():
     """Each BigQuery option is mapped to a train() argument, taken by a fitted kind under its own
     name, or read by the translation itself: none is accepted and dropped silently."""
-    from dbml.bigquery.create import OPTIONS, TRANSLATED, TORCH_ARGUMENTS
+    from dbml.bigquery.create import OPTIONS, TORCH, TRANSLATED, TORCH_ARGUMENTS
     from dbml.zoo import arch
     bad = []
     for option, archs in OPTIONS.items():
         for a in archs:
-            owners = [option in TRANSLATED, a in ("linear", "dnn") and option in TORCH_ARGUMENTS,
-                      a not in ("linear", "dnn") and option in arch(a).options]
+            owners = [option in TRANSLATED, a in TORCH and option in TORCH_ARGUMENTS,
+                      a not in TORCH and option in arch(a).options]
             if sum(owners) != 1:
                 bad.append((option, a, owners))
     assert not bad
@@ -261,11 +261,11 @@ def test_the_readme_names_every_option_function_and_model_type():
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     section = readme.split("### BigQuery ML syntax", 1)[1].split("\n### ", 1)[0]
     kinds = readme.split("Beside the zoo, `dbml/core/kinds/`", 1)[1].split("\n\n", 2)[1]
-    from dbml.bigquery.create import TORCH_ARGUMENTS, TRANSLATED
+    from dbml.bigquery.create import TORCH, TORCH_ARGUMENTS, TRANSLATED
     for option, archs in OPTIONS.items():
         if option in TRANSLATED or option in TORCH_ARGUMENTS:
             assert f"`{option}`" in section, option
-        if any(a not in ("linear", "dnn") for a in archs) and option not in TRANSLATED:
+        if any(a not in TORCH for a in archs) and option not in TRANSLATED:
             assert f"`{option}`" in kinds, option
     for fn in [*HANDLERS, *ANALYTIC, *SCALAR]:
         assert f"`ML.{fn}" in section, fn

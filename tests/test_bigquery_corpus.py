@@ -31,12 +31,14 @@ CLASSIFICATION = ["precision", "recall", "accuracy", "f1_score", "log_loss", "ro
 CLUSTERING = ["davies_bouldin_index", "mean_squared_distance"]
 DOCUMENTED = {
     "TRAINING_INFO": [["training_run", "iteration", "loss", "eval_loss", "learning_rate", "duration_ms"]],
-    "EVALUATE": [REGRESSION, CLASSIFICATION, CLUSTERING],
+    "EVALUATE": [REGRESSION, CLASSIFICATION, CLUSTERING,   # a tuned model's: its trial first
+                 ["trial_id", *REGRESSION], ["trial_id", *CLASSIFICATION]],
     "ROC_CURVE": [["threshold", "recall", "false_positive_rate", "true_positives", "false_positives",
                    "true_negatives", "false_negatives"]],
     "FEATURE_INFO": [["input", "min", "max", "mean", "median", "stddev", "category_count", "null_count",
                       "dimension"]],
-    "WEIGHTS": [["processed_input", "weight", "category_weights"]],
+    "WEIGHTS": [["processed_input", "weight", "category_weights"],
+                ["trial_id", "processed_input", "weight", "category_weights"]],   # a tuned model's
     "GLOBAL_EXPLAIN": [["feature", "attribution"], ["class_label", "feature", "attribution"]],
     "FEATURE_IMPORTANCE": [["feature", "importance_weight", "importance_gain", "importance_cover"]],
     "TRIAL_INFO": [["trial_id", "hyperparameters", "hparam_tuning_evaluation_metrics", "training_loss",

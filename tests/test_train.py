@@ -146,6 +146,7 @@ def test_sql_defaults_equal_trainspec_defaults(moons_con):
     defaults |= {stored_key(f.name): f.default for f in dataclasses.fields(JobSettings)}
     bucket = params.pop("held_out_bucket")   # the split's exact bucket (issue 31), beside the parameters
     assert isinstance(bucket, int) and 0 < bucket < 1_000_000
+    assert params.pop("source") == "SELECT x1, x2, label FROM moons LIMIT 300"   # what BigQuery ML's functions read
     assert params == {k: given.get(k, v) for k, v in defaults.items()}
 
 

@@ -142,17 +142,20 @@ def test_create_model_runs_nothing_of_the_users_before_its_checks(con, tmp_path)
 
 
 def test_a_model_functions_input_only_reads_and_is_not_another_model_function(con):
-    """Items 8 and 10: ML.PREDICT's input is checked as predictions()'s source; ML functions
-    nested in an ML function's input are refused by name."""
+    """Items 8 and 10: ML.PREDICT's input is checked as predictions()'s source, a nested model
+    function's input too, before any of them runs (issue 32: a model function may read another's
+    rows, which runs first)."""
     _tab(con)
     dbml.execute(con, "CREATE MODEL keep OPTIONS(model_type='logistic_reg', input_label_cols=['y']) AS "
                       "SELECT * FROM tab")
     with pytest.raises(dbml.DbmlError, match=r"ML.PREDICT: its input calls drop_model\(\), which has effects"):
         dbml.execute(con, "SELECT * FROM ML.PREDICT(MODEL keep, (SELECT a, drop_model('keep') AS q FROM tab))")
-    with pytest.raises(dbml.DbmlError, match=r"ML.PREDICT's input holds another model function \(ML.PREDICT\)"):
-        dbml.execute(con, "SELECT * FROM ML.PREDICT(MODEL keep, (SELECT * FROM ML.PREDICT(MODEL keep, TABLE tab)))")
+    with pytest.raises(dbml.DbmlError, match=r"ML.PREDICT: its input calls drop_model\(\), which has effects"):
+        dbml.execute(con, "SELECT * FROM ML.PREDICT(MODEL keep, (SELECT * EXCEPT (predicted_y_probs) FROM "
+                          "ML.PREDICT(MODEL keep, (SELECT a, drop_model('keep') AS q FROM tab))))")
     assert con.execute("SELECT name FROM dbml_models").fetchall() == [("keep",)]
-    assert dbml.execute(con, "SELECT count(*) FROM ML.PREDICT(MODEL keep, TABLE tab)").fetchall() == [(60,)]
+    assert dbml.execute(con, "SELECT count(*) FROM ML.PREDICT(MODEL keep, (SELECT * EXCEPT (predicted_y_probs) "
+                             "FROM ML.PREDICT(MODEL keep, TABLE tab)))").fetchall() == [(60,)]
 
 
 @pytest.mark.parametrize("statement, message", [

@@ -220,7 +220,7 @@ def test_auto_picks_per_input_kind_size_and_rows():
 def test_unknown_arch_lists_the_builtins_and_how_to_register():
     with pytest.raises(InvalidArgument, match=r"^train\(\): unknown arch 'resnet81' \(did you mean 'resnet18'\?\); "
                                               r"pass arch := one of 'auto', 'linear', 'mlp', .*'tcn', 'dnn', "
-                                              r"'boosted_tree', 'random_forest', 'kmeans', or register "
+                                              r"'wide_deep', 'boosted_tree', 'random_forest', 'kmeans', or register "
                                               r"your own with dbml\.register_model\(name, factory\)$"):   # dbml/kinds/
         arch("resnet81")
     with pytest.raises(InvalidArgument, match=r"^predict\(\): unknown arch 'zz'; "):
@@ -249,7 +249,7 @@ def test_option_errors_name_the_option_the_arch_and_the_allowed_ones():
 def test_an_arch_refuses_inputs_of_another_kind():
     with pytest.raises(InvalidArgument, match=r"^train\(\): arch 'resnet18' takes image inputs; the source gives tabular "
                                               r"columns; pass arch := 'auto' or one of 'linear', 'mlp', 'resnet_tabular', "
-                                              r"'ft_transformer', 'dnn', 'boosted_tree', 'random_forest', 'kmeans'$"):
+                                              r"'ft_transformer', 'dnn', 'wide_deep', 'boosted_tree', 'random_forest', 'kmeans'$"):
         build("resnet18", TAB, 2)
     with pytest.raises(InvalidArgument, match=r"needs images of at least 8x8 pixels, got 4x4"):
         build("cnn", Inputs("image", shape=(1, 4, 4)), 2)
@@ -362,4 +362,4 @@ def test_the_zoo_registers_the_kinds_itself_and_importing_them_registers_nothing
             "print(sorted(ARCHS)); print(fitter('kmeans') is kmeans.fit, fitter('boosted_tree') is trees.fit, "
             "fitter('dnn'), fitter('mlp'), fitter('auto'), arch('dnn').builtin)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
-    assert out == ["[]", "['boosted_tree', 'dnn', 'kmeans', 'random_forest']", "True True None None None False"]
+    assert out == ["[]", "['boosted_tree', 'dnn', 'kmeans', 'random_forest', 'wide_deep']", "True True None None None False"]

@@ -14,8 +14,8 @@ built as a sqlglot tree:
   CREATE and DROP MODEL run when translated; the SQL returned reads their result the same way.
 * ``DROP MODEL [IF EXISTS] m``: ``drop_model``.
 * BigQuery's names and functions in any other statement (``names``): ``project.dataset.t``
-  is ``dataset.t``, wildcard tables, ``ST_DISTANCE``, ``GENERATE_ARRAY``, ML's
-  preprocessing functions (``preprocess``).
+  is ``dataset.t``, wildcard tables, ``ST_DISTANCE``, ``GENERATE_ARRAY``, ``FROM UNNEST`` of
+  STRUCTs, ML's preprocessing functions (``preprocess``).
 
 A model named ``dataset.model`` is the dbml model ``model`` (dbml has no datasets). Any
 other SQL runs unchanged. Whatever is not supported is an error that names it and says
@@ -73,7 +73,7 @@ def translate(con, statement: str) -> str:
         tree = functions.rewrite(con, names.to_duckdb(con, tree))
     else:
         tree = names.to_duckdb(con, tree)
-    return tree.sql("duckdb")
+    return names.unnest_structs(con, tree).sql("duckdb")
 
 
 def _predict_node(node):
@@ -95,19 +95,12 @@ def execute(con, text: str):
 
 def _check_inputs(tree: exp.Expression) -> None:
     """Before any model function runs: the rows each one reads only read (as ``predictions()``'s
-    source), and no model function reads another's result in its input."""
+    source). A model function in another's input runs first (``functions.rewrite``)."""
     for node in tree.find_all(MLFunction, exp.Predict):
         fn = _ml_name(node)
         for child in node.iter_expressions():
-            if child is node.this:
-                continue   # the model's name
-            inner = next((n for n in child.find_all(MLFunction, exp.Predict)), None)
-            if inner is not None:
-                raise InvalidArgument(f"BigQuery ML: {fn}'s input holds another model function "
-                                      f"({_ml_name(inner)}); dbml does not nest "
-                                      f"them: write the inner one's rows to a table first (CREATE TABLE t AS "
-                                      f"SELECT * FROM ML....) and read that")
-            refuse_effects(child, where=f"BigQuery ML: {fn}", arg="its input")
+            if child is not node.this:   # the model's name
+                refuse_effects(child, where=f"BigQuery ML: {fn}", arg="its input")
 
 
 def _ml_name(node: exp.Expression) -> str:
@@ -128,7 +121,9 @@ def _create_model(con, tree: exp.Create):
         if tree.args.get("exists"):
             return functions.result(con, pa.table({"model": pa.array([], pa.string())}))
         if not tree.args.get("replace"):
-            raise InvalidArgument(f"Already exists: model {name}; use CREATE OR REPLACE MODEL to train a new version")
+            raise InvalidArgument(f"Already exists: model {name}; use CREATE OR REPLACE MODEL {name} to train its "
+                                  f"next version, CREATE MODEL IF NOT EXISTS to keep it, or DROP MODEL {name} first "
+                                  f"(BigQuery's examples create their models in a new dataset)")
     plan = create.plan(con, tree)   # every option checked: nothing trains before this passes
     if plan["trials"]:
         return _trials(con, plan)
@@ -148,14 +143,23 @@ def _record(con, plan: dict, version: int, trial: dict | None) -> None:
 
 def _trials(con, plan: dict):
     """``num_trials`` versions, each with other hyperparameters (``tuning``); the one with the best
-    validation metric is the optimal trial (what ML.PREDICT and ML.EVALUATE use)."""
+    objective (``HPARAM_TUNING_OBJECTIVES``'s figure on its evaluation rows, else ``train``'s
+    validation metric) is the optimal trial (what ML.PREDICT and ML.EVALUATE use)."""
     summaries = [_train(con, plan, args) for args, _ in plan["runs"]]
-    best = tuning.optimal([(i, s["val_metric"]) for i, s in enumerate(summaries, 1)])
+    objective = plan["objective"]
+    if objective is not None:
+        key = objective.lower()
+        scores = [{key: functions.trial_figures(con, plan["name"], s["version"], plan["held_out"]).get(key)}
+                  for s in summaries]
+        maximize = tuning.OBJECTIVES[plan["args"]["task"]][objective]
+    else:
+        scores = [{_metric_name(con, plan["name"], s["version"]): s["val_metric"]} for s in summaries]
+        maximize = True
+    best = tuning.optimal([(i, next(iter(sc.values()))) for i, sc in enumerate(scores, 1)], maximize)
     rows = []
-    for trial, (summary, (_, hyperparameters)) in enumerate(zip(summaries, plan["runs"]), 1):
+    for trial, (summary, score, (_, hyperparameters)) in enumerate(zip(summaries, scores, plan["runs"]), 1):
         record = {"trial_id": trial, "hyperparameters": hyperparameters,
-                  "hparam_tuning_evaluation_metrics": {_metric_name(con, plan["name"], summary["version"]):
-                                                       summary["val_metric"]},
+                  "hparam_tuning_evaluation_metrics": score,
                   "training_loss": summary["final_loss"], "eval_loss": None, "status": "SUCCEEDED",
                   "error_message": None, "is_optimal": trial == best,
                   "run": summaries[0]["version"]}   # which tuning run: its first version

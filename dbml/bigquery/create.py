@@ -25,6 +25,8 @@ from .parse import constant, count
 MODEL_TYPES = {
     "linear_reg": ("linear", "regression"), "logistic_reg": ("linear", "classification"),
     "dnn_classifier": ("dnn", "classification"), "dnn_regressor": ("dnn", "regression"),
+    "dnn_linear_combined_classifier": ("wide_deep", "classification"),
+    "dnn_linear_combined_regressor": ("wide_deep", "regression"),
     "boosted_tree_classifier": ("boosted_tree", "classification"),
     "boosted_tree_regressor": ("boosted_tree", "regression"),
     "random_forest_classifier": ("random_forest", "classification"),
@@ -32,7 +34,8 @@ MODEL_TYPES = {
     "kmeans": ("kmeans", "regression"),
 }
 REMOTE_OR_AUTOML = ("automl_classifier", "automl_regressor", "tensorflow", "tensorflow_lite", "onnx", "xgboost")
-TORCH, TREES = ("linear", "dnn"), ("boosted_tree", "random_forest")
+DNN = ("dnn", "wide_deep")   # the MLPs: their options are the dnn arch's
+TORCH, TREES = ("linear", *DNN), ("boosted_tree", "random_forest")
 ALL = TORCH + TREES + ("kmeans",)
 SUPERVISED = TORCH + TREES
 # option -> the archs that take it
@@ -41,14 +44,16 @@ OPTIONS = {
     "early_stop": ALL,
     "min_rel_progress": ALL, "data_split_method": SUPERVISED, "data_split_eval_fraction": SUPERVISED,
     "data_split_col": SUPERVISED, "enable_global_explain": SUPERVISED, "auto_class_weights": SUPERVISED,
+    "class_weights": TORCH,
     "learn_rate": TORCH + ("boosted_tree",), "ls_init_learn_rate": ("linear",), "learn_rate_strategy": ("linear",),
-    "optimize_strategy": ("linear",), "l2_reg": TORCH + TREES, "l1_reg": TORCH + TREES, "batch_size": ("dnn",),
-    "hidden_units": ("dnn",), "dropout": ("dnn",), "activation_fn": ("dnn",), "optimizer": ("dnn",),
+    "optimize_strategy": ("linear",), "l2_reg": TORCH + TREES, "l1_reg": TORCH + TREES, "batch_size": DNN,
+    "hidden_units": DNN, "dropout": DNN, "activation_fn": DNN, "optimizer": DNN,
     "booster_type": ("boosted_tree",), "num_parallel_tree": TREES, "tree_method": TREES, "subsample": TREES,
     "max_tree_depth": TREES, "min_split_loss": TREES, "min_tree_child_weight": TREES,
     "colsample_bytree": TREES, "colsample_bynode": TREES,
     "num_clusters": ("kmeans",), "kmeans_init_method": ("kmeans",), "distance_type": ("kmeans",),
     "standardize_features": ("kmeans",), "num_trials": SUPERVISED, "max_parallel_trials": SUPERVISED,
+    "hparam_tuning_objectives": SUPERVISED,
 }
 # BigQuery's DNN optimizers dbml has (FTRL and RMSPROP it has not)
 OPTIMIZERS = {"adam": "adam", "sgd": "sgd", "adagrad": "adagrad"}
@@ -56,7 +61,7 @@ OPTIMIZERS = {"adam": "adam", "sgd": "sgd", "adagrad": "adagrad"}
 # Who reads each option (test_bigquery checks that every (option, type) pair has one owner):
 # the translation itself,
 TRANSLATED = ("model_type", "input_label_cols", "data_split_method", "data_split_eval_fraction", "data_split_col",
-              "enable_global_explain", "num_trials", "max_parallel_trials")
+              "enable_global_explain", "num_trials", "max_parallel_trials", "hparam_tuning_objectives")
 # for linear and DNN models, a train() argument (TORCH_PLAIN), an option of the dnn arch
 # (DNN_OPTIONS) or a rule of _torch_arguments (TORCH_RULES);
 TORCH_PLAIN = {"max_iterations": "epochs", "learn_rate": "lr", "ls_init_learn_rate": "lr",
@@ -64,6 +69,7 @@ TORCH_PLAIN = {"max_iterations": "epochs", "learn_rate": "lr", "ls_init_learn_ra
 DNN_OPTIONS = {"hidden_units": "hidden", "activation_fn": "activation", "dropout": "dropout"}
 TORCH_RULES = {
     "auto_class_weights": "the rarer classes' rows repeated (class_weighted)",
+    "class_weights": "each class's rows repeated in proportion to its weight (class_weighted)",
     "early_stop": "train()'s early_stop: stop once the validation loss has not improved for patience epochs, "
                   "keeping the best epoch",
     "min_rel_progress": "taken with early_stop: dbml's criterion is patience (5 epochs), not a relative step",
@@ -175,7 +181,7 @@ def _torch_arguments(name: str, arch: str, options: dict) -> dict:
         args["lr"] = LINEAR_LR   # BigQuery's ls_init_learn_rate default, not dbml's own for linear
     if "early_stop" in options:   # see TORCH_RULES
         args["early_stop"] = bool(options["early_stop"])
-    if arch == "dnn":
+    if arch in DNN:
         dnn = {DNN_OPTIONS[k]: v for k, v in options.items() if k in DNN_OPTIONS}
         dnn["activation"] = str(dnn.get("activation", "relu")).lower()
         if "hidden" in dnn and not isinstance(dnn["hidden"], list):
@@ -212,10 +218,32 @@ def split(name: str, options: dict, query: exp.Select, arch: str) -> tuple[exp.S
                           f"SEQ or CUSTOM")
 
 
-def class_weighted(query: exp.Select, label: str) -> exp.Select:
-    """``auto_class_weights`` for the torch models: each row repeated about (largest class / its class)
-    times, so every class weighs alike in the loss. (Copies of a row hash alike, so the validation
-    split keeps them together.)"""
+MAX_CLASS_COPIES = 100   # class_weights: the largest weight at most this many times the smallest
+
+
+def class_copies(name: str, weights) -> dict:
+    """``CLASS_WEIGHTS = [STRUCT('a', 0.2), STRUCT('b', 0.8)]`` as {label: copies of each row}, the
+    lightest class's rows once (a class not listed weighs 1.0, as in BigQuery ML)."""
+    example = "class_weights = [STRUCT('a', 0.2), STRUCT('b', 0.8)]"
+    if not isinstance(weights, list) or not weights or not all(
+            isinstance(w, tuple) and len(w) == 2 and isinstance(w[1], (int, float)) and not isinstance(w[1], bool)
+            and w[1] > 0 for w in weights):
+        raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: class_weights must be an array of "
+                              f"STRUCT(label, weight > 0), e.g. {example}; got {weights!r}")
+    given = {str(label): float(w) for label, w in weights}
+    lightest = min(*given.values(), 1.0)
+    if max(*given.values(), 1.0) / lightest > MAX_CLASS_COPIES:
+        raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: class_weights repeat each class's rows in "
+                              f"proportion to its weight; weights more than {MAX_CLASS_COPIES} times apart (a class "
+                              f"not listed weighs 1.0) are not supported in dbml: bring them closer")
+    return {**{label: round(w / lightest) for label, w in given.items()}, None: round(1.0 / lightest)}
+
+
+def class_weighted(query: exp.Select, label: str, copies: dict | None = None) -> exp.Select:
+    """Class weights for the torch models, as repeated rows: ``copies`` ({label: copies, None: any
+    other label's}, ``class_weights``) or, without it (``auto_class_weights``), each row repeated about
+    (largest class / its class) times, so every class weighs alike in the loss. (Copies of a row
+    hash alike, so the validation split keeps them together.)"""
     lab = exp.column(label, quoted=True)
     sub = lambda q, alias: exp.Subquery(this=q, alias=exp.TableAlias(this=exp.to_identifier(alias)))  # noqa: E731
     counted = exp.select(exp.Star(), exp.alias_(exp.Window(this=exp.func("count", exp.Star()), partition_by=[lab],
@@ -223,6 +251,11 @@ def class_weighted(query: exp.Select, label: str) -> exp.Select:
     reps = exp.func("greatest", exp.Literal.number(1), exp.cast(exp.func("round", exp.Div(
         this=exp.Window(this=exp.func("max", exp.column("__dbml_n")), over="OVER"), expression=exp.column("__dbml_n"))),
         "BIGINT"))
+    if copies is not None:
+        case = exp.Case(ifs=[exp.If(this=exp.EQ(this=exp.cast(lab.copy(), "VARCHAR"), expression=exp.Literal.string(k)),
+                                    true=exp.Literal.number(v)) for k, v in copies.items() if k is not None],
+                        default=exp.Literal.number(copies[None]))
+        reps = case
     weighted = exp.select(exp.Star(), exp.alias_(reps, "__dbml_r")).from_(sub(counted, "__dbml_c"))
     copies = exp.Table(this=exp.func("range", exp.column("__dbml_r")),
                        alias=exp.TableAlias(this=exp.to_identifier("__dbml_k"), columns=[exp.to_identifier("__dbml_i")]))
@@ -285,6 +318,7 @@ def plan(con, tree: exp.Create) -> dict:
     if given and not trials:
         raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: HPARAM_RANGE and HPARAM_CANDIDATES need "
                               f"num_trials = <number of trials>")
+    objective = tuning.objective(options, task, name)
     spaces = (given or tuning.DEFAULT_SPACES[arch]) if trials else {}
     runs = [tuning.trial_options(options, spaces, t, not given) for t in range(1, trials + 1)] or [(options, None)]
     # every trial's arguments, checked before any trains
@@ -308,12 +342,17 @@ def plan(con, tree: exp.Create) -> dict:
         source = exp.select(exp.Star(), exp.alias_(exp.Literal.number(0.0), NO_LABEL)).from_(
             exp.Subquery(this=source, alias=exp.TableAlias(this=exp.to_identifier("__dbml_k"))))
     source = temporal_as_numbers(con, source)
-    if options.get("auto_class_weights") and arch in TORCH:
+    if options.get("class_weights") is not None:
+        if options.get("auto_class_weights"):
+            raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: pass auto_class_weights or class_weights, "
+                                  f"not both")
+        source = class_weighted(source, args["label"], class_copies(name, options["class_weights"]))
+    elif options.get("auto_class_weights") and arch in TORCH:
         source = class_weighted(source, args["label"])
     return {"name": name, "kind": kind, "args": args, "source": source.sql("duckdb"), "query": query.sql("duckdb"),
             "held_out": None if held_out is None else held_out.sql("duckdb"),
             "transform": None if frozen is None else [e.sql("duckdb") for e in frozen],
-            "runs": runs, "trials": trials, "options": options}
+            "runs": runs, "trials": trials, "options": options, "objective": objective}
 
 
 def apply_transform(query: exp.Expression, frozen: list) -> exp.Select:

@@ -36,10 +36,15 @@ EXPLAIN_ROWS = 512          # ML.EXPLAIN_PREDICT attributes rows in chunks of th
 class Model:
     """A model as the functions see it: the loaded catalog model, its BigQuery record."""
 
-    def __init__(self, con, node, fn: str, trial: int | None = None):
-        self.name = model_name(node.this)
-        version = store.latest(con, self.name, fn)
-        latest = store.info(con, self.name, version).get("trial")
+    def __init__(self, con, node, fn: str, trial: int | None = None, *, name: str | None = None,
+                 version: int | None = None):
+        """The model of ``node`` (``ML.<fn>(MODEL m, ...)``): its latest version, or a tuned model's
+        optimal trial (``trial``: that one); or ``name`` at ``version`` (a trial CREATE MODEL ranks)."""
+        self.name = name if name is not None else model_name(node.this)
+        latest = None
+        if version is None:
+            version = store.latest(con, self.name, fn)
+            latest = store.info(con, self.name, version).get("trial")
         # the trials of the latest tuning run (an earlier CREATE OR REPLACE had its own)
         trials = [(v, t) for v, t in store.trials(con, self.name) if t.get("run") == latest.get("run")] \
             if latest else []
@@ -86,7 +91,8 @@ def rows(con, model: Model, query: exp.Select, labelled: bool,
     src = inner
     if transform:
         src = apply_transform(inner, [*transform, exp.column("__dbml_row")])
-    src = temporal_as_numbers(con, src)
+    if model.info:   # CREATE MODEL's: dates are features, in seconds (train() takes none: its source as it was)
+        src = temporal_as_numbers(con, src)
     cols = [exp.column("__dbml_row"), exp.alias_(model.prep.features_sql(), "__dbml_x")]
     outer = exp.select(*cols).from_(exp.Subquery(this=src, alias=exp.TableAlias(this=exp.to_identifier("__dbml_s"))))
     if labelled:
@@ -164,11 +170,11 @@ def stored_query(model: Model, key: str, fn: str) -> exp.Select:
     (the catalog is data: an edited row must not become a write)."""
     import sqlglot
     from ..core.source import as_select
-    text = model.info.get(key)
+    text = model.info.get(key) if model.info else model.params.get(key)   # train()'s: the catalog's params
     if text is None:
-        raise InvalidArgument(f"BigQuery ML: {fn} reads the training query, which dbml keeps for models made by "
-                              f"CREATE MODEL; {model.name} was trained by train(): pass the rows, e.g. "
-                              f"{fn}(MODEL {model.name}, (SELECT ...))")
+        raise InvalidArgument(f"BigQuery ML: {fn} reads the training query, which the catalog keeps from this "
+                              f"version on; {model.name} version {model.version} was stored before: pass the "
+                              f"rows, e.g. {fn}(MODEL {model.name}, (SELECT ...))")
     return sqlglot.parse_one(as_select(text, fn=fn), read="duckdb")
 
 
@@ -204,13 +210,38 @@ def _evaluate(con, node, outer, model: Model) -> pa.Table:
         _, x, _ = rows(con, model, query, labelled=False)
         return pa.Table.from_pylist([evaluation.clustering(_outputs(model, x),
                                                         model.stored.module.between_centroids().double().numpy())])
+    figures = _figures(con, model, query, held_out, opts.get("threshold"))
+    return pa.Table.from_pylist([{**_trial_id(model), **figures}])
+
+
+def _figures(con, model: Model, query: exp.Select, held_out: bool, threshold: float | None = None) -> dict:
+    """ML.EVALUATE's figures of a supervised model on ``query``'s rows (``held_out``: those ``train``
+    held out)."""
     _, x, y = rows(con, model, query, labelled=True, held_out=held_out)
     out = _outputs(model, x)
     if model.classes:
-        figures = evaluation.classification(y, probabilities(out), predicted(model, out, opts.get("threshold")))
-    else:
-        figures = evaluation.regression(y, model.prep.unscale(out[:, 0]))
-    return pa.Table.from_pylist([figures])
+        return evaluation.classification(y, probabilities(out), predicted(model, out, threshold))
+    return evaluation.regression(y, model.prep.unscale(out[:, 0]))
+
+
+def trial_figures(con, name: str, version: int, eval_source: str | None) -> dict:
+    """ML.EVALUATE's figures of a trial CREATE MODEL just trained (``HPARAM_TUNING_OBJECTIVES``
+    ranks the trials by one): on its evaluation rows, as ``ML.EVALUATE(MODEL m)`` reads them
+    (``eval_source``, SEQ's and CUSTOM's, else the rows ``train`` held out of its source)."""
+    import sqlglot
+    from ..core.source import as_select
+    model = Model(con, None, "CREATE MODEL", name=name, version=version)
+    if eval_source is not None:
+        return _figures(con, model, sqlglot.parse_one(as_select(eval_source, fn="CREATE MODEL"), read="duckdb"),
+                        held_out=False)
+    return _figures(con, model, stored_query(model, "source", "CREATE MODEL"),
+                    held_out=bool(model.params.get("validation")))
+
+
+def _trial_id(model: Model) -> dict:
+    """``{"trial_id": n}`` of a tuned model's trial (BigQuery ML's first column for one), else {}."""
+    chosen = [t["trial_id"] for v, t in model.trials if v == model.version]
+    return {"trial_id": chosen[0]} if chosen else {}
 
 
 def _confusion(con, node, outer, model: Model) -> pa.Table:
@@ -327,7 +358,8 @@ def _feature_importance(con, node, outer, model: Model) -> pa.Table:
 
 def _weights(con, node, outer, model: Model) -> pa.Table:
     opts = settings(node.expressions[0] if node.expressions else None, "ML.WEIGHTS")
-    return pa.Table.from_pylist(evaluation.weights(model, bool(opts.get("standardize", False))))
+    return pa.Table.from_pylist([{**_trial_id(model), **row}
+                                 for row in evaluation.weights(model, bool(opts.get("standardize", False)))])
 
 
 def _feature_info(con, node, outer, model: Model) -> pa.Table:
@@ -367,7 +399,7 @@ HANDLERS = {"PREDICT": _predict, "EVALUATE": _evaluate, "TRAINING_INFO": _traini
 
 def rewrite(con, tree: exp.Expression) -> exp.Expression:
     """The query with every model function replaced by a registered Arrow table of its result."""
-    for node in list(tree.find_all(MLFunction)):
+    for node in _innermost_first(tree):
         name = function_name(node)
         if name not in HANDLERS:
             raise InvalidArgument(f"BigQuery ML: ML.{name} is not supported in dbml; supported: "
@@ -383,6 +415,20 @@ def rewrite(con, tree: exp.Expression) -> exp.Expression:
         alias = table.alias if isinstance(table, exp.Table) and table.alias else None
         table.replace(exp.Table(this=exp.to_identifier(view), alias=exp.TableAlias(this=exp.to_identifier(alias)) if alias else None))
     return tree
+
+
+def _innermost_first(tree: exp.Expression) -> list[MLFunction]:
+    """The model functions of ``tree``, each after every one in its input: ``ML.PREDICT`` over
+    another ``ML.PREDICT`` reads the inner one's rows, computed (and registered) first."""
+    nodes = list(tree.find_all(MLFunction))
+    return sorted(nodes, key=lambda n: -_depth(n))   # an inner one is deeper than the one it feeds
+
+
+def _depth(node: exp.Expression) -> int:
+    depth = 0
+    while node.parent is not None:
+        node, depth = node.parent, depth + 1
+    return depth
 
 
 def _forget_old(con, view: str) -> None:

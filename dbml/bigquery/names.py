@@ -40,6 +40,31 @@ def to_duckdb(con, tree: exp.Expression, *, live: bool = True) -> exp.Expression
     return preprocess.live(tree) if live else tree
 
 
+def unnest_structs(con, tree: exp.Expression) -> exp.Expression:
+    """``FROM UNNEST(<array of STRUCTs>)``: in BigQuery, one row per element with the STRUCT's fields
+    as columns (``SELECT category, weight FROM UNNEST((SELECT category_weights FROM ML.WEIGHTS(...)
+    ...))``); DuckDB's UNNEST gives one STRUCT column, so the fields are unnested once more. The
+    element type is DuckDB's (a DESCRIBE of the UNNEST alone); an UNNEST that reads the outer
+    query's columns, or of other elements, is left as it is."""
+    for node in list(tree.find_all(exp.Unnest)):
+        if not isinstance(node.parent, exp.From) or len(node.expressions) != 1 or node.args.get("offset"):
+            continue
+        probe = exp.select(exp.Star()).from_(exp.Unnest(expressions=[node.expressions[0].copy()]))
+        try:
+            columns = con.execute(exp.Describe(this=probe).sql("duckdb")).fetchall()
+        except Exception:   # noqa: BLE001 - correlated or not an array: DuckDB's own reading stands
+            continue
+        if len(columns) != 1 or not str(columns[0][1]).startswith("STRUCT("):
+            continue
+        element = exp.select(exp.alias_(exp.Unnest(expressions=[node.expressions[0].copy()]), "__dbml_u")) \
+            .subquery("__dbml_e")
+        alias = node.args.get("alias")
+        name = (alias.columns[0].name if alias is not None and alias.columns else alias.name if alias else "") \
+            or "__dbml_s"
+        node.replace(exp.select(exp.Unnest(expressions=[exp.column("__dbml_u")])).from_(element).subquery(name))
+    return tree
+
+
 def _float_series(node: exp.Expression) -> exp.Expression:
     if not isinstance(node, exp.GenerateSeries) or node.args.get("step") is None:
         return node

@@ -120,9 +120,12 @@ def settings(node: exp.Expression | None, fn: str) -> dict:
 
 
 def constant(value: exp.Expression, what: str):
-    """A literal (number, string, boolean, array of them, NULL) as a Python value."""
+    """A literal (number, string, boolean, NULL, an array or an unnamed STRUCT of them) as a Python
+    value (a STRUCT as a tuple)."""
     if isinstance(value, exp.Array):
         return [constant(v, what) for v in value.expressions]
+    if isinstance(value, exp.Struct) and not any(isinstance(e, exp.PropertyEQ) for e in value.expressions):
+        return tuple(constant(v, what) for v in value.expressions)   # STRUCT('a', 0.2): its fields in order
     if isinstance(value, exp.Boolean):
         return bool(value.this)
     if isinstance(value, exp.Null):

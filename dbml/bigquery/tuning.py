@@ -7,8 +7,9 @@ the middle of its range; later trials draw from a generator seeded by the trial'
 a range log-uniformly when it spans more than a decade from a positive lower end, else
 uniformly. So the trials, and the optimal one, are the same every time.
 
-The optimal trial is the one with the best validation metric (accuracy or R^2, what
-``train`` reports; ties: the earliest), which ML.PREDICT and ML.EVALUATE use.
+The optimal trial is the one with the best ``HPARAM_TUNING_OBJECTIVES`` figure on its evaluation
+rows (``OBJECTIVES``), or without one the best validation metric (accuracy or R^2, what ``train``
+reports); ties: the earliest. ML.PREDICT and ML.EVALUATE use it.
 
 Why not ``dbml.tuning.tune`` (main's tune(), made for this too): BigQuery ML serves every
 trial (``ML.PREDICT(..., STRUCT(3 AS trial_id))``, ``ML.TRIAL_INFO``), and tune() stores only
@@ -61,6 +62,7 @@ class Candidates:
 DEFAULT_SPACES = {
     "linear": {"l1_reg": Range(1e-5, 10.0), "l2_reg": Range(1e-5, 10.0)},
     "dnn": {"learn_rate": Range(1e-4, 0.1), "dropout": Range(0.0, 0.5), "l2_reg": Range(1e-5, 1.0)},
+    "wide_deep": {"learn_rate": Range(1e-4, 0.1), "dropout": Range(0.0, 0.5), "l2_reg": Range(1e-5, 1.0)},
     "boosted_tree": {"learn_rate": Range(0.01, 1.0), "max_tree_depth": Candidates((4, 6, 8, 10)),
                      "l2_reg": Range(1e-5, 10.0), "subsample": Range(0.5, 1.0)},
     "random_forest": {"max_tree_depth": Candidates((8, 12, 15, 20)), "subsample": Range(0.5, 0.9),
@@ -109,8 +111,36 @@ def trial_options(options: dict, spaces: dict, trial: int, defaults: bool) -> tu
     return {**options, **chosen}, chosen
 
 
-def optimal(results: list[tuple[int, float | None]]) -> int:
-    """The trial id with the best metric, the highest (``studies.best_trial``: ties, the earliest);
-    where no trial has one, the earliest."""
-    best = best_trial(results, "maximize")
+# HPARAM_TUNING_OBJECTIVES: task -> objective -> whether larger is better (ML.EVALUATE's figure of
+# the same name, lower-cased, measured on each trial's evaluation rows)
+OBJECTIVES = {
+    "classification": {"PRECISION": True, "RECALL": True, "ACCURACY": True, "F1_SCORE": True, "LOG_LOSS": False,
+                       "ROC_AUC": True},
+    "regression": {"MEAN_ABSOLUTE_ERROR": False, "MEAN_SQUARED_ERROR": False, "MEAN_SQUARED_LOG_ERROR": False,
+                   "MEDIAN_ABSOLUTE_ERROR": False, "R2_SCORE": True, "EXPLAINED_VARIANCE": True},
+}
+
+
+def objective(options: dict, task: str, model: str) -> str | None:
+    """``HPARAM_TUNING_OBJECTIVES = ['ROC_AUC']`` as ``'ROC_AUC'`` (checked against the task's), or
+    None: the trials are then ranked by ``train``'s validation metric (accuracy or R^2)."""
+    given = options.get("hparam_tuning_objectives")
+    if given is None:
+        return None
+    allowed = OBJECTIVES[task]
+    names = [given] if isinstance(given, str) else given
+    if not isinstance(names, list) or len(names) != 1 or str(names[0]).upper() not in allowed:
+        raise InvalidArgument(f"BigQuery ML: CREATE MODEL {model}: hparam_tuning_objectives takes one objective "
+                              f"of a {task} model, e.g. hparam_tuning_objectives = ['{next(iter(allowed))}']; one of "
+                              f"{', '.join(allowed)}; got {given!r}")
+    if options.get("num_trials") is None:
+        raise InvalidArgument(f"BigQuery ML: CREATE MODEL {model}: hparam_tuning_objectives ranks the trials of "
+                              f"num_trials = <number of trials>; pass num_trials too")
+    return str(names[0]).upper()
+
+
+def optimal(results: list[tuple[int, float | None]], maximize: bool = True) -> int:
+    """The trial id with the best metric, the highest (``maximize``) or lowest (``studies.best_trial``:
+    ties, the earliest); where no trial has one, the earliest."""
+    best = best_trial(results, "maximize" if maximize else "minimize")
     return best if best is not None else min(trial for trial, _ in results)

@@ -39,12 +39,19 @@ def split_hash(seed: int) -> exp.Expression:
     return exp.Anonymous(this="hash", expressions=[every_column, value_sql(int(seed))])
 
 
-def is_held_out(h: str, validation: float | None = None, *, bucket: int | None = None) -> str:
-    """The split's rule on a row's hash ``h``: its bucket is below ``bucket`` (a job's exact
-    one, ``training._held_out_share``), or below ``validation``'s share of the buckets (a
-    model stored before the bucket was)."""
+def is_held_out(h: str | exp.Expression, validation: float | None = None, *, bucket: int | None = None,
+                low: int = 0) -> exp.Expression:
+    """The split's rule on a row's hash ``h`` (a column's name, or the hash itself), a tree: its
+    bucket is below ``bucket`` (a job's exact one, ``training._held_out_share``), or below
+    ``validation``'s share of the buckets (a model stored before the bucket was); and from
+    ``low`` on (a fold of ``train(..., folds := k)``: the buckets of its rows, ``training._fold_buckets``)."""
     cut = bucket if bucket is not None else int(validation * VALIDATION_BUCKETS)
-    return f"{h} % {VALIDATION_BUCKETS} < {cut}"
+    h_bucket = exp.Mod(this=exp.column(h) if isinstance(h, str) else h,
+                       expression=exp.Literal.number(VALIDATION_BUCKETS))
+    below = exp.LT(this=h_bucket, expression=exp.Literal.number(cut))
+    if not low:
+        return below
+    return exp.and_(exp.GTE(this=h_bucket.copy(), expression=exp.Literal.number(low)), below)
 
 
 def held_out_sql(seed: int, validation: float, exclude: tuple[str, ...] = (), *,
@@ -55,9 +62,7 @@ def held_out_sql(seed: int, validation: float, exclude: tuple[str, ...] = (), *,
     ``is_held_out``), so ``ML.EVALUATE(MODEL m)`` reads exactly those rows."""
     every = exp.Star(except_=[exp.column(c, quoted=True) for c in exclude] or None)
     h = exp.Anonymous(this="hash", expressions=[exp.Columns(this=every, unpack=True), exp.Literal.number(int(seed))])
-    h_bucket = exp.Mod(this=h, expression=exp.Literal.number(VALIDATION_BUCKETS))
-    cut = bucket if bucket is not None else int(validation * VALIDATION_BUCKETS)
-    return exp.LT(this=h_bucket, expression=exp.Literal.number(cut))
+    return is_held_out(h, validation, bucket=bucket)
 
 
 class EarlyStopping:

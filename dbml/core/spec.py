@@ -58,6 +58,7 @@ TRAIN_PARAMS = (
     Param("optimizer", "VARCHAR", "adam"),
     Param("seed", "BIGINT", 0),
     Param("validation", "DOUBLE", None),     # NULL: enough rows to mean something (default_validation)
+    Param("folds", "INTEGER", None),         # k-fold cross-validation before the model: k fits, k scores
     Param("hidden", "INTEGER[]", None),
     Param("dropout", "DOUBLE", 0.0),
     Param("options", "VARCHAR", None),       # the arch's options, a JSON object: '{"width": 64}'
@@ -134,6 +135,10 @@ class _TrainSpecChecks:
         if self.validation is not None and not 0.0 <= self.validation < 1.0:
             raise InvalidArgument(f"{fn}(): validation must be a fraction in [0, 1), got {self.validation!r}; "
                                   f"pass e.g. validation := 0.1")
+        if self.folds is not None and (isinstance(self.folds, bool) or not isinstance(self.folds, int)
+                                       or not 2 <= self.folds <= MAX_FOLDS):
+            raise InvalidArgument(f"{fn}(): folds must be a whole number from 2 to {MAX_FOLDS}, got {self.folds!r}; "
+                                  f"pass e.g. folds := 5 (or leave it out: no cross-validation)")
         if self.policy not in SQL_POLICIES:
             raise InvalidArgument(f"{fn}(): unknown policy {self.policy!r}; "
                                   f"pass policy := one of {', '.join(map(repr, SQL_POLICIES))}")
@@ -234,6 +239,7 @@ FAMILY_LR = {"linear": 1e-2, "bow": 1e-2, "mlp": 1e-3, "resnet_tabular": 1e-3, "
 DEFAULT_LR = 1e-3                 # any other arch (the paper's CNNs, registered ones) with Adam
 SGD_LR_FACTOR = 10.0              # SGD's step: ten times Adam's
 MIN_VALIDATION, MAX_VALIDATION, VALIDATION_ROWS = 0.1, 0.25, 200
+MAX_FOLDS = 20   # folds: each fold is a fit of its own
 
 
 def default_lr(arch: str, optimizer: str) -> float:

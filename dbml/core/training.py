@@ -142,9 +142,13 @@ def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -
     """Run one training job to completion and store the model; return the summary row.
 
     ``cur`` is a cursor for this job alone. ``progress`` receives progress and may cancel
-    at an iteration boundary (``dbml.core.jobs``). See ``fit`` for the training.
+    at an iteration boundary (``dbml.core.jobs``). See ``fit`` for the training; with
+    ``folds := k``, ``cross_validate`` runs first and the model's metrics keep its scores.
     """
+    folds = cross_validate(cur, spec, progress) if spec.folds else None
     trained = fit(cur, spec, progress)
+    if folds is not None:
+        trained.metrics["cross_validation"] = folds
     progress.check()
     summary = trained.summary(progress.id, store(cur, trained))
     del trained        # the module and the blob it was stored as: what malloc keeps goes back too
@@ -159,8 +163,30 @@ def store(cur: duckdb.DuckDBPyConnection, trained: Trained) -> int:
                          module=trained.module)
 
 
-def fit(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> Trained:
-    """Train one job's model, storing nothing (``train`` stores it; tune() keeps only its best trial).
+def cross_validate(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> dict:
+    """k-fold cross-validation (``folds := k``, scikit-learn's ``KFold`` with shuffling): the rows
+    with a usable label in k folds of whole rows by the split's hash (``heldout``: the same
+    rows whatever order the source gives them), and one fit per fold on the other folds,
+    scored on its own (the validation metric and loss, as the job's). Nothing is stored: the
+    model ``train`` then stores is trained as without folds. What the model's ``metrics``
+    keep under ``cross_validation``: each fold's scores, their mean and standard deviation."""
+    scores, metric = [], None
+    for i in range(spec.folds):
+        one = fit(cur, spec, progress, fold=(i, spec.folds))
+        scores.append({"fold": i + 1, "rows": one.rows, "val_metric": one.metrics.get("val_metric"),
+                       "val_loss": one.metrics.get("val_loss"), "epochs": len(one.metrics["history"])})
+        metric = one.metrics.get("val_metric_name", metric)
+        del one
+    values = np.array([s["val_metric"] for s in scores if s["val_metric"] is not None], dtype=np.float64)
+    return {"folds": spec.folds, "metric": metric, "scores": scores,
+            "mean": float(values.mean()) if len(values) else None,
+            "std": float(values.std(ddof=1)) if len(values) > 1 else None}
+
+
+def fit(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress,
+        fold: tuple[int, int] | None = None) -> Trained:
+    """Train one job's model, storing nothing (``train`` stores it; tune() keeps only its best trial);
+    ``fold`` (i, k): holding out the i-th of k folds instead of the job's validation rows.
 
     The job's encoded rows live in a table of the in-memory scratch database
     ``dbml_scratch`` (attached by install, gone with the process), which every cursor can
@@ -168,7 +194,7 @@ def fit(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> 
     """
     started = time.perf_counter()
     try:
-        with scratch(cur, spec, progress) as data:
+        with scratch(cur, spec, progress, fold) as data:
             placement.check_access(data.spec, cur)   # also checked before the statement starts its jobs
             if placement.is_local(data.spec):
                 result = _fit_model(cur, data.table, data.prep, data.spec, data.n_train, data.n_val, progress)
@@ -204,9 +230,11 @@ class Scratch:
 
 
 @contextmanager
-def scratch(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> Iterator[Scratch]:
+def scratch(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress,
+            fold: tuple[int, int] | None = None) -> Iterator[Scratch]:
     """The job's source checked, its preprocessing fitted and its rows materialised
-    (``_materialise``) into the job's scratch table, dropped when the block ends."""
+    (``_materialise``) into the job's scratch table, dropped when the block ends; ``fold``
+    (i, k): the i-th of k folds held out (``_fold_buckets``) instead of the job's validation rows."""
     threads.use(spec.settings.torch_threads)
     select_sql, columns = job_source(cur, spec)
     prep = fit_preprocessing(cur, select_sql, columns, label=spec.label,
@@ -218,11 +246,14 @@ def scratch(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress)
     counts = exp.select("count(*)", exp.Filter(this=exp.func("count", exp.Star()), expression=exp.Where(
         this=_parsed(prep.label_filter())))).from_(_parsed(select_sql).subquery())
     total, usable = cur.execute(counts.sql(D)).fetchall()[0]
-    share, bucket = _held_out_share(cur, select_sql, prep, spec, total, usable)
+    if fold is None:
+        (share, bucket), low = _held_out_share(cur, select_sql, prep, spec, total, usable), 0
+    else:
+        share, (low, bucket) = 1 / fold[1], _fold_buckets(cur, select_sql, prep, spec, usable, fold)
     spec = dataclasses.replace(spec, validation=share)
     try:
         progress.check()
-        n_train, n_val = _materialise(cur, table, select_sql, prep, spec, bucket)
+        n_train, n_val = _materialise(cur, table, select_sql, prep, spec, bucket, low)
         progress.check()
         yield Scratch(spec, table, prep, n_train, n_val, total - n_train - n_val, bucket)
     finally:
@@ -250,16 +281,19 @@ def _drop_scratch(cur, table: str) -> None:
 
 
 def _params(spec: TrainSpec, held_out_bucket: int | None = None) -> dict:
-    """What the catalog stores of the job: its parameters, and the split's exact hash bucket
-    (``held_out_sql`` reads it: ML.EVALUATE's rows are the ones held out)."""
+    """What the catalog stores of the job: its parameters, the source it read (one SELECT: what
+    BigQuery ML's ``ML.EVALUATE(MODEL m)``, ``ML.FEATURE_INFO`` and ``ML.GLOBAL_EXPLAIN`` read
+    without input rows) and the split's exact hash bucket (``held_out_sql`` reads it:
+    ML.EVALUATE's rows are the ones held out)."""
     params = stored_params(spec)
+    params["source"] = select_tree(spec.source, fn="train").sql(D)
     if held_out_bucket is not None:
         params["held_out_bucket"] = held_out_bucket
     return params
 
 
 def _materialise(cur, table: str, select_sql: exp.Query, prep: Preprocessing, spec: TrainSpec,
-                 bucket: int) -> tuple[int, int]:
+                 bucket: int, low: int = 0) -> tuple[int, int]:
     """Features and labels computed once by DuckDB, with a deterministic validation split.
 
     ``h`` hashes each source row (every column it has, as the source gives it: not the
@@ -272,7 +306,7 @@ def _materialise(cur, table: str, select_sql: exp.Query, prep: Preprocessing, sp
     rows = (exp.select(exp.alias_(prep.scratch_expression(), "x"), exp.alias_(_label_column(prep), "y"),
                        exp.alias_(heldout.split_hash(spec.seed), "h"))
             .from_(_parsed(select_sql).subquery()).where(_parsed(prep.label_filter())))
-    split = (exp.select("x", "y", exp.alias_(_parsed(heldout.is_held_out("h", bucket=bucket)), "is_val"))
+    split = (exp.select("x", "y", exp.alias_(heldout.is_held_out("h", bucket=bucket, low=low), "is_val"))
              .from_(rows.subquery()).order_by("h", dialect=D))
     cur.execute(exp.Create(this=exp.to_table(table, dialect=D), kind="TABLE", expression=split).sql(D))
     counts = exp.select("count(*) FILTER (NOT is_val)", "count(*) FILTER (is_val)", dialect=D).from_(
@@ -296,17 +330,34 @@ def _held_out_share(cur, select_sql: exp.Query, prep: Preprocessing, spec: Train
     share = spec.validation if spec.validation is not None else default_validation(total)
     if share == 0:
         return 0.0, 0
-    bucket = exp.alias_(exp.Mod(this=heldout.split_hash(spec.seed), expression=exp.Literal.number(
-        heldout.VALIDATION_BUCKETS)), "r")
-    usable = exp.select(bucket).from_(_parsed(select_sql).subquery()).where(_parsed(prep.label_filter()))
     k = round(share * n)
     if spec.validation is None:   # the documented bounds, in whole rows
         k = min(max(k, math.ceil(MIN_VALIDATION * n)), math.floor(MAX_VALIDATION * n))
+    return share, _bucket_below(cur, select_sql, prep, spec, k, n)
+
+
+def _bucket_below(cur, select_sql: exp.Query, prep: Preprocessing, spec: TrainSpec, k: int, n: int) -> int:
+    """The hash bucket below which exactly ``k`` of the ``n`` rows with a usable label fall."""
     if k <= 0 or n == 0:
-        return share, 0
+        return 0
+    bucket = exp.alias_(exp.Mod(this=heldout.split_hash(spec.seed), expression=exp.Literal.number(
+        heldout.VALIDATION_BUCKETS)), "r")
+    usable = exp.select(bucket).from_(_parsed(select_sql).subquery()).where(_parsed(prep.label_filter()))
     nth = exp.select("r").from_(usable.subquery()).order_by("r").limit(1).offset(k)
     cut = cur.execute(nth.sql(D)).fetchall()
-    return share, (int(cut[0][0]) if cut else heldout.VALIDATION_BUCKETS)
+    return int(cut[0][0]) if cut else heldout.VALIDATION_BUCKETS
+
+
+def _fold_buckets(cur, select_sql: exp.Query, prep: Preprocessing, spec: TrainSpec, n: int,
+                  fold: tuple[int, int]) -> tuple[int, int]:
+    """(low, high): the hash buckets of fold ``i`` of ``k`` (``fold``), rows ``round(i n / k)`` up to
+    ``round((i + 1) n / k)`` of the ``n`` with a usable label in the split's order: k folds of
+    whole rows, each row in exactly one."""
+    i, k = fold
+    low = _bucket_below(cur, select_sql, prep, spec, round(i * n / k), n)
+    high = heldout.VALIDATION_BUCKETS if i == k - 1 else _bucket_below(cur, select_sql, prep, spec,
+                                                                       round((i + 1) * n / k), n)
+    return low, high
 
 
 def _label_column(prep: Preprocessing) -> exp.Expression:

@@ -203,6 +203,10 @@ def make_request(base: TrainSpec, space, trials: int | None, parallel: int | Non
     if trials is not None and trials > MAX_TRIALS:   # each trial trains a model: a typo, not a search
         raise InvalidArgument(f"tune(): trials := {trials} is more than {MAX_TRIALS}; pass fewer, and call tune() "
                               f"again to resume the search for more")
+    if base.folds is not None:   # training.fit runs each trial: folds are train()'s (training.cross_validate)
+        raise InvalidArgument(f"tune(): folds := {base.folds} is train()'s cross-validation; tune() scores each "
+                              f"trial on its validation rows: leave folds out, and pass it to train() with the "
+                              f"best trial's arguments")
     if objective != "loss" and base.validation == 0:
         raise InvalidArgument(f"tune(): objective {objective!r} is measured on held-out rows, and validation is "
                               f"{base.validation}; pass validation := 0.1, or objective := 'loss'")

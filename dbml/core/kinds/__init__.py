@@ -1,7 +1,8 @@
 """Model kinds beyond the zoo's gradient-trained networks, each a catalog model like any other.
 
-* ``dnn`` (``dnn.py``): an MLP with a choice of activation (BigQuery ML's DNN models); trained
-  as every zoo model is, under the memory scheduler.
+* ``dnn`` (``dnn.py``): an MLP with a choice of activation (BigQuery ML's DNN models), and
+  ``wide_deep``, a linear layer plus such an MLP (its wide-and-deep models); trained as every
+  zoo model is, under the memory scheduler.
 * ``boosted_tree``, ``random_forest`` (``trees.py``): gradient-boosted trees and random
   forests by LightGBM (the ``trees`` extra); fitted, not stepped.
 * ``kmeans`` (``kmeans.py``): k-means clustering in torch (k-means++ and Lloyd's iterations);
@@ -24,5 +25,5 @@ from . import dnn, kmeans, trees
 
 # arch -> (factory, options, doc, fit); fit: None for a kind stepped as every zoo model is, else
 # fit(cur, table, prep, spec, n_train, n_val, progress) -> {"config", "module", "metrics", "memory"}
-ARCHS = {"dnn": (*dnn.ENTRY, None), "boosted_tree": (*trees.BOOSTED, trees.fit),
+ARCHS = {"dnn": (*dnn.ENTRY, None), "wide_deep": (*dnn.WIDE_DEEP, None), "boosted_tree": (*trees.BOOSTED, trees.fit),
          "random_forest": (*trees.FOREST, trees.fit), "kmeans": (*kmeans.ENTRY, kmeans.fit)}

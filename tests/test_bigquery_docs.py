@@ -1,0 +1,224 @@
+"""BigQuery ML statements of Google's reference pages that dbml refused or answered wrongly
+(issue 32, item 12), run as published there but for the table's and columns' names (the
+reference pages' placeholders ``mydataset.mymodel``, ``mydataset.mytable``; the table is
+``bigquery_tables.MYTABLE``).
+
+Pages: hyperparameter tuning (https://cloud.google.com/bigquery/docs/hp-tuning-overview),
+wide-and-deep models (.../reference/standard-sql/bigqueryml-syntax-create-wnd-models), the
+generalized linear models' CLASS_WEIGHTS (.../bigqueryml-syntax-create-glm), ML.PREDICT
+(.../bigqueryml-syntax-predict), ML.WEIGHTS (.../bigqueryml-syntax-weights), ML.EVALUATE
+(.../bigqueryml-syntax-evaluate: ``trial_id`` first for a tuned model).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import dbml
+from dbml import bigquery
+from dbml.bigquery import create
+
+from bigquery_tables import MYTABLE
+
+
+@pytest.fixture
+def bq(con):
+    con.execute("CREATE SCHEMA mydataset")
+    con.execute(MYTABLE)
+    return con
+
+
+def rows(con, sql: str) -> list[dict]:
+    result = dbml.execute(con, sql)
+    names = [d[0] for d in result.description]
+    return [dict(zip(names, r)) for r in result.fetchall()]
+
+
+def plan(con, sql: str) -> dict:
+    return create.plan(con, bigquery.parse(sql))
+
+
+TUNED = """CREATE MODEL `mydataset.mymodel`
+OPTIONS (
+  MODEL_TYPE = 'LOGISTIC_REG',
+  INPUT_LABEL_COLS = ['label'],
+  MAX_ITERATIONS = 3,
+  NUM_TRIALS = 3,
+  HPARAM_TUNING_OBJECTIVES = ['{objective}'])
+AS SELECT column1, column2, column3, label FROM `mydataset.mytable`"""
+
+
+@pytest.mark.slow   # trains six small models
+@pytest.mark.parametrize("objective, best", [("ROC_AUC", max), ("LOG_LOSS", min)])
+def test_hparam_tuning_objectives_rank_the_trials_by_that_figure(bq, objective, best):
+    dbml.execute(bq, TUNED.format(objective=objective))
+    trials = rows(bq, "SELECT * FROM ML.TRIAL_INFO(MODEL `mydataset.mymodel`)")
+    key = objective.lower()
+    assert [set(t["hparam_tuning_evaluation_metrics"]) for t in trials] == [{key}] * 3
+    scores = {t["trial_id"]: t["hparam_tuning_evaluation_metrics"][key] for t in trials}
+    assert len(set(scores.values())) >= 2                  # the trials differ: the choice is the objective's
+    optimal, = [t["trial_id"] for t in trials if t["is_optimal"]]
+    assert optimal == min(t for t, v in scores.items() if v == best(scores.values()))   # ties: the earliest
+    # ML.EVALUATE of the tuned model: the optimal trial, its trial_id first (BigQuery ML's columns)
+    evaluated, = rows(bq, "SELECT * FROM ML.EVALUATE(MODEL `mydataset.mymodel`)")
+    assert list(evaluated)[:2] == ["trial_id", "precision"] and evaluated["trial_id"] == optimal
+    assert evaluated[key] == pytest.approx(scores[optimal], abs=1e-12)    # measured on the same rows
+    weights = rows(bq, "SELECT * FROM ML.WEIGHTS(MODEL `mydataset.mymodel`)")   # trial_id first there too
+    assert list(weights[0])[:2] == ["trial_id", "processed_input"] and {w["trial_id"] for w in weights} == {optimal}
+    other = next(t for t in scores if t != optimal)
+    chosen, = rows(bq, f"SELECT * FROM ML.EVALUATE(MODEL `mydataset.mymodel`, STRUCT({other} AS trial_id))")
+    assert chosen["trial_id"] == other and chosen[key] == pytest.approx(scores[other], abs=1e-12)
+
+
+@pytest.mark.parametrize("options, message", [
+    ("NUM_TRIALS = 2, HPARAM_TUNING_OBJECTIVES = ['R2_SCORE']",
+     "hparam_tuning_objectives takes one objective of a classification model, e.g. hparam_tuning_objectives = "
+     "\\['PRECISION'\\]; one of PRECISION, RECALL, ACCURACY, F1_SCORE, LOG_LOSS, ROC_AUC; got \\['R2_SCORE'\\]"),
+    ("HPARAM_TUNING_OBJECTIVES = ['ROC_AUC']", "hparam_tuning_objectives ranks the trials of num_trials"),
+])
+def test_hparam_tuning_objectives_refused_before_training(bq, options, message):
+    with pytest.raises(dbml.InvalidArgument, match=message):
+        dbml.execute(bq, f"CREATE MODEL `mydataset.mymodel` OPTIONS (MODEL_TYPE = 'LOGISTIC_REG', "
+                         f"INPUT_LABEL_COLS = ['label'], {options}) AS SELECT * FROM `mydataset.mytable`")
+    assert bq.execute("SELECT count(*) FROM dbml_models").fetchall() == [(0,)]
+
+
+def test_wide_deep_is_a_linear_layer_plus_a_dnn():
+    from dbml.core.kinds.dnn import WideDeep, wide_deep
+    from dbml.zoo.inputs import Inputs
+    torch.manual_seed(0)
+    module = wide_deep(Inputs(kind="tabular", features=5), 3, hidden=(8, 4), activation="tanh")
+    assert isinstance(module, WideDeep) and isinstance(module.wide, torch.nn.Linear)
+    x = torch.randn(7, 5)
+    assert torch.equal(module(x), module.wide(x) + module.deep(x))
+    assert [m.out_features for m in module.deep if isinstance(m, torch.nn.Linear)] == [8, 4, 3]
+
+
+@pytest.mark.slow   # trains a small wide-and-deep model
+def test_dnn_linear_combined_classifier_trains_a_wide_deep_model(bq):
+    summary, = rows(bq, """CREATE MODEL `mydataset.mymodel`
+OPTIONS (
+  MODEL_TYPE = 'DNN_LINEAR_COMBINED_CLASSIFIER',
+  ACTIVATION_FN = 'RELU',
+  BATCH_SIZE = 16,
+  DROPOUT = 0.1,
+  HIDDEN_UNITS = [16, 8],
+  INPUT_LABEL_COLS = ['label'],
+  LEARN_RATE = 0.01,
+  MAX_ITERATIONS = 15,
+  OPTIMIZER = 'ADAM')
+AS SELECT column1, column2, column3, label FROM `mydataset.mytable`""")
+    (arch, options), = bq.execute("SELECT arch, config FROM dbml_models WHERE name = 'mymodel'").fetchall()
+    assert arch == "wide_deep" and json.loads(options)["options"]["hidden"] == [16, 8]
+    evaluated, = rows(bq, "SELECT * FROM ML.EVALUATE(MODEL `mydataset.mymodel`)")
+    assert evaluated["accuracy"] == pytest.approx(summary["val_metric"], abs=1e-12)
+    assert evaluated["roc_auc"] > 0.75                      # it learned (the label is mostly column1's sign)
+
+
+def test_dnn_linear_combined_regressor_takes_the_dnn_options(bq):
+    p = plan(bq, "CREATE MODEL `mydataset.mymodel` OPTIONS (MODEL_TYPE = 'DNN_LINEAR_COMBINED_REGRESSOR', "
+                 "INPUT_LABEL_COLS = ['column2'], HIDDEN_UNITS = [4], ACTIVATION_FN = 'TANH', DROPOUT = 0.2) "
+                 "AS SELECT column1, column2 FROM `mydataset.mytable`")
+    (args, _), = p["runs"]
+    assert (args["arch"], args["task"]) == ("wide_deep", "regression")
+    assert json.loads(args["options"]) == {"hidden": [4], "activation": "tanh", "dropout": 0.2}
+
+
+CLASS_WEIGHTED = """CREATE MODEL `mydataset.mymodel`
+OPTIONS (
+  MODEL_TYPE = 'LOGISTIC_REG',
+  INPUT_LABEL_COLS = ['mylabel'],
+  CLASS_WEIGHTS = [STRUCT('high', 0.2), STRUCT('low', 0.8)])
+AS SELECT column1, column2, mylabel FROM `mydataset.mytable`"""
+
+
+def test_class_weights_repeat_each_class_in_proportion(bq):
+    p = plan(bq, CLASS_WEIGHTED)
+    counted = dict(bq.execute("SELECT mylabel, count(*) FROM mydataset.mytable GROUP BY ALL").fetchall())
+    trained = dict(bq.execute(f"SELECT mylabel, count(*) FROM ({p['source']}) GROUP BY ALL").fetchall())
+    # the lightest class (0.2) once; 'low' 0.8 / 0.2 = 4 times; 'mid', not listed, weighs 1.0: 5 times
+    assert trained == {"high": counted["high"], "low": 4 * counted["low"], "mid": 5 * counted["mid"]}
+    assert set(bq.execute(f"DESCRIBE {p['source']}").fetchnumpy()["column_name"]) == {"column1", "column2", "mylabel"}
+
+
+@pytest.mark.parametrize("weights, message", [
+    ("[STRUCT('high', 0)]", "class_weights must be an array of STRUCT\\(label, weight > 0\\), e.g. class_weights = "
+                            "\\[STRUCT\\('a', 0.2\\), STRUCT\\('b', 0.8\\)\\]; got \\[\\('high', 0\\)\\]"),
+    ("[STRUCT('high', 500.0)]", "weights more than 100 times apart \\(a class not listed weighs 1.0\\)"),
+])
+def test_class_weights_refused_before_training(bq, weights, message):
+    with pytest.raises(dbml.InvalidArgument, match=message):
+        plan(bq, CLASS_WEIGHTED.replace("[STRUCT('high', 0.2), STRUCT('low', 0.8)]", weights))
+
+
+@pytest.fixture
+def logistic(bq):
+    dbml.execute(bq, "CREATE MODEL `mydataset.mymodel` OPTIONS (MODEL_TYPE = 'LOGISTIC_REG', "
+                     "INPUT_LABEL_COLS = ['label'], MAX_ITERATIONS = 5) "
+                     "AS SELECT column1, column2, column3, label FROM `mydataset.mytable`")
+    return bq
+
+
+def test_predict_over_predict_reads_the_inner_rows(logistic):
+    inner = rows(logistic, "SELECT * FROM ML.PREDICT(MODEL `mydataset.mymodel`, "
+                           "(SELECT column1, column2, column3 FROM `mydataset.mytable`))")
+    nested = rows(logistic, """SELECT * FROM ML.PREDICT(MODEL `mydataset.mymodel`,
+  (SELECT * EXCEPT (predicted_label, predicted_label_probs), predicted_label AS first_label
+   FROM ML.PREDICT(MODEL `mydataset.mymodel`, (SELECT column1, column2, column3 FROM `mydataset.mytable`))))""")
+    assert len(nested) == len(inner) == 600
+    assert [r["predicted_label"] for r in nested] == [r["first_label"] for r in nested] == \
+        [r["predicted_label"] for r in inner]
+
+
+def test_weights_of_a_categorical_input_unnest_as_rows(logistic):
+    weights = rows(logistic, "SELECT * FROM ML.WEIGHTS(MODEL `mydataset.mymodel`)")
+    column3, = [w for w in weights if w["processed_input"] == "column3"]
+    published = rows(logistic, """SELECT
+  category,
+  weight
+FROM
+  UNNEST((
+    SELECT
+      category_weights
+    FROM
+      ML.WEIGHTS(MODEL `mydataset.mymodel`)
+    WHERE
+      processed_input = 'column3'))""")
+    assert published == column3["category_weights"] and {r["category"] for r in published} == {"red", "green", "blue"}
+
+
+def test_create_model_onto_an_existing_name_says_how_to_go_on(logistic):
+    with pytest.raises(dbml.InvalidArgument, match="Already exists: model mymodel; use CREATE OR REPLACE MODEL "
+                                                   "mymodel to train its next version, CREATE MODEL IF NOT EXISTS "
+                                                   "to keep it, or DROP MODEL mymodel first"):
+        dbml.execute(logistic, "CREATE MODEL `mydataset.mymodel` OPTIONS (MODEL_TYPE = 'LOGISTIC_REG', "
+                               "INPUT_LABEL_COLS = ['label']) AS SELECT * FROM `mydataset.mytable`")
+
+
+def test_model_functions_of_a_train_model_read_its_stored_source(bq):
+    """ML.EVALUATE, ML.FEATURE_INFO and ML.GLOBAL_EXPLAIN without input rows read the source the
+    catalog keeps for a model made by train() as for one made by CREATE MODEL."""
+    summary = bq.execute("SELECT train('m', 'SELECT column1, column2, column3, label FROM mydataset.mytable', "
+                         "label := 'label', epochs := 3, task := 'classification')").fetchall()[0][0]
+    evaluated, = rows(bq, "SELECT * FROM ML.EVALUATE(MODEL m)")      # the rows train() held out
+    assert evaluated["accuracy"] == pytest.approx(summary["val_metric"], abs=1e-12)
+    info = rows(bq, "SELECT * FROM ML.FEATURE_INFO(MODEL m)")
+    assert [(r["input"], r["category_count"]) for r in info] == [("column1", None), ("column2", None), ("column3", 3)]
+    assert info[0]["mean"] == pytest.approx(bq.execute("SELECT avg(column1) FROM mydataset.mytable").fetchall()[0][0])
+    explained = rows(bq, "SELECT * FROM ML.GLOBAL_EXPLAIN(MODEL m)")
+    assert {r["feature"] for r in explained} == {"column1", "column2", "column3"}
+
+
+def test_evaluate_of_a_train_model_holds_out_its_rows_whatever_their_types(con):
+    """A DATE column train() leaves out is still part of each row's hash: ML.EVALUATE reads the
+    rows train() held out (CREATE MODEL's dates are features in seconds; train()'s are not)."""
+    con.execute("CREATE TABLE t AS SELECT range % 10 AS a, DATE '2024-01-01' + CAST(range AS INTEGER) AS d, "
+                "CASE WHEN hash(range) % 10 < 7 THEN range % 10 > 4 ELSE range % 10 <= 4 END AS label "
+                "FROM range(1000)")
+    summary = con.execute("SELECT train('m', 't', label := 'label', epochs := 2, features := ['a'], "
+                          "task := 'classification')").fetchall()[0][0]
+    evaluated, = rows(con, "SELECT * FROM ML.EVALUATE(MODEL m)")
+    assert summary["val_metric"] < 0.9 and evaluated["accuracy"] == pytest.approx(summary["val_metric"], abs=1e-12)
