@@ -37,7 +37,7 @@ from ..scheduler import hostmem, procmem
 from ..scheduler.execute import rng
 from ..scheduler.execute.step import EagerStep, StepRunner
 from .settings import resolve_device
-from .source import job_source, parsed as _parsed
+from .source import job_source, parsed as _parsed, select_tree
 from .spec import MAX_VALIDATION, MIN_VALIDATION, TrainSpec, default_lr, default_validation, stored_params
 from ..zoo import fitter as zoo_fitter
 
