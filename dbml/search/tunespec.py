@@ -57,6 +57,8 @@ SEARCHABLE = ("lr", "batch_size", "optimizer", "weight_decay", "l1_reg", "moment
 # distribution -> the parameter types it draws
 KINDS = {"uniform": ("DOUBLE",), "log_uniform": ("DOUBLE",), "int": ("INTEGER", "BIGINT"),
          "log_int": ("INTEGER", "BIGINT"), "choice": ("DOUBLE", "INTEGER", "BIGINT", "VARCHAR", "INTEGER[]", "BOOLEAN")}
+# an integer parameter's SQL type -> the values it holds (as train() takes them from SQL)
+INT_RANGES = {"INTEGER": (-2 ** 31, 2 ** 31 - 1), "BIGINT": (-2 ** 63, 2 ** 63 - 1)}
 EXAMPLE = '\'{"lr": {"log_uniform": [1e-4, 0.1]}, "batch_size": {"choice": [32, 128]}}\''
 _TYPES = {p.name: p.sql_type for p in TRAIN_PARAMS}
 
@@ -267,9 +269,23 @@ def _dimension(name, value, base: TrainSpec) -> Dimension:
         raise InvalidArgument(f"tune(): space's {name} takes {_describe(sql_type)} values, which {kind} does not "
                               f"draw; use {' or '.join(fits)}")
     if kind == "choice":
-        return Dimension(name, kind, sql_type, choices=_choices(name, arg, sql_type))
-    low, high = _range(name, kind, arg)
-    return Dimension(name, kind, sql_type, low, high)
+        dim = Dimension(name, kind, sql_type, choices=_choices(name, arg, sql_type))
+    else:
+        dim = Dimension(name, kind, sql_type, *_range(name, kind, arg))
+    for value in dim.ends():
+        _held(name, value, sql_type)
+    return dim
+
+
+def _held(name: str, value, sql_type: str) -> None:
+    """InvalidArgument unless the parameter's SQL type holds ``value`` (each element of a list),
+    as train() takes it from SQL: 1e300 is no INTEGER (a trial drawing it failed inside DuckDB)."""
+    low, high = INT_RANGES.get(sql_type.removesuffix("[]"), (None, None))
+    for v in value if isinstance(value, (list, tuple)) else (value,):
+        if low is not None and not low <= v <= high:
+            shown = json.dumps(v) if abs(v) < 1e15 else f"{float(v):.6g}"   # 1e300, not its 301 digits
+            raise InvalidArgument(f"tune(): space's {name} reaches {shown}, which its type {sql_type} does "
+                                  f"not hold (from {low} to {high}); pass values in that range")
 
 
 def _parameter_type(name, base: TrainSpec) -> str:
