@@ -52,6 +52,7 @@ SAMPLERS = ("tpe", "random", "grid")
 DEFAULT_TRIALS = 20
 MAX_GRID = 10_000   # the most points a grid may have
 MAX_TRIALS = 10_000  # the most trials one tune() call runs (a later call resumes the search)
+MAX_PARALLEL = 256   # the most trials at once: each is a job, a thread and a cursor of its own
 # train() parameters a space may search; the others describe the data, the run or its memory
 SEARCHABLE = ("lr", "batch_size", "optimizer", "weight_decay", "l1_reg", "momentum", "dropout", "hidden", "arch", "seed")
 # distribution -> the parameter types it draws
@@ -205,6 +206,9 @@ def make_request(base: TrainSpec, space, trials: int | None, parallel: int | Non
     if trials is not None and trials > MAX_TRIALS:   # each trial trains a model: a typo, not a search
         raise InvalidArgument(f"tune(): trials := {trials} is more than {MAX_TRIALS}; pass fewer, and call tune() "
                               f"again to resume the search for more")
+    if parallel is not None and parallel > MAX_PARALLEL:   # every trial at once: a thread and a cursor each
+        raise InvalidArgument(f"tune(): parallel := {parallel} is more than {MAX_PARALLEL} trials at once; pass "
+                              f"fewer, or leave parallel NULL (as many as the memory budget admits)")
     if objective != "loss" and base.validation == 0:
         raise InvalidArgument(f"tune(): objective {objective!r} is measured on held-out rows, and validation is "
                               f"{base.validation}; pass validation := 0.1, or objective := 'loss'")
