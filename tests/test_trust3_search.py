@@ -279,3 +279,47 @@ def test_a_second_process_tuning_the_same_model_gets_the_lock_error_then_resumes
             con.execute("SELECT version FROM dbml_trials WHERE best").fetchall()
     finally:
         con.close()
+
+
+def test_hostile_space_json_is_refused_by_name(con):
+    """Probes of tune()'s space: JSON nested past Python's decoder (a raw ``RecursionError``), a
+    choice of 200,000 values (each checked, and weighed by TPE at every trial: 43 s for one trial),
+    a 1 MB value (repeated whole in the message)."""
+    import json
+
+    import dbml.tuning
+    _tab(con, 50)
+    for space, message in (("[" * 100000 + "]" * 100000, r"tune\(\): space is nested too deeply to be a search space"),
+                           ('{"lr": ' + "[" * 100000 + "]" * 100000 + "}", r"space is nested too deeply"),
+                           (json.dumps({"seed": {"choice": list(range(200000))}}),
+                            r"space's seed: choice lists 200000 values, more than 10000; list fewer, or draw from a "
+                            r"range \(int, uniform\)")):
+        with pytest.raises(duckdb_error(), match=message):
+            dbml.tuning.tune(con, "m", "t", space, label="y", trials=1, epochs=1)
+    with pytest.raises(duckdb_error(), match=r"""space's optimizer reaches "x{79}\.\.\., which train\(\) refuses"""):
+        dbml.tuning.tune(con, "m", "t", {"optimizer": {"choice": ["x" * 1_000_000]}}, label="y", trials=1)
+    assert con.execute("SELECT count(*) FROM dbml_trials").fetchall() == [(0,)]
+
+
+def test_a_model_name_that_is_code_stays_a_name_in_the_statement_a_message_suggests(con):
+    """A probe with names that are code: the objective message suggested ``DELETE FROM dbml.trials
+    WHERE model = 'a\\'b"c; DROP TABLE t; --'`` (Python's repr), which DuckDB reads as a DELETE and
+    a DROP TABLE t. The statements it suggests are built as trees, the name a literal in them."""
+    import re
+
+    import dbml.tuning
+    _tab(con, 50)
+    name = "a'b\"c; DROP TABLE t; --"
+    space = {"lr": {"choice": [0.1, 0.01]}}
+    assert [r["trial"] for r in dbml.tuning.tune(con, name, "t", space, label="y", trials=1, epochs=1)] == [0]
+    with pytest.raises(duckdb_error()) as refused:
+        dbml.tuning.tune(con, name, "t", space, label="y", trials=1, epochs=1, objective="loss")
+    suggested = re.search(r"start afresh after (DELETE FROM .*?) \((SELECT drop_model\(.*\)) drops them too\)",
+                          str(refused.value), re.IGNORECASE)
+    assert suggested.group(1) == """DELETE FROM dbml.trials WHERE model = 'a''b"c; DROP TABLE t; --'"""
+    assert suggested.group(2).lower() == """select drop_model('a''b"c; drop table t; --')"""
+    con.execute(suggested.group(1))   # what the user runs: the trials of that model go, table t stays
+    assert con.execute("SELECT count(*) FROM dbml_trials").fetchall() == [(0,)]
+    assert con.execute("SELECT count(*) FROM t").fetchall() == [(50,)]
+    assert [r["trial"] for r in dbml.tuning.tune(con, name, "t", space, label="y", trials=1, epochs=1,
+                                                 objective="loss")] == [0]

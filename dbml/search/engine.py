@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Callable
 
+from sqlglot import exp
+
 from . import fusion
 from ..core import runners
 from . import trials as store
@@ -54,6 +56,7 @@ from ..core.jobs import Job, JobManager, Wait
 from ..core.runtime import runtime
 from ..scheduler.multijob.registry import existing_scheduler
 from ..core.settings import resolve_device
+from ..core.source import value_sql
 from .studies import best_trial, decode, dists_json, distribution, encode, make_study
 from .tunespec import DEFAULT_TRIALS, TuneRequest
 
@@ -477,9 +480,13 @@ def _same_objective(stored: list[dict], request: TuneRequest) -> None:
     other = {r["objective_name"] for r in stored} - {request.objective}
     if other:
         name = request.model
+        # the statements suggested are trees, the name a string literal in them: a name holding
+        # quotes (a\'b"c; DROP TABLE t; --) stays a name when the user runs what the message says
+        delete = exp.delete(store.TRIALS, where=exp.column("model").eq(value_sql(name)), dialect="duckdb")
+        drop = exp.select(exp.func("drop_model", value_sql(name)))
         raise InvalidArgument(f"tune(): model {name!r} has {len(stored)} trials tuned for {sorted(other)[0]!r}; pass "
                               f"objective := {sorted(other)[0]!r} to go on with them, or start afresh after "
-                              f"DELETE FROM dbml.trials WHERE model = {name!r} (drop_model({name!r}) drops them too)")
+                              f"{delete.sql('duckdb')} ({drop.sql('duckdb')} drops them too)")
 
 
 def run(instance, request: TuneRequest, connection: int | None = None) -> list[dict]:

@@ -50,7 +50,7 @@ OBJECTIVES = {"val_loss": "minimize", "val_metric": "maximize", "loss": "minimiz
 PRUNERS = ("median", "successive_halving", "none")
 SAMPLERS = ("tpe", "random", "grid")
 DEFAULT_TRIALS = 20
-MAX_GRID = 10_000   # the most points a grid may have
+MAX_GRID = 10_000   # the most points a grid may have, and values a choice may list
 MAX_TRIALS = 10_000  # the most trials one tune() call runs (a later call resumes the search)
 MAX_PARALLEL = 256   # the most trials at once: each is a job, a thread and a cursor of its own
 # train() parameters a space may search; the others describe the data, the run or its memory
@@ -236,6 +236,9 @@ def parse_space(space, base: TrainSpec) -> Space:
             space = json.loads(space)
         except ValueError as e:
             raise InvalidArgument(f"tune(): space is not valid JSON ({e}); pass e.g. space := {EXAMPLE}") from None
+        except RecursionError:   # [[[[...: deeper than Python's decoder goes, and than any space
+            raise InvalidArgument(f"tune(): space is nested too deeply to be a search space; pass an object of "
+                                  f"parameter -> distribution, e.g. space := {EXAMPLE}") from None
     if not isinstance(space, dict):
         raise InvalidArgument(f"tune(): space must be a JSON object of parameter -> distribution, got "
                               f"{json.dumps(space)[:60]}; pass e.g. space := {EXAMPLE}")
@@ -251,7 +254,9 @@ def parse_space(space, base: TrainSpec) -> Space:
             try:
                 parsed.apply(base, {d.name: value})
             except InvalidArgument as e:
-                raise InvalidArgument(f"tune(): space's {d.name} reaches {json.dumps(value)}, which train() refuses: "
+                shown = json.dumps(value)
+                shown = shown if len(shown) <= 80 else shown[:80] + "..."   # a 1 MB string, not all of it
+                raise InvalidArgument(f"tune(): space's {d.name} reaches {shown}, which train() refuses: "
                                       f"{e}") from None
     return parsed
 
@@ -351,6 +356,9 @@ def _choices(name: str, arg, sql_type: str) -> tuple:
     if not isinstance(arg, list) or not arg:
         raise InvalidArgument(f"tune(): space's {name}: choice takes a non-empty list of values, "
                               f"got {json.dumps(arg)[:60]}")
+    if len(arg) > MAX_GRID:   # each value is checked, and the sampler weighs each at every trial
+        raise InvalidArgument(f"tune(): space's {name}: choice lists {len(arg)} values, more than {MAX_GRID}; "
+                              f"list fewer, or draw from a range (int, uniform)")
     for value in arg:
         if not _has_type(value, sql_type):
             raise InvalidArgument(f"tune(): space's {name} takes {_describe(sql_type)} values, got "
