@@ -11,12 +11,15 @@ from __future__ import annotations
 import importlib.util
 import json
 
+import duckdb
+
 from sqlglot import exp
 
 from ..errors import InvalidArgument
 from ..core.kinds.kmeans import NO_LABEL
 from ..core.source import refuse_effects
-from ..core.spec import TRAIN_PARAMS
+from ..core.settings import SETTINGS
+from ..core.spec import TRAIN_PARAMS, from_sql_row
 from ..zoo import arch as zoo_arch
 from . import names, preprocess, tuning
 from .parse import constant, count
@@ -286,6 +289,27 @@ def train_statement(name: str, source: str, args: dict) -> exp.Select:
                                  for k, v in args.items()]))
 
 
+def check_runs(con, name: str, runs: list[tuple[dict, dict | None]]) -> None:
+    """Every trial's ``train`` arguments checked by train()'s own rules (``spec.from_sql_row``, on
+    the values DuckDB casts them to, as ``train_statement`` passes them) before the first trains:
+    CREATE MODEL stores all its trials or nothing (a later trial refused left the earlier ones
+    stored, with no BigQuery ML record)."""
+    types = {p.name: p.sql_type for p in TRAIN_PARAMS}
+    for trial, (args, hyperparameters) in enumerate(runs, 1):
+        which = f"trial {trial} ({json.dumps(hyperparameters)})" if hyperparameters else "its options"
+        casts = exp.select(*[exp.cast(_value(v), types[k], dialect="duckdb").as_(k) for k, v in args.items()])
+        try:
+            values = dict(zip(args, con.execute(casts.sql("duckdb")).fetchall()[0]))
+            row = tuple(values.get(p.name, p.default) for p in TRAIN_PARAMS)
+            from_sql_row((name, "",) + row[2:] + (None,) * len(SETTINGS))
+        except (InvalidArgument, duckdb.Error) as e:
+            fix = ("; keep the option's HPARAM_RANGE or HPARAM_CANDIDATES to values train() takes"
+                   if hyperparameters else "")
+            why = str(e).splitlines()[0]   # DuckDB's cast error, without the statement it quotes
+            raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: train() refuses {which}: {why}{fix}; "
+                                  f"nothing was trained") from None
+
+
 MAX_TRIALS = 1000   # num_trials: BigQuery ML's own limit is lower for most models; each trial trains a model
 
 
@@ -328,6 +352,7 @@ def plan(con, tree: exp.Create) -> dict:
     query, held_out, split_args = split(name, options, query, arch)
     for run_args, _ in runs:
         run_args.update(split_args)
+    check_runs(con, name, runs)
     frozen = None
     source = query
     if transform is not None:

@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Callable
 
+from sqlglot import exp
+
 from . import fusion
 from ..core import runners
 from . import trials as store
@@ -54,6 +56,7 @@ from ..core.jobs import Job, JobManager, Wait
 from ..core.runtime import runtime
 from ..scheduler.multijob.registry import existing_scheduler
 from ..core.settings import resolve_device
+from ..core.source import value_sql
 from .studies import best_trial, decode, dists_json, distribution, encode, make_study
 from .tunespec import DEFAULT_TRIALS, TuneRequest
 
@@ -76,8 +79,13 @@ FUSE_TRIALS = True
 # Trials asked of a TPE sampler at once, to find fusable ones among them. TPE learns from
 # ended trials, and no trial of a round has ended when the round is asked (as with trials
 # packed side by side); a grid's or random sampler's draws learn nothing, so a round is
-# every trial left.
+# as many as ASK_AHEAD.
 FUSE_ROUND = 8
+# The most trials asked of the sampler ahead of their start (a grid's points are enqueued as
+# they are asked, too): a search asks as it goes, so its memory does not grow with ``trials``
+# and an interrupt is seen between rounds (asking every trial of a random search at once took
+# 17 MB/s, and an interrupt waited for it to end). Room for MAX_MEMBERS fusions of MAX_MEMBERS.
+ASK_AHEAD = fusion.MAX_MEMBERS ** 2
 # tune()'s objective -> the key of each epoch's record that holds it
 RECORD_KEYS = {"val_loss": "val_loss", "val_metric": "val_metric", "loss": "loss"}
 
@@ -127,6 +135,7 @@ class Search:
         self.largest = 0                    # the largest unscheduled peak of a trial seen so far
         self.queue: list[list[tuple[Trial, object]]] = []   # asked, not started: fusions of (trial, spec)
         self.asked = 0
+        self.points = iter(())              # a grid's points not yet enqueued, in the order tried
         self._lock = threading.Lock()       # Optuna's study, from the job threads and this one
 
     # -- the call ------------------------------------------------------------------------
@@ -162,7 +171,8 @@ class Search:
         _same_objective(stored, self.request)
         self.study = make_study(self.request, stored)
         self.dists = {d.name: distribution(d) for d in self.request.space.dims}
-        self.offset = (max((r["trial"] for r in stored), default=-1) + 1) - len(stored)
+        # the next trial's number, less the trials the study holds (those the space could draw)
+        self.offset = (max((r["trial"] for r in stored), default=-1) + 1) - len(self.study.trials)
         self.left = self._plan(stored)
 
     def _plan(self, stored: list[dict]) -> int:
@@ -177,8 +187,7 @@ class Search:
             if not points:
                 raise InvalidArgument(f"tune(): every point of space's grid has been tried for model {self.model!r} "
                                       f"({len(tried)} trials, see dbml_trials); widen space, or pass sampler := 'tpe'")
-            for point in points:
-                self.study.enqueue_trial(encode(space.dims, point))
+            self.points = iter(points)     # enqueued one by one as trials are asked (_ask)
             return min(self.request.trials or len(points), len(points))
         corner = space.corner()
         if corner and not feasible:
@@ -193,7 +202,7 @@ class Search:
             self._collect()
             while True:
                 if not self.queue and self.left > 0 and self._room(1):
-                    self._ask_round()
+                    self._ask_round(wait)
                 if not self.queue or not self._room(len(self.queue[0])):
                     break
                 self._submit(self.queue.pop(0), wait)
@@ -245,9 +254,16 @@ class Search:
         base = self.request.base
         return runners.shares_device(base.policy, base.memory_budget)
 
-    def _ask_round(self) -> None:
-        """Ask the sampler for the next round of trials and queue them, in fusions."""
-        asked = [t for t in (self._ask() for _ in range(self._round_size())) if t is not None]
+    def _ask_round(self, wait: Wait) -> None:
+        """Ask the sampler for the next round of trials and queue them, in fusions; an
+        interrupt stops the asking (trials asked and not started are not kept)."""
+        asked = []
+        for _ in range(self._round_size()):
+            if wait.interrupted.is_set():
+                break
+            drawn = self._ask()
+            if drawn is not None:
+                asked.append(drawn)
         parallel = self._parallel()
         limit = min(fusion.MAX_MEMBERS, parallel or fusion.MAX_MEMBERS) if FUSE_TRIALS else 1
         self.queue += [[asked[i] for i in positions] for positions in fusion.group([s for _, s in asked], limit)]
@@ -256,11 +272,14 @@ class Search:
         """How many trials to ask at once (FUSE_ROUND): one to probe the space's corner first."""
         if not FUSE_TRIALS or self._parallel() == 1 or (self.probe and self.asked == 0):
             return 1
-        return min(self.left, FUSE_ROUND) if self.request.sampler == "tpe" else self.left
+        return min(self.left, FUSE_ROUND if self.request.sampler == "tpe" else ASK_AHEAD)
 
     def _ask(self) -> tuple[Trial, object] | None:
         """The sampler's next trial and its TrainSpec; None if train() refuses what it drew."""
         with self._lock:
+            point = next(self.points, None)
+            if point is not None:
+                self.study.enqueue_trial(encode(self.request.space.dims, point))
             ask = self.study.ask(self.dists)
         trial = Trial(ask.number + self.offset, decode(self.request.space.dims, ask.params), ask,
                       {"params": dict(ask.params), "distributions": dists_json(ask.distributions)})
@@ -454,9 +473,13 @@ def _same_objective(stored: list[dict], request: TuneRequest) -> None:
     other = {r["objective_name"] for r in stored} - {request.objective}
     if other:
         name = request.model
+        # the statements suggested are trees, the name a string literal in them: a name holding
+        # quotes (a\'b"c; DROP TABLE t; --) stays a name when the user runs what the message says
+        delete = exp.delete(store.TRIALS, where=exp.column("model").eq(value_sql(name)), dialect="duckdb")
+        drop = exp.select(exp.func("drop_model", value_sql(name)))
         raise InvalidArgument(f"tune(): model {name!r} has {len(stored)} trials tuned for {sorted(other)[0]!r}; pass "
                               f"objective := {sorted(other)[0]!r} to go on with them, or start afresh after "
-                              f"DELETE FROM dbml.trials WHERE model = {name!r} (drop_model({name!r}) drops them too)")
+                              f"{delete.sql('duckdb')} ({drop.sql('duckdb')} drops them too)")
 
 
 def run(instance, request: TuneRequest, connection: int | None = None) -> list[dict]:

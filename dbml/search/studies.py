@@ -4,7 +4,11 @@ dimensions as Optuna's distributions.
 Optuna's categories are scalars, so a list choice (``hidden``'s ``[128, 64]``) is held as its
 JSON text (``encode``) and read back (``decode``); ``dbml.trials`` keeps Optuna's form of each
 trial (its params and distributions, ``search``) beside the decoded one, so a study made again
-(``make_study``, ``frozen``) is the one that ran. Optuna is imported when a function runs.
+(``make_study``, ``frozen``) is the one that ran. A search resumed with another space (a
+choice's values, a range, a distribution changed) learns from the stored trials its space
+could have drawn, each seen under the new space's distributions (Optuna refuses a study whose
+trials disagree on a parameter's distribution); the others stay stored and ranked. Optuna
+is imported when a function runs.
 
 ``best_trial`` is the one rule of which trial is best, for tune()'s search and BigQuery ML's
 trials alike; ``dbml.trials.ROWS_SQL`` states it in SQL for the stored ones.
@@ -39,8 +43,9 @@ def best_trial(results: Iterable[tuple[int, float | None]], direction: str) -> i
 
 
 def make_study(request: TuneRequest, stored: list[dict]):
-    """An in-memory Optuna study holding ``stored`` (dbml.trials rows), with the request's
-    sampler (seeded by ``seed`` and the trials before, so a resumed search draws anew) and pruner."""
+    """An in-memory Optuna study holding those of ``stored`` (dbml.trials rows) that the request's
+    space could have drawn (``frozen``), with the request's sampler (seeded by ``seed`` and the
+    trials before, so a resumed search draws anew) and pruner."""
     import optuna
 
     seed = (request.base.seed + len(stored)) % 2**32
@@ -50,22 +55,40 @@ def make_study(request: TuneRequest, stored: list[dict]):
               "successive_halving": lambda: optuna.pruners.SuccessiveHalvingPruner(min_resource=1),
               "none": optuna.pruners.NopPruner}[request.pruner]()
     study = optuna.create_study(direction=request.direction, sampler=sampler, pruner=pruner)
-    study.add_trials([frozen(r) for r in stored])
+    space = {d.name: distribution(d) for d in request.space.dims}
+    study.add_trials([t for t in (frozen(r, space) for r in stored) if t is not None])
     return study
 
 
-def frozen(record: dict):
-    """A dbml.trials row as the finished Optuna trial it was."""
+def frozen(record: dict, space: dict | None = None):
+    """A dbml.trials row as the finished Optuna trial it was; with ``space`` (parameter -> Optuna
+    distribution, a search's), as that search sees it: only the space's parameters, each under
+    the space's distribution, or None where the space cannot draw a value the trial took."""
     import optuna
     from optuna.distributions import json_to_distribution
     from optuna.trial import TrialState
 
+    params = record["search"]["params"]
+    dists = {k: json_to_distribution(v) for k, v in record["search"]["distributions"].items()}
+    if space is not None:
+        if not all(_draws(space[k], v) for k, v in params.items() if k in space):
+            return None
+        params = {k: v for k, v in params.items() if k in space}
+        dists = {k: space[k] for k in params}
     state = {"finished": TrialState.COMPLETE, "pruned": TrialState.PRUNED}.get(record["status"], TrialState.FAIL)
     return optuna.trial.create_trial(
         state=state, value=record["objective"] if state == TrialState.COMPLETE else None,
-        params=record["search"]["params"],
-        distributions={k: json_to_distribution(v) for k, v in record["search"]["distributions"].items()},
+        params=params, distributions=dists,
         intermediate_values={i + 1: v for i, v in enumerate(record["objectives"])})
+
+
+def _draws(dist, value) -> bool:
+    """Whether Optuna's ``dist`` can draw ``value`` (a value of another choice list, outside a
+    range or of another type: no)."""
+    try:
+        return bool(dist._contains(dist.to_internal_repr(value)))
+    except (ValueError, TypeError):
+        return False
 
 
 def distribution(d: Dimension):

@@ -50,13 +50,16 @@ OBJECTIVES = {"val_loss": "minimize", "val_metric": "maximize", "loss": "minimiz
 PRUNERS = ("median", "successive_halving", "none")
 SAMPLERS = ("tpe", "random", "grid")
 DEFAULT_TRIALS = 20
-MAX_GRID = 10_000   # the most points a grid may have
+MAX_GRID = 10_000   # the most points a grid may have, and values a choice may list
 MAX_TRIALS = 10_000  # the most trials one tune() call runs (a later call resumes the search)
+MAX_PARALLEL = 256   # the most trials at once: each is a job, a thread and a cursor of its own
 # train() parameters a space may search; the others describe the data, the run or its memory
 SEARCHABLE = ("lr", "batch_size", "optimizer", "weight_decay", "l1_reg", "momentum", "dropout", "hidden", "arch", "seed")
 # distribution -> the parameter types it draws
 KINDS = {"uniform": ("DOUBLE",), "log_uniform": ("DOUBLE",), "int": ("INTEGER", "BIGINT"),
          "log_int": ("INTEGER", "BIGINT"), "choice": ("DOUBLE", "INTEGER", "BIGINT", "VARCHAR", "INTEGER[]", "BOOLEAN")}
+# an integer parameter's SQL type -> the values it holds (as train() takes them from SQL)
+INT_RANGES = {"INTEGER": (-2 ** 31, 2 ** 31 - 1), "BIGINT": (-2 ** 63, 2 ** 63 - 1)}
 EXAMPLE = '\'{"lr": {"log_uniform": [1e-4, 0.1]}, "batch_size": {"choice": [32, 128]}}\''
 _TYPES = {p.name: p.sql_type for p in TRAIN_PARAMS}
 
@@ -207,6 +210,9 @@ def make_request(base: TrainSpec, space, trials: int | None, parallel: int | Non
         raise InvalidArgument(f"tune(): folds := {base.folds} is train()'s cross-validation; tune() scores each "
                               f"trial on its validation rows: leave folds out, and pass it to train() with the "
                               f"best trial's arguments")
+    if parallel is not None and parallel > MAX_PARALLEL:   # every trial at once: a thread and a cursor each
+        raise InvalidArgument(f"tune(): parallel := {parallel} is more than {MAX_PARALLEL} trials at once; pass "
+                              f"fewer, or leave parallel NULL (as many as the memory budget admits)")
     if objective != "loss" and base.validation == 0:
         raise InvalidArgument(f"tune(): objective {objective!r} is measured on held-out rows, and validation is "
                               f"{base.validation}; pass validation := 0.1, or objective := 'loss'")
@@ -234,6 +240,9 @@ def parse_space(space, base: TrainSpec) -> Space:
             space = json.loads(space)
         except ValueError as e:
             raise InvalidArgument(f"tune(): space is not valid JSON ({e}); pass e.g. space := {EXAMPLE}") from None
+        except RecursionError:   # [[[[...: deeper than Python's decoder goes, and than any space
+            raise InvalidArgument(f"tune(): space is nested too deeply to be a search space; pass an object of "
+                                  f"parameter -> distribution, e.g. space := {EXAMPLE}") from None
     if not isinstance(space, dict):
         raise InvalidArgument(f"tune(): space must be a JSON object of parameter -> distribution, got "
                               f"{json.dumps(space)[:60]}; pass e.g. space := {EXAMPLE}")
@@ -249,7 +258,9 @@ def parse_space(space, base: TrainSpec) -> Space:
             try:
                 parsed.apply(base, {d.name: value})
             except InvalidArgument as e:
-                raise InvalidArgument(f"tune(): space's {d.name} reaches {json.dumps(value)}, which train() refuses: "
+                shown = json.dumps(value)
+                shown = shown if len(shown) <= 80 else shown[:80] + "..."   # a 1 MB string, not all of it
+                raise InvalidArgument(f"tune(): space's {d.name} reaches {shown}, which train() refuses: "
                                       f"{e}") from None
     return parsed
 
@@ -271,9 +282,23 @@ def _dimension(name, value, base: TrainSpec) -> Dimension:
         raise InvalidArgument(f"tune(): space's {name} takes {_describe(sql_type)} values, which {kind} does not "
                               f"draw; use {' or '.join(fits)}")
     if kind == "choice":
-        return Dimension(name, kind, sql_type, choices=_choices(name, arg, sql_type))
-    low, high = _range(name, kind, arg)
-    return Dimension(name, kind, sql_type, low, high)
+        dim = Dimension(name, kind, sql_type, choices=_choices(name, arg, sql_type))
+    else:
+        dim = Dimension(name, kind, sql_type, *_range(name, kind, arg))
+    for value in dim.ends():
+        _held(name, value, sql_type)
+    return dim
+
+
+def _held(name: str, value, sql_type: str) -> None:
+    """InvalidArgument unless the parameter's SQL type holds ``value`` (each element of a list),
+    as train() takes it from SQL: 1e300 is no INTEGER (a trial drawing it failed inside DuckDB)."""
+    low, high = INT_RANGES.get(sql_type.removesuffix("[]"), (None, None))
+    for v in value if isinstance(value, (list, tuple)) else (value,):
+        if low is not None and not low <= v <= high:
+            shown = json.dumps(v) if abs(v) < 1e15 else f"{float(v):.6g}"   # 1e300, not its 301 digits
+            raise InvalidArgument(f"tune(): space's {name} reaches {shown}, which its type {sql_type} does "
+                                  f"not hold (from {low} to {high}); pass values in that range")
 
 
 def _parameter_type(name, base: TrainSpec) -> str:
@@ -335,6 +360,9 @@ def _choices(name: str, arg, sql_type: str) -> tuple:
     if not isinstance(arg, list) or not arg:
         raise InvalidArgument(f"tune(): space's {name}: choice takes a non-empty list of values, "
                               f"got {json.dumps(arg)[:60]}")
+    if len(arg) > MAX_GRID:   # each value is checked, and the sampler weighs each at every trial
+        raise InvalidArgument(f"tune(): space's {name}: choice lists {len(arg)} values, more than {MAX_GRID}; "
+                              f"list fewer, or draw from a range (int, uniform)")
     for value in arg:
         if not _has_type(value, sql_type):
             raise InvalidArgument(f"tune(): space's {name} takes {_describe(sql_type)} values, got "

@@ -8,8 +8,8 @@ generator, and uses only ops the scheduler's ``make_fx`` capture handles.
 """
 
 from .inputs import KINDS, Inputs
-from .registry import (ARCHS, Arch, arch, archs_for, auto, build, describe, fitter, register_model,
-                       resolve_options, unregister_model)
+from .registry import (ARCHS, Arch, arch, archs_for, auto, build, checked_options, describe, fitter,
+                       register_model, resolve_options, unregister_model)
 
-__all__ = ["ARCHS", "Arch", "Inputs", "KINDS", "arch", "archs_for", "auto", "build", "describe", "fitter",
-           "register_model", "resolve_options", "unregister_model"]
+__all__ = ["ARCHS", "Arch", "Inputs", "KINDS", "arch", "archs_for", "auto", "build", "checked_options", "describe",
+           "fitter", "register_model", "resolve_options", "unregister_model"]

@@ -188,6 +188,17 @@ def resolve_options(a: Arch, options: dict | None, inputs: Inputs, *, fn: str = 
     if a.builtin and inputs.kind == "image" and min(inputs.shape[1:]) < MIN_IMAGE_SIDE:
         raise InvalidArgument(f"{fn}(): arch {a.name!r} needs images of at least {MIN_IMAGE_SIDE}x{MIN_IMAGE_SIDE} "
                               f"pixels, got {inputs.shape[1]}x{inputs.shape[2]}; pass a larger image_size")
+    resolved = {**a.options, **checked_options(a, options, fn=fn)}
+    if a.builtin and "heads" in resolved and resolved["width"] % resolved["heads"]:
+        raise InvalidArgument(f"{fn}(): option width ({resolved['width']}) of arch {a.name!r} must be a "
+                              f"multiple of heads ({resolved['heads']}); e.g. width := {8 * resolved['heads']}")
+    return resolved
+
+
+def checked_options(a: Arch, options: dict | None, *, fn: str = "train") -> dict:
+    """``options`` each checked against ``a``'s default's type (and, for the built-ins, its
+    range), converted to it: the checks that need no data, so that train() and each value of
+    a tune() space are refused before anything runs; InvalidArgument naming the option."""
     given = dict(options or {})
     unknown = [k for k in given if k not in a.options]
     if unknown:
@@ -196,13 +207,7 @@ def resolve_options(a: Arch, options: dict | None, inputs: Inputs, *, fn: str = 
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise InvalidArgument(f"{fn}(): unknown option {unknown[0]!r}{hint} for arch {a.name!r}; "
                               f"its options are: {allowed}")
-    resolved = dict(a.options)
-    for key, value in given.items():
-        resolved[key] = _checked(a, key, value, fn)
-    if a.builtin and "heads" in resolved and resolved["width"] % resolved["heads"]:
-        raise InvalidArgument(f"{fn}(): option width ({resolved['width']}) of arch {a.name!r} must be a "
-                              f"multiple of heads ({resolved['heads']}); e.g. width := {8 * resolved['heads']}")
-    return resolved
+    return {key: _checked(a, key, value, fn) for key, value in given.items()}
 
 
 def _show(v) -> str:
