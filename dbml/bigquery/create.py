@@ -15,7 +15,7 @@ from sqlglot import exp
 
 from ..errors import InvalidArgument
 from ..core.kinds.kmeans import NO_LABEL
-from ..core.source import refuse_effects
+from ..core.source import column, refuse_effects, unused_name
 from ..core.spec import TRAIN_PARAMS
 from ..zoo import arch as zoo_arch
 from . import names, preprocess, tuning
@@ -212,21 +212,22 @@ def split(name: str, options: dict, query: exp.Select, arch: str) -> tuple[exp.S
                           f"SEQ or CUSTOM")
 
 
-def class_weighted(query: exp.Select, label: str) -> exp.Select:
+def class_weighted(query: exp.Select, label: str, columns: list[str]) -> exp.Select:
     """``auto_class_weights`` for the torch models: each row repeated about (largest class / its class)
     times, so every class weighs alike in the loss. (Copies of a row hash alike, so the validation
-    split keeps them together.)"""
+    split keeps them together.) ``columns``: the query's, which the counts' names stay apart from."""
     lab = exp.column(label, quoted=True)
+    n, r, i = (unused_name(base, columns) for base in ("__dbml_n", "__dbml_r", "__dbml_i"))
     sub = lambda q, alias: exp.Subquery(this=q, alias=exp.TableAlias(this=exp.to_identifier(alias)))  # noqa: E731
     counted = exp.select(exp.Star(), exp.alias_(exp.Window(this=exp.func("count", exp.Star()), partition_by=[lab],
-                                                           over="OVER"), "__dbml_n")).from_(sub(query, "__dbml_q"))
+                                                           over="OVER"), n, quoted=True)).from_(sub(query, "__dbml_q"))
     reps = exp.func("greatest", exp.Literal.number(1), exp.cast(exp.func("round", exp.Div(
-        this=exp.Window(this=exp.func("max", exp.column("__dbml_n")), over="OVER"), expression=exp.column("__dbml_n"))),
+        this=exp.Window(this=exp.func("max", column(n)), over="OVER"), expression=column(n))),
         "BIGINT"))
-    weighted = exp.select(exp.Star(), exp.alias_(reps, "__dbml_r")).from_(sub(counted, "__dbml_c"))
-    copies = exp.Table(this=exp.func("range", exp.column("__dbml_r")),
-                       alias=exp.TableAlias(this=exp.to_identifier("__dbml_k"), columns=[exp.to_identifier("__dbml_i")]))
-    return exp.select(star_except("__dbml_n", "__dbml_r", "__dbml_i")).from_(sub(weighted, "__dbml_w")).join(
+    weighted = exp.select(exp.Star(), exp.alias_(reps, r, quoted=True)).from_(sub(counted, "__dbml_c"))
+    copies = exp.Table(this=exp.func("range", column(r)),
+                       alias=exp.TableAlias(this=exp.to_identifier("__dbml_k"), columns=[exp.to_identifier(i, quoted=True)]))
+    return exp.select(star_except(n, r, i)).from_(sub(weighted, "__dbml_w")).join(
         copies, join_type="CROSS")
 
 
@@ -309,7 +310,7 @@ def plan(con, tree: exp.Create) -> dict:
             exp.Subquery(this=source, alias=exp.TableAlias(this=exp.to_identifier("__dbml_k"))))
     source = temporal_as_numbers(con, source)
     if options.get("auto_class_weights") and arch in TORCH:
-        source = class_weighted(source, args["label"])
+        source = class_weighted(source, args["label"], con.sql(source.sql("duckdb")).columns)
     return {"name": name, "kind": kind, "args": args, "source": source.sql("duckdb"), "query": query.sql("duckdb"),
             "held_out": None if held_out is None else held_out.sql("duckdb"),
             "transform": None if frozen is None else [e.sql("duckdb") for e in frozen],

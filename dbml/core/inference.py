@@ -24,7 +24,7 @@ from .data import BatchStream
 from ..errors import InvalidArgument, RowSkipped
 from .features import Preprocessing
 from .forward_memory import rows_within
-from .source import column, describe, parsed, resolve_column, select_tree, value_sql
+from .source import column, describe, parsed, resolve_column, select_tree, unused_name, value_sql
 
 
 class ModelCache:
@@ -372,9 +372,10 @@ def evaluate(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, sourc
         query = exp.select(*xy).from_(parsed(select_sql).subquery()).where(parsed(prep.label_filter()))
         batches = BatchStream(cur, query, 8192)
     else:   # the rows numbered (or named by file) before the label's filter
-        named = exp.select(exp.Star(), exp.alias_(row_names(columns), "__dbml_row_name")).from_(
+        row_name = unused_name("__dbml_row_name", [c.name for c in columns])   # a source column keeps its name
+        named = exp.select(exp.Star(), exp.alias_(row_names(columns), row_name, quoted=True)).from_(
             exp.Subquery(this=parsed(select_sql).copy(), alias=exp.TableAlias(this="src")))
-        query = (exp.select(*xy, "__dbml_row_name").from_(named.subquery())
+        query = (exp.select(*xy, column(row_name)).from_(named.subquery())
                  .where(parsed(prep.label_filter())))
         batches = _input_batches(cur, model, query, on_error, fn)
     for x, y in batches:

@@ -1,0 +1,56 @@
+"""Issue 31, trust round 3: the probes' remaining holes (items 9, 10, 17, 19), each re-tried
+as the user would."""
+
+from __future__ import annotations
+
+import pytest
+
+import dbml
+
+BQ_OPTS = "OPTIONS(model_type='dnn_classifier', input_label_cols=['y'], hidden_units=[4], max_iterations=1)"
+
+
+@pytest.mark.parametrize("name", ["__in", "__dbml_in", "__DBML_ROW", "a \"q", "ünï"])
+def test_a_users_column_is_never_taken_for_dbmls_own(con, name):
+    """Item 10: an input column named ``__in`` (the row's struct read from the subquery's alias:
+    'Int32Array' object has no attribute 'flatten') or ``__dbml_row`` (two columns of that name)."""
+    quoted = '"' + name.replace('"', '""') + '"'
+    con.execute(f"CREATE TABLE t AS SELECT range::INT AS {quoted}, (range % 3)::INT AS b, (range % 2)::INT AS y "
+                f"FROM range(40)")
+    dbml.execute(con, f"CREATE MODEL m {BQ_OPTS} AS SELECT * FROM t").fetchall()
+    assert _column(con, "SELECT * FROM ML.PREDICT(MODEL m, TABLE t)", name) == list(range(40))
+    assert _column(con, "SELECT * FROM ML.EXPLAIN_PREDICT(MODEL m, TABLE t)", name) == list(range(40))
+    assert len(dbml.execute(con, "SELECT * FROM ML.EVALUATE(MODEL m)").fetchall()) == 1   # the held-out rows
+    # a TRANSFORM output named like the row's column
+    dbml.execute(con, f"CREATE MODEL m2 TRANSFORM(b * 2 AS __dbml_row, b, y) {BQ_OPTS} "
+                      f"AS SELECT * FROM t").fetchall()
+    assert _column(con, "SELECT * FROM ML.PREDICT(MODEL m2, TABLE t)", name) == list(range(40))
+
+
+def _column(con, query: str, name: str) -> list:
+    result = dbml.execute(con, query)
+    at = [d[0] for d in result.description].index(name)
+    return [row[at] for row in result.fetchall()]
+
+
+def test_class_weights_keep_a_users_columns_named_like_the_counts(con):
+    """auto_class_weights counted rows in columns __dbml_n/__dbml_r/__dbml_i and dropped
+    whatever held those names (a user's feature, or a binder error)."""
+    con.execute("CREATE TABLE t AS SELECT range::INT AS __dbml_n, (range % 5)::INT AS __dbml_r, "
+                "(range % 7)::INT AS __dbml_i, (range % 4 = 0)::INT AS y FROM range(80)")
+    dbml.execute(con, "CREATE MODEL m OPTIONS(model_type='dnn_classifier', input_label_cols=['y'], hidden_units=[4], "
+                      "max_iterations=1, auto_class_weights=true) AS SELECT * FROM t").fetchall()
+    assert con.execute("SELECT features FROM dbml_models").fetchall() == [(["__dbml_n", "__dbml_r", "__dbml_i"],)]
+    assert len(dbml.execute(con, "SELECT * FROM ML.PREDICT(MODEL m, TABLE t)").fetchall()) == 80
+
+
+def test_an_array_feature_named_like_the_lambdas_parameter(con):
+    """An array column named ``__dbml_i`` was read as the lambda's position (a binder error)."""
+    con.execute("CREATE TABLE a AS SELECT [range, range + 1]::FLOAT[2] AS __dbml_i, (range % 2)::INT AS y "
+                "FROM range(50)")
+    con.execute("CREATE TABLE b AS SELECT __dbml_i AS v, y FROM a")
+    con.sql("SELECT train('ma', 'a', label := 'y', epochs := 1, seed := 3)").fetchall()
+    con.sql("SELECT train('mb', 'b', label := 'y', epochs := 1, seed := 3)").fetchall()
+    pa_ = con.sql("SELECT * EXCLUDE (__dbml_i) FROM predictions('ma', 'a')").fetchall()
+    pb = con.sql("SELECT * EXCLUDE (v) FROM predictions('mb', 'b')").fetchall()
+    assert pa_ == pb and len(pa_) == 50
