@@ -80,3 +80,15 @@ def test_explain_keeps_its_integrated_gradients_within_the_budget(con, monkeypat
         chunked = explain.explain_rows(model, x)["attributions"]
     assert meter.peak_bytes <= budget, meter.peak_bytes
     np.testing.assert_allclose(chunked, whole, rtol=1e-4, atol=1e-6)
+
+
+def test_an_export_path_with_a_nul_byte_is_refused_by_name(con, tmp_path):
+    """Item 19: a NUL byte in an export path (os.path's raw 'ValueError: embedded null byte')."""
+    con.execute("CREATE TABLE t AS SELECT range::DOUBLE AS a, (range % 2)::INT AS y FROM range(50)")
+    con.sql("SELECT train('m', 't', label := 'y', epochs := 1)").fetchall()
+    message = r"export_model\(\): path '.*a\\x00b.onnx' holds a NUL byte \(chr\(0\)\), .*pass the path without it"
+    with pytest.raises(Exception, match=message):
+        con.sql("SELECT export_model('m', $p)", params={"p": str(tmp_path / "a\0b.onnx")}).fetchall()
+    with pytest.raises(dbml.DbmlError, match=message):
+        dbml.export_model(con, "m", str(tmp_path / "a\0b.onnx"))
+    assert list(tmp_path.iterdir()) == []
