@@ -92,3 +92,19 @@ def test_an_export_path_with_a_nul_byte_is_refused_by_name(con, tmp_path):
     with pytest.raises(dbml.DbmlError, match=message):
         dbml.export_model(con, "m", str(tmp_path / "a\0b.onnx"))
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("ids, shown", [("[9223372036854775807]", "9223372036854775808"),
+                                        ("[3, -1]", "-1"), ("['inf'::DOUBLE]", "inf")])
+def test_a_token_id_past_the_range_is_an_error_naming_the_input(con, ids, shown):
+    """Item 19: predict(tok, [9223372036854775807]) failed in Arrow's cast (ArrowInvalid); a
+    negative id gave an answer although train() refuses one."""
+    con.execute("CREATE TABLE t AS SELECT [range % 7, range % 5, 3]::BIGINT[] AS ids, (range % 2)::INT AS y "
+                "FROM range(60)")
+    con.sql("SELECT train('tok', 't', label := 'y', epochs := 1)").fetchall()
+    with pytest.raises(Exception, match=r"predict\(\): model 'tok' takes token ids in 0\.\.9007199254740992 "
+                                        r"\(predict\(\) passes them as DOUBLE; its vocabulary is 7 training ids up "
+                                        rf"to 6, any other id counts as unknown\); the input x holds {shown} "
+                                        r"\(as DOUBLE\); pass ids in that range"):
+        con.sql(f"SELECT predict('tok', {ids})").fetchall()
+    assert len(con.sql("SELECT predict('tok', [3, 100])").fetchall()) == 1
