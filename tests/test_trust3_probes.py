@@ -108,3 +108,49 @@ def test_a_token_id_past_the_range_is_an_error_naming_the_input(con, ids, shown)
                                         r"\(as DOUBLE\); pass ids in that range"):
         con.sql(f"SELECT predict('tok', {ids})").fetchall()
     assert len(con.sql("SELECT predict('tok', [3, 100])").fetchall()) == 1
+
+
+@pytest.mark.slow   # ~5 s: the shell in a subprocess, as a pipe feeds it
+def test_the_shell_reports_a_byte_that_is_not_utf8_and_goes_on():
+    """Item 19: one invalid UTF-8 byte piped into the shell gave a TypeError traceback and
+    the rest of the input was not run. Its statement fails, as DuckDB's parser refuses it, and
+    the next runs (whatever the locale's error handler for stdin)."""
+    import subprocess
+    import sys
+    script = b"SELECT 1 AS one;\nSELECT '\xff' AS x;\nSELECT 2 AS two;\n"
+    for env in ({}, {"PYTHONIOENCODING": "utf-8:strict"}):
+        import os
+        r = subprocess.run([sys.executable, "-m", "dbml", "shell"], input=script, capture_output=True, timeout=120,
+                           env={**os.environ, **env})
+        err = r.stderr.decode("utf-8", "replace")
+        assert "Traceback" not in err, err
+        assert "Error: the statement holds the byte 0xff, which is not UTF-8" in err, err
+        out = r.stdout.decode()
+        assert "one" in out and "two" in out and r.returncode == 1, (out, err)
+
+
+def test_sql_text_with_characters_past_ascii_splits_where_duckdb_does():
+    """DuckDB's tokenizer counts UTF-8 bytes: a statement after 'é' was read as unterminated."""
+    from dbml.core import sqltext
+    assert sqltext.split_statements("SELECT 'é'; SELECT 'ü;x'; SELECT 2") == ["SELECT 'é'", "SELECT 'ü;x'", "SELECT 2"]
+    assert sqltext.ending("SELECT 'é';") == "end"
+    assert sqltext.split_statements("SELECT '\udcff'; SELECT 2") == ["SELECT '\udcff'", "SELECT 2"]
+
+
+def test_a_huge_duckdb_expression_gets_duckdbs_answer_without_a_second_reading(con, monkeypatch):
+    """Item 17: a 3 MB one-line expression cost 2.9 GB in the shell before DuckDB's depth error:
+    the text DuckDB refused was split and tokenized again (sqlglot's tokens) to look for
+    BigQuery, although it has nothing BigQuery's markers need."""
+    import io
+    from dbml.core import sqltext
+    from dbml.shell import session
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("DuckDB's text was read again")
+    monkeypatch.setattr(sqltext, "split_statements", refuse)
+    monkeypatch.setattr(sqltext, "_bigquery_code", refuse)
+    out, err = io.StringIO(), io.StringIO()
+    text = "SELECT " + "+".join(["1"] * 20000) + ";\nSELECT 42 AS after;\n"
+    status = session.Shell(con, out=out, err=err).process(session.read_lines(io.StringIO(text)))
+    assert status == 1 and "Max expression depth limit of 1000 exceeded" in err.getvalue(), err.getvalue()
+    assert "42" in out.getvalue()
