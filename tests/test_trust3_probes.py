@@ -154,3 +154,28 @@ def test_a_huge_duckdb_expression_gets_duckdbs_answer_without_a_second_reading(c
     status = session.Shell(con, out=out, err=err).process(session.read_lines(io.StringIO(text)))
     assert status == 1 and "Max expression depth limit of 1000 exceeded" in err.getvalue(), err.getvalue()
     assert "42" in out.getvalue()
+
+
+@pytest.mark.slow   # a local Ray cluster (two CPUs), as tests/test_cluster.py starts it
+def test_a_data_parallel_job_larger_than_the_cluster_fails_with_the_reason():
+    """Items 9 and 17: workers := 3 on a cluster of 2 CPUs stayed 'queued' for ever with no
+    word; it fails at once saying what it asked and what the cluster has."""
+    ray = pytest.importorskip("ray", reason="Ray is an extra: pip install 'dbml[ray]'")
+    pytest.importorskip("ray.train.torch")
+    from dbml.cluster import placement
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False)
+    con = dbml.connect(latency_model="roofline", progress="off", cluster="ray")
+    try:
+        con.execute("CREATE TABLE t AS SELECT range::DOUBLE AS a, (range % 2)::INT AS y FROM range(200)")
+        with pytest.raises(Exception, match=r"train\(\): workers := 3 needs 3 CPU slots on the Ray cluster \(one per "
+                                            r"worker\), and the cluster has 2 CPU in all; the job can never be placed: "
+                                            r"pass workers := 2 or fewer"):
+            con.sql("SELECT train('m', 't', label := 'y', epochs := 1, workers := 3, policy := 'eager')").fetchall()
+        assert con.sql("SELECT status FROM dbml_jobs").fetchall() == [("failed",)]
+    finally:
+        con.close()
+        if started:
+            placement.disconnect()
+            ray.shutdown()

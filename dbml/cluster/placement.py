@@ -185,6 +185,20 @@ class Cluster:
         """Whether the cluster has GPUs: then a device is a GPU, else a CPU slot."""
         return self.ray.cluster_resources().get("GPU", 0) > 0
 
+    def check_room(self, workers: int, gpu: bool, *, fn: str = "train") -> None:
+        """A job of ``workers`` workers (one CPU slot each, and one GPU each where ``gpu``) fits
+        the cluster's resources in all, once other jobs have ended; else InvalidArgument saying
+        what it asked and what the cluster has (Ray would keep it waiting for ever)."""
+        resources = self.ray.cluster_resources()
+        kinds = ["CPU", "GPU"] if gpu else ["CPU"]
+        short = [k for k in kinds if resources.get(k, 0) < workers]
+        if short:
+            has = ", ".join(f"{resources.get(k, 0):g} {k}" for k in kinds)
+            most = int(min(resources.get(k, 0) for k in kinds))
+            raise InvalidArgument(f"{fn}(): workers := {workers} needs {workers} {' and '.join(kinds)} slots on the "
+                                  f"Ray cluster (one per worker), and the cluster has {has} in all; the job can never "
+                                  f"be placed: pass workers := {max(most, 1)} or fewer, or add nodes to the cluster")
+
     def devices(self) -> int:
         """How many devices the cluster has (GPUs, else CPU slots)."""
         resources = self.ray.cluster_resources()
