@@ -156,26 +156,61 @@ def test_a_huge_duckdb_expression_gets_duckdbs_answer_without_a_second_reading(c
     assert "42" in out.getvalue()
 
 
-@pytest.mark.slow   # a local Ray cluster (two CPUs), as tests/test_cluster.py starts it
-def test_a_data_parallel_job_larger_than_the_cluster_fails_with_the_reason():
-    """Items 9 and 17: workers := 3 on a cluster of 2 CPUs stayed 'queued' for ever with no
-    word; it fails at once saying what it asked and what the cluster has."""
+@pytest.fixture(scope="module")
+def ray_local():
+    """A local Ray cluster of two CPUs, as tests/test_cluster.py starts it (or the one running)."""
     ray = pytest.importorskip("ray", reason="Ray is an extra: pip install 'dbml[ray]'")
     pytest.importorskip("ray.train.torch")
     from dbml.cluster import placement
     started = not ray.is_initialized()
     if started:
         ray.init(num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False)
+    yield ray
+    if started:
+        placement.disconnect()
+        ray.shutdown()
+
+
+@pytest.fixture
+def ray_con(ray_local):
     con = dbml.connect(latency_model="roofline", progress="off", cluster="ray")
+    con.execute("CREATE TABLE t AS SELECT range::DOUBLE AS a, (range % 2)::INT AS y FROM range(200)")
+    yield con
+    con.close()
+
+
+@pytest.mark.slow   # a local Ray cluster (two CPUs)
+def test_a_data_parallel_job_larger_than_the_cluster_fails_with_the_reason(ray_con):
+    """Items 9 and 17: workers := 3 on a cluster of 2 CPUs stayed 'queued' for ever with no
+    word; it fails at once saying what it asked and what the cluster has."""
+    with pytest.raises(Exception, match=r"train\(\): workers := 3 needs 3 CPU slots on the Ray cluster \(one per "
+                                        r"worker\), and the cluster has 2 CPU in all; the job can never be placed: "
+                                        r"pass workers := 2 or fewer"):
+        ray_con.sql("SELECT train('m', 't', label := 'y', epochs := 1, workers := 3, policy := 'eager')").fetchall()
+    assert ray_con.sql("SELECT status FROM dbml_jobs").fetchall() == [("failed",)]
+
+
+@pytest.mark.slow   # a local Ray cluster (two CPUs)
+def test_cancel_job_cancels_a_job_queued_for_a_device(ray_local, ray_con):
+    """Item 17: cancel_job of a job queued for a device changed nothing (the wait for its
+    worker to start did not look at the cancel): it ends cancelled, its worker not left queued."""
+    from helpers import wait_until
+
+    @ray_local.remote(num_cpus=1)
+    class Hold:
+        def ping(self):
+            return 1
+    holders = [Hold.remote() for _ in range(2)]   # every CPU of the cluster taken
     try:
-        con.execute("CREATE TABLE t AS SELECT range::DOUBLE AS a, (range % 2)::INT AS y FROM range(200)")
-        with pytest.raises(Exception, match=r"train\(\): workers := 3 needs 3 CPU slots on the Ray cluster \(one per "
-                                            r"worker\), and the cluster has 2 CPU in all; the job can never be placed: "
-                                            r"pass workers := 2 or fewer"):
-            con.sql("SELECT train('m', 't', label := 'y', epochs := 1, workers := 3, policy := 'eager')").fetchall()
-        assert con.sql("SELECT status FROM dbml_jobs").fetchall() == [("failed",)]
+        ray_local.get([h.ping.remote() for h in holders])
+        job = ray_con.sql("SELECT train('m', 't', label := 'y', epochs := 1, wait := false)").fetchall()[0][0]["job_id"]
+        row = "SELECT status, queued_for FROM dbml_jobs WHERE id = $id"
+        wait_until(lambda: ray_con.sql(row, params={"id": job}).fetchall() == [("queued", "a device")], timeout=60,
+                   what="the job queued for a device")
+        ray_con.sql("SELECT cancel_job($id)", params={"id": job}).fetchall()
+        wait_until(lambda: ray_con.sql(row, params={"id": job}).fetchall()[0][0] == "cancelled", timeout=30,
+                   what="the queued job cancelled")
+        assert ray_con.sql("SELECT count(*) FROM dbml_models").fetchall() == [(0,)]
     finally:
-        con.close()
-        if started:
-            placement.disconnect()
-            ray.shutdown()
+        for h in holders:
+            ray_local.kill(h)

@@ -39,6 +39,8 @@ WORKER_CONCURRENCY = 32
 # dispatch one call, ~ms; a cold one starts a process and imports torch and dbml, seconds).
 # A data-parallel job that needs the slots takes them from idle workers at once.
 IDLE_S = 120.0
+# A job waiting for a device worker to start looks at its cancel this often.
+WAIT_POLL_S = 0.1
 
 # The process's one connection is the runtime's (``runtime().cluster``, under ``cluster_lock``).
 
@@ -205,11 +207,12 @@ class Cluster:
         return int(resources.get("GPU", 0) or resources.get("CPU", 0))
 
     # -- device workers --------------------------------------------------------------------
-    def acquire(self, key: str, gpu: bool, on_wait=None) -> Slot:
+    def acquire(self, key: str, gpu: bool, on_wait=None, check=None) -> Slot:
         """A device worker for job ``key``: an idle one, else a new one where the cluster has a
         free device, else the one with the fewest jobs (its scheduler plans them jointly and
         admits this one when it fits). ``on_wait()`` is told when the job waits for a new
-        worker to start."""
+        worker to start; ``check()`` is called while it waits, and what it raises (the job's
+        cancel) stops the wait and the worker started for it."""
         with self._lock:
             self._reap()
             slot = next((s for s in self._slots if not s.jobs and s.ready), None)
@@ -225,7 +228,11 @@ class Cluster:
         if not slot.ready:
             if on_wait is not None:
                 on_wait()
-            self._ready(slot)
+            try:
+                self._ready(slot, check)
+            except BaseException:
+                self.discard(slot)   # started for this job alone (a starting worker takes no other)
+                raise
         return slot
 
     def release(self, slot: Slot, key: str) -> None:
@@ -275,8 +282,11 @@ class Cluster:
         resources = dict(num_cpus=1, num_gpus=1) if gpu else dict(num_cpus=1)
         return self.ray.remote(max_concurrency=WORKER_CONCURRENCY, **resources)(DeviceWorker).remote()
 
-    def _ready(self, slot: Slot) -> None:
-        info = self.ray.get(slot.actor.describe.remote())
+    def _ready(self, slot: Slot, check=None) -> None:
+        ref = slot.actor.describe.remote()
+        while check is not None and not self.ray.wait([ref], timeout=WAIT_POLL_S)[0]:
+            check()   # a job queued for a device stops when cancelled
+        info = self.ray.get(ref)
         slot.node, slot.device, slot.pid, slot.ready = info["node"], info["device"], info["pid"], True
 
     def _reap(self) -> None:
