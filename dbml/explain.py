@@ -42,9 +42,10 @@ def linear_layer(module: nn.Module) -> nn.Linear | None:
     return None
 
 
-def _outputs(module, x: np.ndarray) -> np.ndarray:
-    with torch.no_grad():
-        return module(torch.as_tensor(x, dtype=torch.float32)).double().numpy()
+def _outputs(model, x: np.ndarray) -> np.ndarray:
+    """The model's outputs, in chunks of as many rows as the memory budget holds."""
+    from .core.inference import forward
+    return forward(model, x, fn="explain").double().numpy()
 
 
 def encoded(model, x: np.ndarray) -> dict:
@@ -55,8 +56,8 @@ def encoded(model, x: np.ndarray) -> dict:
         raise InvalidArgument(f"explain(): model {model.name!r} takes {prep.input.kind} input; explanations "
                               f"cover tabular models (numeric and categorical columns)")
     x = np.asarray(x, dtype=np.float32)
-    out = _outputs(module, x)
-    base_out = _outputs(module, np.zeros((1, x.shape[1]), dtype=np.float32))
+    out = _outputs(model, x)
+    base_out = _outputs(model, np.zeros((1, x.shape[1]), dtype=np.float32))
     target = out.argmax(1) if prep.task == "classification" else np.zeros(len(x), dtype=np.int64)
     rows = np.arange(len(x))
     scale = 1.0 if prep.task == "classification" else prep.target_std
@@ -70,7 +71,7 @@ def encoded(model, x: np.ndarray) -> dict:
         w = linear.weight.detach().double().numpy()[target]
         attr = w * x.astype(np.float64)
     else:
-        attr = _integrated_gradients(module, x, target)
+        attr = _integrated_gradients(model, x, target)
     base = np.broadcast_to(base_out[0], out.shape)[rows, target]
     pred = out[rows, target]
     error = np.abs(attr.sum(1) - (pred - base))
@@ -81,15 +82,28 @@ def _result(attr, base, pred, target, error) -> dict:
     return {"attributions": attr, "baseline": base, "prediction": pred, "target": target, "approximation_error": error}
 
 
-def _integrated_gradients(module, x: np.ndarray, target: np.ndarray) -> np.ndarray:
+def _integrated_gradients(model, x: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Captum's integrated gradients, each row's ``IG_STEPS`` points on the path a row of a
+    forward and backward pass: run in passes of as many as the memory budget holds (the
+    attributions and the rows held beside them), so a vector of DuckDB rows through a
+    transformer is not one pass of rows x ``IG_STEPS`` rows."""
     try:
         from captum.attr import IntegratedGradients
     except ImportError as e:
         raise InvalidArgument("explain(): explaining a deep model needs Captum; pip install 'dbml[explain]'") from e
-    inputs = torch.as_tensor(x, dtype=torch.float32)
-    ig = IntegratedGradients(module)
-    attr = ig.attribute(inputs, baselines=torch.zeros_like(inputs), target=torch.as_tensor(target), n_steps=IG_STEPS)
-    return attr.detach().double().numpy()
+    from .core.forward_memory import rows_within
+    from .core.inference import inference_budget
+    held = x.size * (4 + 8 + 8)   # the rows, Captum's float attributions and their float64 copy
+    at_once = rows_within(model.config, inference_budget(), held=held, fn="explain", grad=True)
+    rows = max(1, min(len(x), at_once // IG_STEPS))   # rows per call; at_once points per pass
+    ig = IntegratedGradients(model.module)
+    parts = []
+    for i in range(0, len(x), rows):
+        inputs = torch.as_tensor(x[i:i + rows], dtype=torch.float32)
+        attr = ig.attribute(inputs, baselines=torch.zeros_like(inputs), target=torch.as_tensor(target[i:i + rows]),
+                            n_steps=IG_STEPS, internal_batch_size=max(at_once, len(inputs)))
+        parts.append(attr.detach().double().numpy())
+    return np.concatenate(parts) if parts else np.zeros(x.shape, dtype=np.float64)
 
 
 def per_feature(prep, attributions: np.ndarray) -> tuple[list[str], np.ndarray]:

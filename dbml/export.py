@@ -119,6 +119,9 @@ def _target(cur, path: str, overwrite: bool) -> Path:
     attached to the instance (or its WAL), from a read-only connection neither."""
     if not isinstance(path, str) or not path.strip():
         raise InvalidArgument("export_model(): path must be a file name, e.g. export_model('m', 'm.onnx')")
+    if "\0" in path:   # no file system names a file so (os.path's ValueError: embedded null byte)
+        raise InvalidArgument(f"export_model(): path {path!r} holds a NUL byte (chr(0)), which no file name can "
+                              f"hold; pass the path without it")
     target = Path(path).expanduser()
     resolved = Path(os.path.realpath(target))
     _allowed(cur, path, resolved)

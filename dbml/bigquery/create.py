@@ -17,7 +17,7 @@ from sqlglot import exp
 
 from ..errors import InvalidArgument
 from ..core.kinds.kmeans import NO_LABEL
-from ..core.source import refuse_effects
+from ..core.source import column, refuse_effects, unused_name
 from ..core.settings import SETTINGS
 from ..core.spec import TRAIN_PARAMS, from_sql_row
 from ..zoo import arch as zoo_arch
@@ -242,27 +242,30 @@ def class_copies(name: str, weights) -> dict:
     return {**{label: round(w / lightest) for label, w in given.items()}, None: round(1.0 / lightest)}
 
 
-def class_weighted(query: exp.Select, label: str, copies: dict | None = None) -> exp.Select:
+def class_weighted(query: exp.Select, label: str, columns: list[str], copies: dict | None = None) -> exp.Select:
     """Class weights for the torch models, as repeated rows: ``copies`` ({label: copies, None: any
     other label's}, ``class_weights``) or, without it (``auto_class_weights``), each row repeated about
     (largest class / its class) times, so every class weighs alike in the loss. (Copies of a row
-    hash alike, so the validation split keeps them together.)"""
+    hash alike, so the validation split keeps them together.) ``columns``: the query's, which the
+    counts' names stay apart from."""
     lab = exp.column(label, quoted=True)
+    n, r, i = (unused_name(base, columns) for base in ("__dbml_n", "__dbml_r", "__dbml_i"))
     sub = lambda q, alias: exp.Subquery(this=q, alias=exp.TableAlias(this=exp.to_identifier(alias)))  # noqa: E731
     counted = exp.select(exp.Star(), exp.alias_(exp.Window(this=exp.func("count", exp.Star()), partition_by=[lab],
-                                                           over="OVER"), "__dbml_n")).from_(sub(query, "__dbml_q"))
+                                                           over="OVER"), n, quoted=True)).from_(sub(query, "__dbml_q"))
     reps = exp.func("greatest", exp.Literal.number(1), exp.cast(exp.func("round", exp.Div(
-        this=exp.Window(this=exp.func("max", exp.column("__dbml_n")), over="OVER"), expression=exp.column("__dbml_n"))),
+        this=exp.Window(this=exp.func("max", column(n)), over="OVER"), expression=column(n))),
         "BIGINT"))
-    if copies is not None:
-        case = exp.Case(ifs=[exp.If(this=exp.EQ(this=exp.cast(lab.copy(), "VARCHAR"), expression=exp.Literal.string(k)),
-                                    true=exp.Literal.number(v)) for k, v in copies.items() if k is not None],
-                        default=exp.Literal.number(copies[None]))
-        reps = case
-    weighted = exp.select(exp.Star(), exp.alias_(reps, "__dbml_r")).from_(sub(counted, "__dbml_c"))
-    copies = exp.Table(this=exp.func("range", exp.column("__dbml_r")),
-                       alias=exp.TableAlias(this=exp.to_identifier("__dbml_k"), columns=[exp.to_identifier("__dbml_i")]))
-    return exp.select(star_except("__dbml_n", "__dbml_r", "__dbml_i")).from_(sub(weighted, "__dbml_w")).join(
+    if options.get("class_weights") is not None:
+        weights = class_copies(name, options["class_weights"])
+        weighted = True
+    else:
+        weights, weighted = None, bool(options.get("auto_class_weights")) and arch in TORCH
+    if options.get("class_weights") is not None and options.get("auto_class_weights"):
+        raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: pass auto_class_weights or class_weights, "
+                              f"not both")
+    if weighted:
+        source = class_weighted(source, args["label"], con.sql(source.sql("duckdb")).columns, weights)
         copies, join_type="CROSS")
 
 
@@ -367,13 +370,6 @@ def plan(con, tree: exp.Create) -> dict:
         source = exp.select(exp.Star(), exp.alias_(exp.Literal.number(0.0), NO_LABEL)).from_(
             exp.Subquery(this=source, alias=exp.TableAlias(this=exp.to_identifier("__dbml_k"))))
     source = temporal_as_numbers(con, source)
-    if options.get("class_weights") is not None:
-        if options.get("auto_class_weights"):
-            raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: pass auto_class_weights or class_weights, "
-                                  f"not both")
-        source = class_weighted(source, args["label"], class_copies(name, options["class_weights"]))
-    elif options.get("auto_class_weights") and arch in TORCH:
-        source = class_weighted(source, args["label"])
     return {"name": name, "kind": kind, "args": args, "source": source.sql("duckdb"), "query": query.sql("duckdb"),
             "held_out": None if held_out is None else held_out.sql("duckdb"),
             "transform": None if frozen is None else [e.sql("duckdb") for e in frozen],

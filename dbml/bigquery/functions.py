@@ -24,6 +24,7 @@ from ..errors import InvalidArgument
 from ..core.runtime import runtime
 from ..core.inference import forward
 from ..core.heldout import held_out_sql
+from ..core.source import column, parsed, unused_name
 from . import evaluation, names, store
 from .create import apply_transform, model_name, temporal_as_numbers
 from .parse import MLFunction, count, function_name, settings
@@ -85,15 +86,20 @@ def rows(con, model: Model, query: exp.Select, labelled: bool,
          held_out: bool = False) -> tuple[pa.Table, np.ndarray, np.ndarray | None]:
     """(the input rows, their encoded features, the label as class index or value) in one read;
     ``held_out``: only the rows ``train`` held out for validation (the training query's)."""
-    inner = exp.select(exp.alias_(exp.column("__in"), "__dbml_row"), exp.Star()).from_(
-        exp.Subquery(this=query, alias=exp.TableAlias(this=exp.to_identifier("__in"))))
+    # the input's own columns, the TRANSFORM's and the model's names stay the user's: the row's
+    # struct (the subquery's alias read as a value) and its column are named apart from them
     transform = model.info.get("transform")
+    taken = [*getattr(con, "duckdb", con).sql(query.sql("duckdb")).columns, *model.prep.feature_names,
+             model.prep.label, *(parsed(e).alias_or_name for e in transform or ())]
+    alias, row_col = unused_name("__dbml_in", taken), unused_name("__dbml_row", taken)
+    inner = exp.select(exp.alias_(exp.column(alias, quoted=True), row_col, quoted=True), exp.Star()).from_(
+        exp.Subquery(this=query, alias=exp.TableAlias(this=exp.to_identifier(alias, quoted=True))))
     src = inner
     if transform:
-        src = apply_transform(inner, [*transform, exp.column("__dbml_row")])
+        src = apply_transform(inner, [*transform, column(row_col)])
     if model.info:   # CREATE MODEL's: dates are features, in seconds (train() takes none: its source as it was)
         src = temporal_as_numbers(con, src)
-    cols = [exp.column("__dbml_row"), exp.alias_(model.prep.features_sql(), "__dbml_x")]
+    cols = [exp.alias_(column(row_col), "__dbml_row"), exp.alias_(model.prep.features_sql(), "__dbml_x")]
     outer = exp.select(*cols).from_(exp.Subquery(this=src, alias=exp.TableAlias(this=exp.to_identifier("__dbml_s"))))
     if labelled:
         y = (exp.maybe_parse(model.prep.label_sql(), dialect="duckdb") if model.prep.task == "classification" else
@@ -101,7 +107,7 @@ def rows(con, model: Model, query: exp.Select, labelled: bool,
         outer = outer.select(exp.alias_(y, "__dbml_y")).where(model.prep.label_filter())
     if held_out:
         # src is train's source (the query, TRANSFORM, dates as numbers) with __dbml_row beside it
-        outer = outer.where(held_out_sql(model.params["seed"], model.params["validation"], exclude=("__dbml_row",),
+        outer = outer.where(held_out_sql(model.params["seed"], model.params["validation"], exclude=(row_col,),
                                          bucket=model.params.get("held_out_bucket")))
     table = _arrow(con, outer)
     width = model.prep.width

@@ -46,8 +46,9 @@ class DataParallel:
         spec = self.task.spec
         # Ray Train reads its health check's interval only from its environment
         runtime().environ_default("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", HEALTH_CHECK_S)
-        self.cluster.free_idle()   # idle device workers give their slots to this job's workers
         gpu = self.cluster.gpus() and spec.settings.device != "cpu"
+        self.cluster.check_room(spec.workers, gpu)   # before anything waits for slots that do not exist
+        self.cluster.free_idle()   # idle device workers give their slots to this job's workers
         self.progress.place(None, None, f"{spec.workers} devices")
         self.storage = spec.settings.cluster_storage or tempfile.mkdtemp(prefix="dbml-ray-train-")
         trainer = TorchTrainer(

@@ -39,6 +39,8 @@ WORKER_CONCURRENCY = 32
 # dispatch one call, ~ms; a cold one starts a process and imports torch and dbml, seconds).
 # A data-parallel job that needs the slots takes them from idle workers at once.
 IDLE_S = 120.0
+# A job waiting for a device worker to start looks at its cancel this often.
+WAIT_POLL_S = 0.1
 
 # The process's one connection is the runtime's (``runtime().cluster``, under ``cluster_lock``).
 
@@ -244,17 +246,32 @@ class Cluster:
         """Whether the cluster has GPUs: then a device is a GPU, else a CPU slot."""
         return self.ray.cluster_resources().get("GPU", 0) > 0
 
+    def check_room(self, workers: int, gpu: bool, *, fn: str = "train") -> None:
+        """A job of ``workers`` workers (one CPU slot each, and one GPU each where ``gpu``) fits
+        the cluster's resources in all, once other jobs have ended; else InvalidArgument saying
+        what it asked and what the cluster has (Ray would keep it waiting for ever)."""
+        resources = self.ray.cluster_resources()
+        kinds = ["CPU", "GPU"] if gpu else ["CPU"]
+        short = [k for k in kinds if resources.get(k, 0) < workers]
+        if short:
+            has = ", ".join(f"{resources.get(k, 0):g} {k}" for k in kinds)
+            most = int(min(resources.get(k, 0) for k in kinds))
+            raise InvalidArgument(f"{fn}(): workers := {workers} needs {workers} {' and '.join(kinds)} slots on the "
+                                  f"Ray cluster (one per worker), and the cluster has {has} in all; the job can never "
+                                  f"be placed: pass workers := {max(most, 1)} or fewer, or add nodes to the cluster")
+
     def devices(self) -> int:
         """How many devices the cluster has (GPUs, else CPU slots)."""
         resources = self.ray.cluster_resources()
         return int(resources.get("GPU", 0) or resources.get("CPU", 0))
 
     # -- device workers --------------------------------------------------------------------
-    def acquire(self, key: str, gpu: bool, on_wait=None) -> Slot:
+    def acquire(self, key: str, gpu: bool, on_wait=None, check=None) -> Slot:
         """A device worker for job ``key``: an idle one, else a new one where the cluster has a
         free device, else the one with the fewest jobs (its scheduler plans them jointly and
         admits this one when it fits). ``on_wait()`` is told when the job waits for a new
-        worker to start."""
+        worker to start; ``check()`` is called while it waits, and what it raises (the job's
+        cancel) stops the wait and the worker started for it."""
         with self._lock:
             self._reap()
             slot = next((s for s in self._slots if not s.jobs and s.ready), None)
@@ -270,7 +287,11 @@ class Cluster:
         if not slot.ready:
             if on_wait is not None:
                 on_wait()
-            self._ready(slot)
+            try:
+                self._ready(slot, check)
+            except BaseException:
+                self.discard(slot)   # started for this job alone (a starting worker takes no other)
+                raise
         return slot
 
     def release(self, slot: Slot, key: str) -> None:
@@ -320,8 +341,11 @@ class Cluster:
         resources = dict(num_cpus=1, num_gpus=1) if gpu else dict(num_cpus=1)
         return self.ray.remote(max_concurrency=WORKER_CONCURRENCY, **resources)(DeviceWorker).remote()
 
-    def _ready(self, slot: Slot) -> None:
-        info = self.ray.get(slot.actor.describe.remote())
+    def _ready(self, slot: Slot, check=None) -> None:
+        ref = slot.actor.describe.remote()
+        while check is not None and not self.ray.wait([ref], timeout=WAIT_POLL_S)[0]:
+            check()   # a job queued for a device stops when cancelled
+        info = self.ray.get(ref)
         slot.node, slot.device, slot.pid, slot.ready = info["node"], info["device"], info["pid"], True
 
     def _reap(self) -> None:

@@ -203,7 +203,8 @@ class DeviceJob:
 
     def start(self) -> None:
         gpu = self.cluster.gpus() and self.task.spec.settings.device != "cpu"
-        self.slot = self.cluster.acquire(self.task.key, gpu, on_wait=lambda: self.progress.place(None, None, "a device"))
+        self.slot = self.cluster.acquire(self.task.key, gpu, on_wait=lambda: self.progress.place(None, None, "a device"),
+                                         check=self.progress.check)
         self.progress.place(self.slot.node, self.slot.device, None)
         self.ref = self.slot.actor.run.remote(self.task)
 

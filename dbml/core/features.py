@@ -33,7 +33,7 @@ from sqlglot import exp
 from . import inputs
 from ..errors import InvalidArgument, SourceError
 from .inputs import InputEncoder
-from .source import Column, column, label_and_text, literal, number, parsed, quote, resolve_column, value_sql
+from .source import Column, column, label_and_text, literal, number, parsed, quote, resolve_column, unused_name, value_sql
 from ..zoo import Inputs
 
 MAX_CATEGORIES = 64
@@ -65,7 +65,7 @@ def _element(array: exp.Expression, index: exp.Expression) -> exp.Bracket:
 
 
 def _lambda(name: str, body: exp.Expression) -> exp.Lambda:
-    return exp.Lambda(this=body, expressions=[exp.to_identifier(name)])
+    return exp.Lambda(this=body, expressions=[exp.to_identifier(name, quoted=True)])
 
 
 @dataclass(frozen=True)
@@ -118,12 +118,14 @@ class Feature:
         over the positions, where :meth:`expressions` gives an expression per element, each with
         vectors of its own in DuckDB (a 784-element array: ~70 MB while a job's scratch
         table was written, issue 29)."""
-        at, z = exp.column("__dbml_i"), exp.column("__dbml_z")
+        # the lambdas' parameters would hide a column of their name: named apart from the feature's
+        i, z = unused_name("__dbml_i", [self.name]), unused_name("__dbml_z", [self.name])
+        at = column(i)
         each = scaled(_element(column(self.name), at), _element(_doubles(means), at.copy()),
                       _element(_doubles(stds), at.copy()))
         positions = exp.func("range", exp.Literal.number(1), exp.Literal.number(len(means) + 1))
-        elements = exp.func("list_transform", positions, _lambda("__dbml_i", each))
-        return exp.func("list_transform", elements, _lambda("__dbml_z", finite_or_zero(z)))
+        elements = exp.func("list_transform", positions, _lambda(i, each))
+        return exp.func("list_transform", elements, _lambda(z, finite_or_zero(column(z))))
 
 
 def _doubles(values: tuple[float, ...]) -> exp.Array:

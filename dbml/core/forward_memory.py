@@ -33,31 +33,38 @@ MAX_ROWS = 1 << 20       # no chunk larger than this, whatever the budget
 
 
 @functools.lru_cache(maxsize=64)
-def forward_bytes(cfg: ModelConfig, rows: int) -> int:
+def forward_bytes(cfg: ModelConfig, rows: int, *, grad: bool = False) -> int:
     """The peak bytes of a no-grad forward of ``rows`` rows, weights included, counted on
-    the meta device (nothing computed, nothing allocated)."""
+    the meta device (nothing computed, nothing allocated). ``grad``: a forward that keeps
+    what autograd saves, then the gradient of the outputs with respect to the inputs (what
+    ``explain``'s integrated gradients run per row and step; the weights get no gradient)."""
     from ..scheduler.execute.measure import PeakMeter, live_tensors  # the scheduler's meter, loaded when used
     with torch.device("meta"):
         module = build(cfg)
     module.eval()
     x = cfg.inputs.sample(rows, "meta")
-    with PeakMeter(live_tensors(module, None, x), device="meta") as meter, torch.no_grad():
-        module(x)
+    if grad:
+        x.requires_grad_(True)
+    with PeakMeter(live_tensors(module, None, x), device="meta") as meter, torch.set_grad_enabled(grad):
+        out = module(x)
+        if grad:
+            torch.autograd.grad(out.sum(), x)
     return meter.peak_bytes
 
 
 @functools.lru_cache(maxsize=256)
-def rows_within(cfg: ModelConfig, budget: int, *, held: int = 0, fn: str = "predict") -> int:
-    """The most rows one forward pass of ``cfg`` may take within ``budget`` bytes while
-    ``held`` bytes are held beside it (the whole input, the outputs: the caller's); at
-    least 1, InvalidArgument naming the budget if even one row does not fit."""
-    one = forward_bytes(cfg, 1)
+def rows_within(cfg: ModelConfig, budget: int, *, held: int = 0, fn: str = "predict", grad: bool = False) -> int:
+    """The most rows one forward pass of ``cfg`` (``grad``: with the inputs' gradient,
+    ``forward_bytes``) may take within ``budget`` bytes while ``held`` bytes are held beside
+    it (the whole input, the outputs: the caller's); at least 1, InvalidArgument naming the
+    budget if even one row does not fit."""
+    one = forward_bytes(cfg, 1, grad=grad)
     if one + held > budget:
         raise InvalidArgument(f"{fn}(): the model needs {_size(one + held)} for its weights, one row and the "
                               f"outputs of the rows DuckDB passed at once, over the memory budget of {_size(budget)}; "
                               f"SET VARIABLE dbml_memory_budget = '{_round_up(one + held)}' or more")
     budget -= held
-    per_row = max(0.0, (forward_bytes(cfg, PROBE_ROWS) - one) / (PROBE_ROWS - 1))
+    per_row = max(0.0, (forward_bytes(cfg, PROBE_ROWS, grad=grad) - one) / (PROBE_ROWS - 1))
     if per_row == 0:
         return MAX_ROWS
     return int(max(1, min(MAX_ROWS, 1 + (budget - one) // per_row)))

@@ -24,7 +24,7 @@ from .data import BatchStream
 from ..errors import InvalidArgument, RowSkipped
 from .features import Preprocessing
 from .forward_memory import rows_within
-from .source import column, describe, parsed, resolve_column, select_tree, value_sql
+from .source import column, describe, parsed, resolve_column, select_tree, unused_name, value_sql
 
 
 class ModelCache:
@@ -193,8 +193,26 @@ def _encode_input(model: catalog.StoredModel, values: pa.Array, fn: str):
         flat_ids = lists.flatten()
         if pc.any(pc.not_equal(flat_ids, pc.round(flat_ids))).as_py():
             raise InvalidArgument(f"{fn}(): model {model.name!r} takes token ids; pass a list of integers")
+        _check_token_range(model, flat_ids, fn)
         lists = lists.cast(pa.list_(pa.int64()))
     return enc.to_tensor(lists, fn=fn), valid
+
+
+EXACT_IDS = 2 ** 53   # predict() receives ids as DOUBLE: integers past this are not the ids written
+
+
+def _check_token_range(model: catalog.StoredModel, ids: pa.Array, fn: str) -> None:
+    """Token ids >= 0 (as ``train`` takes them) that a DOUBLE holds exactly; another is an
+    error naming the input and the range (before, 2**63 - 1 failed Arrow's cast to int64)."""
+    bounds = pc.min_max(ids).as_py()
+    if bounds["min"] is None or (bounds["min"] >= 0 and bounds["max"] <= EXACT_IDS):
+        return
+    enc = model.preprocessing.input
+    bad = bounds["min"] if bounds["min"] < 0 else bounds["max"]
+    known = (f"its vocabulary is {len(enc.ids)} training ids up to {max(enc.ids)}, any other id counts as unknown"
+             if enc.ids else f"its vocabulary is the ids 0..{enc.vocab_size - 2}")
+    raise InvalidArgument(f"{fn}(): model {model.name!r} takes token ids in 0..{EXACT_IDS} (predict() passes them "
+                          f"as DOUBLE; {known}); the input x holds {bad:.0f} (as DOUBLE); pass ids in that range")
 
 
 def flat(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -372,9 +390,10 @@ def evaluate(cur: duckdb.DuckDBPyConnection, cache: ModelCache, name: str, sourc
         query = exp.select(*xy).from_(parsed(select_sql).subquery()).where(parsed(prep.label_filter()))
         batches = BatchStream(cur, query, 8192)
     else:   # the rows numbered (or named by file) before the label's filter
-        named = exp.select(exp.Star(), exp.alias_(row_names(columns), "__dbml_row_name")).from_(
+        row_name = unused_name("__dbml_row_name", [c.name for c in columns])   # a source column keeps its name
+        named = exp.select(exp.Star(), exp.alias_(row_names(columns), row_name, quoted=True)).from_(
             exp.Subquery(this=parsed(select_sql).copy(), alias=exp.TableAlias(this="src")))
-        query = (exp.select(*xy, "__dbml_row_name").from_(named.subquery())
+        query = (exp.select(*xy, column(row_name)).from_(named.subquery())
                  .where(parsed(prep.label_filter())))
         batches = _input_batches(cur, model, query, on_error, fn)
     for x, y in batches:

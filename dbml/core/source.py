@@ -94,6 +94,18 @@ def column(name: str) -> exp.Column:
     return exp.column(exp.to_identifier(name, quoted=True))
 
 
+def unused_name(base: str, taken) -> str:
+    """``base``, or ``base_1``, ``base_2``, ...: the first that is none of ``taken`` (DuckDB's
+    names are case-insensitive). dbml's own columns beside a user's (a row's struct, a row
+    count) are named so that no user column can be taken for one, or hidden by one."""
+    taken = {t.lower() for t in taken}
+    name, n = base, 0
+    while name.lower() in taken:
+        n += 1
+        name = f"{base}_{n}"
+    return name
+
+
 def literal(value) -> str:
     """A Python value as a SQL literal, built by sqlglot (``value``): None, a bool, a number
     (finite: ``number``), a str, or a list of them."""

@@ -59,13 +59,32 @@ _TOKENIZERS = threading.local()
 _SENTINEL = "\n;"
 
 
+# a byte that is not UTF-8, as a stream read with errors="surrogateescape" holds it
+UNDECODABLE = re.compile("[\udc80-\udcff]")
+
+
 def _duckdb_tokens(text: str) -> list[tuple[int, object]]:
-    """(start, kind) of DuckDB's tokens of ``text``, comments included. Raises TokenError
-    where the text ends inside a string, a quoted name or a block comment."""
+    """(start, kind) of DuckDB's tokens of ``text``, comments included, the starts counted
+    in characters of ``text`` (DuckDB counts UTF-8 bytes). A byte that is not UTF-8 is one
+    character that tokenizes as U+FFFD does (DuckDB refuses the statement that holds it).
+    Raises TokenError where the text ends inside a string, a quoted name or a block comment."""
+    text = UNDECODABLE.sub("\ufffd", text)
     tokens = duckdb.tokenize(text + _SENTINEL)
+    if not text.isascii():
+        tokens = [(int(at), kind) for at, (_, kind) in zip(_characters(text + _SENTINEL, [t[0] for t in tokens]),
+                                                           tokens)]
     if not tokens or tokens[-1][0] != len(text) + 1:
         raise TokenError(f"Error tokenizing {text[-40:]!r}")
     return tokens[:-1]
+
+
+def _characters(text: str, offsets: list[int]):
+    """The character index of each UTF-8 byte offset into ``text``: the characters that
+    start before it (a character starts at each byte that is not a continuation byte)."""
+    import numpy as np
+    raw = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+    starts = np.concatenate([[0], np.cumsum((raw & 0xC0) != 0x80)])
+    return starts[np.asarray(offsets, dtype=np.int64)]
 
 
 def _tokenizer(dialect: str):
@@ -129,7 +148,20 @@ def bigquery_markers(text: str) -> bool:
     ``ML.`` function call; a statement that starts ``CREATE [OR REPLACE] MODEL`` or ``DROP
     MODEL``. Anything else is DuckDB's SQL, run as DuckDB reads it (``FROM ml.features``, a
     table named ``model``, ``'C:\\Users\\'``)."""
+    if not could_be_bigquery(text):
+        return False
     return _marked(text, _duckdb_code(text)) or _marked(text, _bigquery_code(text))
+
+
+# what every marker of ``_marked`` holds: a backquote, a '#', the word ML or the word MODEL
+_MARKER_PARTS = re.compile(r"[`#]|\bml\b|\bmodel\b", re.IGNORECASE)
+
+
+def could_be_bigquery(text: str) -> bool:
+    """Whether ``text`` holds what a BigQuery marker needs (``bigquery_markers``), by one scan
+    of the characters: text without is DuckDB's, whatever its length, and is never tokenized
+    twice over (a 3 MB expression's sqlglot tokens took 2 GB before DuckDB's own error)."""
+    return _MARKER_PARTS.search(text) is not None
 
 
 def _duckdb_code(text: str) -> list[int]:

@@ -351,8 +351,10 @@ def _extra_commands(shell, s: Settings) -> int:
 
 
 def _text_streams() -> None:
-    """stdout and stderr write UTF-8 whatever the locale, and never translate newlines."""
-    for stream in (sys.stdout, sys.stderr):
+    """stdout and stderr write UTF-8 whatever the locale, and never translate newlines; stdin
+    reads UTF-8 as files are read (``Shell.read_file``): a byte that is not UTF-8 fails its
+    statement, not the reading."""
+    for stream in (sys.stdin, sys.stdout, sys.stderr):
         try:
             stream.reconfigure(encoding="utf-8", errors="surrogateescape")
         except (AttributeError, ValueError):

@@ -19,6 +19,7 @@ from typing import Iterable, TextIO
 
 import duckdb
 
+from ..core.sqltext import UNDECODABLE
 from . import engine
 from .highlight import Highlighter
 from .engine import error_text
@@ -192,6 +193,12 @@ class Shell:
     # -- statements ------------------------------------------------------------------------
     def run_sql(self, text: str) -> int:
         """Run the statements of ``text`` (RunOneSqlLine); 1 if one failed."""
+        bad = UNDECODABLE.search(text)
+        if bad:   # DuckDB's parser refuses such text; the input goes on with the next statement
+            self.error(f"Error: the statement holds the byte 0x{ord(bad.group()) - 0xDC00:02x}, which is not "
+                       f"UTF-8; DuckDB reads SQL as UTF-8: convert the input (e.g. iconv -f latin1 -t utf-8)")
+            self.status = 1
+            return 1
         t0, c0 = time.perf_counter(), os.times()
         ok = self.execute_sql(text)
         if self.timer:
@@ -231,7 +238,10 @@ class Shell:
         anything else is DuckDB's parse error (and nothing of the text runs, as in the CLI)."""
         from ..bigquery import looks_like_bigquery
         from ..errors import InvalidArgument
-        from ..core.sqltext import split_statements
+        from ..core.sqltext import could_be_bigquery, split_statements
+        if not could_be_bigquery(text):   # DuckDB's text: its error, without reading it again
+            self.error(str(error))
+            return False
         try:
             pieces = split_statements(text)
         except InvalidArgument as e:   # an unterminated string, a script the dialects split differently
