@@ -256,17 +256,15 @@ def class_weighted(query: exp.Select, label: str, columns: list[str], copies: di
     reps = exp.func("greatest", exp.Literal.number(1), exp.cast(exp.func("round", exp.Div(
         this=exp.Window(this=exp.func("max", column(n)), over="OVER"), expression=column(n))),
         "BIGINT"))
-    if options.get("class_weights") is not None:
-        weights = class_copies(name, options["class_weights"])
-        weighted = True
-    else:
-        weights, weighted = None, bool(options.get("auto_class_weights")) and arch in TORCH
-    if options.get("class_weights") is not None and options.get("auto_class_weights"):
-        raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: pass auto_class_weights or class_weights, "
-                              f"not both")
-    if weighted:
-        source = class_weighted(source, args["label"], con.sql(source.sql("duckdb")).columns, weights)
-        copies, join_type="CROSS")
+    if copies is not None:
+        reps = exp.Case(ifs=[exp.If(this=exp.EQ(this=exp.cast(lab.copy(), "VARCHAR"), expression=exp.Literal.string(k)),
+                                    true=exp.Literal.number(v)) for k, v in copies.items() if k is not None],
+                        default=exp.Literal.number(copies[None]))
+    weighted = exp.select(exp.Star(), exp.alias_(reps, r, quoted=True)).from_(sub(counted, "__dbml_c"))
+    repeats = exp.Table(this=exp.func("range", column(r)),
+                        alias=exp.TableAlias(this=exp.to_identifier("__dbml_k"), columns=[exp.to_identifier(i, quoted=True)]))
+    return exp.select(star_except(n, r, i)).from_(sub(weighted, "__dbml_w")).join(
+        repeats, join_type="CROSS")
 
 
 def temporal_as_numbers(con, query: exp.Select) -> exp.Select:
@@ -370,6 +368,14 @@ def plan(con, tree: exp.Create) -> dict:
         source = exp.select(exp.Star(), exp.alias_(exp.Literal.number(0.0), NO_LABEL)).from_(
             exp.Subquery(this=source, alias=exp.TableAlias(this=exp.to_identifier("__dbml_k"))))
     source = temporal_as_numbers(con, source)
+    if options.get("class_weights") is not None and options.get("auto_class_weights"):
+        raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: pass auto_class_weights or class_weights, "
+                              f"not both")
+    if options.get("class_weights") is not None:
+        source = class_weighted(source, args["label"], con.sql(source.sql("duckdb")).columns,
+                                class_copies(name, options["class_weights"]))
+    elif options.get("auto_class_weights") and arch in TORCH:
+        source = class_weighted(source, args["label"], con.sql(source.sql("duckdb")).columns)
     return {"name": name, "kind": kind, "args": args, "source": source.sql("duckdb"), "query": query.sql("duckdb"),
             "held_out": None if held_out is None else held_out.sql("duckdb"),
             "transform": None if frozen is None else [e.sql("duckdb") for e in frozen],
