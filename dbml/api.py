@@ -14,7 +14,9 @@ function with effects (``train``, ``drop_model``, ``calibrate``, ``cancel_job``,
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+from types import FrameType
 
 import duckdb
 from sqlglot import exp
@@ -59,7 +61,9 @@ class OnceRelation:
 
     def _relation(self) -> duckdb.DuckDBPyRelation:
         if self._rel is None:
-            table = self._con.sql(self._query, **self._kwargs).to_arrow_table()   # the one run
+            from .udfs.arguments import arguments_explained
+            with arguments_explained(self._query):
+                table = self._con.sql(self._query, **self._kwargs).to_arrow_table()   # the one run
             self._rel = self._con.from_arrow(table)
         return self._rel
 
@@ -82,8 +86,9 @@ class OnceRelation:
         return str(self._relation())
 
 
-def sql(con: duckdb.DuckDBPyConnection, query, **kwargs):
-    """``con.sql`` for a dbml Connection: a :class:`OnceRelation` for a SELECT with effects."""
+def sql(con: duckdb.DuckDBPyConnection, frame: FrameType, query, **kwargs):
+    """``con.sql`` for a dbml Connection, called from ``frame``: a :class:`OnceRelation` for a
+    SELECT with effects; a dbml function's misspelt argument named (``udfs.arguments``)."""
     if isinstance(query, str) and has_effects(query):
         try:
             statements = duckdb.extract_statements(query)
@@ -91,7 +96,26 @@ def sql(con: duckdb.DuckDBPyConnection, query, **kwargs):
             statements = []
         if len(statements) == 1 and statements[0].type == duckdb.StatementType.SELECT:
             return OnceRelation(con, query, kwargs)
-    return con.sql(query, **kwargs)
+    from .udfs.arguments import arguments_explained
+    with arguments_explained(query):
+        return as_caller(frame, con.sql, query, **kwargs)
+
+
+def execute(con: duckdb.DuckDBPyConnection, frame: FrameType, query, *args, **kwargs):
+    """``con.execute`` for a dbml Connection, called from ``frame``; a dbml function's misspelt
+    argument named (``udfs.arguments``)."""
+    from .udfs.arguments import arguments_explained
+    with arguments_explained(query):
+        return as_caller(frame, con.execute, query, *args, **kwargs)
+
+
+def as_caller(frame: FrameType, call, *args, **kwargs):
+    """``call(*args, **kwargs)`` run from a frame with the variables of ``frame`` (the user's):
+    DuckDB's replacement scans find a table's name among the variables of the Python frame
+    that runs the statement (``python_scan_all_frames`` is off), which a wrapper's would hide.
+    ``functools.partial`` adds no Python frame of its own."""
+    scope = {**frame.f_locals, "__dbml_call__": functools.partial(call, *args, **kwargs)}
+    return eval("__dbml_call__()", frame.f_globals, scope)   # noqa: S307 - a fixed expression
 
 
 # -- the SQL functions from Python ------------------------------------------------------

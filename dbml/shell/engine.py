@@ -53,11 +53,14 @@ _LAST = re.compile(r"(?<![\w$\"])_(?![\w$\"])")
 
 
 def run(con, sql: str, last: Kept | None = None) -> Outcome:
-    """Run one statement; ``last`` is the previous query's rows, which it reads as ``_``."""
-    if last is not None and _LAST.search(sql):
-        result = _with_last(con, sql, last.relation())
-    else:
-        result = con._submit(sql)
+    """Run one statement; ``last`` is the previous query's rows, which it reads as ``_``. A dbml
+    function called with an argument it does not take fails naming it (``dbml.udfs.arguments``)."""
+    from ..udfs.arguments import arguments_explained
+    with arguments_explained(sql):
+        if last is not None and _LAST.search(sql):
+            result = _with_last(con, sql, last.relation())
+        else:
+            result = con._submit(sql)
     description = result.description or []
     return Outcome(result.return_type, result, [d[0] for d in description], [d[1] for d in description])
 
