@@ -29,6 +29,7 @@ from sqlglot import exp
 from torch import nn
 
 from .core.columns import EXPLAIN_RESULT
+from .core.data import shared_tensor
 from .errors import InvalidArgument
 
 IG_STEPS = 64   # Captum's Gauss-Legendre steps: ~0.2 % of prediction - baseline left unexplained
@@ -44,7 +45,7 @@ def linear_layer(module: nn.Module) -> nn.Linear | None:
 
 def _outputs(module, x: np.ndarray) -> np.ndarray:
     with torch.no_grad():
-        return module(torch.as_tensor(x, dtype=torch.float32)).double().numpy()
+        return module(shared_tensor(np.asarray(x, dtype=np.float32))).double().numpy()
 
 
 def encoded(model, x: np.ndarray) -> dict:
@@ -86,7 +87,7 @@ def _integrated_gradients(module, x: np.ndarray, target: np.ndarray) -> np.ndarr
         from captum.attr import IntegratedGradients
     except ImportError as e:
         raise InvalidArgument("explain(): explaining a deep model needs Captum; pip install 'dbml[explain]'") from e
-    inputs = torch.as_tensor(x, dtype=torch.float32)
+    inputs = shared_tensor(np.asarray(x, dtype=np.float32))
     ig = IntegratedGradients(module)
     attr = ig.attribute(inputs, baselines=torch.zeros_like(inputs), target=torch.as_tensor(target), n_steps=IG_STEPS)
     return attr.detach().double().numpy()
