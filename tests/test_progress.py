@@ -71,3 +71,53 @@ def test_line_renderer_shows_the_estimate_while_the_job_runs():
     view = progress.JobView(3, "churn", "running", 2, 10, 0.45, None, None, estimated_seconds=95.2)
     progress.LineRenderer(out, force=True).update([view])
     assert out.getvalue() == "\rjob 3 churn  epoch 2/10   45%  est. 95 s"
+
+
+def test_a_jobs_progress_agrees_with_its_epochs_whatever_the_iteration_estimate():
+    """progress is counted in epochs: at each epoch's end it is epoch / epochs, though the
+    epoch took more or fewer iterations than estimated (it was iterations / estimated total)."""
+    from dbml.core.jobs import Job
+    job = Job(id=1, model="m")
+    job.begin(4, 10)
+    seen = []
+    for epoch, iterations in enumerate((13, 7, 10, 4), start=1):   # around the estimate of 10
+        for _ in range(iterations):
+            job.step(32)
+            seen.append(job.progress)
+            assert (epoch - 1) / 4 <= job.progress < epoch / 4
+        job.end_epoch({"epoch": epoch, "loss": 1.0}, {})
+        assert job.progress == epoch / 4
+    assert seen == sorted(seen) and job.progress == 1.0
+
+
+def test_the_notebook_bar_shows_the_share_of_epochs_done(monkeypatch):
+    from dbml.core.progress import JobView
+    from dbml.notebook import STEPS, BarsRenderer
+
+    class Bar:
+        def __init__(self, total, **kwargs):
+            self.total, self.n, self.postfix = total, 0, {}
+
+        def update(self, k):
+            self.n += k
+
+        def set_postfix(self, post, refresh=True):
+            self.postfix = post
+
+        def close(self):
+            pass
+
+    bars = BarsRenderer(Bar)
+    bars.update([JobView(1, "m", "running", 3, 10, 0.3, 0.5, 100.0)])
+    bar = bars.bars[1]
+    assert bar.n / bar.total == 0.3 and bar.postfix["epoch"] == "3/10"
+    bars.update([JobView(1, "m", "finished", 4, 10, 0.4, 0.5, 100.0)])    # early stopping at epoch 4
+    assert bar.n == 0.4 * STEPS and bar.postfix["epoch"] == "4/10" and bar.postfix["stopped"] == "early"
+
+
+def test_the_notebook_extra_installs_the_widget_the_bars_are_drawn_with():
+    """tqdm.auto draws a Jupyter widget with ipywidgets, else warns 'IProgress not found'."""
+    import tomllib
+    from pathlib import Path
+    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert {r.split(">")[0].split("=")[0] for r in extras["notebook"]} >= {"tqdm", "ipywidgets"}
