@@ -121,3 +121,20 @@ def test_the_notebook_extra_installs_the_widget_the_bars_are_drawn_with():
     from pathlib import Path
     extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert {r.split(">")[0].split("=")[0] for r in extras["notebook"]} >= {"tqdm", "ipywidgets"}
+
+
+def test_the_line_fits_the_terminal_and_cuts_no_job_in_the_middle(monkeypatch):
+    """A tune() runs many trial jobs at once: the line fits the terminal's width (it was cut
+    at 120 characters, mid-job), each job whole, then how many more there are."""
+    monkeypatch.setenv("COLUMNS", "100")
+    trials = [progress.JobView(i, f"m_trial_{i}", "running", 2, 10, 0.25, 0.5, 900.0) for i in range(1, 13)]
+    out = io.StringIO()
+    progress.LineRenderer(out, force=True).update(trials)
+    line = out.getvalue()[1:]
+    assert len(line) <= 99 and line.startswith("12 jobs: m_trial_1 2/10 25% | m_trial_2 2/10 25%")
+    shown = line.split(" | ")
+    assert shown[-1] == f"+{12 - (len(shown) - 1)} more" and all(s.endswith("25%") for s in shown[1:-1])
+    monkeypatch.setenv("COLUMNS", "400")                # a wide terminal: every job in full
+    out = io.StringIO()
+    progress.LineRenderer(out, force=True).update(trials[:3])
+    assert out.getvalue() == "\r" + " | ".join(t.describe() for t in trials[:3]) and len(out.getvalue()) > 120
