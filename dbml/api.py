@@ -125,6 +125,13 @@ def _train_params() -> list[str]:
     return [p.name for p in TRAIN_PARAMS]
 
 
+def _nearest(name: str, known: list[str]) -> str:
+    """`` (did you mean 'label'?)`` where a known name is close (as the SQL functions' errors say it)."""
+    from .udfs.arguments import nearest
+    guess = nearest(name, known)
+    return f" (did you mean {guess!r}?)" if guess else ""
+
+
 def _call(fn: str, arguments: dict) -> exp.Anonymous:
     """``fn(?, ?, name := ?, ...)``: the model, the source and ``arguments`` by name, bound."""
     named = (exp.PropertyEQ(this=exp.to_identifier(k), expression=exp.Placeholder()) for k in arguments)
@@ -137,8 +144,8 @@ def train(con, model: str, source: str, **arguments) -> dict:
     names = _train_params()
     unknown = sorted(set(arguments) - set(names[2:]))
     if unknown:
-        raise InvalidArgument(f"dbml.train(): unknown argument {unknown[0]!r}; train() takes "
-                              f"{', '.join(names[2:])}")
+        raise InvalidArgument(f"dbml.train(): unknown argument {unknown[0]!r}{_nearest(unknown[0], names[2:])}; "
+                              f"train() takes {', '.join(names[2:])}")
     row = con.execute(exp.select(_call("train", arguments)).sql("duckdb"),
                       [model, source, *arguments.values()]).fetchall()
     return row[0][0]
@@ -154,7 +161,8 @@ def tune(con, model: str, source: str, **arguments) -> list[dict]:
     names = [p.name for p in TUNE_PARAMS][2:]
     unknown = sorted(set(arguments) - set(names))
     if unknown:
-        raise InvalidArgument(f"dbml.tune(): unknown argument {unknown[0]!r}; tune() takes {', '.join(names)}")
+        raise InvalidArgument(f"dbml.tune(): unknown argument {unknown[0]!r}{_nearest(unknown[0], names)}; "
+                              f"tune() takes {', '.join(names)}")
     if isinstance(arguments.get("space"), dict):
         arguments["space"] = json.dumps(arguments["space"])
     cur = con.execute(exp.select("*").from_(exp.Table(this=_call("tune", arguments))).sql("duckdb"),

@@ -53,7 +53,7 @@ def test_the_python_api_mirrors_the_sql_functions(pts):
     table = dbml.predictions(pts, "m", "SELECT a FROM pts WHERE a > 0.9")
     assert table.column_names == ["a", "prediction"] and table.num_rows == 64
     assert [j["model"] for j in dbml.list_jobs(pts)] == ["m"]
-    with pytest.raises(dbml.InvalidArgument, match="unknown argument 'lable'; train\\(\\) takes label, features"):
+    with pytest.raises(dbml.InvalidArgument, match="unknown argument 'lable' \\(did you mean 'label'\\?\\); train\\(\\) takes label, features"):
         dbml.train(pts, "m", "pts", lable="y")
     assert dbml.drop_model(pts, "m") == 1 and versions(pts) == 0
 

@@ -164,7 +164,7 @@ class PredictorReport:
             base = "-" if r.baseline_median_rel_error is None else f"{r.baseline_median_rel_error:.1%}"
             lines.append(f"{r.op:44} {r.samples:7d} {r.median_rel_error:8.1%} {base:>8}")
         lines.append(f"model {self.model_bytes / 1e3:.0f} kB, calibration {self.calibration_seconds:.0f} s, "
-                     f"fallbacks {sum(self.fallbacks.values())}; R^2 per op: SELECT * FROM dbml_predictor")
+                     f"fallbacks {sum(self.fallbacks.values())}; " + "R^2 per op: SELECT * FROM dbml_predictor")
         return "\n".join(lines)
 
 
