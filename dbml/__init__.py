@@ -11,6 +11,7 @@ from another thread) has dbml too.
 
 from __future__ import annotations
 
+import sys
 import threading
 from importlib import resources
 
@@ -57,7 +58,13 @@ class Connection:
         most once and keeps its rows (``dbml.api.OnceRelation``): looking at the result of
         ``con.sql("SELECT train(...)")`` again never trains again."""
         from .api import sql
-        return sql(self.duckdb, query, **kwargs)
+        return sql(self.duckdb, sys._getframe(1), query, **kwargs)
+
+    def execute(self, query, *args, **kwargs):
+        """DuckDB's ``execute``; a dbml function called with an argument it does not take
+        raises DuckDB's binder error naming that argument and the nearest valid one."""
+        from .api import execute
+        return execute(self.duckdb, sys._getframe(1), query, *args, **kwargs)
 
     def cursor(self) -> "Connection":
         """A new connection to the same database (for another thread), with this one's dbml
@@ -65,7 +72,8 @@ class Connection:
         a statement in another thread: the settings are then those it had when last idle."""
         cur = self.duckdb.cursor()
         # No wrapper of execute() marks this connection busy: DuckDB finds a query's Python
-        # variables (replacement scans) in the frame that calls execute, which must stay the user's.
+        # variables (replacement scans) in the frame that calls execute, which must stay the
+        # user's (execute and sql run the statement from a frame with the user's variables).
         with self._lock:
             try:
                 read = self._read_settings()

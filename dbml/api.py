@@ -14,7 +14,9 @@ function with effects (``train``, ``drop_model``, ``calibrate``, ``cancel_job``,
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+from types import FrameType
 
 import duckdb
 from sqlglot import exp
@@ -59,7 +61,9 @@ class OnceRelation:
 
     def _relation(self) -> duckdb.DuckDBPyRelation:
         if self._rel is None:
-            table = self._con.sql(self._query, **self._kwargs).to_arrow_table()   # the one run
+            from .udfs.arguments import arguments_explained
+            with arguments_explained(self._query):
+                table = self._con.sql(self._query, **self._kwargs).to_arrow_table()   # the one run
             self._rel = self._con.from_arrow(table)
         return self._rel
 
@@ -82,13 +86,13 @@ class OnceRelation:
         return str(self._relation())
 
 
-def sql(con: duckdb.DuckDBPyConnection, query, **kwargs):
-    """``con.sql`` for a dbml Connection: a :class:`OnceRelation` for a SELECT with effects;
-    an IMPORT DATABASE that brings a dbml catalog replaces the database's empty one."""
-    from .core.home import import_path
-    if isinstance(query, str) and import_path(query) is not None:
+def sql(con: duckdb.DuckDBPyConnection, frame: FrameType, query, **kwargs):
+    """``con.sql`` for a dbml Connection, called from ``frame``: a :class:`OnceRelation` for a
+    SELECT with effects; a dbml function's misspelt argument named (``udfs.arguments``); an
+    IMPORT DATABASE that brings a dbml catalog replaces the database's empty one."""
+    if isinstance(query, str) and _imports(query):
         from . import import_database
-        return import_database(con, query, lambda q: con.sql(q, **kwargs))
+        return import_database(con, query, lambda q: as_caller(frame, con.sql, q, **kwargs))
     if isinstance(query, str) and has_effects(query):
         try:
             statements = duckdb.extract_statements(query)
@@ -96,7 +100,35 @@ def sql(con: duckdb.DuckDBPyConnection, query, **kwargs):
             statements = []
         if len(statements) == 1 and statements[0].type == duckdb.StatementType.SELECT:
             return OnceRelation(con, query, kwargs)
-    return con.sql(query, **kwargs)
+    from .udfs.arguments import arguments_explained
+    with arguments_explained(query):
+        return as_caller(frame, con.sql, query, **kwargs)
+
+
+def execute(con: duckdb.DuckDBPyConnection, frame: FrameType, query, *args, **kwargs):
+    """``con.execute`` for a dbml Connection, called from ``frame``; a dbml function's misspelt
+    argument named (``udfs.arguments``); an IMPORT DATABASE as in ``sql``."""
+    if isinstance(query, str) and _imports(query):
+        from . import import_database
+        return import_database(con, query, lambda q: as_caller(frame, con.execute, q, *args, **kwargs))
+    from .udfs.arguments import arguments_explained
+    with arguments_explained(query):
+        return as_caller(frame, con.execute, query, *args, **kwargs)
+
+
+def _imports(query: str) -> bool:
+    """Whether ``query`` is an IMPORT DATABASE (``home.import_path``)."""
+    from .core.home import import_path
+    return import_path(query) is not None
+
+
+def as_caller(frame: FrameType, call, *args, **kwargs):
+    """``call(*args, **kwargs)`` run from a frame with the variables of ``frame`` (the user's):
+    DuckDB's replacement scans find a table's name among the variables of the Python frame
+    that runs the statement (``python_scan_all_frames`` is off), which a wrapper's would hide.
+    ``functools.partial`` adds no Python frame of its own."""
+    scope = {**frame.f_locals, "__dbml_call__": functools.partial(call, *args, **kwargs)}
+    return eval("__dbml_call__()", frame.f_globals, scope)   # noqa: S307 - a fixed expression
 
 
 # -- the SQL functions from Python ------------------------------------------------------
@@ -104,6 +136,13 @@ def sql(con: duckdb.DuckDBPyConnection, query, **kwargs):
 def _train_params() -> list[str]:
     from .core.spec import TRAIN_PARAMS
     return [p.name for p in TRAIN_PARAMS]
+
+
+def _nearest(name: str, known: list[str]) -> str:
+    """`` (did you mean 'label'?)`` where a known name is close (as the SQL functions' errors say it)."""
+    from .udfs.arguments import nearest
+    guess = nearest(name, known)
+    return f" (did you mean {guess!r}?)" if guess else ""
 
 
 def _call(fn: str, arguments: dict) -> exp.Anonymous:
@@ -118,8 +157,8 @@ def train(con, model: str, source: str, **arguments) -> dict:
     names = _train_params()
     unknown = sorted(set(arguments) - set(names[2:]))
     if unknown:
-        raise InvalidArgument(f"dbml.train(): unknown argument {unknown[0]!r}; train() takes "
-                              f"{', '.join(names[2:])}")
+        raise InvalidArgument(f"dbml.train(): unknown argument {unknown[0]!r}{_nearest(unknown[0], names[2:])}; "
+                              f"train() takes {', '.join(names[2:])}")
     row = con.execute(exp.select(_call("train", arguments)).sql("duckdb"),
                       [model, source, *arguments.values()]).fetchall()
     return row[0][0]
@@ -135,7 +174,8 @@ def tune(con, model: str, source: str, **arguments) -> list[dict]:
     names = [p.name for p in TUNE_PARAMS][2:]
     unknown = sorted(set(arguments) - set(names))
     if unknown:
-        raise InvalidArgument(f"dbml.tune(): unknown argument {unknown[0]!r}; tune() takes {', '.join(names)}")
+        raise InvalidArgument(f"dbml.tune(): unknown argument {unknown[0]!r}{_nearest(unknown[0], names)}; "
+                              f"tune() takes {', '.join(names)}")
     if isinstance(arguments.get("space"), dict):
         arguments["space"] = json.dumps(arguments["space"])
     cur = con.execute(exp.select("*").from_(exp.Table(this=_call("tune", arguments))).sql("duckdb"),

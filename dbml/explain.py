@@ -29,6 +29,7 @@ from sqlglot import exp
 from torch import nn
 
 from .core.columns import EXPLAIN_RESULT
+from .core.data import shared_tensor
 from .errors import InvalidArgument
 
 IG_STEPS = 64   # Captum's Gauss-Legendre steps: ~0.2 % of prediction - baseline left unexplained
@@ -99,7 +100,7 @@ def _integrated_gradients(model, x: np.ndarray, target: np.ndarray) -> np.ndarra
     ig = IntegratedGradients(model.module)
     parts = []
     for i in range(0, len(x), rows):
-        inputs = torch.as_tensor(x[i:i + rows], dtype=torch.float32)
+        inputs = shared_tensor(np.asarray(x[i:i + rows], dtype=np.float32))
         attr = ig.attribute(inputs, baselines=torch.zeros_like(inputs), target=torch.as_tensor(target[i:i + rows]),
                             n_steps=IG_STEPS, internal_batch_size=max(at_once, len(inputs)))
         parts.append(attr.detach().double().numpy())

@@ -42,7 +42,8 @@ def renderer_for(setting: str | None):
 
 
 class BarsRenderer:
-    """One tqdm bar per job: its share of iterations done, epoch, loss and rows/s."""
+    """One tqdm bar per job: its share of its epochs done (``Job.progress``, which agrees with
+    the epoch it shows), epoch, loss and rows/s."""
 
     def __init__(self, tqdm):
         self.tqdm = tqdm
@@ -67,6 +68,8 @@ class BarsRenderer:
                 post["rows/s"] = f"{job.rows_per_s:,.0f}"
             if job.status not in ("running", "finished"):
                 post["status"] = job.status
+            elif job.status == "finished" and job.epoch < job.epochs:   # the bar stays at epoch / epochs
+                post["stopped"] = "early"
             bar.set_postfix(post, refresh=True)
 
     def close(self, jobs: list[JobView]) -> None:

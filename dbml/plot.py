@@ -1,7 +1,7 @@
 """Plots for notebooks (matplotlib, from ``pip install 'dbml[notebook]'``).
 
-* :func:`history` — a model's training loss per epoch (``dbml_epochs``), with the
-  validation metric measured after the last epoch.
+* :func:`history` — a model's training and validation loss per epoch (``dbml_epochs``), its
+  validation metric per epoch, and the epoch kept.
 * :func:`memory` — one iteration of a training job as its plan lays it out: device memory
   over time, the budget, the peak measured while it ran, and its swap-out, swap-in and
   recompute events.
@@ -16,6 +16,7 @@ dict), for a notebook to print or a test to check.
 
 from __future__ import annotations
 
+import math
 import time
 
 from .errors import InvalidArgument
@@ -43,9 +44,11 @@ def _interactive() -> bool:
 
 
 def history(con, model: str):
-    """Loss per epoch of the latest version of ``model`` and its validation metric."""
-    rows = con.execute("SELECT e.epoch, e.loss FROM dbml_epochs e WHERE e.model = ? AND e.version = "
-                       "(SELECT max(version) FROM dbml_models WHERE name = ?) ORDER BY e.epoch",
+    """Training and validation loss per epoch of the latest version of ``model``
+    (``dbml_epochs``), its validation metric per epoch on a second axis, and the epoch whose
+    weights were kept; the legend below the axes, clear of the curves."""
+    rows = con.execute("SELECT e.epoch, e.loss, e.val_loss, e.val_metric, e.best FROM dbml_epochs e WHERE e.model = ? "
+                       "AND e.version = (SELECT max(version) FROM dbml_models WHERE name = ?) ORDER BY e.epoch",
                        [model, model]).fetchall()
     if not rows:
         raise InvalidArgument(f"dbml.plot.history(): no model named {model!r}; SELECT name FROM dbml_models "
@@ -53,21 +56,30 @@ def history(con, model: str):
     (name, value), = con.execute("SELECT metrics->>'val_metric_name', (metrics->>'val_metric')::DOUBLE FROM "
                                  "dbml_models WHERE name = ? ORDER BY version DESC LIMIT 1", [model]).fetchall()
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = plt.subplots(figsize=(6, 3.8))
     epochs, losses = [r[0] for r in rows], [r[1] for r in rows]
+    val_losses, val_metrics = [r[2] for r in rows], [r[3] for r in rows]
     ax.plot(epochs, losses, marker="o", label="training loss")
+    if any(v is not None for v in val_losses):
+        ax.plot(epochs, [math.nan if v is None else v for v in val_losses], marker="o", label="validation loss")
+    best = [r[0] for r in rows if r[4]]
+    if best:
+        ax.axvline(best[0], color="grey", linestyle=":", label=f"kept (epoch {best[0]})")
     ax.set_xlabel("epoch")
     ax.set_ylabel("loss")
     ax.set_title(f"{model}: training")
-    if value is not None:
+    handles, labels = ax.get_legend_handles_labels()
+    if any(v is not None for v in val_metrics):
         right = ax.twinx()
-        right.plot([epochs[-1]], [value], marker="*", markersize=12, color="tab:green", linestyle="none",
-                   label=f"validation {name}")
+        right.plot(epochs, [math.nan if v is None else v for v in val_metrics], marker="s", linestyle="--",
+                   color="tab:green", label=f"validation {name}")
         right.set_ylabel(f"validation {name}")
-        right.legend(loc="center right")
-    ax.legend(loc="upper right")
-    fig.tight_layout()
-    fig.dbml = {"epoch": epochs, "loss": losses, "val_metric_name": name, "val_metric": value}
+        more = right.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(handles), 4), frameon=False, fontsize="small")
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.dbml = {"epoch": epochs, "loss": losses, "val_loss": val_losses, "val_metric_by_epoch": val_metrics,
+                "val_metric_name": name, "val_metric": value, "best_epoch": best[0] if best else None}
     return fig
 
 

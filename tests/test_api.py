@@ -53,7 +53,7 @@ def test_the_python_api_mirrors_the_sql_functions(pts):
     table = dbml.predictions(pts, "m", "SELECT a FROM pts WHERE a > 0.9")
     assert table.column_names == ["a", "prediction"] and table.num_rows == 64
     assert [j["model"] for j in dbml.list_jobs(pts)] == ["m"]
-    with pytest.raises(dbml.InvalidArgument, match="unknown argument 'lable'; train\\(\\) takes label, features"):
+    with pytest.raises(dbml.InvalidArgument, match="unknown argument 'lable' \\(did you mean 'label'\\?\\); train\\(\\) takes label, features"):
         dbml.train(pts, "m", "pts", lable="y")
     assert dbml.drop_model(pts, "m") == 1 and versions(pts) == 0
 
@@ -83,6 +83,14 @@ def test_history_plots_the_stored_losses(pts):
     assert fig.dbml["epoch"] == [1, 2, 3] and fig.dbml["loss"] == [r[0] for r in stored]
     assert fig.dbml["val_metric_name"] == "accuracy" and fig.dbml["val_metric"] is not None
     assert list(fig.axes[0].lines[0].get_ydata()) == fig.dbml["loss"]
+    # the validation loss as a curve with one point per epoch, the metric per epoch on the right
+    stored = pts.execute("SELECT val_loss, val_metric FROM dbml_epochs WHERE model = 'm' ORDER BY epoch").fetchall()
+    lines = {line.get_label(): line for axes in fig.axes for line in axes.lines}
+    assert list(lines["validation loss"].get_xdata()) == [1, 2, 3]
+    assert list(lines["validation loss"].get_ydata()) == [r[0] for r in stored] == fig.dbml["val_loss"]
+    assert list(lines["validation accuracy"].get_ydata()) == [r[1] for r in stored]
+    assert {t.get_text() for t in fig.legends[0].get_texts()} >= {"training loss", "validation loss",
+                                                                  "validation accuracy"}
     with pytest.raises(dbml.InvalidArgument, match="no model named 'nope'"):
         dbml.plot.history(pts, "nope")
 

@@ -164,7 +164,11 @@ def test_diverging_training_stores_nothing(db):
 
 
 def test_drop_unknown_model(db):
-    fails(db, "SELECT drop_model('nope')", r"drop_model\(\): no model named 'nope'")
+    """No advice to train what was to be dropped: there is no such model, and where to look."""
+    fails(db, "SELECT drop_model('nope')", r"drop_model\(\): there is no model named 'nope' to drop; nothing was "
+                                           r"dropped\. SELECT name FROM dbml_models lists the models \(1 now\)$")
+    fails(db, "SELECT drop_model('existin')", r"drop_model\(\): there is no model named 'existin' to drop \(did you "
+                                              r"mean 'existing'\?\)")
 
 
 def test_unknown_setting(con):

@@ -286,3 +286,28 @@ def test_ml_predict_after_drop_and_retrain_uses_the_new_model(con):
     dbml.execute(con, "CREATE MODEL m OPTIONS(model_type='linear_reg', max_iterations=20) AS SELECT x, label FROM down")
     (after,), = dbml.execute(con, ask).fetchall()
     assert before > 3 and after < -3, (before, after)
+
+
+@pytest.mark.parametrize("kind,classifier", [("linear_reg", "logistic_reg"), ("dnn_regressor", "dnn_classifier")])
+def test_a_regression_on_a_text_label_suggests_bigquerys_classifier(con, kind, classifier):
+    """BigQuery's syntax has no task argument: the fix is the classifier model_type."""
+    con.execute(TABLE)
+    with pytest.raises(dbml.InvalidArgument, match=rf"^BigQuery ML: CREATE MODEL m: model_type {kind} predicts a "
+                                                   rf"number, and the label column y is VARCHAR; for its classes use "
+                                                   rf"model_type = '{classifier}', or CAST the label"):
+        dbml.execute(con, f"CREATE MODEL m OPTIONS(model_type='{kind}', input_label_cols=['y']) "
+                          f"AS SELECT a, b, CAST(y AS STRING) AS y FROM pts")
+    assert versions(con) == 0
+
+
+@pytest.mark.slow   # trains a small model
+def test_ml_predict_names_the_input_columns_the_rows_lack(con):
+    con.execute(TABLE)
+    dbml.execute(con, "CREATE MODEL m OPTIONS(model_type='logistic_reg', input_label_cols=['y'], max_iterations=2) "
+                      "AS SELECT a, b, y FROM pts")
+    with pytest.raises(dbml.InvalidArgument, match=r"^BigQuery ML: model m needs the input column b, which the rows "
+                                                   r"passed lack; it reads a, b: select them in the input query$"):
+        dbml.execute(con, "SELECT * FROM ML.PREDICT(MODEL m, (SELECT a FROM pts))")
+    with pytest.raises(dbml.InvalidArgument, match=r"needs the input columns b, y \(the label: y\)"):
+        dbml.execute(con, "SELECT * FROM ML.EVALUATE(MODEL m, (SELECT a FROM pts))")
+    assert len(dbml.execute(con, "SELECT * FROM ML.PREDICT(MODEL m, (SELECT B, a FROM pts))").fetchall()) == 1000

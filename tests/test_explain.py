@@ -126,3 +126,35 @@ def test_readme_documents_every_kind_and_its_options():
         row = next(line for line in table.splitlines() if line.startswith(f"| `{name}` |"))
         for option in arch(name).options:
             assert f"`{option}`" in row, (name, option)
+
+
+_READ_ONLY_SCRIPT = """
+import sys, warnings
+import dbml
+con = dbml.connect(latency_model="roofline")
+con.execute("CREATE TABLE t AS SELECT (range % 101) / 100.0 AS a, (range % 7)::FLOAT AS b, "
+            "((range % 101) / 100.0 > 0.5)::INTEGER AS k FROM range(3000)")
+# torch's warning about Arrow's read-only arrays, as a user's warnings-as-errors turns it
+warnings.filterwarnings("error", message="The given NumPy array is not writable")
+for arch in ("auto", "linear"):
+    con.execute(f"SELECT train('m_{arch}', 't', label := 'k', arch := '{arch}', epochs := 2)")
+    con.execute(f"SELECT * FROM predictions('m_{arch}', 't')").fetchall()
+    con.execute(f"SELECT * FROM explain('m_{arch}', 't')").fetchall()
+    con.execute(f"SELECT evaluate('m_{arch}', 't'), predict('m_{arch}', [0.5, 2.0])").fetchall()
+dbml.execute(con, "CREATE MODEL km OPTIONS(model_type='kmeans', num_clusters=3, max_iterations=2) AS SELECT a, b FROM t")
+print("ok")
+"""
+
+
+@pytest.mark.slow   # a fresh process (torch warns once per process), trains three models
+def test_no_read_only_array_warning_from_training_predictions_or_explain(tmp_path):
+    """dbml hands Arrow's read-only rows to torch without its "not writable" warning, so it
+    neither prints on the first predictions/explain nor fails a statement under a user's
+    warnings-as-errors (dbml's own filter for it was overridden by the user's)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    done = subprocess.run([sys.executable, "-c", _READ_ONLY_SCRIPT], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).parent.parent)
+    assert done.returncode == 0 and done.stdout.splitlines()[-1] == "ok", done.stderr[-3000:]
+    assert "not writable" not in done.stderr

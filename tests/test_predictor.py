@@ -319,3 +319,14 @@ class _Scores(torch.nn.Module):
 
     def forward(self, q):
         return (q @ self.k.transpose(1, 2)).sum(1)
+
+
+def test_the_install_table_prints_relative_errors_not_a_meaningless_r2():
+    """An op kind whose held-out latencies barely vary gets R^2 = -3919.9 with predictions
+    within a few per cent: the table prints the median relative errors (network, baseline)."""
+    from dbml.scheduler.latency.predictor import OpReport, PredictorReport
+    rows = [OpReport("aten.relu.default", 120, -3919.92, -12.5, 0.031, 0.2), OpReport("aten.mm.default", 80, 0.97, 0.9, 0.08)]
+    text = PredictorReport(rows, {}, 40_000, 31.0, {}, {}).format()
+    assert "-3919" not in text and "r2" not in text.split("\n")[1]
+    assert [line.split()[-2:] for line in text.split("\n")[2:4]] == [["3.1%", "20.0%"], ["8.0%", "-"]]
+    assert "dbml_predictor" in text

@@ -8,6 +8,7 @@ test_shell_commands.py. DuckDB's own shell tests run against the shell through
 
 import io
 import os
+import re
 import subprocess
 import sys
 import time
@@ -210,6 +211,8 @@ def test_demo_runs_end_to_end(tmp_path, installed_predictor):
                        env={**os.environ, "DBML_CACHE_DIR": str(cache)})
     assert r.returncode == 0, r.stderr
     assert "Report: 8 models trained in SQL" in r.stdout and "identical weights" in r.stdout
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert re.findall(r"trains (\w+) models", readme) == ["eight", "eight"]   # as the README says
     assert "FROM read_blob('" in r.stdout and "circle_0.png" in r.stdout   # the image step, as printed
     assert predictors() == cached   # it did not calibrate
     con = dbml.connect(db, latency_model="roofline")

@@ -196,3 +196,53 @@ def test_excel_writes_the_next_result_as_csv_and_restores_the_mode(con, monkeypa
     path = err.split("[", 1)[1].split(" ", 1)[1].rstrip("]\n")
     assert open(path, newline="").read() == "a\r\n1\r\n" and out == "current output mode: duckbox\n"
     os.unlink(path)
+
+
+def _paged(con, tmp_path, monkeypatch, lines, *, columns=120, rows=40):
+    """The shell at a fake interactive terminal of ``columns`` x ``rows``: what went to stdout,
+    what the pager (a file here) got."""
+    from dbml.shell.session import Shell
+    monkeypatch.setenv("COLUMNS", str(columns))
+    monkeypatch.setenv("LINES", str(rows))
+    paged = tmp_path / "paged.txt"
+    paged.unlink(missing_ok=True)
+    out = io.StringIO()
+    sh = Shell(con, out=out, err=io.StringIO(), interactive=True, console=True)
+    sh.process([f".pager 'cat > {paged}'", *lines])
+    return out.getvalue(), paged.read_text() if paged.exists() else ""
+
+
+def test_a_result_that_fits_the_terminal_is_not_paged_though_coloured(con, tmp_path, monkeypatch):
+    """A one-row box as wide as a 120-column terminal, its header coloured: the colour codes
+    take no columns, so it fits and is printed, not paged (they were counted as width)."""
+    out, paged = _paged(con, tmp_path, monkeypatch, ["SELECT repeat('x', 300) AS s, 42 AS n;"])
+    assert "\x1b[" in out and "42" in out and paged == ""
+    from dbml.shell.render import shown_width
+    assert max(shown_width(line) for line in out.splitlines()) <= 120 < max(len(line) for line in out.splitlines())
+
+
+def test_the_pager_takes_what_is_taller_or_wider_than_the_terminal(con, tmp_path, monkeypatch):
+    # a box of n rows takes n + 5 lines; the prompt needs one more
+    out, paged = _paged(con, tmp_path, monkeypatch, [".maxrows 100", "SELECT * FROM range(34);"], rows=40)
+    assert "│    33 │" in out and paged == ""
+    out, paged = _paged(con, tmp_path, monkeypatch, [".maxrows 100", "SELECT * FROM range(35);"], rows=40)
+    assert "│    34 │" in paged and "│    34 │" not in out
+    out, paged = _paged(con, tmp_path, monkeypatch, [".maxrows 100", "SELECT * FROM range(35);"], rows=50)
+    assert "│    34 │" in out and paged == ""
+    out, paged = _paged(con, tmp_path, monkeypatch, [".maxwidth 200", "SELECT repeat('y', 130) AS s;"])
+    assert "y" * 130 in paged and out == ""
+
+
+def test_input_typed_ahead_is_never_read_by_the_pager(con, tmp_path, monkeypatch):
+    """Text pasted after a long query waits on the terminal: the result is printed, not paged,
+    and the text is left for the shell to read (less took '.q' of '.quit' and the shell hung)."""
+    import os
+    import sys
+    read, write = os.pipe()
+    os.write(write, b".quit\n")
+    os.close(write)
+    with os.fdopen(read) as pending:
+        monkeypatch.setattr(sys, "stdin", pending)
+        out, paged = _paged(con, tmp_path, monkeypatch, [".maxrows 100", "SELECT * FROM range(60);"])
+        assert "│    59 │" in out and paged == ""
+        assert pending.read() == ".quit\n"

@@ -239,7 +239,7 @@ def test_python_api_the_surface_for_other_layers_the_plot_and_drop_model(db):
     rows = dbml.tune(db, "m", "moons", label="label", features=["x1", "x2"], epochs=2, trials=2,
                      space={"hidden": {"choice": [[8], [4]]}}, sampler="grid")
     assert [json.loads(r["params"]) for r in rows] == [{"hidden": [4]}, {"hidden": [8]}]
-    with pytest.raises(dbml.InvalidArgument, match="dbml.tune\\(\\): unknown argument 'trails'"):
+    with pytest.raises(dbml.InvalidArgument, match="dbml.tune\\(\\): unknown argument 'trails' \\(did you mean 'trials'\\?\\)"):
         dbml.tune(db, "m", "moons", trails=3)
     # BigQuery ML's names (the BigQuery layer's num_trials): algorithm and objective
     more = dbml.tuning.tune(db, "n", "moons", {"lr": {"choice": [0.01, 0.05]}}, algorithm="GRID_SEARCH",

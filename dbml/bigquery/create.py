@@ -277,6 +277,26 @@ def temporal_as_numbers(con, query: exp.Select) -> exp.Select:
     return exp.select(star).from_(exp.Subquery(this=query, alias=exp.TableAlias(this=exp.to_identifier("__dbml_t"))))
 
 
+def check_regressed_label(con, name: str, kind: str, source: exp.Select, label: str) -> None:
+    """A regression model_type's label must be numeric; a text label names classes, which
+    BigQuery's classifier model_type of the same family predicts (train()'s own message
+    would name its task argument, which BigQuery's syntax has not)."""
+    from ..core.source import Column
+    columns = {c.name: c for c in (Column(n, str(t)) for n, t in zip(*_columns(con, source)))}
+    column = columns.get(label)
+    if column is None or column.is_numeric:
+        return   # a missing label is train()'s to name
+    classifier = "logistic_reg" if kind == "linear_reg" else kind.replace("_regressor", "_classifier")
+    raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: model_type {kind} predicts a number, and the label "
+                          f"column {label} is {column.type}; for its classes use model_type = '{classifier}', "
+                          f"or CAST the label to a number in the AS query")
+
+
+def _columns(con, query: exp.Select) -> tuple[list[str], list]:
+    rel = con.sql(query.sql("duckdb"))
+    return rel.columns, rel.types
+
+
 def train_statement(name: str, source: str, args: dict) -> exp.Select:
     """``SELECT train(name, source, k := v, ...)``, each value cast to its parameter's SQL type
     (``train``'s, from ``TRAIN_PARAMS``): BigQuery's ``0.1`` is a DECIMAL to DuckDB, and
@@ -368,6 +388,8 @@ def plan(con, tree: exp.Create) -> dict:
         source = exp.select(exp.Star(), exp.alias_(exp.Literal.number(0.0), NO_LABEL)).from_(
             exp.Subquery(this=source, alias=exp.TableAlias(this=exp.to_identifier("__dbml_k"))))
     source = temporal_as_numbers(con, source)
+    if task == "regression" and arch != "kmeans":
+        check_regressed_label(con, name, kind, source, args["label"])
     if options.get("class_weights") is not None and options.get("auto_class_weights"):
         raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: pass auto_class_weights or class_weights, "
                               f"not both")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import torch
@@ -109,13 +110,39 @@ def rows(con, model: Model, query: exp.Select, labelled: bool,
         # src is train's source (the query, TRANSFORM, dates as numbers) with __dbml_row beside it
         outer = outer.where(held_out_sql(model.params["seed"], model.params["validation"], exclude=(row_col,),
                                          bucket=model.params.get("held_out_bucket")))
-    table = _arrow(con, outer)
+    try:
+        table = _arrow(con, outer)
+    except duckdb.BinderException:
+        _missing_columns(con, model, query, labelled)
+        raise
     width = model.prep.width
     x = table.column("__dbml_x").combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(np.float32)
     row = table.column("__dbml_row").combine_chunks()
     inputs = pa.Table.from_arrays(row.flatten(), names=[row.type.field(i).name for i in range(row.type.num_fields)])
     y = table.column("__dbml_y").to_numpy() if labelled else None
     return inputs, x.reshape(table.num_rows, width), y
+
+
+def _missing_columns(con, model: Model, query: exp.Select, labelled: bool) -> None:
+    """Name the input columns the model needs that ``query``'s rows lack (DuckDB's binder
+    error names one column of dbml's inner query, "not found in FROM clause"); returns where
+    none is missing."""
+    transform = model.info.get("transform")
+    if transform:   # TRANSFORM computes the features from the query's own columns
+        needed = [c.name for e in transform for c in
+                  (e if isinstance(e, exp.Expression) else exp.maybe_parse(e, dialect="duckdb")).find_all(exp.Column)]
+    else:
+        needed = [f.name for f in model.prep.features]
+    if labelled:
+        needed.append(model.prep.label)
+    needed = list(dict.fromkeys(needed))
+    given = {c.lower() for c in con.sql(query.sql("duckdb")).columns}
+    missing = [c for c in needed if c.lower() not in given]
+    if missing:
+        label = f" (the label: {model.prep.label})" if labelled and model.prep.label in missing else ""
+        raise InvalidArgument(f"BigQuery ML: model {model.name} needs the input column{'s' * (len(missing) > 1)} "
+                              f"{', '.join(missing)}{label}, which the rows passed lack; it reads {', '.join(needed)}: "
+                              f"select them in the input query") from None
 
 
 def _outputs(model: Model, x: np.ndarray) -> np.ndarray:

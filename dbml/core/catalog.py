@@ -13,6 +13,7 @@ tables in ``main``) is moved here when dbml is first installed on it writable (`
 
 from __future__ import annotations
 
+import difflib
 import functools
 import io
 import json
@@ -56,6 +57,7 @@ INSERT_MODEL = exp.insert(exp.values([(*[exp.Placeholder()] * 11, exp.func("curr
 IDENTIFY = (exp.select("version", "uid::VARCHAR", dialect=D).from_(_MODELS)
             .where("name = ? AND (? IS NULL OR version = ?)", dialect=D).order_by("version DESC", dialect=D).limit(1))
 COUNT_MODELS = exp.select("count(*)").from_(_MODELS).where(_BY_NAME, dialect=D)
+MODEL_NAMES = exp.select("name").distinct().from_(_MODELS).order_by("name")
 VERSION_OF_UID = exp.select("version").from_(_MODELS).where("name = ? AND uid::VARCHAR = ?", dialect=D)
 LOAD = (exp.select("m.config", "m.preprocessing", "w.weights", "m.uid::VARCHAR", dialect=D)
         .from_(_MODELS.as_("m")).join(_WEIGHTS.as_("w"), using=["name", "version"])
@@ -303,8 +305,13 @@ def _record_problem(d, cls, where: str) -> str | None:
 def drop(cur: duckdb.DuckDBPyConnection, name: str, *, fn: str = "drop_model") -> int:
     """Delete every version of ``name`` and its tune() trials; return how many versions there were.
     A model with trials but no version (no trial finished) is dropped too."""
-    if not cur.execute(home.sql(cur, COUNT_TRIALS), [name]).fetchall()[0][0]:
-        latest_version(cur, name, fn=fn)
+    if not cur.execute(home.sql(cur, COUNT_TRIALS), [name]).fetchall()[0][0] and not identify_any(cur, name):
+        names = [r[0] for r in cur.execute(home.sql(cur, MODEL_NAMES)).fetchall()]
+        close = difflib.get_close_matches(name, names, n=1)
+        guess = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ModelNotFound(f"{fn}(): there is no model named {name!r} to drop{guess}; nothing was dropped. "
+                            f"SELECT name FROM dbml_models lists the models" +
+                            (f" ({len(names)} now)" if names else " (there are none)"))
     with _WRITES:
         return _delete(cur, name)
 

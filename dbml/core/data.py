@@ -12,7 +12,6 @@ from __future__ import annotations
 import queue
 import threading
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -22,23 +21,11 @@ import pyarrow as pa
 import torch
 from sqlglot import exp
 
-# Arrow buffers are immutable, so their numpy views are read-only; torch warns once that
-# it cannot protect them. Training only reads batches, so the zero-copy view is safe. The
-# filter is this module's own: a warning raised anywhere else is left as it was.
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable", module=r"dbml\.data$")
-
 _DONE = object()
 READ_ROWS = 65536   # rows per Arrow record batch fetched from DuckDB
 # A column converted later (dbml.core.inputs: images, texts, sequences) can hold large rows: fetch
 # and shuffle fewer of them at a time, so memory stays bounded by this many rows' raw values.
 CONVERTED_ROWS = 2048
-
-
-# Arrow's buffers are read-only; the tensors dbml makes of them are never written (a batch is
-# copied before anything changes it), so torch's warning about it is noise to a user. Only
-# for dbml's own modules: a user's torch.from_numpy still warns.
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning,
-                        module=r"dbml\.")
 
 
 def column_to_numpy(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -51,9 +38,18 @@ def column_to_numpy(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return col.to_numpy(zero_copy_only=col.null_count == 0)
 
 
+def shared_tensor(array: np.ndarray) -> torch.Tensor:
+    """A CPU tensor over ``array``'s memory, also where it is a read-only view of Arrow's
+    buffers: dbml only reads the tensors it makes of them (a batch is copied before anything
+    changes it). ``torch.from_numpy`` warns that such an array is not writable (a user's
+    warnings-as-errors then fails the statement); DLPack hands over the same memory without
+    a writable flag to warn about."""
+    return torch.from_dlpack(array)
+
+
 def batch_to_tensors(batch: pa.RecordBatch) -> tuple[torch.Tensor, ...]:
     """Every column of a record batch as a CPU tensor sharing Arrow's memory."""
-    return tuple(torch.from_numpy(column_to_numpy(c)) for c in batch.columns)
+    return tuple(shared_tensor(column_to_numpy(c)) for c in batch.columns)
 
 
 @dataclass

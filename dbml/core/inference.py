@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import torch
 
 from . import catalog, metrics
-from .data import BatchStream
+from .data import BatchStream, shared_tensor
 from ..errors import InvalidArgument, RowSkipped
 from .features import Preprocessing
 from .forward_memory import rows_within
@@ -82,7 +82,9 @@ class ModelCache:
 def forward(model: catalog.StoredModel, x: np.ndarray | torch.Tensor, *, fn: str = "predict") -> torch.Tensor:
     """Raw model outputs for encoded features (or an input encoder's tensor), without
     autograd, in chunks of as many rows as the memory budget holds (``forward_memory``)."""
-    if not (isinstance(x, torch.Tensor) and x.dtype == torch.int64):   # token ids stay integers
+    if isinstance(x, np.ndarray):   # a read-only view of Arrow's rows, shared
+        x = shared_tensor(np.asarray(x, dtype=np.float32))
+    elif not (isinstance(x, torch.Tensor) and x.dtype == torch.int64):   # token ids stay integers
         x = torch.as_tensor(x, dtype=torch.float32)
     # the whole input and the outputs of every row are held beside a chunk's pass
     held = x.numel() * x.element_size() + len(x) * model.config.outputs * 4
@@ -418,7 +420,7 @@ def _input_batches(cur, model: catalog.StoredModel, query: exp.Select, on_error:
             tensor, ok = encode_skipping(model, x, names, fn=fn, on_error=on_error,
                                          what="left out of the metrics")
             if tensor is not None:
-                yield tensor, torch.from_numpy(y.filter(pa.array(ok)).to_numpy(zero_copy_only=False))
+                yield tensor, shared_tensor(y.filter(pa.array(ok)).to_numpy(zero_copy_only=False))
     finally:
         reader.close()
 

@@ -83,8 +83,8 @@ class Job:
     _cursor: object = field(default=None, repr=False)   # the job's own cursor, while it runs
     _reason: str | None = field(default=None, repr=False)
     _rows: int = 0
-    _steps_total: int = 0
-    _steps: int = 0
+    _steps_per_epoch: int = 1
+    _epoch_steps: int = 0      # iterations since the last epoch ended
     _t0: float = 0.0
 
     @property
@@ -161,14 +161,18 @@ class Job:
 
     # -- reporting, called by the training loop on the job's thread ------------------------
     def begin(self, epochs: int, steps_per_epoch: int) -> None:
-        self.epochs, self._steps_total = epochs, max(1, epochs * steps_per_epoch)
+        self.epochs, self._steps_per_epoch, self._epoch_steps = epochs, max(1, steps_per_epoch), 0
         self._t0 = time.perf_counter()
 
     def step(self, rows: int) -> None:
-        """After an iteration; raises JobCancelled at this boundary if cancel() was called."""
-        self._steps += 1
+        """After an iteration; raises JobCancelled at this boundary if cancel() was called.
+        ``progress`` is counted in epochs, so it agrees with ``epoch`` of ``epochs``: the
+        epochs done and this one's share of its estimated iterations (never all of it before
+        the epoch ends: the estimate may be short)."""
+        self._epoch_steps += 1
         self._rows += rows
-        self.progress = min(1.0, self._steps / self._steps_total)
+        within = min(self._epoch_steps / self._steps_per_epoch, 0.99)
+        self.progress = min(1.0, (self.epoch + within) / max(self.epochs, 1))
         self.rows_per_s = self._rows / max(time.perf_counter() - self._t0, 1e-9)
         self.check()
 
@@ -186,6 +190,7 @@ class Job:
 
     def end_epoch(self, record: dict, memory: dict) -> None:
         self.epoch, self.loss = record["epoch"], record["loss"]
+        self.progress, self._epoch_steps = min(1.0, self.epoch / max(self.epochs, 1)), 0
         self.history.append(record)
         self.schedule = memory.get("schedule") or self.schedule
         for key in ("planned_peak_bytes", "measured_peak_bytes", "swaps", "recomputes", "passive_swaps",

@@ -9,13 +9,14 @@ Only jobs started after the watch began are shown, so earlier jobs never reappea
 
 from __future__ import annotations
 
+import shutil
 import sys
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Protocol, TextIO
 
-__all__ = ["JobView", "Renderer", "LineRenderer", "snapshot", "watching"]
+__all__ = ["JobView", "Renderer", "LineRenderer", "fit_line", "snapshot", "watching"]
 
 
 @dataclass(frozen=True)
@@ -100,10 +101,11 @@ def watching(con, renderer: Renderer | None, interval: float = 0.25, connection:
 
 class LineRenderer:
     """One updating line on a terminal (``\\r``), cleared when the statement ends; the
-    running jobs separated by `` | ``. Writes nothing when ``out`` is not a terminal
-    unless ``force``."""
+    running jobs separated by `` | ``, as many as fit the terminal's width (:func:`fit_line`).
+    Writes nothing when ``out`` is not a terminal unless ``force``. ``width``: the columns
+    to fit, else the terminal's at each update."""
 
-    def __init__(self, out: TextIO = sys.stderr, width: int = 120, force: bool = False):
+    def __init__(self, out: TextIO = sys.stderr, width: int | None = None, force: bool = False):
         self.out, self.width = out, width
         self.enabled = force or getattr(out, "isatty", lambda: False)()
         self._drawn = 0
@@ -112,7 +114,9 @@ class LineRenderer:
         if not self.enabled:
             return
         shown = [j for j in jobs if not j.ended] or jobs[-1:]
-        text = " | ".join(j.describe() for j in shown)[: self.width]
+        # one column short of the width: a line that fills it moves some terminals' cursor on
+        width = self.width if self.width is not None else shutil.get_terminal_size((120, 24)).columns - 1
+        text = fit_line(shown, width)
         self.out.write("\r" + text.ljust(self._drawn))
         self.out.flush()
         self._drawn = len(text)
@@ -122,3 +126,22 @@ class LineRenderer:
             self.out.write("\r" + " " * self._drawn + "\r")
             self.out.flush()
         self._drawn = 0
+
+
+def fit_line(jobs: list[JobView], width: int) -> str:
+    """The jobs on one line of at most ``width`` columns: each in full (``describe``) where all
+    fit; else each as ``model epoch% `` (a tune()'s trials), as many as fit, then how many
+    more; never a job cut in the middle."""
+    full = " | ".join(j.describe() for j in jobs)
+    if len(full) <= width:
+        return full
+    if len(jobs) == 1:
+        return full[:width]
+    short = [f"{j.model} {j.epoch}/{j.epochs} {100 * j.progress:.0f}%" for j in jobs]
+    head = f"{len(jobs)} jobs: "
+    for n in range(len(short), 0, -1):
+        more = f" | +{len(short) - n} more" if n < len(short) else ""
+        text = head + " | ".join(short[:n]) + more
+        if len(text) <= width:
+            return text
+    return (head + f"+{len(short)} more")[:width]

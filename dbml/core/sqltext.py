@@ -39,7 +39,7 @@ from sqlglot.tokens import TokenType
 
 from ..errors import InvalidArgument
 
-__all__ = ["ending", "statement_complete", "split_statements", "bigquery_markers", "AmbiguousScript",
+__all__ = ["ending", "statement_complete", "split_statements", "bigquery_markers", "code_tokens", "AmbiguousScript",
            "UnterminatedText"]
 
 
@@ -172,6 +172,18 @@ def _duckdb_code(text: str) -> list[int]:
         return []
     comment, string = duckdb.token_type.comment, duckdb.token_type.string_const
     return [start for start, kind in tokens if kind not in (comment, string)]
+
+
+def code_tokens(text: str) -> list[tuple[str, object]]:
+    """DuckDB's tokens of ``text`` other than comments: (the token's text, its
+    ``duckdb.token_type``); [] where DuckDB's reading ends inside a string or a comment."""
+    try:
+        tokens = _duckdb_tokens(text)
+    except Exception:   # noqa: BLE001 - DuckDB's reading ends inside a string, or it refuses the text
+        return []
+    ends = [start for start, _ in tokens[1:]] + [len(text)]
+    return [(text[start:end].strip(), kind) for (start, kind), end in zip(tokens, ends)
+            if kind != duckdb.token_type.comment]
 
 
 def _bigquery_code(text: str) -> list[int]:

@@ -232,8 +232,8 @@ def _fit(cur, data: training.Scratch, spec: TrainSpec, job: Job, members: list[M
         base = models.build_seeded(config, spec.seed).to(device)
         if not stacking.stackable(base):   # fusion_key lets in only FUSED_ARCHS without dropout
             raise TrainingError(f"tune(): arch {spec.arch!r} with options {config.options_dict()} cannot be fused")
-        for wave in waves:
-            Fusion(cur, data, spec, job, config, base, loss_fn, device, wave, started).train()
+        for i, wave in enumerate(waves):
+            Fusion(cur, data, spec, job, config, base, loss_fn, device, wave, started, i * spec.epochs).train()
     return sum(m.status == "finished" for m in members)
 
 
@@ -263,8 +263,10 @@ class Fusion:
     leaving at epoch boundaries (module docstring), the finished ones' models made."""
 
     def __init__(self, cur, data: training.Scratch, spec: TrainSpec, job: Job, config: models.ModelConfig,
-                 base: torch.nn.Module, loss_fn, device: str, members: list[Member], started: float):
+                 base: torch.nn.Module, loss_fn, device: str, members: list[Member], started: float,
+                 epochs_before: int = 0):
         self.cur, self.data, self.spec, self.job, self.config = cur, data, spec, job, config
+        self.epochs_before = epochs_before   # the job's epochs in the waves before this one
         self.base, self.loss_fn, self.device, self.started = base, loss_fn, device, started
         self.live = list(members)
         self.totals = torch.zeros(len(members), dtype=torch.float64)   # each member's epoch loss so far
@@ -333,7 +335,8 @@ class Fusion:
         stats = self.runner.stats()
         self._keep_peak(stats)
         finite = [r["loss"] for k, r in enumerate(records) if k not in self.failed]
-        self.job.end_epoch({**record, "loss": sum(finite) / len(finite) if finite else math.nan},
+        self.job.end_epoch({**record, "epoch": self.epochs_before + record["epoch"],
+                            "loss": sum(finite) / len(finite) if finite else math.nan},
                            {**stats, "schedule": training.schedule_of(self.runner)})
         leaving: dict[int, tuple[str, BaseException]] = {k: ("failed", e) for k, e in self.failed.items()}
         for k, member in enumerate(self.live):

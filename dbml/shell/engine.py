@@ -53,15 +53,19 @@ _LAST = re.compile(r"(?<![\w$\"])_(?![\w$\"])")
 
 
 def run(con, sql: str, last: Kept | None = None) -> Outcome:
-    """Run one statement; ``last`` is the previous query's rows, which it reads as ``_``."""
+    """Run one statement; ``last`` is the previous query's rows, which it reads as ``_``. A dbml
+    function called with an argument it does not take fails naming it (``dbml.udfs.arguments``);
+    an IMPORT DATABASE that brings a dbml catalog replaces the database's empty one."""
     from ..core.home import import_path
-    if last is not None and _LAST.search(sql):
-        result = _with_last(con, sql, last.relation())
-    elif import_path(sql) is not None:   # the export's dbml catalog replaces the database's empty one
-        from .. import import_database
-        result = import_database(con, sql, con._submit)
-    else:
-        result = con._submit(sql)
+    from ..udfs.arguments import arguments_explained
+    with arguments_explained(sql):
+        if last is not None and _LAST.search(sql):
+            result = _with_last(con, sql, last.relation())
+        elif import_path(sql) is not None:
+            from .. import import_database
+            result = import_database(con, sql, con._submit)
+        else:
+            result = con._submit(sql)
     description = result.description or []
     return Outcome(result.return_type, result, [d[0] for d in description], [d[1] for d in description])
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import subprocess
 from typing import TextIO
 
-from .render import Result, render_text, terminal_width, varchar_sql
+from .render import Result, render_text, shown_width, terminal_height, terminal_width, varchar_sql
 
-__all__ = ["Output", "emit", "show", "show_kept", "system_pager"]
+__all__ = ["Output", "emit", "pages", "show", "show_kept", "system_pager"]
 
 FETCH_ROWS = 2048
 
@@ -128,15 +128,9 @@ def system_pager() -> str:
 
 
 def emit(shell, text: str) -> None:
-    """Write a drawn result, through the pager where the CLI would use one: at an
-    interactive terminal, ``.pager on``, or automatic with more lines than the threshold
-    (``.pager set_row_threshold``) or wider than the terminal."""
+    """Write a drawn result, through the pager where :func:`pages` says so."""
     out, pager = shell.output, shell.pager
-    wanted = shell.interactive and out.console and out.stream is out.stdout and pager["mode"] != "off"
-    if wanted and pager["mode"] == "automatic":
-        lines = text.split("\n")
-        wanted = len(lines) >= pager["min_rows"] or max(map(len, lines)) > terminal_width()
-    if not wanted:
+    if not pages(shell, text):
         out.write(text)
         return
     out.flush()
@@ -145,6 +139,39 @@ def emit(shell, text: str) -> None:
     except OSError as e:
         shell.error(f"Error: Failed to start pager process: {e}. Output will be sent to stdout.")
         out.write(text)
+
+
+def pages(shell, text: str) -> bool:
+    """Whether ``text`` goes through the pager, as DuckDB's CLI decides (``ShouldUsePagerForSize``):
+    only at an interactive terminal writing to stdout, ``.pager on`` always, automatic when the
+    text does not fit the screen: as many lines as the terminal has (or as ``.pager
+    set_row_threshold``, if fewer; the threshold alone where the height is unknown), or a line
+    wider than the terminal, measured as the terminal shows it (colour codes take no columns).
+    Never while input waits on the terminal (typed or pasted ahead): a pager would read it as
+    its keys (``.quit`` pasted after a query would lose its ``.q`` to ``less``)."""
+    out, pager = shell.output, shell.pager
+    if not (shell.interactive and out.console and out.stream is out.stdout) or pager["mode"] == "off":
+        return False
+    if _input_waiting():
+        return False
+    if pager["mode"] != "automatic":
+        return True
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    height = terminal_height()
+    threshold = min(height, pager["min_rows"]) if height else pager["min_rows"]
+    return len(lines) >= threshold or max(map(shown_width, lines), default=0) > terminal_width()
+
+
+def _input_waiting(stream=None) -> bool:
+    """Whether the shell's input (a terminal) has text waiting to be read."""
+    import select
+    import sys
+    try:
+        return bool(select.select([(stream or sys.stdin).fileno()], [], [], 0)[0])
+    except (OSError, ValueError, AttributeError):   # no file descriptor (a test's StringIO), or Windows
+        return False
 
 
 def show(shell, outcome, sql: str, kind: str):

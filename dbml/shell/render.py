@@ -29,7 +29,8 @@ from sqlglot import exp
 from ..core.source import literal as sql_string
 from ..core.source import quote
 
-__all__ = ["Display", "Result", "MODES", "render_text", "render_width", "set_mode", "terminal_width", "varchar_sql"]
+__all__ = ["Display", "Result", "MODES", "render_text", "render_width", "set_mode", "shown_width", "terminal_height",
+           "terminal_width", "varchar_sql"]
 
 # mode -> (column separator, row separator) that .mode sets; None leaves it as it is
 MODES: dict[str, tuple[str | None, str | None]] = {
@@ -122,6 +123,20 @@ def varchar_sql(name: str, t, mode: str) -> exp.Expression:
 
 def terminal_width() -> int:
     return shutil.get_terminal_size((80, 24)).columns
+
+
+def terminal_height() -> int:
+    """The terminal's lines (``$LINES`` first, as for the width); 0 where stdout is no terminal."""
+    return shutil.get_terminal_size((80, 0)).lines
+
+
+# a terminal's control sequences (colours: ESC [ ... m), which take no columns on the screen
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+
+
+def shown_width(line: str) -> int:
+    """Terminal columns ``line`` takes as the terminal shows it: its colour codes none."""
+    return render_width(_ESCAPES.sub("", line) if "\x1b" in line else line)
 
 
 def render_width(text: str) -> int:

@@ -161,26 +161,68 @@ FUNCTIONS = (
 
 
 @functools.cache
-def _macros() -> dict[str, frozenset[str]]:
-    """Each of dbml's macros (``sql/macros.sql`` and the generated ``train`` and ``tune``) -> the names it
-    calls, read with DuckDB's tokenizer (install and every ``con.sql`` ask: read once)."""
+def _macro_tokens() -> dict[str, list]:
+    """Each of dbml's macros (``sql/macros.sql`` and the generated ``train`` and ``tune``) -> the
+    tokens of its CREATE statement after its name, read with the SQL tokenizer (the sources are
+    fixed for the process: read once)."""
     from importlib import resources
 
+    from sqlglot.dialects import Dialect
+
     from ..core.spec import train_macro_sql
-    from ..core.sqltext import code_words
+    from ..core.sqltext import split_statements
     from ..search.tunespec import tune_macro_sql
 
     text = ";\n".join([resources.files("dbml.sql").joinpath("macros.sql").read_text(),
                        train_macro_sql().sql("duckdb"), tune_macro_sql().sql("duckdb")])
-    words = [w.lower() for w in code_words(text)] + [";"]
-    out: dict[str, frozenset[str]] = {}
-    start = 0
-    for end in (i for i, w in enumerate(words) if w == ";"):
-        statement = words[start:end]
-        start = end + 1
-        if "macro" in statement:
-            out[statement[statement.index("macro") + 1]] = frozenset(
-                w for w, after in zip(statement, statement[1:]) if after == "(")
+    out: dict[str, list] = {}
+    for statement in split_statements(text):
+        tokens = Dialect.get_or_raise("duckdb").tokenizer_class().tokenize(statement)
+        words = [tok.text.lower() for tok in tokens]
+        if "macro" in words:
+            at = words.index("macro") + 1
+            out[words[at]] = tokens[at + 1:]
+    return out
+
+
+@functools.cache
+def _macros() -> dict[str, set[str]]:
+    """Each of dbml's macros -> the names it calls."""
+    from sqlglot.tokens import TokenType
+
+    return {name: {tokens[i].text.lower() for i in range(len(tokens) - 1)
+                   if tokens[i + 1].token_type == TokenType.L_PAREN}
+            for name, tokens in _macro_tokens().items()}
+
+
+@dataclass(frozen=True)
+class MacroSignature:
+    """A macro's parameters as its CREATE statement declares them: ``positional`` (no
+    default, given in order) and ``named`` (``name := default``, given by name)."""
+    positional: tuple[str, ...]
+    named: tuple[str, ...]
+
+
+@functools.cache
+def macro_signatures() -> dict[str, MacroSignature]:
+    """Each of dbml's macros -> its parameters, read from its definition (the one home of
+    what a macro takes: ``sql/macros.sql``, ``spec.train_macro_sql``, ``tunespec.tune_macro_sql``)."""
+    from sqlglot.tokens import TokenType
+
+    out = {}
+    for name, tokens in _macro_tokens().items():
+        positional, named, depth = [], [], 0
+        for i, tok in enumerate(tokens):
+            if tok.token_type == TokenType.L_PAREN:
+                depth += 1
+            elif tok.token_type == TokenType.R_PAREN:
+                depth -= 1
+                if depth == 0:
+                    break
+            if depth == 1 and i > 0 and tokens[i - 1].token_type in (TokenType.L_PAREN, TokenType.COMMA):
+                following = tokens[i + 1].token_type if i + 1 < len(tokens) else None
+                (named if following == TokenType.COLON_EQ else positional).append(tok.text.lower())
+        out[name] = MacroSignature(tuple(positional), tuple(named))
     return out
 
 

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ...errors import InvalidArgument
+from ..data import shared_tensor
 from ..models import ModelConfig, _frozen
 from .scratch import Clock, read
 
@@ -84,7 +85,7 @@ def fit(cur, table: str, prep, spec, n_train: int, n_val: int, progress) -> dict
     if not options["standardize_features"]:
         module.scale = torch.tensor([s for f in prep.features for s in (f.stds if f.kind == "array" else
                                      [f.std] if f.kind == "numeric" else [1.0] * f.width)], dtype=torch.float32)
-    x = torch.as_tensor(x_np) * module.scale
+    x = shared_tensor(x_np) * module.scale
     gen = torch.Generator().manual_seed(int(spec.seed))
     module.centroids = _initial(x, k, str(options["kmeans_init_method"]).lower(), gen)
     history, clock, before = [], Clock(), None

@@ -26,15 +26,17 @@ def validation_metric(prep, out: np.ndarray, y: np.ndarray) -> dict:
     MSE on the standardised target)."""
     import torch
     import torch.nn.functional as F
+
+    from ..data import shared_tensor
     name = "accuracy" if prep.task == "classification" else "r2"
     if len(y) == 0:
         return {"val_metric": None, "val_metric_name": name, "val_loss": None}
     if prep.task == "classification":
         value = metrics.accuracy(out.argmax(1), y)
-        loss = F.cross_entropy(torch.as_tensor(out, dtype=torch.float32), torch.as_tensor(y, dtype=torch.int64))
+        loss = F.cross_entropy(torch.as_tensor(out, dtype=torch.float32), shared_tensor(y.astype(np.int64, copy=False)))
     else:
         value = metrics.r2(y.astype(np.float64), out[:, 0].astype(np.float64))
-        loss = F.mse_loss(torch.as_tensor(out[:, 0], dtype=torch.float32), torch.as_tensor(y, dtype=torch.float32))
+        loss = F.mse_loss(torch.as_tensor(out[:, 0], dtype=torch.float32), shared_tensor(y.astype(np.float32, copy=False)))
     return {"val_metric": value, "val_metric_name": name, "val_loss": float(loss)}
 
 

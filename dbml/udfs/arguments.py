@@ -1,0 +1,166 @@
+"""The one place that explains a dbml SQL function called with arguments it does not take.
+
+DuckDB binds a macro's arguments before dbml runs, and answers a misspelt one with
+``Binder Error: Macro train() does not support the supplied arguments`` and the whole
+signature; a Python UDF's named argument gets ``No function matches the given name and
+argument types``. Where dbml runs a statement (a dbml ``Connection``'s ``execute`` and
+``sql``, the shell), :func:`explained` turns that error of one of dbml's functions into one
+that names the argument and the nearest valid one:
+
+    Binder Error: train(): no argument 'lable'; did you mean 'label'?
+
+The calls are read from the statement with DuckDB's tokenizer; what a macro takes
+comes from its definition (``macro_signatures``: ``sql/macros.sql`` and the generated
+``train`` and ``tune``), a UDF's from ``SQL_FUNCTIONS``' help text. DuckDB's own error is
+kept where the call is not one of dbml's, cannot be read, or its arguments are all known
+(a type error): nothing of it is guessed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from contextlib import contextmanager
+from typing import Iterator
+
+import duckdb
+
+from ..core.sqltext import code_tokens
+
+__all__ = ["arguments_explained", "explained", "argument_problems", "nearest"]
+
+# DuckDB's messages for a macro and for a function whose arguments do not bind
+_MACRO = re.compile(r'Macro "?(\w+)"?\(\) does not support the supplied arguments')
+_FUNCTION = re.compile(r"No function matches the given name and argument types '\"?(\w+)\"?\(")
+_WHERE = re.compile(r"\n+(LINE \d+:.*)", re.S)
+_IDENTIFIER, _KEYWORD = duckdb.token_type.identifier, duckdb.token_type.keyword
+
+
+def nearest(name: str, known: list[str] | tuple[str, ...]) -> str | None:
+    """The known name closest to ``name``: by spelling (difflib), else the one whose words'
+    initials ``name`` is, or that are ``name``'s (``learning_rate`` -> ``lr``)."""
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    if close:
+        return close[0]
+
+    def initials(word: str) -> str:
+        return "".join(part[0] for part in word.split("_") if part)
+    for candidate in known:
+        if "_" in name and initials(name) == candidate or "_" in candidate and initials(candidate) == name:
+            return candidate
+    return None
+
+
+def _calls(statement: str, function: str) -> list[tuple[int, list[str]]]:
+    """Each call of ``function`` in ``statement``: (how many arguments by position, the names
+    of those given by name, ``name := value`` or ``name => value``), read with DuckDB's tokenizer."""
+    tokens = code_tokens(statement)
+    words = [text for text, _ in tokens]
+    names = [_name(text) if kind in (_IDENTIFIER, _KEYWORD) else None for text, kind in tokens]
+    calls = []
+    for i in range(len(tokens) - 1):
+        if names[i] != function or words[i + 1] != "(" or words[i - 1:i] == ["."]:
+            continue
+        positional, named, depth, start = 0, [], 0, True
+        for j in range(i + 1, len(tokens)):
+            word = words[j]
+            if start and depth == 1 and word != ")":
+                if j + 1 < len(tokens) and words[j + 1] in (":=", "=>") and names[j]:
+                    named.append(names[j])
+                else:
+                    positional += 1
+            start = False
+            if word in ("(", "[", "{"):
+                depth += 1
+                start = depth == 1
+            elif word in (")", "]", "}"):
+                depth -= 1
+                if depth == 0:
+                    break
+            elif word == "," and depth == 1:
+                start = True
+        calls.append((positional, named))
+    return calls
+
+
+def _name(text: str) -> str:
+    """An identifier as DuckDB reads it: unquoted, or folded to lower case."""
+    return text[1:-1].replace('""', '"') if text.startswith('"') else text.lower()
+
+
+def _udf_signature(function: str) -> str:
+    """A UDF's call as its help text writes it (``predict(model, [x1, x2, ...] | image | text)``)."""
+    from . import SQL_FUNCTIONS
+    return SQL_FUNCTIONS[function].split(" -> ")[0]
+
+
+def argument_problems(function: str, positional: int, named: list[str]) -> list[str]:
+    """What is wrong with a call of dbml's ``function`` with ``positional`` arguments by
+    position and ``named`` by name, each problem naming the argument and the fix; [] if nothing
+    (a type DuckDB could not bind is then its own message)."""
+    from . import macro_signatures
+
+    signature = macro_signatures().get(function)
+    if signature is None:
+        if not named:
+            return []
+        return [f"no argument by name ({', '.join(map(repr, named))}); pass them in order: {_udf_signature(function)}"]
+    known = signature.positional + signature.named
+    problems = []
+    for name in named:
+        if name not in known:
+            guess = nearest(name, known)
+            problems.append(f"no argument {name!r}" + (f"; did you mean {guess!r}?" if guess else ""))
+    if problems:
+        return problems
+    given = set(named) | set(known[:positional])
+    missing = [p for p in signature.positional if p not in given]
+    if missing:
+        problems.append(f"missing argument {', '.join(map(repr, missing))}.")
+    if positional > len(known):
+        problems.append(f"{positional} arguments given in order; it takes at most {len(known)}.")
+    return problems
+
+
+def _takes(function: str) -> str:
+    from . import macro_signatures
+    signature = macro_signatures()[function]
+    text = f"{function}() takes {', '.join(signature.positional) or 'no argument in order'}"
+    return text + (f"; by name: {', '.join(signature.named)}" if signature.named else "")
+
+
+def explained(statement: str, error: BaseException) -> BaseException | None:
+    """DuckDB's binder ``error`` for ``statement`` as one that names the argument of dbml's
+    function that does not fit and the fix (the same exception type, DuckDB's ``LINE``
+    pointer kept); None where it is not about a dbml function's arguments."""
+    from . import SQL_FUNCTIONS
+
+    if not isinstance(error, duckdb.BinderException):
+        return None
+    text = str(error)
+    match = _MACRO.search(text) or _FUNCTION.search(text)
+    function = match.group(1).lower() if match else None
+    if function not in SQL_FUNCTIONS:
+        return None
+    for positional, named in _calls(statement, function):
+        problems = argument_problems(function, positional, named)
+        if problems:
+            from . import macro_signatures
+            takes = _takes(function) if function in macro_signatures() else ""
+            where = _WHERE.search(text)
+            message = f"Binder Error: {function}(): {' '.join(problems)}" + (f"\n{takes}" if takes else "")
+            return type(error)(message + (f"\n\n{where.group(1)}" if where else ""))
+    return None
+
+
+@contextmanager
+def arguments_explained(statement) -> Iterator[None]:
+    """Runs a statement: DuckDB's binder error for a dbml function called with an argument it
+    does not take is raised as :func:`explained` writes it, the original as its cause."""
+    try:
+        yield
+    except duckdb.BinderException as e:
+        better = explained(statement, e) if isinstance(statement, str) else None
+        if better is None:
+            raise
+        raise better from e
