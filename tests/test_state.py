@@ -49,6 +49,8 @@ ALLOWED = {
     "dbml/udfs/types.py:sql": "functools.cache: a DuckDB type parsed from its name",
     "dbml/udfs/__init__.py:_macros": "functools.cache: the names each of dbml's own macros calls (sql/macros.sql, "
                                      "the generated train and tune)",
+    "dbml/udfs/__init__.py:_macro_tokens": "functools.cache: the tokens of each of dbml's own macros' definitions",
+    "dbml/udfs/__init__.py:macro_signatures": "functools.cache: each of dbml's own macros' parameters, from its definition",
     "dbml/scheduler/graph/graphkey.py:_file_hash": "lru_cache: a source file's hash",
     "dbml/scheduler/graph/graphs.py:_SHARED_GRAPHS": "captured graphs by architecture and shapes (LRU)",
     "dbml/scheduler/graph/graphs.py:_SHARED_KEY_LOCKS": "one capture at a time per _SHARED_GRAPHS key",

@@ -219,12 +219,6 @@ def _word(text: str, start: int) -> str:
     return _WORD.match(text, start).group(0)
 
 
-def code_words(text: str) -> list[str]:
-    """The tokens of ``text`` that are code as DuckDB reads it (strings and comments left out),
-    each as the word it starts with: a name, a keyword, a number or one character (``(``, ``;``)."""
-    return [_word(text, start) for start in _duckdb_code(text)]
-
-
 def split_statements(text: str, dialect: str = "duckdb") -> list[str]:
     """The statements of ``text``, each without its ``;``; empty ones (comments only) left
     out. A text written for BigQuery (``bigquery_markers``) is split by BigQuery's rules
