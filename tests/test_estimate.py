@@ -8,10 +8,12 @@ import pytest
 
 from dbml.core.estimate import Estimate, cheaper_choices, estimate
 from dbml.zoo import Inputs
+from helpers import job_of
 
 
 def train(con, sql_args: str) -> dict:
-    return con.sql(f"SELECT train({sql_args})").fetchall()[0][0]
+    """The job's result and its row of dbml_jobs (best_epoch, estimated_seconds, the memory figures)."""
+    return job_of(con, con.sql(f"SELECT train({sql_args})").fetchall()[0][0])
 
 
 @pytest.fixture

@@ -5,13 +5,15 @@ import duckdb
 import pytest
 
 import dbml
+from helpers import job_of
 from dbml.errors import _round_up
 
 ARGS = "label := 'y', epochs := 2, hidden := [256, 256], batch_size := 256"
 
 
 def train(con, name, extra=""):
-    return con.sql(f"SELECT train('{name}', 't', {ARGS}{extra})").fetchall()[0][0]
+    """The job's result and its row of dbml_jobs: the scheduler's figures."""
+    return job_of(con, con.sql(f"SELECT train('{name}', 't', {ARGS}{extra})").fetchall()[0][0])
 
 
 def weights(con, name):

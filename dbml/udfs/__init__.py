@@ -19,7 +19,7 @@ import duckdb
 from duckdb import sqltypes as t
 
 from ..core.source import refuse_in_sources
-from .types import (CALIBRATE_RESULT, DOUBLES, EVALUATE_RESULT, EXPLAIN_RESULT, EXPORT_RESULT, PREDICT_INPUT, JOB_ROWS, MEMORY_ROWS, PREDICTOR_ROWS, TRAIN_ARGS,
+from .types import (CALIBRATE_RESULT, PROBABILITIES, EVALUATE_RESULT, EXPLAIN_RESULT, EXPORT_RESULT, PREDICT_INPUT, JOB_ROWS, MEMORY_ROWS, PREDICTOR_ROWS, TRAIN_ARGS,
                     TRAIN_RESULT, TRIAL_ROWS, TUNE_ARGS, sql)
 
 SQL_FUNCTIONS: dict[str, str] = {
@@ -36,7 +36,8 @@ SQL_FUNCTIONS: dict[str, str] = {
                "in training order (or an image BLOB, a text, token ids, a series) (regression value, or class "
                "for numeric labels)",
     "predict_label": "predict_label(model, [x1, ...]) -> VARCHAR: the predicted class as text",
-    "predict_proba": "predict_proba(model, [x1, ...]) -> DOUBLE[]: class probabilities, in class order",
+    "predict_proba": "predict_proba(model, [x1, ...]) -> MAP(VARCHAR, DOUBLE): each class (as predict_label "
+                     "names it) to its probability, in class order; predict_proba(m, x)['yes'] reads one",
     "predictions": "SELECT * FROM predictions(model, source, on_error := 'raise'): every row of a table or "
                    "SELECT plus a `prediction` column; takes the model's features by name (categorical ones "
                    "too); on_error := 'skip': a row whose image or text does not decode gets NULL, named in a warning",
@@ -133,7 +134,7 @@ FUNCTIONS = (
     Function("predict", f.predict, (t.VARCHAR, PREDICT_INPUT), t.DOUBLE, effects=False, arrow=True, nulls=True),
     Function("predict_label", f.predict_label, (t.VARCHAR, PREDICT_INPUT), t.VARCHAR, effects=False, arrow=True,
              nulls=True),
-    Function("predict_proba", f.predict_proba, (t.VARCHAR, PREDICT_INPUT), DOUBLES, effects=False, arrow=True,
+    Function("predict_proba", f.predict_proba, (t.VARCHAR, PREDICT_INPUT), PROBABILITIES, effects=False, arrow=True,
              nulls=True),
     Function("dbml_infer", f.infer, (t.VARCHAR, t.VARCHAR, sql("FLOAT[]"), t.VARCHAR, t.VARCHAR), t.DOUBLE, effects=False, arrow=True, nulls=True),
     # the same for an image, text or sequence model's raw column (dbml.core.inference.INFER_FUNCTIONS); they
