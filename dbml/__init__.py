@@ -150,6 +150,7 @@ def _install_sql(con: duckdb.DuckDBPyConnection, read_only: bool) -> None:
     """Run ``sql/``, the generated ``train`` and ``tune`` macros and the ``dbml_trials`` view
     (``dbml.search.trials.view_sql``) on one connection or cursor: TEMP macros
     and views are per connection, UDFs and the catalog per database."""
+    from .core.catalog_views import views
     from .core.spec import train_macro_sql
     from .search.trials import view_sql
     from .search.tunespec import tune_macro_sql
@@ -160,6 +161,8 @@ def _install_sql(con: duckdb.DuckDBPyConnection, read_only: bool) -> None:
     con.execute(train_macro_sql().sql("duckdb"))
     con.execute(tune_macro_sql().sql("duckdb"))
     con.execute(view_sql(con).sql("duckdb"))
+    for view in views(con):
+        con.execute(view.sql("duckdb"))
 
 
 def __getattr__(name: str):

@@ -69,6 +69,9 @@ TRIAL_ROW = {
     "started_at": "TIMESTAMP",
 }
 
+# deploy(): the version the model serves now, and whether it is pinned (else its latest)
+DEPLOY_RESULT = {"model": "VARCHAR", "version": "INTEGER", "pinned": "BOOLEAN"}
+
 # calibrate()
 CALIBRATE_RESULT = {
     "device": "VARCHAR", "op_kinds": "INTEGER", "samples": "BIGINT", "model_bytes": "BIGINT",

@@ -66,7 +66,7 @@ class ModelCache:
             return cached
         cur = self._cursor()
         if uid is None:
-            version, uid = catalog.identify(cur, name, version, fn=fn)
+            name, version, uid = catalog.resolve(cur, name, version, fn=fn)
             cached = self._models.get(uid)
             if cached is not None:
                 return cached
@@ -74,7 +74,10 @@ class ModelCache:
             if uid not in self._models:
                 model = catalog.load(cur, name, version, uid) if version is not None else \
                     catalog.load_uid(cur, name, uid, fn=fn)
-                self._models = {k: v for k, v in self._models.items() if v.name != name}
+                # a version dropped and trained again is another uid: forget the old one (other
+                # versions stay: a statement may compare 'churn@1' with 'churn@2')
+                self._models = {k: v for k, v in self._models.items()
+                                if (v.name, v.version) != (model.name, model.version)}
                 self._models[uid] = model
             return self._models[uid]
 

@@ -7,9 +7,10 @@
 -- (dbml.trials.view_sql: dbml.trials with each model's best trial marked; an older database
 -- opened read-only has no dbml.trials, and the view is then empty).
 
--- The catalog (sql/catalog.sql, schema dbml) as users read it.
-CREATE OR REPLACE TEMP VIEW dbml_models AS SELECT * EXCLUDE (uid) FROM dbml.models;
-CREATE OR REPLACE TEMP VIEW dbml_weights AS SELECT * FROM dbml.weights;
+-- The catalog (sql/catalog.sql, schema dbml) as users read it: dbml_models and dbml_leaderboard
+-- are generated (dbml.core.catalog_views: an older database opened read-only has no
+-- dbml.deployments).
+CREATE OR REPLACE TEMP VIEW dbml_weights AS SELECT name AS model, * FROM dbml.weights;
 
 -- Calibrate this machine and train the latency predictor (as python -m dbml install).
 CREATE OR REPLACE TEMP MACRO calibrate(quick := false) AS
@@ -31,6 +32,9 @@ CREATE OR REPLACE TEMP MACRO evaluate(model, source, on_error := 'raise') AS
 -- Block until a job started with wait := false ends; the connection id lets its
 -- interrupt() end the wait (not the job).
 CREATE OR REPLACE TEMP MACRO wait_job(job_id) AS dbml_wait_job(job_id, current_connection_id()::BIGINT);
+
+-- Pin the version a model's name serves (catalog.deploy); without a version, serve the latest again.
+CREATE OR REPLACE TEMP MACRO deploy(model, version := NULL) AS dbml_deploy(model, version);
 
 -- The model (its latest version, or `version`) as an ONNX file with its preprocessing folded in.
 CREATE OR REPLACE TEMP MACRO export_model(model, path, version := NULL, overwrite := false) AS
@@ -59,7 +63,7 @@ CREATE OR REPLACE TEMP VIEW dbml_epochs AS
            (e->>'val_loss')::DOUBLE AS val_loss, (e->>'val_metric')::DOUBLE AS val_metric,
            (e->>'epoch')::INTEGER = (metrics->>'best_epoch')::INTEGER AS best,
            (e->>'seconds')::DOUBLE AS seconds, (e->>'wait_seconds')::DOUBLE AS data_wait_seconds
-    FROM dbml_models, unnest(CAST(metrics->'history' AS JSON[])) AS h(e);
+    FROM dbml.models, unnest(CAST(metrics->'history' AS JSON[])) AS h(e);
 
 -- The installed latency predictor, one row per op kind, with its held-out accuracy.
 CREATE OR REPLACE TEMP VIEW dbml_predictor AS

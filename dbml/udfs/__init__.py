@@ -19,7 +19,7 @@ import duckdb
 from duckdb import sqltypes as t
 
 from ..core.source import refuse_in_sources
-from .types import (CALIBRATE_RESULT, PROBABILITIES, EVALUATE_RESULT, EXPLAIN_RESULT, EXPORT_RESULT, PREDICT_INPUT, JOB_ROWS, MEMORY_ROWS, PREDICTOR_ROWS, TRAIN_ARGS,
+from .types import (CALIBRATE_RESULT, DEPLOY_RESULT, PROBABILITIES, EVALUATE_RESULT, EXPLAIN_RESULT, EXPORT_RESULT, PREDICT_INPUT, JOB_ROWS, MEMORY_ROWS, PREDICTOR_ROWS, TRAIN_ARGS,
                     TRAIN_RESULT, TRIAL_ROWS, TUNE_ARGS, sql)
 
 SQL_FUNCTIONS: dict[str, str] = {
@@ -48,6 +48,10 @@ SQL_FUNCTIONS: dict[str, str] = {
     "evaluate": "evaluate(model, source, on_error := 'raise') -> STRUCT: accuracy, macro_f1, log_loss "
                 "(classification) or rmse, mae, r2 (regression) on a table or SELECT that holds the label; "
                 "on_error := 'skip' leaves out rows whose image or text does not decode, naming each",
+    "deploy": "deploy(model, version := NULL) -> STRUCT(model, version, pinned): pin the version that "
+              "predict(model, ...) and every other function serve ('churn' alone; 'churn@2' names version 2 "
+              "wherever a model is named); deploy(model) rolls forward to the latest again; dbml_models.deployed "
+              "marks the version served",
     "drop_model": "drop_model(model) -> BIGINT: delete every version of a model and its weights; "
                   "returns how many versions were dropped",
     "export_model": "export_model(model, path, version := NULL, overwrite := false) -> STRUCT: write the model "
@@ -86,7 +90,7 @@ f = _Functions()
 # Internal functions the macros call; not part of the documented surface.
 INTERNAL_FUNCTIONS = ("dbml_instance_id", "dbml_export_model", "dbml_train", "dbml_tune", "dbml_wait_job", "dbml_evaluate", "dbml_temp_names",
                       "dbml_predictions_sql", "dbml_explain_sql", "dbml_explain", "dbml_infer", "dbml_infer_blob", "dbml_decode_image", "dbml_infer_text", "dbml_infer_ids", "dbml_infer_numbers", "dbml_job_rows",
-                      "dbml_calibrate", "dbml_predictor_rows", "dbml_memory_rows")
+                      "dbml_calibrate", "dbml_predictor_rows", "dbml_memory_rows", "dbml_deploy")
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,7 @@ FUNCTIONS = (
     Function("dbml_explain_sql", f.explain_sql, (t.VARCHAR, t.VARCHAR, t.VARCHAR), t.VARCHAR,
              effects=False, runs_sql=True),
     Function("drop_model", f.drop_model, (t.VARCHAR,), t.BIGINT, effects=True),
+    Function("dbml_deploy", f.deploy, (t.VARCHAR, t.INTEGER), DEPLOY_RESULT, effects=True),
     Function("dbml_export_model", f.export_model, (t.VARCHAR, t.VARCHAR, t.INTEGER, t.BOOLEAN), EXPORT_RESULT,
              effects=True),
 )

@@ -15,7 +15,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from ..core import inference, jobs, latency, placement, progress, views
-from ..core.catalog import drop
+from ..core.catalog import deploy as pin, drop
 from ..errors import InvalidArgument
 from ..explain import explain_sql as explain_query, explanations
 from ..core.inference import ModelCache
@@ -206,6 +206,13 @@ def export_model(ctx: Context, model: str, path: str, version: int | None, overw
     except ImportError as e:   # onnx is an extra
         raise InvalidArgument(f"export_model(): needs the onnx package ({e.name}); pip install 'dbml[onnx]'") from e
     return _with_cursor(ctx, lambda cur: export(cur, model, path, version, bool(overwrite)))
+
+
+def deploy(ctx: Context, model: str, version: int | None) -> dict:
+    _writable(ctx, "deploy")
+    if model is None:
+        raise InvalidArgument("deploy(): model must not be NULL, e.g. deploy('churn', version := 2)")
+    return _with_cursor(ctx, lambda cur: pin(cur, model, version))
 
 
 def drop_model(ctx: Context, model: str) -> int:
