@@ -28,6 +28,12 @@ CREATE OR REPLACE TEMP MACRO dbml_temp_names() AS (
 -- on_error := 'skip': image/text rows that do not decode are left out, each named in a warning.
 CREATE OR REPLACE TEMP MACRO evaluate(model, source, on_error := 'raise') AS
     dbml_evaluate(model, source, getvariable('dbml_sources'), dbml_temp_names(), on_error);
+-- The same as a table: SELECT * FROM evaluate(...), one column per metric. DuckDB cannot
+-- unnest(evaluate(...)): expanding a STRUCT copies its bound expression, and the subquery
+-- of dbml_temp_names() cannot be copied; reading the STRUCT's fields from a derived table
+-- (e.*) copies a column reference instead.
+CREATE OR REPLACE TEMP MACRO evaluate(model, source, on_error := 'raise') AS TABLE
+    SELECT e.* FROM (SELECT evaluate(model, source, on_error := on_error) AS e);
 
 -- Block until a job started with wait := false ends; the connection id lets its
 -- interrupt() end the wait (not the job).

@@ -186,8 +186,9 @@ def _macros() -> dict[str, set[str]]:
         if "macro" not in words:
             continue
         name = words[words.index("macro") + 1]
-        out[name] = {tokens[i].text.lower() for i in range(len(tokens) - 1)
-                     if tokens[i + 1].token_type == TokenType.L_PAREN}
+        # a name may be both a scalar and a table macro (evaluate): what either calls
+        out.setdefault(name, set()).update(tokens[i].text.lower() for i in range(len(tokens) - 1)
+                                           if tokens[i + 1].token_type == TokenType.L_PAREN)
     return out
 
 
