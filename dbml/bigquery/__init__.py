@@ -139,7 +139,7 @@ def _train(con, plan: dict, args: dict) -> pa.Table:
     call.set("expressions", [exp.alias_(call.expressions[0], "result")])
     query = exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier("result"))).from_(
         exp.Subquery(this=call, alias=exp.TableAlias(this=exp.to_identifier("r"))))
-    return con.execute(query.sql("duckdb")).fetch_arrow_table()
+    return con.sql(query.sql("duckdb")).to_arrow_table()
 
 
 def _record(con, plan: dict, version: int, trial: dict | None) -> None:

@@ -264,7 +264,7 @@ def resolve(cur: duckdb.DuckDBPyConnection, name: str, version: int | str | None
                             f"or leave the version out")
     if not rows:
         raise ModelNotFound(f"{fn}(): no model named {name!r}; train it first with train({name!r}, ...) "
-                            f"or pick one from SELECT model FROM dbml_models")
+                            f"or pick one from SELECT name FROM dbml_models")
     return name, rows[0][0], rows[0][1]
 
 
