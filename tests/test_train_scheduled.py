@@ -39,7 +39,7 @@ def test_scheduled_training_equals_eager_bit_for_bit_within_the_budget(wide):
 
 @pytest.mark.slow   # ~0.6 s: out of the -m 'not slow' inner loop (under a minute)
 def test_budget_from_settings_and_sql(wide, tmp_path):
-    small = wide.sql("SELECT train('probe', 't', " + ARGS + ", policy := 'eager')").fetchall()[0][0]
+    small = train(wide, "probe", ", policy := 'eager'")
     budget = int(0.75 * small["vanilla_peak_bytes"])
     wide.execute(f"SET VARIABLE dbml_memory_budget = '{budget}'")
     r = train(wide, "from_variable")
