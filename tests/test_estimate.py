@@ -1,5 +1,5 @@
 """The run's time, estimated from the latency model before training (issue 24 part 2):
-``estimated_seconds`` in train()'s result and dbml_jobs, and a warning with cheaper
+``estimated_seconds`` in dbml_jobs (train()'s ``warnings`` says when it is long), and a warning with cheaper
 choices when it passes the ``slow_train_seconds`` setting."""
 
 import types
