@@ -47,7 +47,8 @@ SQL_FUNCTIONS: dict[str, str] = {
                "`approximation_error`; tabular models",
     "evaluate": "evaluate(model, source, on_error := 'raise') -> STRUCT: accuracy, macro_f1, log_loss "
                 "(classification) or rmse, mae, r2 (regression) on a table or SELECT that holds the label; "
-                "on_error := 'skip' leaves out rows whose image or text does not decode, naming each",
+                "on_error := 'skip' leaves out rows whose image or text does not decode, naming each; "
+                "SELECT * FROM evaluate(model, source) gives one column per metric",
     "deploy": "deploy(model, version := NULL) -> STRUCT(model, version, pinned): pin the version that "
               "predict(model, ...) and every other function serve ('churn' alone; 'churn@2' names version 2 "
               "wherever a model is named); deploy(model) rolls forward to the latest again; dbml_models.deployed "
