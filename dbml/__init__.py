@@ -148,16 +148,18 @@ def install(con: duckdb.DuckDBPyConnection | Connection, *, preload: bool = True
 
 
 def _install_sql(con: duckdb.DuckDBPyConnection, instance) -> None:
-    """Run ``sql/``, the catalog's views (``home.views``), the generated ``train`` and
-    ``tune`` macros and the ``dbml_trials`` view (``dbml.search.trials.view_sql``) on one
-    connection or cursor: TEMP macros and views are per connection, UDFs and the catalog
-    (``home.settle``, at the instance's first install) per database."""
+    """Run the catalog's views (``catalog_views.views``, in the catalog's home), ``sql/``, the
+    generated ``train`` and ``tune`` macros and the ``dbml_trials`` view
+    (``dbml.search.trials.view_sql``) on one connection or cursor: TEMP macros and views are
+    per connection, UDFs and the catalog (``home.settle``, at the instance's first install)
+    per database."""
+    from .core.catalog_views import views
     from .core.spec import train_macro_sql
     from .search.trials import view_sql
     from .search.tunespec import tune_macro_sql
 
-    for view in home.views(instance.home):
-        con.execute(view)
+    for view in views(con, instance.home):   # before sql/: dbml_epochs reads dbml_models
+        con.execute(view.sql("duckdb"))
     for sql in sorted(resources.files("dbml.sql").iterdir(), key=lambda p: p.name):
         if sql.name.endswith(".sql") and sql.name != "catalog.sql" and not (instance.read_only and sql.name in _WRITING_SQL):
             con.execute(sql.read_text())

@@ -204,6 +204,6 @@ def drop_model(con, model: str) -> int:
 
 def list_jobs(con) -> list[dict]:
     """The training jobs of this process (the ``dbml_jobs`` view), one dict per job."""
-    cur = con.execute("SELECT * FROM dbml_jobs ORDER BY id")
+    cur = con.execute("SELECT * FROM dbml_jobs ORDER BY job_id")
     names = [d[0] for d in cur.description]
     return [dict(zip(names, row)) for row in cur.fetchall()]

@@ -75,6 +75,10 @@ class RowSkipped(UserWarning):
     """A source row that predictions() or evaluate() skipped under ``on_error := 'skip'``."""
 
 
+class VersionStored(UserWarning):
+    """tune() stored its best trial as the model's next version: which, and what the model's name serves now."""
+
+
 @contextmanager
 def scheduler_errors(model: str, *, job_id: int, memory_budget: int | None,
                      shared_budget: Callable[[], int]) -> Iterator[None]:

@@ -179,7 +179,7 @@ def export_model(cur, model: str, path: str, version: int | None = None, overwri
     except OSError as e:
         raise InvalidArgument(f"export_model(): cannot write {path!r} ({e.strerror or e}); choose another "
                               f"path") from None
-    version, _ = catalog.identify(cur, model, version, fn="export_model")
+    model, version, _ = catalog.resolve(cur, model, version, fn="export_model")
     stored = catalog.load(cur, model, version)
     if fitter(stored.config.arch) is not None:   # LightGBM's trees run outside torch; k-means outputs a centroid id
         raise InvalidArgument(f"export_model(): model {model!r} is a {stored.config.arch} model, which the ONNX "

@@ -131,7 +131,7 @@ def _job(con, job_id: int):
     for job in instance.jobs.jobs():
         if job.id == job_id:
             return job
-    raise InvalidArgument(f"dbml.plot.memory(): no job {job_id} in this process; SELECT id FROM dbml_jobs lists them")
+    raise InvalidArgument(f"dbml.plot.memory(): no job {job_id} in this process; SELECT job_id FROM dbml_jobs lists them")
 
 
 def _budget(con, job) -> int | None:

@@ -55,6 +55,14 @@ def batches(n: int = 3, b: int = 32, shape: tuple[int, ...] = (32,), *, seed: in
 
 # -- results -----------------------------------------------------------------------------------
 
+def job_of(con, result: dict) -> dict:
+    """A train() (or wait_job()) result with its job's whole row of ``dbml_jobs``: the figures
+    train() leaves out (best_epoch, skipped_rows, msr, swaps, budget_bytes...)."""
+    cur = con.execute("SELECT * FROM dbml_jobs WHERE job_id = ?", [result["job_id"]])
+    names = [d[0] for d in cur.description]
+    return {**dict(zip(names, cur.fetchall()[0])), **result}
+
+
 def state_of(model: torch.nn.Module) -> list[torch.Tensor]:
     """Parameters then buffers: everything training changes."""
     return list(model.parameters()) + list(model.buffers())

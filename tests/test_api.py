@@ -12,6 +12,7 @@ import pytest
 import dbml
 from dbml import notebook
 from dbml.core import progress
+from helpers import job_of
 
 
 @pytest.fixture
@@ -99,7 +100,8 @@ def test_history_plots_the_stored_losses(pts):
 def test_memory_plots_the_plan_of_a_job_under_a_budget(wide):
     pytest.importorskip("matplotlib")
     wide.execute("SET VARIABLE dbml_memory_budget = 1500000")
-    summary = wide.sql("SELECT train('w', 't', label := 'y', epochs := 1, hidden := [256, 256, 256])").fetchall()[0][0]
+    summary = job_of(wide, wide.sql("SELECT train('w', 't', label := 'y', epochs := 1, hidden := [256, 256, 256])")
+                     .fetchall()[0][0])
     fig = dbml.plot.memory(wide, summary["job_id"])
     data = fig.dbml
     # the plot shows the plan in effect for the job's graph; the summary's peak is the largest of

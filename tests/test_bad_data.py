@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from dbml.core.features import Preprocessing
+from helpers import job_of
 
 # issue 10 reliability tests: many small databases; in the full suite, not the fast loop
 pytestmark = pytest.mark.slow
@@ -42,7 +43,7 @@ def bad(con):
 
 def train(con, name, source, label, **args):
     extra = "".join(f", {k} := {v!r}" for k, v in {"epochs": 1, **args}.items())
-    return one_row(con, f"SELECT train('{name}', '{source}', label := '{label}'{extra})")[0]
+    return job_of(con, one_row(con, f"SELECT train('{name}', '{source}', label := '{label}'{extra})")[0])
 
 
 def stored(con, name) -> Preprocessing:
@@ -120,7 +121,7 @@ def test_regression_predictions_agree_on_bad_features(bad, call, where):
 
 @TRAINED_ON
 @pytest.mark.parametrize("call", ["predict('cls', [a, b])", "predict_label('cls', [a, b])",
-                                  "predict_proba('cls', [a, b])", "table"])
+                                  "map_values(predict_proba('cls', [a, b]))", "table"])
 def test_classification_predictions_agree_on_bad_features(bad, call, where):
     train(bad, "cls", f"SELECT a, b, c FROM bad {where}", "c", epochs=5)
     kind, call = ("table", "'cls'") if call == "table" else ("scalar", call)

@@ -85,7 +85,7 @@ def start_job(con, name: str, extra: str = "") -> int:
 
 def job_row(con, job_id: int) -> dict:
     cols = ["status", "epoch", "node", "device", "queued_for", "error"]
-    row = con.execute(f"SELECT {', '.join(cols)} FROM dbml_jobs WHERE id = ?", [job_id]).fetchall()[0]
+    row = con.execute(f"SELECT {', '.join(cols)} FROM dbml_jobs WHERE job_id = ?", [job_id]).fetchall()[0]
     return dict(zip(cols, row))
 
 

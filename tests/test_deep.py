@@ -332,7 +332,7 @@ def test_image_and_text_jobs_run_concurrently_and_one_is_cancelled(digits_db):
     doomed = con.sql("SELECT train('conc_doomed', 'SELECT image, label FROM digits', label := 'label', "
                      "arch := 'cnn', epochs := 200, early_stop := false, wait := false).job_id").fetchall()[0][0]
     from helpers import wait_until
-    wait_until(lambda: con.sql(f"SELECT progress > 0 FROM dbml_jobs WHERE id = {doomed}").fetchall()[0][0], timeout=60)
+    wait_until(lambda: con.sql(f"SELECT progress > 0 FROM dbml_jobs WHERE job_id = {doomed}").fetchall()[0][0], timeout=60)
     assert con.sql(f"SELECT cancel_job({doomed})").fetchall()[0][0] in ("running", "queued")
     assert con.sql(f"SELECT wait_job({keep}).status").fetchall()[0][0] == "finished"
     with pytest.raises(duckdb.Error, match=r"was cancelled; nothing was stored"):

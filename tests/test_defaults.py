@@ -6,10 +6,12 @@ import json
 import pytest
 
 from dbml.core.spec import default_lr, default_validation
+from helpers import job_of
 
 
 def train(con, sql_args: str) -> dict:
-    return con.sql(f"SELECT train({sql_args})").fetchall()[0][0]
+    """The job's result and its row of dbml_jobs (best_epoch, estimated_seconds, the memory figures)."""
+    return job_of(con, con.sql(f"SELECT train({sql_args})").fetchall()[0][0])
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from dbml.core.duckmem import MIN_DUCKDB_BYTES, shown
 from dbml.core.jobs import Job
 from dbml.core.settings import CPU_LIMIT_SHARE
 
-from helpers import load, moons, wait_until
+from helpers import job_of, load, moons, wait_until
 
 SRC = "SELECT x1, x2, label FROM moons"
 HOLD_TIMEOUT = 60
@@ -41,8 +41,8 @@ def as_duckdb_shows(n: int) -> str:
 
 def train(con, model: str, *args: str) -> dict:
     extra = "".join(f", {a}" for a in args)
-    return con.sql(f"SELECT train('{model}', '{SRC}', label := 'label', validation := 0, epochs := 1{extra})"
-                   ).fetchall()[0][0]
+    return job_of(con, con.sql(f"SELECT train('{model}', '{SRC}', label := 'label', validation := 0, epochs := 1{extra})"
+                               ).fetchall()[0][0])
 
 
 def start(con, model: str, *args: str) -> int:
@@ -261,7 +261,7 @@ def test_a_job_waits_while_duckdb_cannot_give_the_memory_back(con):
     con.execute("SET memory_limit = '400MB'")   # the job's default budget 200 MB: DuckDB would keep 181 MB
     con.execute("CREATE TABLE ballast AS SELECT range AS i, random() AS r FROM range(15000000)")   # ~240 MB
     job = start(con, "w", "epochs := 1")
-    wait_until(lambda: con.sql(f"SELECT status FROM dbml_jobs WHERE id = {job}").fetchall()[0][0] == "queued",
+    wait_until(lambda: con.sql(f"SELECT status FROM dbml_jobs WHERE job_id = {job}").fetchall()[0][0] == "queued",
                timeout=60, what="the job queued for memory")
     assert limit(con) == "381.4 MiB"
     con.execute("DROP TABLE ballast")
@@ -275,7 +275,7 @@ def test_a_job_waiting_for_duckdbs_memory_can_be_cancelled(con):
     con.execute("SET memory_limit = '400MB'")
     con.execute("CREATE TABLE ballast AS SELECT range AS i, random() AS r FROM range(15000000)")
     job = start(con, "w", "epochs := 1")
-    wait_until(lambda: con.sql(f"SELECT status FROM dbml_jobs WHERE id = {job}").fetchall()[0][0] == "queued",
+    wait_until(lambda: con.sql(f"SELECT status FROM dbml_jobs WHERE job_id = {job}").fetchall()[0][0] == "queued",
                timeout=60, what="the job queued for memory")
     con.sql(f"SELECT cancel_job({job})").fetchall()
     with pytest.raises(duckdb.Error, match=r"job \d+ \('w'\) was cancelled"):
@@ -350,7 +350,7 @@ TOGETHER = textwrap.dedent("""
     expected = con.execute(f"SELECT {n}, sum((range % 7) * (range % 11)) FROM range({n})").fetchall()[0]
     job = con.sql("SELECT train('m', 't', label := 'y', validation := 0, epochs := 2, hidden := [4096, 4096], "
                   "wait := false).job_id").fetchall()[0][0]
-    while con.execute("SELECT progress FROM dbml_jobs WHERE id = ?", [job]).fetchall()[0][0] == 0:
+    while con.execute("SELECT progress FROM dbml_jobs WHERE job_id = ?", [job]).fetchall()[0][0] == 0:
         time.sleep(0.05)   # the job holds its budget and trains
     print("LIMIT_DURING", con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0])
     spilled, done = [0], threading.Event()
@@ -368,7 +368,7 @@ TOGETHER = textwrap.dedent("""
     watcher.join()
     print("JOIN_RIGHT", got == expected)
     print("SPILLED", spilled[0])
-    print("JOB_RUNNING_AFTER_JOIN", con.execute("SELECT status FROM dbml_jobs WHERE id = ?", [job]).fetchall()[0][0])
+    print("JOB_RUNNING_AFTER_JOIN", con.execute("SELECT status FROM dbml_jobs WHERE job_id = ?", [job]).fetchall()[0][0])
     print("JOB", con.sql(f"SELECT wait_job({job}).status").fetchall()[0][0])
     print("LIMIT_AFTER", con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0])
     print("HWM", status("VmHWM"))

@@ -1,5 +1,5 @@
 """The run's time, estimated from the latency model before training (issue 24 part 2):
-``estimated_seconds`` in train()'s result and dbml_jobs, and a warning with cheaper
+``estimated_seconds`` in dbml_jobs (train()'s ``warnings`` says when it is long), and a warning with cheaper
 choices when it passes the ``slow_train_seconds`` setting."""
 
 import types
@@ -8,10 +8,12 @@ import pytest
 
 from dbml.core.estimate import Estimate, cheaper_choices, estimate
 from dbml.zoo import Inputs
+from helpers import job_of
 
 
 def train(con, sql_args: str) -> dict:
-    return con.sql(f"SELECT train({sql_args})").fetchall()[0][0]
+    """The job's result and its row of dbml_jobs (best_epoch, estimated_seconds, the memory figures)."""
+    return job_of(con, con.sql(f"SELECT train({sql_args})").fetchall()[0][0])
 
 
 @pytest.fixture

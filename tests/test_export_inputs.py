@@ -46,7 +46,7 @@ def test_a_series_model_runs_in_onnxruntime_on_longer_series(con, tmp_path, scal
     x = np.full((len(series), 24), np.nan, dtype=np.float32)                      # NaN: NULL and padding
     for i, v in enumerate(series):
         x[i, :len(v)] = [np.nan if e is None else e for e in v]
-    want = np.array([con.execute("SELECT predict_proba('m', ?::FLOAT[])", [v]).fetchall()[0][0] for v in series])
+    want = np.array([con.execute("SELECT map_values(predict_proba('m', ?::FLOAT[]))", [v]).fetchall()[0][0] for v in series])
     assert np.abs(_run(tmp_path / "m.onnx", "series", x) - want).max() <= TOLERANCE
 
 
@@ -66,5 +66,5 @@ def test_a_text_model_runs_in_onnxruntime_on_texts_longer_than_any_training_text
     x = np.full((len(ids), max(map(len, ids))), rule["padding"], dtype=np.int64)
     for i, row in enumerate(ids):
         x[i, :len(row)] = row
-    want = np.array([con.execute("SELECT predict_proba('t', ?)", [s]).fetchall()[0][0] for s in texts])
+    want = np.array([con.execute("SELECT map_values(predict_proba('t', ?))", [s]).fetchall()[0][0] for s in texts])
     assert np.abs(_run(tmp_path / "t.onnx", "tokens", x) - want).max() <= TOLERANCE

@@ -35,7 +35,7 @@ def _images(con, name: str, blobs: list, files: bool = False) -> None:
 
 
 def _proba(con, model: str, blobs: list[bytes]) -> np.ndarray:
-    return np.array([con.execute(f"SELECT predict_proba('{model}', ?::BLOB)", [b]).fetchall()[0][0] for b in blobs])
+    return np.array([con.execute(f"SELECT map_values(predict_proba('{model}', ?::BLOB))", [b]).fetchall()[0][0] for b in blobs])
 
 
 @pytest.mark.slow   # ~1.3 s: out of the -m 'not slow' inner loop (under a minute)
@@ -76,7 +76,7 @@ def test_series_scaled_per_row_predict_the_same_for_any_level_and_unit(con):
     con.execute(f"SELECT train('glob', 's', label := 'y', features := ['xs'], {TCN})").fetchall()
     xs = [1.0, 4.0, 2.0, None, 8.0, 3.0, 5.0]
     moved = [None if v is None else 250.0 + 3.5 * v for v in xs]    # another level and unit
-    p = [con.execute("SELECT predict_proba(?, ?::DOUBLE[])", [m, v]).fetchall()[0][0]
+    p = [con.execute("SELECT map_values(predict_proba(?, ?::DOUBLE[]))", [m, v]).fetchall()[0][0]
          for m in ("row", "glob") for v in (xs, moved)]
     assert np.allclose(p[0], p[1], atol=1e-6)         # per row: the same series, whatever its level
     assert not np.allclose(p[2], p[3], atol=1e-3)     # the default (one global mean/std) is unchanged

@@ -121,7 +121,7 @@ SCRIPT = textwrap.dedent("""
     returned = time.perf_counter() - sent["at"]
     bg_status = con.sql(f"SELECT wait_job({{bg}}).status").fetchall()[0][0]
     print(json.dumps(dict(error=error, returned=returned, bg=bg_status,
-                          jobs=con.sql("SELECT model, status FROM dbml_jobs ORDER BY id").fetchall(),
+                          jobs=con.sql("SELECT model, status FROM dbml_jobs ORDER BY job_id").fetchall(),
                           models=con.sql("SELECT name FROM dbml_models ORDER BY ALL").fetchall())))
 """)
 

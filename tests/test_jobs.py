@@ -19,7 +19,7 @@ from dbml.scheduler.multijob import registry
 from dbml.scheduler.multijob.scheduler import MemoryScheduler
 from dbml.scheduler.plan.planner import PAPER, PlanSettings
 
-from helpers import linear, load, moons, wait_until
+from helpers import job_of, linear, load, moons, wait_until
 
 SRC = "SELECT x1, x2, label FROM moons"
 GATE_TIMEOUT = 60   # seconds a held or meeting job waits before it fails (never hang)
@@ -88,7 +88,7 @@ def weights(con, name):
 
 
 def job_rows(con):
-    return {r[0]: r for r in con.sql("SELECT id, model, status, started, finished, error, progress FROM dbml_jobs")
+    return {r[0]: r for r in con.sql("SELECT job_id, model, status, started, finished, error, progress FROM dbml_jobs")
             .fetchall()}
 
 
@@ -221,7 +221,7 @@ def test_jobs_that_do_not_fit_together_queue_and_run_later(wide, gate, slow_copi
     gate.release("first")                     # first ends and leaves: the second is admitted ...
     for job in (first, second):               # ... and runs: both finish
         assert wide.sql(f"SELECT wait_job({job}).status").fetchall()[0][0] == "finished"
-    r = wide.sql(f"SELECT wait_job({second})").fetchall()[0][0]
+    r = job_of(wide, wide.sql(f"SELECT wait_job({second})").fetchall()[0][0])
     assert r["measured_peak_bytes"] <= budget
     (peak,), = wide.sql("SELECT DISTINCT global_measured_peak_bytes FROM dbml_memory").fetchall()
     assert peak <= budget                     # never both at once on the device
@@ -234,7 +234,7 @@ def test_three_jobs_below_the_sum_of_their_unscheduled_peaks_stay_within_the_bud
     wide.execute(f"SET VARIABLE dbml_memory_budget = {budget}")
     rows = wide.sql(f"SELECT train(name, {WIDE}, epochs := 3, seed := seed) "
                     f"FROM (VALUES ('w1', 1), ('w2', 2), ('w3', 3)) v(name, seed)").fetchall()
-    summaries = [r[0] for r in rows]
+    summaries = [job_of(wide, r[0]) for r in rows]
     assert all(s["status"] == "finished" for s in summaries)
     assert sum(s["vanilla_peak_bytes"] for s in summaries) > budget
     (held, peak, planned), = wide.sql("SELECT DISTINCT global_held_bytes, global_measured_peak_bytes, "

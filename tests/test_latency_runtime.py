@@ -8,7 +8,7 @@ import pytest
 import dbml
 from dbml.core import latency
 
-from helpers import load, moons
+from helpers import job_of, load, moons
 
 
 @pytest.fixture
@@ -20,8 +20,8 @@ def fresh_cache(tmp_path, monkeypatch):
 
 
 def train(con, name):
-    return con.sql(f"SELECT train('{name}', 'SELECT x1, x2, label FROM moons', label := 'label', "
-                   f"epochs := 1)").fetchall()[0][0]
+    return job_of(con, con.sql(f"SELECT train('{name}', 'SELECT x1, x2, label FROM moons', label := 'label', "
+                               f"epochs := 1)").fetchall()[0][0])
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ import duckdb
 import pytest
 
 from dbml.core import models, runners
+from helpers import job_of
 
 # issue 10 reliability tests: whole databases and subprocesses; in the full suite, not the fast loop
 pytestmark = pytest.mark.slow
@@ -123,12 +124,12 @@ def test_the_vanilla_is_analysed_by_default_and_measured_only_when_asked(con, mo
     eager_peak = runners.eager_peak
     monkeypatch.setattr(runners, "eager_peak", lambda *a: calls.append(1) or eager_peak(*a))
     args = "label := 'y', epochs := 1, hidden := [32]"
-    default = con.sql(f"SELECT train('a', 't', {args})").fetchall()[0][0]
+    default = job_of(con, con.sql(f"SELECT train('a', 't', {args})").fetchall()[0][0])
     assert calls == [] and default["vanilla_source"] == "analysed"
     stored = con.sql("SELECT (metrics->'memory'->>'planned_vanilla_peak_bytes')::BIGINT FROM dbml_models").fetchall()
     assert default["vanilla_peak_bytes"] == stored[0][0] > 0     # the plan's unscheduled peak
-    measured = con.sql(f"SELECT train('m', 't', {args}, measure_vanilla := true)").fetchall()[0][0]
+    measured = job_of(con, con.sql(f"SELECT train('m', 't', {args}, measure_vanilla := true)").fetchall()[0][0])
     assert calls == [1] and measured["vanilla_source"] == "measured"
-    eager = con.sql(f"SELECT train('e', 't', {args}, policy := 'eager')").fetchall()[0][0]
+    eager = job_of(con, con.sql(f"SELECT train('e', 't', {args}, policy := 'eager')").fetchall()[0][0])
     assert calls == [1] and eager["vanilla_source"] == "measured"   # an eager job is its own vanilla
     assert eager["vanilla_peak_bytes"] == eager["measured_peak_bytes"] and eager["msr"] == 0

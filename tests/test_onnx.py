@@ -21,7 +21,7 @@ def session(path):
 
 
 def dbml_probabilities(con, model: str, expr: str, table: str) -> np.ndarray:
-    return np.array([r[0] for r in con.execute(f"SELECT predict_proba('{model}', {expr}) FROM {table} "
+    return np.array([r[0] for r in con.execute(f"SELECT map_values(predict_proba('{model}', {expr})) FROM {table} "
                                                f"ORDER BY id").fetchall()])
 
 

@@ -12,7 +12,7 @@ import torch
 import dbml
 from dbml.core.spec import TrainSpec
 
-from helpers import linear, load, moons
+from helpers import job_of, linear, load, moons
 
 TRAIN_MOONS = "SELECT x1, x2, label FROM moons WHERE split = ''train''"
 TEST_MOONS = "SELECT * FROM moons WHERE split = ''test''"
@@ -21,7 +21,8 @@ TINY = "'SELECT x1, x2, label FROM moons LIMIT 640', label := 'label', epochs :=
 
 
 def train(con, sql_args: str) -> dict:
-    return con.sql(f"SELECT train({sql_args})").fetchall()[0][0]
+    """The job's result and its row of dbml_jobs (best_epoch, estimated_seconds, the memory figures)."""
+    return job_of(con, con.sql(f"SELECT train({sql_args})").fetchall()[0][0])
 
 
 @pytest.mark.slow   # trains to a quality bar: many epochs
@@ -88,7 +89,8 @@ def test_text_labels_predict_label_and_proba(con):
     out = con.sql("SELECT predict_label('moons_txt', [x1, x2]) AS l, predict_proba('moons_txt', [x1, x2]) AS p, "
                   "label FROM m").fetchall()
     assert np.mean([l == y for l, _, y in out]) > 0.9
-    assert all(len(p) == 2 and abs(sum(p) - 1) < 1e-6 for _, p, _ in out)
+    # each class by its label, as predict_label names it
+    assert all(set(p) == {"lower", "upper"} and abs(sum(p.values()) - 1) < 1e-6 for _, p, _ in out)
     with pytest.raises(duckdb.Error, match=r"predict\(\): model 'moons_txt' predicts text labels; use predict_label"):
         con.sql("SELECT predict('moons_txt', [x1, x2]) FROM m").fetchall()
 

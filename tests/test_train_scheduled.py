@@ -5,13 +5,15 @@ import duckdb
 import pytest
 
 import dbml
+from helpers import job_of
 from dbml.errors import _round_up
 
 ARGS = "label := 'y', epochs := 2, hidden := [256, 256], batch_size := 256"
 
 
 def train(con, name, extra=""):
-    return con.sql(f"SELECT train('{name}', 't', {ARGS}{extra})").fetchall()[0][0]
+    """The job's result and its row of dbml_jobs: the scheduler's figures."""
+    return job_of(con, con.sql(f"SELECT train('{name}', 't', {ARGS}{extra})").fetchall()[0][0])
 
 
 def weights(con, name):
@@ -37,7 +39,7 @@ def test_scheduled_training_equals_eager_bit_for_bit_within_the_budget(wide):
 
 @pytest.mark.slow   # ~0.6 s: out of the -m 'not slow' inner loop (under a minute)
 def test_budget_from_settings_and_sql(wide, tmp_path):
-    small = wide.sql("SELECT train('probe', 't', " + ARGS + ", policy := 'eager')").fetchall()[0][0]
+    small = train(wide, "probe", ", policy := 'eager'")
     budget = int(0.75 * small["vanilla_peak_bytes"])
     wide.execute(f"SET VARIABLE dbml_memory_budget = '{budget}'")
     r = train(wide, "from_variable")

@@ -8,6 +8,7 @@ import duckdb
 import pytest
 
 import dbml
+from helpers import job_of
 
 
 def _two_lines(con) -> None:
@@ -162,7 +163,7 @@ def test_one_connections_budget_never_shrinks_anothers_running_job(tmp_path):
     small = dbml.connect(path, latency_model="roofline", memory_budget="300MB")
     big.execute("CREATE TABLE a AS SELECT x / 1000 AS x, (x % 2)::INTEGER AS y FROM range(4000) t(x)")
     first = big.execute("SELECT train('big', 'a', label := 'y', epochs := 1000, early_stop := false, wait := false)").fetchall()[0][0]
-    wait_until(lambda: big.execute(f"SELECT status FROM dbml_jobs WHERE id = {first['job_id']}").fetchall()
+    wait_until(lambda: big.execute(f"SELECT status FROM dbml_jobs WHERE job_id = {first['job_id']}").fetchall()
                == [("running",)], timeout=60, what="the first job runs")
     wait_until(lambda: existing_scheduler("cpu") is not None and existing_scheduler("cpu").jobs(), timeout=60,
                what="the first job plans")
@@ -171,7 +172,7 @@ def test_one_connections_budget_never_shrinks_anothers_running_job(tmp_path):
                what="the second job waits for the budget")
     assert existing_scheduler("cpu").budget_bytes == 10**9          # the running job's budget is kept
     big.execute(f"SELECT cancel_job({first['job_id']})")
-    done = small.execute(f"SELECT wait_job({second['job_id']})").fetchall()[0][0]
+    done = job_of(small, small.execute(f"SELECT wait_job({second['job_id']})").fetchall()[0][0])
     assert done["status"] == "finished" and done["budget_bytes"] == 300 * 10**6
     big.close(), small.close()
 
@@ -240,8 +241,8 @@ def test_the_last_smaller_batch_keeps_the_budget_too(con):
     batch, once brought the whole buffer into its plan, ran passive and finished 50 % over."""
     con.execute("CREATE TABLE c AS SELECT hash(range, 1) % 1000 / 1000 AS a, hash(range, 2) % 1000 / 1000 AS b, "
                 "hash(range, 3) % 1000 / 1000 AS d, (hash(range, 4) % 2)::INTEGER AS y FROM range(4000)")
-    row = con.execute("SELECT train('m', 'c', label := 'y', arch := 'mlp', batch_size := 64, epochs := 2, "
-                      "memory_budget := 80622)").fetchall()[0][0]
+    row = job_of(con, con.execute("SELECT train('m', 'c', label := 'y', arch := 'mlp', batch_size := 64, epochs := 2, "
+                                  "memory_budget := 80622)").fetchall()[0][0])
     assert row["status"] == "finished" and row["budget_bytes"] == 80622
     assert row["measured_peak_bytes"] <= 80622 and row["planned_peak_bytes"] <= 80622
     assert row["passive_swaps"] == 0

@@ -118,7 +118,7 @@ def test_pruned_trials_stop_at_an_epoch_boundary_and_give_their_memory_back(db):
     pruned = [r for r in rows if r["status"] == "pruned"]
     assert pruned and all(json.loads(r["params"])["lr"] == 0.0001 and r["epochs"] < 6 for r in pruned)
     for r in pruned:
-        job = db.execute("SELECT status, epoch, error FROM dbml_jobs WHERE id = ?", [r["job_id"]]).fetchall()[0]
+        job = db.execute("SELECT status, epoch, error FROM dbml_jobs WHERE job_id = ?", [r["job_id"]]).fetchall()[0]
         assert job[0] == "cancelled" and job[1] == r["epochs"] and "was pruned after epoch" in job[2]
     assert device_ledger("cpu").current_bytes == 0
 

@@ -127,7 +127,8 @@ def test_predict_label_and_proba_over_several_vectors(db):
         out, prep = ref.logits("side", f)
         p = np.exp(out - out.max())
         p /= p.sum()
-        np.testing.assert_allclose(proba, p, rtol=1e-5, atol=1e-6)
+        assert proba is None or list(proba) == [str(c) for c in prep["classes"]]   # named, in class order
+        np.testing.assert_allclose(list(proba.values()), p, rtol=1e-5, atol=1e-6)
         assert label == (None if i % 11 == 3 else str(prep["classes"][int(np.argmax(out))]))
     assert {label for *_, label, _ in rows} == {None, "0", "1"}   # both classes occur
 

@@ -127,14 +127,19 @@ def _create_model(con, tree: exp.Create):
     plan = create.plan(con, tree)   # every option checked: nothing trains before this passes
     if plan["trials"]:
         return _trials(con, plan)
-    summary = _train(con, plan, plan["runs"][0][0])
-    _record(con, plan, summary["version"], None)
-    return functions.result(con, pa.Table.from_pylist([summary]))
+    result = _train(con, plan, plan["runs"][0][0])
+    _record(con, plan, result.column("version")[0].as_py(), None)
+    return functions.result(con, result)
 
 
-def _train(con, plan: dict, args: dict) -> dict:
-    """One ``train`` call of the plan: its summary."""
-    return con.execute(create.train_statement(plan["name"], plan["source"], args).sql("duckdb")).fetchall()[0][0]
+def _train(con, plan: dict, args: dict) -> pa.Table:
+    """One ``train`` call of the plan: its result as one row of train()'s columns, typed as
+    train() types them (``SELECT result.* FROM (SELECT train(...) AS result)``)."""
+    call = create.train_statement(plan["name"], plan["source"], args)
+    call.set("expressions", [exp.alias_(call.expressions[0], "result")])
+    query = exp.select(exp.Column(this=exp.Star(), table=exp.to_identifier("result"))).from_(
+        exp.Subquery(this=call, alias=exp.TableAlias(this=exp.to_identifier("r"))))
+    return con.sql(query.sql("duckdb")).to_arrow_table()
 
 
 def _record(con, plan: dict, version: int, trial: dict | None) -> None:
@@ -145,7 +150,7 @@ def _trials(con, plan: dict):
     """``num_trials`` versions, each with other hyperparameters (``tuning``); the one with the best
     objective (``HPARAM_TUNING_OBJECTIVES``'s figure on its evaluation rows, else ``train``'s
     validation metric) is the optimal trial (what ML.PREDICT and ML.EVALUATE use)."""
-    summaries = [_train(con, plan, args) for args, _ in plan["runs"]]
+    summaries = [_train(con, plan, args).to_pylist()[0] for args, _ in plan["runs"]]
     objective = plan["objective"]
     if objective is not None:
         key = objective.lower()
@@ -166,7 +171,9 @@ def _trials(con, plan: dict):
         _record(con, plan, summary["version"], record)
         rows.append({"trial_id": trial, "version": summary["version"], "val_metric": summary["val_metric"],
                      "is_optimal": trial == best})
-    return functions.result(con, pa.Table.from_pylist(rows))
+    schema = pa.schema([("trial_id", pa.int64()), ("version", pa.int32()), ("val_metric", pa.float64()),
+                        ("is_optimal", pa.bool_())])   # typed even when every val_metric is NULL
+    return functions.result(con, pa.Table.from_pylist(rows, schema=schema))
 
 
 def _metric_name(con, name: str, version: int) -> str:

@@ -44,11 +44,12 @@ _WRITES = threading.Lock()
 
 MODELS, WEIGHTS = "dbml.models", "dbml.weights"   # as statements name them: home.render places them
 TRIALS = "dbml.trials"   # tune()'s trials (dbml.trials), dropped with their model
+DEPLOYMENTS = "dbml.deployments"   # the version each pinned model serves (deploy())
 
 # The catalog's statements, built once as sqlglot trees and rendered where they run; values
 # are bound parameters (?).
 D = "duckdb"
-_MODELS, _WEIGHTS, _TRIALS = (exp.to_table(t, dialect=D) for t in (MODELS, WEIGHTS, TRIALS))
+_MODELS, _WEIGHTS, _TRIALS, _DEPLOYMENTS = (exp.to_table(t, dialect=D) for t in (MODELS, WEIGHTS, TRIALS, DEPLOYMENTS))
 _BY_NAME = "name = ?"
 NEXT_VERSION = exp.select("coalesce(max(version), 0) + 1", dialect=D).from_(_MODELS).where(_BY_NAME, dialect=D)
 # dbml.models' columns in order: name, version and 9 more bound, created, the blob's size (bound), uid.
@@ -63,8 +64,12 @@ LOAD = (exp.select("m.config", "m.preprocessing", "w.weights", "m.uid::VARCHAR",
         .from_(_MODELS.as_("m")).join(_WEIGHTS.as_("w"), using=["name", "version"])
         .where("name = ? AND version = ? AND (? IS NULL OR m.uid::VARCHAR = ?)", dialect=D))
 COUNT_TRIALS = exp.select("count(*)").from_(_TRIALS).where("model = ?", dialect=D)
-DELETE_MODEL = (exp.delete(_TRIALS, where="model = ?", dialect=D), exp.delete(_WEIGHTS, where=_BY_NAME, dialect=D),
-                exp.delete(_MODELS, where=_BY_NAME, dialect=D))
+PINNED = exp.select("version").from_(_DEPLOYMENTS).where("model = ?", dialect=D)
+UNPIN = exp.delete(_DEPLOYMENTS, where="model = ?", dialect=D)
+PIN = exp.insert(exp.values([(exp.Placeholder(), exp.Placeholder(), exp.func("current_localtimestamp"))]),
+                 _DEPLOYMENTS)
+DELETE_MODEL = (exp.delete(_TRIALS, where="model = ?", dialect=D), UNPIN,
+                exp.delete(_WEIGHTS, where=_BY_NAME, dialect=D), exp.delete(_MODELS, where=_BY_NAME, dialect=D))
 
 
 @dataclass
@@ -173,20 +178,77 @@ def _rollback(cur: duckdb.DuckDBPyConnection) -> None:
         pass
 
 
+# How every dbml function names a model: 'churn' (the version it serves: the one deploy() pinned,
+# else its latest), 'churn@2' (version 2), 'churn@latest' (its latest, pinned or not).
+VERSION_MARK, LATEST = "@", "latest"
+
+
+def model_ref(name: str, version: int | None = None, *, fn: str) -> tuple[str, int | str | None]:
+    """(model, version) that ``name`` (and a function's own ``version`` argument) names: version
+    an int, LATEST, or None (the version the model serves)."""
+    base, mark, suffix = name.rpartition(VERSION_MARK) if isinstance(name, str) else ("", "", "")
+    if not mark or not base or not (suffix.isdigit() or suffix == LATEST):
+        return name, version
+    named = LATEST if suffix == LATEST else int(suffix)
+    if version is not None and version != named:
+        raise InvalidArgument(f"{fn}(): {name!r} names version {suffix} and version := {version} another; "
+                              f"pass one of them")
+    return base, named
+
+
+def pinned_version(cur: duckdb.DuckDBPyConnection, name: str) -> int | None:
+    """The version deploy() pinned ``name`` to, if any (an older catalog opened read-only has no pins)."""
+    try:
+        rows = cur.execute(home.sql(cur, PINNED), [name]).fetchall()
+    except duckdb.CatalogException:   # no dbml.deployments
+        return None
+    return rows[0][0] if rows else None
+
+
 def latest_version(cur: duckdb.DuckDBPyConnection, name: str, *, fn: str) -> int:
-    return identify(cur, name, None, fn=fn)[0]
+    return identify(cur, model_ref(name, fn=fn)[0], LATEST, fn=fn)[0]
 
 
-def identify(cur: duckdb.DuckDBPyConnection, name: str, version: int | None, *, fn: str) -> tuple[int, str]:
-    """(version, uid) of model ``name``'s ``version`` (None: its latest); ModelNotFound naming the fix."""
-    rows = cur.execute(home.sql(cur, IDENTIFY), [name, version, version]).fetchall()
-    if not rows and version is not None and identify_any(cur, name):
+def resolve(cur: duckdb.DuckDBPyConnection, name: str, version: int | str | None, *, fn: str) -> tuple[str, int, str]:
+    """(model, version, uid) that ``name`` and ``version`` name (``model_ref``): the one place that
+    turns what a user passed into a stored model; ModelNotFound naming the fix."""
+    name, version = model_ref(name, version, fn=fn)
+    if version is None:
+        version = pinned_version(cur, name)
+    latest = version is None or version == LATEST
+    rows = cur.execute(home.sql(cur, IDENTIFY), [name, None if latest else version, None if latest else version]).fetchall()
+    if not rows and not latest and identify_any(cur, name):
         raise ModelNotFound(f"{fn}(): model {name!r} has no version {version}; pass one of "
-                            f"SELECT version FROM dbml_models WHERE name = {name!r}, or leave version out")
+                            f"SELECT version FROM dbml_models WHERE model = {name!r}, e.g. '{name}@1', "
+                            f"or leave the version out")
     if not rows:
         raise ModelNotFound(f"{fn}(): no model named {name!r}; train it first with train({name!r}, ...) "
                             f"or pick one from SELECT name FROM dbml_models")
-    return rows[0][0], rows[0][1]
+    return name, rows[0][0], rows[0][1]
+
+
+def identify(cur: duckdb.DuckDBPyConnection, name: str, version: int | str | None, *, fn: str) -> tuple[int, str]:
+    """(version, uid) of model ``name``'s ``version`` (None: the version it serves): ``resolve``."""
+    return resolve(cur, name, version, fn=fn)[1:]
+
+
+def deploy(cur: duckdb.DuckDBPyConnection, name: str, version: int | None, *, fn: str = "deploy") -> dict:
+    """Pin the version ``name`` serves (``version``, or 'churn@2'), or, with neither (or
+    'churn@latest'), unpin it: it serves its latest again. The version it serves now."""
+    model, asked = model_ref(name, version, fn=fn)
+    pin = asked is not None and asked != LATEST
+    served = resolve(cur, model, asked if pin else LATEST, fn=fn)[1]
+    with _WRITES:
+        cur.execute("BEGIN TRANSACTION")
+        try:
+            cur.execute(home.sql(cur, UNPIN), [model])
+            if pin:
+                cur.execute(home.sql(cur, PIN), [model, served])
+            cur.execute("COMMIT")
+        except BaseException:
+            _rollback(cur)
+            raise
+    return {"model": model, "version": served, "pinned": pin}
 
 
 def identify_any(cur: duckdb.DuckDBPyConnection, name: str) -> bool:
@@ -305,6 +367,11 @@ def _record_problem(d, cls, where: str) -> str | None:
 def drop(cur: duckdb.DuckDBPyConnection, name: str, *, fn: str = "drop_model") -> int:
     """Delete every version of ``name`` and its tune() trials; return how many versions there were.
     A model with trials but no version (no trial finished) is dropped too."""
+    model, version = model_ref(name, fn=fn)
+    if version is not None:
+        raise InvalidArgument(f"{fn}(): {name!r} names one version, and {fn} drops every version of a model; "
+                              f"pass its name, {fn}({model!r}), or serve another version with deploy({model!r}, "
+                              f"version := ...)")
     if not cur.execute(home.sql(cur, COUNT_TRIALS), [name]).fetchall()[0][0] and not identify_any(cur, name):
         names = [r[0] for r in cur.execute(home.sql(cur, MODEL_NAMES)).fetchall()]
         close = difflib.get_close_matches(name, names, n=1)

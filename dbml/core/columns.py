@@ -8,13 +8,14 @@ The README describes each column.
 
 from __future__ import annotations
 
-# train() and wait_job(): the job (error: why a row failed, under on_error := 'continue'),
-# then its memory figures (TRAIN_MEMORY, the runner's stats)
+# The job's summary (job.result): the job (error: why a row failed, under on_error :=
+# 'continue'), its validation metric by name (val_metric_name), then its memory figures
+# (TRAIN_MEMORY, the runner's stats). dbml_jobs shows all of it.
 TRAIN_JOB = {
     "job_id": "BIGINT", "model": "VARCHAR", "version": "INTEGER", "status": "VARCHAR", "error": "VARCHAR",
     "epochs": "INTEGER", "best_epoch": "INTEGER", "rows": "BIGINT", "skipped_rows": "BIGINT", "final_loss": "DOUBLE",
-    "val_metric": "DOUBLE", "val_loss": "DOUBLE", "warnings": "VARCHAR", "estimated_seconds": "DOUBLE",
-    "seconds": "DOUBLE",
+    "metric": "VARCHAR", "val_metric": "DOUBLE", "val_loss": "DOUBLE", "warnings": "VARCHAR",
+    "estimated_seconds": "DOUBLE", "seconds": "DOUBLE",
 }
 TRAIN_MEMORY = {
     "measured_peak_bytes": "BIGINT", "vanilla_peak_bytes": "BIGINT", "vanilla_source": "VARCHAR",
@@ -23,17 +24,32 @@ TRAIN_MEMORY = {
     "plan_seconds": "DOUBLE", "latency_model": "VARCHAR", "budget_bytes": "BIGINT",
     "real_peak_bytes": "BIGINT", "spilled_peak_bytes": "BIGINT",
 }
-TRAIN_RESULT = {**TRAIN_JOB, **TRAIN_MEMORY}
+TRAIN_SUMMARY = {**TRAIN_JOB, **TRAIN_MEMORY}
 MEMORY_FIELDS = tuple(TRAIN_MEMORY)
 
-# dbml_jobs: one row per job (jobs.Job.row)
-JOB_ROW = {
-    "id": "BIGINT", "model": "VARCHAR", "status": "VARCHAR", "progress": "DOUBLE", "epoch": "INTEGER",
+# What train(), wait_job() and CREATE MODEL return (one owner: ``train_result``): the model and
+# version stored, how it went and its main figures. The scheduler's figures stay in dbml_jobs
+# (``SELECT * FROM dbml_jobs WHERE job_id = ...``).
+TRAIN_RESULT = {name: TRAIN_SUMMARY[name] for name in (
+    "model", "version", "status", "rows", "epochs", "final_loss", "val_loss", "metric", "val_metric", "seconds",
+    "job_id", "warnings", "error")}
+
+
+def train_result(summary: dict) -> dict:
+    """The train() row of a job's summary (or of a failed row's status and error): TRAIN_RESULT's columns."""
+    return {k: summary.get(k) for k in TRAIN_RESULT}
+
+
+# dbml_jobs: one row per job, live (jobs.Job's figures) until it ends, then its whole summary
+# (TRAIN_SUMMARY) beside them (views.job_row)
+JOB_LIVE = {
+    "job_id": "BIGINT", "model": "VARCHAR", "status": "VARCHAR", "progress": "DOUBLE", "epoch": "INTEGER",
     "epochs": "INTEGER", "loss": "DOUBLE", "rows_per_s": "DOUBLE", "planned_peak_bytes": "BIGINT",
     "measured_peak_bytes": "BIGINT", "swaps": "BIGINT", "recomputes": "BIGINT", "passive_swaps": "BIGINT",
     "replans": "BIGINT", "estimated_seconds": "DOUBLE", "warnings": "VARCHAR", "started": "TIMESTAMP",
     "finished": "TIMESTAMP", "error": "VARCHAR", "node": "VARCHAR", "device": "VARCHAR", "queued_for": "VARCHAR",
 }
+JOB_ROW = {**JOB_LIVE, **{k: v for k, v in TRAIN_SUMMARY.items() if k not in JOB_LIVE}}
 JOB_COLUMNS = tuple(JOB_ROW)
 
 # dbml_memory: one row per job in the device's shared scheduler (jobs.memory_rows)
@@ -52,6 +68,9 @@ TRIAL_ROW = {
     "seconds": "DOUBLE", "peak_bytes": "BIGINT", "error": "VARCHAR", "version": "INTEGER", "job_id": "BIGINT",
     "started_at": "TIMESTAMP",
 }
+
+# deploy(): the version the model serves now, and whether it is pinned (else its latest)
+DEPLOY_RESULT = {"model": "VARCHAR", "version": "INTEGER", "pinned": "BOOLEAN"}
 
 # calibrate()
 CALIBRATE_RESULT = {

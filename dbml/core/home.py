@@ -33,7 +33,7 @@ SCHEMA = "dbml"                   # the schema the catalog's trees are written w
 MARKER = "dbml model catalog"     # the one row of <home>.catalog
 FORMAT = 1                        # its format, for a later migration
 NEW_NAMES = ("dbml", "dbml_catalog")   # a new home: the first of these not taken (then dbml_catalog_2, ...)
-TABLES = ("models", "weights", "trials", "catalog", "bigquery_models")   # the names render places
+TABLES = ("models", "weights", "trials", "catalog", "bigquery_models", "deployments")   # the names render places
 
 # dbml.models' columns (sql/catalog.sql), by which a catalog written before the marker is known
 MODEL_COLUMNS = ("name", "version", "arch", "task", "features", "label", "config", "preprocessing", "params",
@@ -238,20 +238,11 @@ def older(con: duckdb.DuckDBPyConnection):
     return move
 
 
-def views(home: Home) -> list[str]:
-    """The TEMP views users read the catalog through: ``dbml_models`` (without the uid) and ``dbml_weights``."""
-    def view(name: str, query: exp.Select) -> str:
-        return exp.Create(this=exp.to_table(name), kind="VIEW", replace=True, expression=query,
-                          properties=exp.Properties(expressions=[exp.TemporaryProperty()])).sql(D)
-    return [view("dbml_models", exp.select(exp.Star(except_=[exp.column("uid")])).from_(home.table("models"))),
-            view("dbml_weights", exp.select("*").from_(home.table("weights")))]
-
-
 # What else dbml creates in a database, which the shell's .tables, .schema and .dump leave out
 # with the catalog's home: its TEMP views (tests/test_catalog_home.py checks the list against
 # a fresh connection's) and the in-memory database it attaches for training (sql/scratch.sql).
 TEMP_VIEWS = frozenset({"dbml_models", "dbml_weights", "dbml_trials", "dbml_jobs", "dbml_epochs", "dbml_memory",
-                        "dbml_predictor"})
+                        "dbml_predictor", "dbml_leaderboard"})
 SCRATCH = "dbml_scratch"
 
 

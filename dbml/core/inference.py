@@ -66,7 +66,7 @@ class ModelCache:
             return cached
         cur = self._cursor()
         if uid is None:
-            version, uid = catalog.identify(cur, name, version, fn=fn)
+            name, version, uid = catalog.resolve(cur, name, version, fn=fn)
             cached = self._models.get(uid)
             if cached is not None:
                 return cached
@@ -74,7 +74,10 @@ class ModelCache:
             if uid not in self._models:
                 model = catalog.load(cur, name, version, uid) if version is not None else \
                     catalog.load_uid(cur, name, uid, fn=fn)
-                self._models = {k: v for k, v in self._models.items() if v.name != name}
+                # a version dropped and trained again is another uid: forget the old one (other
+                # versions stay: a statement may compare 'churn@1' with 'churn@2')
+                self._models = {k: v for k, v in self._models.items()
+                                if (v.name, v.version) != (model.name, model.version)}
                 self._models[uid] = model
             return self._models[uid]
 
@@ -223,7 +226,8 @@ def flat(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 
 def predict_values(model: catalog.StoredModel, features: pa.Array, *, fn: str, kind: str) -> pa.Array:
-    """``kind``: "value" (DOUBLE), "label" (VARCHAR) or "proba" (DOUBLE[]), NULL where the input is NULL."""
+    """``kind``: "value" (DOUBLE), "label" (VARCHAR) or "proba" (PROBABILITIES: each class, named as
+    predict_label names it, to its probability, in class order), NULL where the input is NULL."""
     prep = model.preprocessing
     if kind != "value" and prep.task != "classification":
         raise InvalidArgument(f"{fn}(): model {model.name!r} is a regression model; use predict({model.name!r}, ...)")
@@ -232,11 +236,12 @@ def predict_values(model: catalog.StoredModel, features: pa.Array, *, fn: str, k
                               f"use predict_label({model.name!r}, ...) for the label as VARCHAR")
     out, valid = _forward_chunks(model, flat(features), fn)
     if out is None:                      # every input NULL: every prediction NULL
-        return pa.nulls(len(valid), pa.list_(pa.float64()) if kind == "proba" else
+        return pa.nulls(len(valid), PROBABILITIES if kind == "proba" else
                         pa.string() if kind == "label" else pa.float64())
     if kind == "proba":
-        values = list(torch.softmax(out, 1).double().numpy())
-        typ = pa.list_(pa.float64())
+        names = [str(c) for c in prep.classes]
+        values = [list(zip(names, p)) for p in torch.softmax(out, 1).double().numpy().tolist()]
+        typ = PROBABILITIES
     elif kind == "label":
         values = [str(prep.classes[i]) for i in out.argmax(1).numpy()]
         typ = pa.string()
@@ -263,6 +268,10 @@ def _forward_chunks(model: catalog.StoredModel, features: pa.Array, fn: str) -> 
 
 def _numeric_classes(prep: Preprocessing) -> bool:
     return all(isinstance(c, (int, float, bool)) for c in prep.classes)
+
+
+# predict_proba's Arrow type: MAP(VARCHAR, DOUBLE), class label -> probability
+PROBABILITIES = pa.map_(pa.string(), pa.float64())
 
 
 def _scatter(values, valid: np.ndarray, typ: pa.DataType) -> pa.Array:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import duckdb
 from sqlglot import exp
 
-from .columns import TRAIN_RESULT
+from .columns import train_result
 from ..errors import DbmlError, Interrupted, InvalidArgument, JobCancelled
 from . import home
 from .runtime import runtime
@@ -277,7 +277,7 @@ class JobManager:
             job = self._jobs.get(job_id)
         if job is None:
             raise InvalidArgument(f"{fn}(): no job {job_id} in this database; "
-                                  f"see SELECT id, model, status FROM dbml_jobs")
+                                  f"see SELECT job_id, model, status FROM dbml_jobs")
         return job
 
     def wait(self, job_id: int, connection: int | None = None, *, fn: str = "wait_job") -> dict:
@@ -432,7 +432,7 @@ def outcome(job: Job) -> dict:
     status (and error), every TRAIN_RESULT column present."""
     row = job.result if job.status == "finished" else {"job_id": job.id, "model": job.model,
                                                        "status": job.status, "error": job.error}
-    return {k: row.get(k) for k in TRAIN_RESULT}
+    return train_result(row)
 
 
 def _message(e: BaseException) -> str:
@@ -458,5 +458,5 @@ def train_all(manager: JobManager, calls: list[TrainCall], connection: int | Non
             if c.on_error == "raise" and job is not None and job.status in ("failed", "cancelled"):
                 raise job.exception
     return [outcome(job) if job is not None else
-            {**dict.fromkeys(TRAIN_RESULT), "model": c.model, "status": "failed", "error": str(c.error)}
+            train_result({"model": c.model, "status": "failed", "error": str(c.error)})
             for c, job in zip(calls, jobs)]

@@ -115,6 +115,9 @@ class _TrainSpecChecks:
         fn = "train"
         if not self.model or not self.model.strip():
             raise InvalidArgument(f"{fn}(): model name is empty; pass a name such as train('churn', ...)")
+        if "@" in self.model:
+            raise InvalidArgument(f"{fn}(): model name {self.model!r} holds '@', which names a version "
+                                  f"(predict('churn@2', ...)); pass a name without it")
         _positive_int(self.epochs, "epochs", "epochs := 10")
         _positive_int(self.batch_size, "batch_size", "batch_size := 64")
         if self.lr is not None and not 0 < self.lr <= MAX_LR:

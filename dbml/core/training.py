@@ -132,7 +132,8 @@ class Trained:
             "job_id": job_id, "model": self.spec.model, "version": version, "status": "finished",
             "epochs": len(self.metrics["history"]), "best_epoch": self.metrics.get("best_epoch"),
             "rows": self.rows, "skipped_rows": self.skipped,
-            "final_loss": self.metrics["final_loss"], "val_metric": self.metrics["val_metric"],
+            "final_loss": self.metrics["final_loss"], "metric": self.metrics.get("val_metric_name"),
+            "val_metric": self.metrics["val_metric"],
             "val_loss": self.metrics.get("val_loss"), "warnings": "; ".join(self.warnings) or None,
             "estimated_seconds": self.metrics.get("estimated_seconds"), "seconds": time.perf_counter() - self.started, **{k: self.memory.get(k) for k in MEMORY_FIELDS},
         }

@@ -7,12 +7,15 @@ predictor) and returns plain dicts, one per row, with the view's columns.
 
 from __future__ import annotations
 
-from .columns import JOB_COLUMNS, MEMORY_COLUMNS
+from .columns import JOB_COLUMNS, JOB_LIVE, MEMORY_COLUMNS
 from .jobs import Job, JobManager
 
 def job_row(job: Job) -> dict:
-    """One ``dbml_jobs`` row: the job's live figures."""
-    return {**{k: getattr(job, k) for k in JOB_COLUMNS}, "status": job.shown_status}
+    """One ``dbml_jobs`` row: the job's live figures, then, once it has finished, its summary
+    (the version stored, the metrics, every memory figure of its run) over them."""
+    live = {k: getattr(job, k) for k in JOB_LIVE if k != "job_id"}
+    summary = {k: v for k, v in (job.result or {}).items() if k in JOB_COLUMNS and v is not None}
+    return {**dict.fromkeys(JOB_COLUMNS), **live, **summary, "job_id": job.id, "status": job.shown_status}
 
 
 def job_rows(manager: JobManager) -> list[dict]:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -50,8 +51,8 @@ from sqlglot import exp
 from . import fusion
 from ..core import runners
 from . import trials as store
-from ..core import training
-from ..errors import BudgetTooSmall, Interrupted, InvalidArgument, JobCancelled, TrainingError
+from ..core import catalog, training
+from ..errors import BudgetTooSmall, Interrupted, InvalidArgument, JobCancelled, TrainingError, VersionStored
 from ..core.jobs import Job, JobManager, Wait
 from ..core.runtime import runtime
 from ..scheduler.multijob.registry import existing_scheduler
@@ -146,7 +147,7 @@ class Search:
                 self._start()
                 with self.manager.statement(self.connection, fn="tune") as wait:
                     self._run(wait)
-                self._store_best()
+                self._say_stored(self._store_best())
                 return store.rows(self.cur, self.model, [t.number for t in self.trials])
             finally:
                 self.cur.close()
@@ -430,6 +431,22 @@ class Search:
         best.trained = None
         store.save(self.cur, {**self._record(best), "version": version})
         return version
+
+    def _say_stored(self, version: int | None) -> None:
+        """Say which version the best trial became and what the model's name serves now
+        (its row in the result holds the version too)."""
+        if version is None:
+            return
+        name, best = self.model, self.best
+        served = catalog.identify(self.cur, name, None, fn="tune")[0]
+        if served != version:
+            now = f"predict({name!r}, ...) still serves version {served}, pinned by deploy(); deploy({name!r}) serves this one"
+        elif version > 1:
+            now = f"predict({name!r}, ...) serves it now; deploy({name!r}, version := {version - 1}) serves the one before"
+        else:
+            now = f"predict({name!r}, ...) serves it"
+        warnings.warn(f"tune(): trial {best.number}, the best ({self.request.objective} {best.objective:.4g}), is "
+                      f"stored as version {version} of {name!r}; {now}", VersionStored, stacklevel=2)
 
     def _record(self, trial: Trial) -> dict:
         """The trial's row of dbml.trials (trials.COLUMNS)."""

@@ -40,8 +40,8 @@ def enable_safe_mode(shell) -> None:
 
 def jobs(shell, words):
     """dbml's own: the training jobs of this process, with their progress (the dbml_jobs view)."""
-    shell.run_sql("SELECT id AS job_id, model, status, epoch, epochs, round(progress, 3) AS progress, "
-                  "round(loss, 4) AS loss, round(rows_per_s) AS rows_per_s, error FROM dbml_jobs ORDER BY id;")
+    shell.run_sql("SELECT job_id, model, status, epoch, epochs, round(progress, 3) AS progress, "
+                  "round(loss, 4) AS loss, round(rows_per_s) AS rows_per_s, error FROM dbml_jobs ORDER BY job_id;")
 
 
 def change_directory(shell, words):

@@ -7,8 +7,9 @@
 -- (dbml.trials.view_sql: dbml.trials with each model's best trial marked; an older database
 -- opened read-only has no dbml.trials, and the view is then empty).
 
--- The catalog as users read it, dbml_models and dbml_weights, is made by dbml.core.home.views
--- (in the catalog's home, which is not always the schema dbml).
+-- The catalog as users read it, dbml_models, dbml_weights and dbml_leaderboard, is made by
+-- dbml.core.catalog_views (in the catalog's home, dbml.core.home, which is not always the schema
+-- dbml; an older database opened read-only has no deployments table).
 
 -- Calibrate this machine and train the latency predictor (as python -m dbml install).
 CREATE OR REPLACE TEMP MACRO calibrate(quick := false) AS
@@ -26,10 +27,19 @@ CREATE OR REPLACE TEMP MACRO dbml_temp_names() AS (
 -- on_error := 'skip': image/text rows that do not decode are left out, each named in a warning.
 CREATE OR REPLACE TEMP MACRO evaluate(model, source, on_error := 'raise') AS
     dbml_evaluate(model, source, getvariable('dbml_sources'), dbml_temp_names(), on_error);
+-- The same as a table: SELECT * FROM evaluate(...), one column per metric. DuckDB cannot
+-- unnest(evaluate(...)): expanding a STRUCT copies its bound expression, and the subquery
+-- of dbml_temp_names() cannot be copied; reading the STRUCT's fields from a derived table
+-- (e.*) copies a column reference instead.
+CREATE OR REPLACE TEMP MACRO evaluate(model, source, on_error := 'raise') AS TABLE
+    SELECT e.* FROM (SELECT evaluate(model, source, on_error := on_error) AS e);
 
 -- Block until a job started with wait := false ends; the connection id lets its
 -- interrupt() end the wait (not the job).
 CREATE OR REPLACE TEMP MACRO wait_job(job_id) AS dbml_wait_job(job_id, current_connection_id()::BIGINT);
+
+-- Pin the version a model's name serves (catalog.deploy); without a version, serve the latest again.
+CREATE OR REPLACE TEMP MACRO deploy(model, version := NULL) AS dbml_deploy(model, version);
 
 -- The model (its latest version, or `version`) as an ONNX file with its preprocessing folded in.
 CREATE OR REPLACE TEMP MACRO export_model(model, path, version := NULL, overwrite := false) AS

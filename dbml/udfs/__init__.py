@@ -20,7 +20,7 @@ import duckdb
 from duckdb import sqltypes as t
 
 from ..core.source import refuse_in_sources
-from .types import (CALIBRATE_RESULT, DOUBLES, EVALUATE_RESULT, EXPLAIN_RESULT, EXPORT_RESULT, PREDICT_INPUT, JOB_ROWS, MEMORY_ROWS, PREDICTOR_ROWS, TRAIN_ARGS,
+from .types import (CALIBRATE_RESULT, DEPLOY_RESULT, PROBABILITIES, EVALUATE_RESULT, EXPLAIN_RESULT, EXPORT_RESULT, PREDICT_INPUT, JOB_ROWS, MEMORY_ROWS, PREDICTOR_ROWS, TRAIN_ARGS,
                     TRAIN_RESULT, TRIAL_ROWS, TUNE_ARGS, sql)
 
 SQL_FUNCTIONS: dict[str, str] = {
@@ -37,7 +37,8 @@ SQL_FUNCTIONS: dict[str, str] = {
                "in training order (or an image BLOB, a text, token ids, a series) (regression value, or class "
                "for numeric labels)",
     "predict_label": "predict_label(model, [x1, ...]) -> VARCHAR: the predicted class as text",
-    "predict_proba": "predict_proba(model, [x1, ...]) -> DOUBLE[]: class probabilities, in class order",
+    "predict_proba": "predict_proba(model, [x1, ...]) -> MAP(VARCHAR, DOUBLE): each class (as predict_label "
+                     "names it) to its probability, in class order; predict_proba(m, x)['yes'] reads one",
     "predictions": "SELECT * FROM predictions(model, source, on_error := 'raise'): every row of a table or "
                    "SELECT plus a `prediction` column; takes the model's features by name (categorical ones "
                    "too); on_error := 'skip': a row whose image or text does not decode gets NULL, named in a warning",
@@ -47,7 +48,12 @@ SQL_FUNCTIONS: dict[str, str] = {
                "`approximation_error`; tabular models",
     "evaluate": "evaluate(model, source, on_error := 'raise') -> STRUCT: accuracy, macro_f1, log_loss "
                 "(classification) or rmse, mae, r2 (regression) on a table or SELECT that holds the label; "
-                "on_error := 'skip' leaves out rows whose image or text does not decode, naming each",
+                "on_error := 'skip' leaves out rows whose image or text does not decode, naming each; "
+                "SELECT * FROM evaluate(model, source) gives one column per metric",
+    "deploy": "deploy(model, version := NULL) -> STRUCT(model, version, pinned): pin the version that "
+              "predict(model, ...) and every other function serve ('churn' alone; 'churn@2' names version 2 "
+              "wherever a model is named); deploy(model) rolls forward to the latest again; dbml_models.deployed "
+              "marks the version served",
     "drop_model": "drop_model(model) -> BIGINT: delete every version of a model and its weights; "
                   "returns how many versions were dropped",
     "export_model": "export_model(model, path, version := NULL, overwrite := false) -> STRUCT: write the model "
@@ -86,7 +92,7 @@ f = _Functions()
 # Internal functions the macros call; not part of the documented surface.
 INTERNAL_FUNCTIONS = ("dbml_instance_id", "dbml_export_model", "dbml_train", "dbml_tune", "dbml_wait_job", "dbml_evaluate", "dbml_temp_names",
                       "dbml_predictions_sql", "dbml_explain_sql", "dbml_explain", "dbml_infer", "dbml_infer_blob", "dbml_decode_image", "dbml_infer_text", "dbml_infer_ids", "dbml_infer_numbers", "dbml_job_rows",
-                      "dbml_calibrate", "dbml_predictor_rows", "dbml_memory_rows")
+                      "dbml_calibrate", "dbml_predictor_rows", "dbml_memory_rows", "dbml_deploy")
 
 
 @dataclass(frozen=True)
@@ -134,7 +140,7 @@ FUNCTIONS = (
     Function("predict", f.predict, (t.VARCHAR, PREDICT_INPUT), t.DOUBLE, effects=False, arrow=True, nulls=True),
     Function("predict_label", f.predict_label, (t.VARCHAR, PREDICT_INPUT), t.VARCHAR, effects=False, arrow=True,
              nulls=True),
-    Function("predict_proba", f.predict_proba, (t.VARCHAR, PREDICT_INPUT), DOUBLES, effects=False, arrow=True,
+    Function("predict_proba", f.predict_proba, (t.VARCHAR, PREDICT_INPUT), PROBABILITIES, effects=False, arrow=True,
              nulls=True),
     Function("dbml_infer", f.infer, (t.VARCHAR, t.VARCHAR, sql("FLOAT[]"), t.VARCHAR, t.VARCHAR), t.DOUBLE, effects=False, arrow=True, nulls=True),
     # the same for an image, text or sequence model's raw column (dbml.core.inference.INFER_FUNCTIONS); they
@@ -155,13 +161,14 @@ FUNCTIONS = (
     Function("dbml_explain_sql", f.explain_sql, (t.VARCHAR, t.VARCHAR, t.VARCHAR), t.VARCHAR,
              effects=False, runs_sql=True),
     Function("drop_model", f.drop_model, (t.VARCHAR,), t.BIGINT, effects=True),
+    Function("dbml_deploy", f.deploy, (t.VARCHAR, t.INTEGER), DEPLOY_RESULT, effects=True),
     Function("dbml_export_model", f.export_model, (t.VARCHAR, t.VARCHAR, t.INTEGER, t.BOOLEAN), EXPORT_RESULT,
              effects=True),
 )
 
 
 @functools.cache
-def _macro_tokens() -> dict[str, list]:
+def _macro_tokens() -> dict[str, list[list]]:
     """Each of dbml's macros (``sql/macros.sql`` and the generated ``train`` and ``tune``) -> the
     tokens of its CREATE statement after its name, read with the SQL tokenizer (the sources are
     fixed for the process: read once)."""
@@ -181,18 +188,19 @@ def _macro_tokens() -> dict[str, list]:
         words = [tok.text.lower() for tok in tokens]
         if "macro" in words:
             at = words.index("macro") + 1
-            out[words[at]] = tokens[at + 1:]
+            # a name may be both a scalar and a table macro (evaluate): each definition kept
+            out.setdefault(words[at], []).append(tokens[at + 1:])
     return out
 
 
 @functools.cache
 def _macros() -> dict[str, set[str]]:
-    """Each of dbml's macros -> the names it calls."""
+    """Each of dbml's macros -> the names it calls (in any of its definitions)."""
     from sqlglot.tokens import TokenType
 
-    return {name: {tokens[i].text.lower() for i in range(len(tokens) - 1)
+    return {name: {tokens[i].text.lower() for tokens in definitions for i in range(len(tokens) - 1)
                    if tokens[i + 1].token_type == TokenType.L_PAREN}
-            for name, tokens in _macro_tokens().items()}
+            for name, definitions in _macro_tokens().items()}
 
 
 @dataclass(frozen=True)
@@ -206,11 +214,13 @@ class MacroSignature:
 @functools.cache
 def macro_signatures() -> dict[str, MacroSignature]:
     """Each of dbml's macros -> its parameters, read from its definition (the one home of
-    what a macro takes: ``sql/macros.sql``, ``spec.train_macro_sql``, ``tunespec.tune_macro_sql``)."""
+    what a macro takes: ``sql/macros.sql``, ``spec.train_macro_sql``, ``tunespec.tune_macro_sql``;
+    a scalar and a table macro of one name take the same)."""
     from sqlglot.tokens import TokenType
 
     out = {}
-    for name, tokens in _macro_tokens().items():
+    for name, definitions in _macro_tokens().items():
+        tokens = definitions[0]
         positional, named, depth = [], [], 0
         for i, tok in enumerate(tokens):
             if tok.token_type == TokenType.L_PAREN:

@@ -238,6 +238,14 @@ def export_model(ctx: Context, model: str, path: str, version: int | None, overw
     return _with_cursor(ctx, lambda cur: export(cur, model, path, version, bool(overwrite)))
 
 
+def deploy(ctx: Context, model: str, version: int | None) -> dict:
+    from ..core.catalog import deploy as pin
+    _writable(ctx, "deploy")
+    if model is None:
+        raise InvalidArgument("deploy(): model must not be NULL, e.g. deploy('churn', version := 2)")
+    return _with_cursor(ctx, lambda cur: pin(cur, model, version))
+
+
 def drop_model(ctx: Context, model: str) -> int:
     from ..core.catalog import drop
     _writable(ctx, "drop_model")

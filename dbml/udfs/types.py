@@ -54,9 +54,10 @@ JOB_ROWS = rows(columns.JOB_ROW)
 MEMORY_ROWS = rows(columns.MEMORY_ROW)
 PREDICTOR_ROWS = rows(columns.PREDICTOR_ROW)
 CALIBRATE_RESULT = struct(columns.CALIBRATE_RESULT)
+DEPLOY_RESULT = struct(columns.DEPLOY_RESULT)
 EVALUATE_RESULT = struct(columns.EVALUATE_RESULT)
 EXPLAIN_RESULT = struct(columns.EXPLAIN_RESULT)
-DOUBLES = sql("DOUBLE[]")
+PROBABILITIES = sql("MAP(VARCHAR, DOUBLE)")   # predict_proba: class label -> probability, in class order
 EXPORT_RESULT = sql("STRUCT(path VARCHAR, bytes BIGINT, version INTEGER, input VARCHAR, outputs VARCHAR[], "
                     "features VARCHAR[])")
 # predict()'s input: a list of numbers, an image BLOB or a text. A Python UDF cannot be
