@@ -32,7 +32,7 @@ from dbml.scheduler.graph.optim import OptimizerSpec
 from dbml.scheduler import hostmem, procmem
 from dbml.scheduler.errors import InfeasibleBudget
 
-from helpers import assert_same, batches, cnn, load, loss_fn, mlp, moons, state_of, vanilla_peak
+from helpers import assert_same, batches, cnn, load, loss_fn, mlp, moons, state_of, vanilla_peak, job_of
 
 
 def spill_files(directory) -> list[str]:
@@ -208,8 +208,10 @@ def test_the_real_memory_watch_sees_an_allocation():
 # -- from SQL -----------------------------------------------------------------------------------
 
 def _train(con, budget: str = "120KB", model: str = "m") -> dict:
-    return con.execute(f"SELECT train('{model}', 'moons', label := 'label', arch := 'mlp', epochs := 2, "
-                       f"early_stop := false, policy := 'tensile', memory_budget := '{budget}') AS t").fetchone()[0]
+    """train()'s result with its job's row of dbml_jobs (the memory figures)."""
+    return job_of(con, con.execute(f"SELECT train('{model}', 'moons', label := 'label', arch := 'mlp', epochs := 2, "
+                                   f"early_stop := false, policy := 'tensile', memory_budget := '{budget}') AS t"
+                                   ).fetchone()[0])
 
 
 def test_a_budgeted_job_spills_to_the_databases_temp_directory_and_leaves_nothing(tmp_path):

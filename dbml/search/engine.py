@@ -437,16 +437,17 @@ class Search:
         (its row in the result holds the version too)."""
         if version is None:
             return
-        name, best = self.model, self.best
-        served = catalog.identify(self.cur, name, None, fn="tune")[0]
+        best = self.best
+        served = catalog.identify(self.cur, self.model, None, fn="tune")[0]
+        name = exp.Literal.string(self.model).sql("duckdb")   # quoted as SQL: the calls below can be pasted
         if served != version:
-            now = f"predict({name!r}, ...) still serves version {served}, pinned by deploy(); deploy({name!r}) serves this one"
+            now = f"predict({name}, ...) still serves version {served}, pinned by deploy(); deploy({name}) serves this one"
         elif version > 1:
-            now = f"predict({name!r}, ...) serves it now; deploy({name!r}, version := {version - 1}) serves the one before"
+            now = f"predict({name}, ...) serves it now; deploy({name}, version := {version - 1}) serves the one before"
         else:
-            now = f"predict({name!r}, ...) serves it"
+            now = f"predict({name}, ...) serves it"
         warnings.warn(f"tune(): trial {best.number}, the best ({self.request.objective} {best.objective:.4g}), is "
-                      f"stored as version {version} of {name!r}; {now}", VersionStored, stacklevel=2)
+                      f"stored as version {version} of {name}; {now}", VersionStored, stacklevel=2)
 
     def _record(self, trial: Trial) -> dict:
         """The trial's row of dbml.trials (trials.COLUMNS)."""
