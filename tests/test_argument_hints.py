@@ -29,7 +29,8 @@ def fails(con, sql: str, match: str) -> str:
     ("SELECT * FROM tune('m', 't', label := 'y', trails := 3)", r"^Binder Error: tune\(\): no argument 'trails'; "
                                                                  r"did you mean 'trials'\?"),
     ("SELECT evaluate('m', 't', version := 2)",
-     r"^Binder Error: evaluate\(\): no argument 'version'\nevaluate\(\) takes model, source; by name: on_error"),
+     r"^Binder Error: evaluate\(\): no argument 'version'; name the version with the model, e\.g\. 'churn@2' "
+     r"\(SELECT model, version FROM dbml_models lists them\)\nevaluate\(\) takes model, source; by name: on_error"),
     ("SELECT evaluate('m')", r"^Binder Error: evaluate\(\): missing argument 'source'\."),
     ("SELECT * FROM predictions('m', 't', on_eror := 'skip')", r"predictions\(\): no argument 'on_eror'; "
                                                                 r"did you mean 'on_error'\?"),

@@ -110,6 +110,10 @@ def argument_problems(function: str, positional: int, named: list[str]) -> list[
     for name in named:
         if name not in known:
             guess = nearest(name, known)
+            if guess is None and name == "version" and "model" in known:   # versions are named with the model
+                problems.append("no argument 'version'; name the version with the model, e.g. 'churn@2' "
+                                "(SELECT model, version FROM dbml_models lists them)")
+                continue
             problems.append(f"no argument {name!r}" + (f"; did you mean {guess!r}?" if guess else ""))
     if problems:
         return problems
