@@ -52,7 +52,7 @@ def run(con, statement: str):
     An IMPORT DATABASE that brings a dbml catalog replaces the database's empty one."""
     if home.import_path(statement) is not None:
         from .. import import_database
-        return import_database(con, statement, con.execute)
+        return import_database(con, statement, getattr(con, "duckdb", con).execute)   # DuckDB's own: no second pass here
     return con.execute(translate(con, statement))
 
 
