@@ -168,7 +168,7 @@ def section_kills(con, ray, kills: int) -> dict:
         key = f"{c.session}:{job}"
         target = rng.randint(1, 8)
         while True:   # until the job is at the chosen epoch (or has ended)
-            epoch, status = con.execute("SELECT epoch, status FROM dbml_jobs WHERE id = ?", [job]).fetchall()[0]
+            epoch, status = con.execute("SELECT epoch, status FROM dbml_jobs WHERE job_id = ?", [job]).fetchall()[0]
             if (epoch or 0) >= target or status not in ("running", "queued"):
                 break
             time.sleep(0.01)

@@ -57,7 +57,7 @@ SERVER = textwrap.dedent('''
 
     def job_row(con, condition):
         while True:
-            rows = con.execute("SELECT id FROM dbml_jobs WHERE " + condition).fetchall()
+            rows = con.execute("SELECT job_id FROM dbml_jobs WHERE " + condition).fetchall()
             if rows:
                 return
             time.sleep(0.01)

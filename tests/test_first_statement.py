@@ -39,7 +39,7 @@ assert "source has no column 'yy' (did you mean 'y'?); pass label := '<column>'"
 assert "unknown optimizer 'adamm'" in error("SELECT train('m', 't', label := 'y', optimizer := 'adamm')")
 assert "epochs" in error("SELECT train('m', 't', label := 'y', epochs := 0)")
 assert "source has no column 'nope'" in error("SELECT train('m', 't', label := 'y', text := ['nope'])")
-assert con.execute("SELECT status FROM dbml_jobs ORDER BY id").fetchall() == [('failed',), ('failed',)]
+assert con.execute("SELECT status FROM dbml_jobs ORDER BY job_id").fetchall() == [('failed',), ('failed',)]
 """
 
 

@@ -204,7 +204,7 @@ def test_cancel_job_cancels_a_job_queued_for_a_device(ray_local, ray_con):
     try:
         ray_local.get([h.ping.remote() for h in holders])
         job = ray_con.sql("SELECT train('m', 't', label := 'y', epochs := 1, wait := false)").fetchall()[0][0]["job_id"]
-        row = "SELECT status, queued_for FROM dbml_jobs WHERE id = $id"
+        row = "SELECT status, queued_for FROM dbml_jobs WHERE job_id = $id"
         wait_until(lambda: ray_con.sql(row, params={"id": job}).fetchall() == [("queued", "a device")], timeout=60,
                    what="the job queued for a device")
         ray_con.sql("SELECT cancel_job($id)", params={"id": job}).fetchall()

@@ -56,7 +56,7 @@ def test_a_space_up_to_its_types_end_runs(con):
 ], ids=["hidden-zero", "hidden-huge", "dropout", "option", "hidden-of-linear"])
 def test_every_value_of_a_space_is_checked_by_trains_own_rules(con, args, space, message):
     """Item 19: ``hidden {"choice": [[0]]}`` passed the checks and every trial failed; each
-    value a space may draw is checked by train()'s own rules (``models.arguments``) first."""
+    value a space may draw is checked by train()'s own rules (``core.arguments.arguments``) first."""
     _tab(con)
     with pytest.raises(duckdb_error(), match=message):
         _tune(con, f"{args} trials := 1, space := '{space}'")

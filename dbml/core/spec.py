@@ -131,7 +131,7 @@ class _TrainSpecChecks:
         if self.arch != "auto":
             from ..zoo import arch as zoo_arch   # the zoo imports torch: only for an arch named
             zoo_arch(self.arch, fn=fn)   # an unknown arch fails here, before anything runs
-        from .models import arguments   # the arch's arguments, as far as they need no data: config's own checks
+        from .arguments import arguments   # the arch's arguments, as far as they need no data: config's own checks
         arguments(self.arch, self.options_dict(), hidden=self.hidden, dropout=self.dropout, fn=fn)
         if self.series_scale not in SERIES_SCALES:
             raise InvalidArgument(f"{fn}(): unknown series_scale {self.series_scale!r}; "
