@@ -21,7 +21,7 @@ from dbml.scheduler.graph.sequence import EventKind, TensorKind
 from dbml.scheduler.plan.pooch import PoochSettings, feature_maps, pooch_plan
 from dbml.scheduler.plan.simulate import prepare
 from dbml.scheduler.synthetic import training_sequence
-from helpers import assert_same, mlp, state_of, trained_under
+from helpers import assert_same, job_of, mlp, state_of, trained_under
 from sequences import chain, check_plan, make_seq, random_sequences, seeded_sequence
 
 loss_fn = torch.nn.functional.cross_entropy
@@ -166,9 +166,10 @@ SWAPADVISOR_BUG = pytest.mark.xfail(strict=False, reason="executor: a multi-outp
 @pytest.mark.slow   # ~2.6 s: out of the -m 'not slow' inner loop (under a minute)
 def test_train_from_sql_under_the_policy_matches_eager_within_the_budget(wide, policy):
     args = "label := 'y', epochs := 1, hidden := [256, 256], batch_size := 256"
-    eager = wide.sql(f"SELECT train('eager', 't', {args}, policy := 'eager')").fetchall()[0][0]
+    eager = job_of(wide, wide.sql(f"SELECT train('eager', 't', {args}, policy := 'eager')").fetchall()[0][0])
     budget = int(0.6 * eager["vanilla_peak_bytes"])
-    run = wide.sql(f"SELECT train('p', 't', {args}, policy := '{policy}', memory_budget := {budget})").fetchall()[0][0]
+    run = job_of(wide, wide.sql(f"SELECT train('p', 't', {args}, policy := '{policy}', memory_budget := {budget})"
+                                ).fetchall()[0][0])
     weights = {n: wide.sql(f"SELECT weights FROM dbml_weights WHERE name = '{n}'").fetchall()[0][0] for n in ("eager", "p")}
     assert weights["p"] == weights["eager"] and run["final_loss"] == eager["final_loss"]
     assert run["measured_peak_bytes"] <= budget and run["swaps"] > 0

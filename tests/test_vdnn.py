@@ -16,7 +16,7 @@ from dbml.scheduler.execute.step import EagerStep
 from dbml.scheduler.graph.optim import OptimizerSpec
 from dbml.scheduler.graph.sequence import EventKind, Phase
 from dbml.scheduler.plan.vdnn import convolutions
-from helpers import assert_same, batches, deep_narrow, state_of
+from helpers import assert_same, batches, deep_narrow, job_of, state_of
 
 loss_fn = torch.nn.functional.cross_entropy
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -165,7 +165,7 @@ def test_train_policy_vdnn_from_sql_matches_eager(con):
                                   "y": rng.integers(0, 3, 300)}))
     con.execute("CREATE TABLE images AS SELECT * FROM arr")
     args = "label := 'y', arch := 'cnn', shape := [1, 8, 8], options := '{\"width\": 4}', epochs := 1, seed := 3"
-    run = {p: con.sql(f"SELECT train('{p}', 'images', {args}, policy := '{p}')").fetchall()[0][0]
+    run = {p: job_of(con, con.sql(f"SELECT train('{p}', 'images', {args}, policy := '{p}')").fetchall()[0][0])
            for p in ("eager", "vdnn")}
     weights = {p: con.sql(f"SELECT weights FROM dbml_weights WHERE name = '{p}'").fetchall()[0][0] for p in run}
     assert weights["vdnn"] == weights["eager"] and run["vdnn"]["final_loss"] == run["eager"]["final_loss"]
