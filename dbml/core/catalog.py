@@ -196,10 +196,11 @@ def model_ref(name: str, version: int | None = None, *, fn: str) -> tuple[str, i
     return base, named
 
 
-def pinned_version(cur: duckdb.DuckDBPyConnection, name: str) -> int | None:
-    """The version deploy() pinned ``name`` to, if any (an older catalog opened read-only has no pins)."""
+def pinned_version(cur: duckdb.DuckDBPyConnection, name: str, where: home.Home | None = None) -> int | None:
+    """The version deploy() pinned ``name`` to, if any (an older catalog opened read-only has no pins);
+    ``where``: the catalog's home, if the caller has it."""
     try:
-        rows = cur.execute(home.sql(cur, PINNED), [name]).fetchall()
+        rows = cur.execute(home.render(PINNED, where or home.of(cur)), [name]).fetchall()
     except duckdb.CatalogException:   # no dbml.deployments
         return None
     return rows[0][0] if rows else None
@@ -213,14 +214,17 @@ def resolve(cur: duckdb.DuckDBPyConnection, name: str, version: int | str | None
     """(model, version, uid) that ``name`` and ``version`` name (``model_ref``): the one place that
     turns what a user passed into a stored model; ModelNotFound naming the fix."""
     name, version = model_ref(name, version, fn=fn)
+    where = home.of(cur)   # once: every predict() call resolves its model
     if version is None:
-        version = pinned_version(cur, name)
+        version = pinned_version(cur, name, where)
     latest = version is None or version == LATEST
-    rows = cur.execute(home.sql(cur, IDENTIFY), [name, None if latest else version, None if latest else version]).fetchall()
+    rows = cur.execute(home.render(IDENTIFY, where), [name, None if latest else version,
+                                                      None if latest else version]).fetchall()
     if not rows and not latest and identify_any(cur, name):
+        quoted = exp.Literal.string(name).sql(D)   # the suggested statement can be pasted
         raise ModelNotFound(f"{fn}(): model {name!r} has no version {version}; pass one of "
-                            f"SELECT version FROM dbml_models WHERE model = {name!r}, e.g. '{name}@1', "
-                            f"or leave the version out")
+                            f"SELECT version FROM dbml_models WHERE model = {quoted}, e.g. "
+                            f"{exp.Literal.string(name + '@1').sql(D)}, or leave the version out")
     if not rows:
         raise ModelNotFound(f"{fn}(): no model named {name!r}; train it first with train({name!r}, ...) "
                             f"or pick one from SELECT name FROM dbml_models")
