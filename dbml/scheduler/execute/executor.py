@@ -298,7 +298,7 @@ class Executor:
                 if self.budget is not None and self.it.deferred and \
                         self.mem.total + self.prog.nbytes[sid] > self.budget:
                     self._release_deferred(k + 1)
-                self.transfers.swap_in(sid, now + delay, self.budget)
+                self.transfers.swap_in(sid, now + delay, self.budget, self._next_need(k + 1))
             elif kind is WAIT:
                 self.transfers.wait_out(sid)
             else:
@@ -306,7 +306,12 @@ class Executor:
             if self.log_enabled:
                 self.event_log.append(EventRecord(WAIT if kind is WAIT else kind.value, k, sid))
         if self.transfers.waiting:
-            self.transfers.issue_waiting(self.budget)
+            self.transfers.issue_waiting(self.budget, self._next_need(k + 1))
+
+    def _next_need(self, k: int) -> int:
+        """The bytes op ``k`` adds when it starts (0 past the last op): room a swap-in
+        issued just before it must leave."""
+        return self.prog.add_bytes[k] if 0 <= k < self.n_ops else 0
 
     def _service(self, k: int) -> None:
         """Install finished swap-ins; perform deferred releases that are due."""
@@ -315,7 +320,7 @@ class Executor:
             for sid in self.it.due():
                 self._release(sid, k - 1)
         if self.transfers.waiting:
-            self.transfers.issue_waiting(self.budget)
+            self.transfers.issue_waiting(self.budget, self._next_need(k))
 
     def _release(self, sid: int, k: int) -> None:
         it, prog, transfers = self.it, self.prog, self.transfers

@@ -202,17 +202,22 @@ class Transfers:
         self.copied[0] += nbytes
         self.copied[1] += time.perf_counter() - t0
 
-    def swap_in(self, sid: int, at: float, budget: int | None) -> None:
+    def swap_in(self, sid: int, at: float, budget: int | None, reserve: int = 0) -> None:
         """Issue a swap-in. Its destination is counted here, on the compute thread, when
         it is issued (the planned start, to an op): every increase of the ledger happens
         on this thread, where the limit is enforced, so a copy channel running late can
-        only make compute wait, never make the device hold more than planned."""
+        only make compute wait, never make the device hold more than planned.
+        ``reserve``: the outputs of the op compute starts next, which the plan counts
+        beside this copy (peak.py, rules 2 and 4); a swap-in that fits only without them
+        waits (:meth:`issue_waiting`), or the op that reads it fetches it: issued, it
+        would take that op's room, and the op would pass the limit (an op cannot wait
+        for a copy in, which frees nothing)."""
         it, ledger = self.it, self.ledger
         if it.res[sid] or sid in self.inflight_in:
             return
         if sid not in self.host_store and sid not in self.inflight_out:
             return   # nothing to copy (a plan mismatch): the op that needs it will fetch
-        nbytes = self.prog.nbytes[sid]
+        nbytes = self.prog.nbytes[sid] + reserve
         if budget is not None and ledger.total + nbytes > budget:
             if self.inflight_out:
                 ledger.wait_for_room(nbytes, budget, self.inflight_out)
@@ -224,16 +229,16 @@ class Transfers:
                 return
         self._issue(sid, at)
 
-    def issue_waiting(self, budget: int) -> None:
+    def issue_waiting(self, budget: int, reserve: int = 0) -> None:
         """Issue the swap-ins held back for room that now fit (after releases, or at
-        an op boundary); the one that does not fit yet and those after it keep waiting
-        (in the plan's order)."""
+        an op boundary) beside ``reserve``, the next op's outputs (:meth:`swap_in`); the
+        one that does not fit yet and those after it keep waiting (in the plan's order)."""
         ledger, now, res = self.ledger, time.perf_counter(), self.it.res
         for sid, at in list(self.waiting.items()):
             if res[sid] or sid in self.inflight_in or (sid not in self.host_store and sid not in self.inflight_out):
                 del self.waiting[sid]   # brought in meanwhile (fetched, recomputed), or nothing to copy
                 continue
-            if ledger.total + self.prog.nbytes[sid] > budget:
+            if ledger.total + self.prog.nbytes[sid] + reserve > budget:
                 return
             del self.waiting[sid]
             self._issue(sid, max(at, now))
