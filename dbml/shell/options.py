@@ -294,6 +294,8 @@ def _session(con, s: Settings, calls: list) -> int:
         if not s.read_stdin:
             return _extra_commands(shell, s)
         if interactive and stdin_tty:
+            from ..core import preload
+            preload.start()   # imported while the user types the first statement
             return shell.interact()
         from .session import read_lines
         return shell.process(read_lines(sys.stdin))

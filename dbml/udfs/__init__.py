@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable
 import duckdb
 from duckdb import sqltypes as t
 
+from ..core import preload
 from ..core.source import refuse_in_sources
 from .types import (CALIBRATE_RESULT, DEPLOY_RESULT, PROBABILITIES, EVALUATE_RESULT, EXPLAIN_RESULT, EXPORT_RESULT, PREDICT_INPUT, JOB_ROWS, MEMORY_ROWS, PREDICTOR_ROWS, TRAIN_ARGS,
                     TRAIN_RESULT, TRIAL_ROWS, TUNE_ARGS, sql)
@@ -283,6 +284,7 @@ def _bound(fn: Function, context: Callable) -> Callable:
     function = fn.function
 
     def bound(*args):
+        preload.wait()   # a shell's preload still importing torch: nothing imports beside it
         return function(context(), *args)
     bound.__signature__ = Signature([Parameter(f"arg{i}", Parameter.POSITIONAL_ONLY) for i in range(len(fn.params))])
     return bound

@@ -1,0 +1,57 @@
+"""What a first ``train()`` or ``predict()`` would import, imported while an interactive
+shell waits for its first statement (issue 32, item 1).
+
+A job's first statement in a fresh process imports torch, the scheduler's graph capture
+(torch.fx, FakeTensor, ShapeEnv: its translation validator imports torch._dynamo) and the
+zoo: seconds on a laptop, before any row is read. None of it can be cached across
+processes, so an interactive shell starts it on a thread as soon as it shows its prompt,
+and the user's typing hides it. A shell reading a script does not (it has no idle time to
+hide it in, and its first statements that need no model must stay light).
+
+Imports of one module tree from two threads at once can meet in a cycle, where Python hands
+one of them a half-initialised module: so no dbml function runs beside it. :func:`wait`,
+called by every dbml UDF before it runs (``dbml.udfs``), joins the thread when it is still
+running; a statement of DuckDB's alone (``CREATE TABLE ... FROM 'data.csv'``) imports nothing
+and runs at once.
+``DBML_NO_PRELOAD=1`` turns it off.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+
+# the modules a job and an inference import first (dbml.core.training pulls the scheduler in)
+MODULES = ("dbml.core.training", "dbml.core.inference")
+
+_thread: threading.Thread | None = None
+_lock = threading.Lock()
+
+
+def start() -> bool:
+    """Start importing :data:`MODULES` on a daemon thread (once per process); whether it started."""
+    global _thread
+    if os.environ.get("DBML_NO_PRELOAD") == "1":
+        return False
+    with _lock:
+        if _thread is not None:
+            return False
+        _thread = threading.Thread(target=_load, name="dbml-preload", daemon=True)
+        _thread.start()
+        return True
+
+
+def _load() -> None:
+    for name in MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the statement that needs it imports it again and says why
+            return
+
+
+def wait() -> None:
+    """Before a statement runs: let a preload still under way finish first."""
+    thread = _thread
+    if thread is not None and thread.is_alive():
+        thread.join()
