@@ -4,8 +4,8 @@ shell waits for its first statement (issue 32, item 1).
 A job's first statement in a fresh process imports torch, the scheduler's graph capture
 (torch.fx, FakeTensor, ShapeEnv: its translation validator imports torch._dynamo) and the
 zoo: seconds on a laptop, before any row is read. None of it can be cached across
-processes, so an interactive shell starts it on a thread as soon as it shows its prompt,
-and the user's typing hides it. A shell reading a script does not (it has no idle time to
+processes, so an interactive shell does it on a thread as soon as it shows its prompt (and
+traces one step of a tiny network, which fills torch's caches), and the user's typing hides it. A shell reading a script does not (it has no idle time to
 hide it in, and its first statements that need no model must stay light).
 
 Imports of one module tree from two threads at once can meet in a cycle, where Python hands
@@ -48,6 +48,21 @@ def _load() -> None:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - the statement that needs it imports it again and says why
             return
+    try:
+        _trace_once()
+    except Exception:  # noqa: BLE001 - a first job then pays for its first trace itself
+        pass
+
+
+def _trace_once() -> None:
+    """Capture one step of a tiny network: the first trace of a process fills torch's
+    dispatch and FakeTensor caches (about a second, the rest of a first job's extra time)."""
+    import torch
+    from ..scheduler.graph.capture import capture
+    from ..scheduler.graph.optim import OptimizerSpec
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    capture(net, torch.nn.functional.cross_entropy, OptimizerSpec(),
+            (torch.zeros(8, 3), torch.zeros(8, dtype=torch.long)), job="preload")
 
 
 def wait() -> None:
