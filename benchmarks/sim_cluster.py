@@ -299,7 +299,7 @@ def hub_capacity(seconds: float, threads: int, in_flight: int = 3072, workers: i
     import ray
 
     from dbml.cluster import placement as cluster, worker
-    from dbml.cluster.hub import Hub
+    from dbml.cluster.hub import REPORTS_PER_S, Hub
     ray.init(num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False, log_to_driver=False,
              logging_level="ERROR")
     per_worker = max(1, in_flight // workers)
@@ -330,8 +330,8 @@ def hub_capacity(seconds: float, threads: int, in_flight: int = 3072, workers: i
         per_job_rate = reports + polls
         keys = [f"b:{j}" for j in range(in_flight)]
         batches = [{k: {"steps": [32]} for k in keys[i * per_worker:(i + 1) * per_worker]} for i in range(threads)]
-        batched_reports, batched_polls = measure(lambda i: ray.get(hub.report_many.remote(batches[i]) if i
-                                                                   else hub.poll_all.remote()))
+        batched_reports, batched_polls = measure(lambda i: ray.get(
+            hub.report_many.remote(batches[i], f"w{i}", worker.REPORT_S) if i else hub.poll_all.remote()))
         t = time.perf_counter()
         for _ in range(200):
             ray.available_resources()
@@ -343,6 +343,8 @@ def hub_capacity(seconds: float, threads: int, in_flight: int = 3072, workers: i
     # (1 / POLL_S) and then for reports, one per worker process every REPORT_S, each of per_worker jobs
     batched_rate = batched_reports + batched_polls
     reports_left = max(0.0, batched_rate - 1 / cluster.POLL_S)
+    interval = max(worker.REPORT_S, workers / REPORTS_PER_S)
+    needed = 1 / cluster.POLL_S + workers / interval
     return {"threads": threads, "per_job": {"calls_per_s": per_job_rate, "calls_per_running_job_per_s": per_job,
                                             "running_jobs_one_hub_follows": per_job_rate / per_job},
             "batched": {"in_flight": in_flight, "worker_processes": workers, "jobs_per_report": per_worker,
@@ -351,6 +353,14 @@ def hub_capacity(seconds: float, threads: int, in_flight: int = 3072, workers: i
                         "worker_processes_one_hub_follows": reports_left * worker.REPORT_S,
                         "running_jobs_one_hub_follows": reports_left * worker.REPORT_S * per_worker,
                         "calls_per_s_the_simulation_needs": 1 / cluster.POLL_S + workers / worker.REPORT_S},
+            # the hub's answer spreads the reports (hub.REPORTS_PER_S): what the simulation's
+            # worker processes then cost it, and how late a cancel or a step reaches them
+            "adaptive": {"reports_per_s_one_hub_takes": REPORTS_PER_S,
+                         "report_interval_s": interval,
+                         "calls_per_s_the_simulation_needs": needed,
+                         "share_of_the_measured_rate": needed / batched_rate,
+                         "running_jobs_one_hub_follows": reports_left * interval * per_worker,
+                         "cancel_and_progress_reach_a_worker_within_s": interval + cluster.POLL_S},
             "available_resources_ms": 1e3 * available_s}
 
 

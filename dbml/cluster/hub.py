@@ -33,6 +33,12 @@ from collections import defaultdict
 
 END = "end"       # chunk(): the feed has no more chunks
 WAIT_S = 0.5      # the longest a chunk() call waits for the next chunk before answering None
+# The report calls per second one hub takes at most: a worker process reports every
+# ``report_many(every=...)`` seconds while few report, and less often as more do, so that the
+# hub's calls stay near this rate whatever the jobs (a third of what one hub served on a
+# loaded 2-core machine: benchmarks/sim_cluster.py's hub section measured 751 report_many/s).
+REPORTS_PER_S = 250.0
+REPORTER_GONE_S = 10.0   # a worker process not heard from this long no longer counts
 
 
 class Hub:
@@ -40,6 +46,7 @@ class Hub:
         self._lock = threading.Condition()
         self._jobs: dict[str, dict] = {}
         self._fresh: set[str] = set()   # jobs with updates queued since the last poll_all
+        self._reporters: dict[str, float] = {}   # worker process -> when it last reported
 
     def _job(self, key: str) -> dict:
         job = self._jobs.get(key)
@@ -64,11 +71,20 @@ class Hub:
                     job["workers"][update["worker"]["rank"]] = update["worker"]
             return {"cancel": job["cancel"], "verdicts": dict(job["verdicts"])}
 
-    def report_many(self, updates: dict[str, dict]) -> dict[str, dict]:
+    def report_many(self, updates: dict[str, dict], reporter: str = "", every: float = 0.0) -> dict:
         """One worker process's reports for all its jobs of this driver, in one call (a
-        ``report`` each): each job's answer."""
+        ``report`` each): ``answers``, each job's answer, and ``next_s``, when this process
+        is to report next: ``every`` (its own interval) or, when more processes report
+        than the hub takes at ``REPORTS_PER_S``, as long as spreads them to that rate (a
+        cancel and the progress then reach them that much later)."""
         with self._lock:
-            return {key: self.report(key, update) for key, update in updates.items()}
+            now = time.monotonic()
+            self._reporters[reporter] = now
+            if len(self._reporters) > REPORTS_PER_S * every:   # possibly crowded: forget the gone first
+                gone = now - max(REPORTER_GONE_S, 3 * len(self._reporters) / REPORTS_PER_S)
+                self._reporters = {r: t for r, t in self._reporters.items() if t >= gone}
+            return {"answers": {key: self.report(key, update) for key, update in updates.items()},
+                    "next_s": max(every, len(self._reporters) / REPORTS_PER_S)}
 
     def poll_all(self) -> dict[str, list[dict]]:
         """The driver's one poll for all its jobs (the hub is the driver's own): the updates

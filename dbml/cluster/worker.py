@@ -201,12 +201,16 @@ class RemoteProgress:
 class Reporter:
     """A device worker's reports to the hubs of the jobs it runs: every ``REPORT_S``, one
     ``report_many`` call per hub (per driver) for all of that driver's jobs here, on one
-    thread, which runs while any job does."""
+    thread, which runs while any job does. A hub that many worker processes report to
+    answers with a longer interval (``hub.REPORTS_PER_S``): the longest any hub asks for is
+    the next sleep."""
 
     def __init__(self):
         self._jobs: dict[str, RemoteProgress] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self.id = f"{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.every = REPORT_S
 
     def add(self, progress: RemoteProgress) -> None:
         with self._lock:
@@ -222,7 +226,7 @@ class Reporter:
     def _loop(self) -> None:
         import ray
         while True:
-            time.sleep(REPORT_S)
+            time.sleep(self.every)
             with self._lock:
                 if not self._jobs:
                     self._thread = None
@@ -231,13 +235,17 @@ class Reporter:
             by_hub: dict = {}
             for job in jobs:   # a driver's hub, by its actor id (jobs of several drivers can share a worker)
                 by_hub.setdefault(job.task.hub._actor_id, []).append(job)
+            every = REPORT_S
             for group in by_hub.values():
                 try:
-                    answers = ray.get(group[0].task.hub.report_many.remote({j.task.key: j.take() for j in group}))
+                    answer = ray.get(group[0].task.hub.report_many.remote(
+                        {j.task.key: j.take() for j in group}, self.id, REPORT_S))
                 except Exception:  # noqa: BLE001 - a driver gone: its jobs are cancelled by Ray
                     continue
+                every = max(every, answer["next_s"])
                 for job in group:
-                    job.answer(answers[job.task.key])
+                    job.answer(answer["answers"][job.task.key])
+            self.every = every
 
 
 class DeviceWorker:
