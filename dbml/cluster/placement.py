@@ -226,7 +226,7 @@ class Poller:
 
 def _on_this_node(ray):
     """The hub's placement: on the driver's node, pinned. A zero-CPU actor may go to any node
-    (Ray placed it on a worker node in one start of three, tests/multinode.py), and losing that
+    (a worker node in one of three starts of a three-node cluster, tests/multinode.py), and losing that
     node would take every job's progress, rows and checkpoints with it; on the driver's node it
     is lost only with the driver, whose jobs are lost anyway."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
