@@ -2,6 +2,7 @@
 20 injected worker kills.
 
     python -m benchmarks.bench_cluster [--rows 1000000] [--cols 32] [--kills 20] [--out FILE]
+    python -m benchmarks.bench_cluster --nodes [--rows 500000] [--cols 32] [--out FILE]
 
 One local Ray cluster, as the tests start it (2 CPUs, a 200 MB object store, no
 dashboard), on this machine. Sections:
@@ -20,6 +21,11 @@ dashboard), on this machine. Sections:
   off for odd ones, on for even ones): every job either stores the model an uninterrupted
   job stores (bit for bit) or fails naming the fix and stores nothing; the catalog is
   checked whole after each.
+
+``--nodes`` (issue 33, part 3): instead, a head and two worker nodes on this machine (Ray's
+``cluster_utils``, one CPU and a 96 MB object store each; ``start_nodes``, which
+tests/multinode.py uses too): rows/s into a device worker on the driver's node against one on
+another node, through the object store and as Parquet (``section_nodes``).
 """
 
 from __future__ import annotations
