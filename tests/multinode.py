@@ -18,6 +18,8 @@ which scenario it was in); the test, not this script, judges it:
 - search: a tune() search with ``parallel := 3``, its trials' nodes.
 - kill: three running jobs with ``max_retries = 1``; the worker node of one of them removed
   (``cluster.remove_node``); each job's outcome, the catalog, predictions.
+- kill_unretried: the other worker node removed under a job with ``max_retries = 0`` (and
+  one on the head): the error it fails with, the catalog.
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ def main(out_path: str) -> None:
     done("start", {"seconds": time.perf_counter() - started, "head": head, "workers": [n.node_id for n in workers],
                    "load": os.getloadavg()[0]})
     try:
-        for name, scenario in (("hub", hub), ("spread", spread), ("ship", ship), ("search", search), ("kill", kill)):
+        for name, scenario in (("hub", hub), ("spread", spread), ("ship", ship), ("search", search), ("kill", kill),
+                               ("kill_unretried", kill_unretried)):
             t = time.perf_counter()
             done(name, {**scenario(ray, cluster, head, workers), "seconds": time.perf_counter() - t})
     finally:
@@ -219,6 +222,38 @@ def kill(ray, cluster, head, workers) -> dict:
         "weights": sorted(con.execute("SELECT name, version FROM dbml.weights").fetchall()),
         "alive_nodes": sum(n["Alive"] for n in ray.nodes()),
     }
+
+
+def kill_unretried(ray, cluster, head, workers) -> dict:
+    """The last worker node removed under a job with ``max_retries = 0`` and one on the head."""
+    from benchmarks.bench_cluster import next_job_on
+    from dbml.cluster import placement
+    from helpers import wait_until
+    con, c = connection(), placement.current()
+    con.execute("SET VARIABLE dbml_max_retries = 0")
+    alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    node = next(w for w in workers if w.node_id in alive)
+    extra = ", epochs := 12, batch_size := 16, early_stop := false"
+    with next_job_on(c, node.node_id):
+        there = start(con, "u_there", extra)
+        wait_until(lambda: c.slot_of(f"{c.session}:{there}"), 60, "the job's device worker", poll=0.05)
+    here = start(con, "u_here", extra)
+
+    def epoch(j):
+        return con.execute("SELECT epoch FROM dbml_jobs WHERE job_id = ?", [j]).fetchall()[0][0] or 0
+    wait_until(lambda: epoch(there) >= 2 and epoch(here) >= 1, 120, "both jobs' epochs", poll=0.05)
+    cluster.remove_node(node, allow_graceful=False)
+    outcome = {}
+    for name, j in (("u_there", there), ("u_here", here)):
+        try:
+            outcome[name] = con.execute("SELECT wait_job(?)", [j]).fetchall()[0][0]["status"]
+        except Exception as e:  # noqa: BLE001 - the error the user sees, checked by the test
+            outcome[name] = f"error: {e}"
+    return {"outcome": outcome, "killed_node": node.node_id,
+            "jobs": con.execute("SELECT model, status FROM dbml_jobs WHERE model LIKE 'u_%' ORDER BY job_id").fetchall(),
+            "models": sorted(con.execute("SELECT name, version FROM dbml.models").fetchall()),
+            "weights": sorted(con.execute("SELECT name, version FROM dbml.weights").fetchall()),
+            "alive_nodes": sum(n["Alive"] for n in ray.nodes())}
 
 
 if __name__ == "__main__":

@@ -7,13 +7,15 @@ about 75 s on this machine), and write what they saw as JSON; each test here che
 scenario's part of it: the hub on the driver's node, a job on each node, the chunked and the
 Parquet paths into another node, a search spread over the nodes, and a node removed under
 three running jobs (its job resumed from its checkpoint; every model complete, predicting as
-an uninterrupted one; no half-written row).
+an uninterrupted one; no half-written row), then the other under a job without retries (it
+fails naming the setting; nothing stored).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -99,6 +101,16 @@ def test_a_removed_node_loses_no_model_and_no_row(seen):
     assert kill["models"] == kill["weights"]   # every model row has its weights, and every weights row its model
     assert [n for n, _ in kill["models"] if n.startswith("k")] == ["k0", "k1", "k2", "k_local"]
     assert kill["alive_nodes"] == 2
+
+
+def test_a_removed_node_fails_its_unretried_job_naming_the_fix_and_stores_nothing(seen):
+    start, kill = scenario(seen, "start"), scenario(seen, "kill_unretried")
+    assert kill["killed_node"] in start["workers"] and kill["alive_nodes"] == 1
+    assert kill["outcome"]["u_here"] == "finished"
+    assert re.search(r"job \d+ \('u_there'\) lost its Ray worker on [\d.]+ \(cpu \(worker \d+\)\) \(\w+: .*\); "
+                     r"nothing was stored; SET VARIABLE dbml_max_retries = 1 \(or more\)", kill["outcome"]["u_there"])
+    assert kill["jobs"] == [["u_there", "failed"], ["u_here", "finished"]]
+    assert kill["models"] == kill["weights"] and ["u_there", 1] not in kill["models"] and ["u_here", 1] in kill["models"]
 
 
 def test_the_scenarios_ran_to_the_end(seen):
