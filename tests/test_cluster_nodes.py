@@ -93,7 +93,7 @@ def test_a_removed_node_loses_no_model_and_no_row(seen):
     assert kill["killed_node"] in start["workers"] and kill["nodes_before"][victim] == kill["killed_node"]
     assert kill["outcome"] == {"k0": "finished", "k1": "finished", "k2": "finished"}
     assert kill["retries"][victim] == 1 and kill["nodes_after"][victim] != kill["killed_node"]
-    assert 2 <= kill["resumed_from_epoch"][victim] <= 12   # from its checkpoint, not from the start
+    assert 2 <= kill["resumed_from_epoch"][victim] < 12   # from its checkpoint, not from the start
     assert all(kill["retries"][n] == 0 for n in kill["retries"] if n != victim)
     assert all(kill["same_as_local"].values()) and all(kill["predictions_equal_local"].values())
     assert all(h == list(range(1, 13)) for h in kill["history"].values())
