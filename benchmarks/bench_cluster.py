@@ -2,6 +2,7 @@
 20 injected worker kills.
 
     python -m benchmarks.bench_cluster [--rows 1000000] [--cols 32] [--kills 20] [--out FILE]
+    python -m benchmarks.bench_cluster --nodes [--rows 500000] [--cols 32] [--out FILE]
 
 One local Ray cluster, as the tests start it (2 CPUs, a 200 MB object store, no
 dashboard), on this machine. Sections:
@@ -20,11 +21,17 @@ dashboard), on this machine. Sections:
   off for odd ones, on for even ones): every job either stores the model an uninterrupted
   job stores (bit for bit) or fails naming the fix and stores nothing; the catalog is
   checked whole after each.
+
+``--nodes`` (issue 33, part 3): instead, a head and two worker nodes on this machine (Ray's
+``cluster_utils``, one CPU and a 96 MB object store each; ``start_nodes``, which
+tests/multinode.py uses too): rows/s into a device worker on the driver's node against one on
+another node, through the object store and as Parquet (``section_nodes``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -230,6 +237,114 @@ def goals(report: dict) -> dict:
     return out
 
 
+# -- several nodes on one machine (issue 33, part 3) ------------------------------------------
+
+NODE_STORE_BYTES = 96 * 2**20   # each node's object store: small, as on a machine shared with others
+# A removed node is declared dead after its health checks fail: Ray's defaults take ~15 s
+# (3 s x 5); these take ~1.5 s, so a node-loss scenario does not wait on the detector.
+FAST_NODE_DEATH = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
+                   "health_check_initial_delay_ms": 0}
+
+
+def start_nodes(workers: int = 2, store: int = NODE_STORE_BYTES):
+    """A head and ``workers`` worker nodes on this machine (Ray's ``cluster_utils``), one CPU and
+    an object store of ``store`` bytes each, and this process connected to it as the driver
+    (on the head): (the cluster, its worker nodes)."""
+    import ray
+    from ray.cluster_utils import Cluster
+    cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, object_store_memory=store,
+                                                                 include_dashboard=False, _system_config=FAST_NODE_DEATH))
+    nodes = [cluster.add_node(num_cpus=1, object_store_memory=store) for _ in range(workers)]
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+    return cluster, nodes
+
+
+def node_of_slot(c, slot) -> str:
+    """The Ray node id of a device worker of dbml's pool (``c``: ``dbml.cluster.placement.Cluster``)."""
+    return c.ray.get(slot.actor.describe.remote())["node_id"]
+
+
+@contextlib.contextmanager
+def next_job_on(c, node_id: str):
+    """While open, the next ``workers := 1`` job goes to the idle device worker on node
+    ``node_id``: the pool gives a job its first idle worker, so the idle ones before it are
+    held (acquired under keys of their own) and given back on exit."""
+    held, target = [], None
+    try:
+        for i in range(len(c.slots())):
+            slot = c.acquire(f"held-{i}", gpu=False)
+            if node_of_slot(c, slot) == node_id:
+                c.release(slot, f"held-{i}")
+                target = slot
+                break
+            held.append((slot, f"held-{i}"))
+        assert target is not None, f"no idle device worker on node {node_id}"
+        yield target
+    finally:
+        for slot, key in held:
+            c.release(slot, key)
+
+
+def section_nodes(con, c, nodes: dict, rows: int, cols: int, tmp: str) -> dict:
+    """Rows/s into a device worker on the driver's node against one on another node, through the
+    object store and as Parquet. ``nodes``: {'same': node id, 'other': node id}, each with an
+    idle device worker of ``c``'s pool."""
+    feats = ", ".join(f"(hash(range, {i}) % 1000) / 1000.0 AS f{i}" for i in range(cols))
+    con.execute(f"CREATE OR REPLACE TABLE wide AS SELECT *, (f0 > 0.5)::INT AS y FROM (SELECT {feats} FROM range({rows}))")
+    args = "label := 'y', arch := 'linear', epochs := 1, batch_size := 8192, validation := 0"
+    out = {"rows": rows, "cols": cols}
+    for how in ("object store", "parquet"):
+        if how == "parquet":
+            con.execute(f"SET VARIABLE dbml_cluster_storage = '{tmp}'")
+            con.execute("SET VARIABLE dbml_cluster_parquet_bytes = 1")
+        for where, node_id in nodes.items():
+            name = f"wide_{how[0]}_{where}"
+            with next_job_on(c, node_id):
+                assert con.execute(f"SELECT train('{name}', 'wide', {args})").fetchall()[0][0]["status"] == "finished"
+            fig = _figures(con, name)["cluster"]
+            out[f"{how}, {where} node"] = {"node_id": fig["node_id"], "how": fig["data"]["how"],
+                                           "rows": fig["received"]["rows"], "bytes": fig["received"]["bytes"],
+                                           "received_rows_per_s": fig["received"]["rows_per_s"]}
+    con.execute("SET VARIABLE dbml_cluster_storage = NULL")
+    con.execute("SET VARIABLE dbml_cluster_parquet_bytes = NULL")
+    for how in ("object store", "parquet"):
+        same, other = out[f"{how}, same node"], out[f"{how}, other node"]
+        out[f"{how}: other node over same"] = other["received_rows_per_s"] / same["received_rows_per_s"]
+    return out
+
+
+def main_nodes(a) -> dict:
+    """``--nodes``: a head and two worker nodes on this machine; the data path across nodes."""
+    import tempfile
+
+    import ray
+
+    import dbml
+    from dbml.cluster import placement as cluster
+    report = {"load_average_before": os.getloadavg()[0]}
+    started = time.perf_counter()
+    ray_cluster, workers = start_nodes()
+    report["start"] = {"three_nodes_s": time.perf_counter() - started, "store_bytes_per_node": NODE_STORE_BYTES}
+    os.environ.setdefault("DBML_CACHE_DIR", tempfile.mkdtemp())
+    con = dbml.connect(latency_model="roofline", progress="off", cluster="ray")
+    c = cluster.current()
+    c.warm(3)   # one CPU a node: one device worker on each
+    head = ray.get_runtime_context().get_node_id()
+    with tempfile.TemporaryDirectory() as tmp:
+        report["nodes"] = section_nodes(con, c, {"same": head, "other": workers[0].node_id}, a.rows, a.cols, tmp)
+    print("nodes", json.dumps(report["nodes"], indent=1), flush=True)
+    report["load_average_after"] = os.getloadavg()[0]
+    con.close()
+    cluster.disconnect()
+    ray.shutdown()
+    ray_cluster.shutdown()
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(report, f, indent=1)
+    return report
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=1_000_000)
@@ -237,7 +352,10 @@ def main(argv=None) -> dict:
     p.add_argument("--kills", type=int, default=20)
     p.add_argument("--sections", default="start,data,dispatch,epochs,dp,kills")
     p.add_argument("--out", default=None)
+    p.add_argument("--nodes", action="store_true", help="a head and two worker nodes: rows/s across nodes")
     a = p.parse_args(argv)
+    if a.nodes:
+        return main_nodes(a)
     import tempfile
 
     import ray

@@ -91,6 +91,9 @@ class SimRay:
     def cluster_resources(self) -> dict:
         return {"GPU": float(self.total), "CPU": float(self.total * 2)}
 
+    def get_runtime_context(self):   # the driver's node, where the hub is pinned
+        return type("Context", (), {"get_node_id": staticmethod(lambda: "00" * 28)})()
+
     def available_resources(self) -> dict:
         self.calls["available_resources"] += 1
         return {"GPU": float(len(self.free)), "CPU": float(self.total)}

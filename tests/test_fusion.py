@@ -147,3 +147,16 @@ def test_the_probe_finds_shapes_the_batched_products_round_differently():
     stacking.probe_linears(torch.nn.Linear(16, 32), 3, [32], "cpu")
     assert stacking._BMM_PROBE_CACHE[("cpu", 3, 32, 16, 32, True)], "a batch of 32 rows runs batched"
     assert not all(stacking._BMM_PROBE_CACHE[("cpu", 3, r, i, o, True)] for r, i, o in shapes)
+
+
+def test_trials_on_a_ray_cluster_are_never_fused():
+    """A fused job's stacked step runs in this process: on a Ray cluster each trial is a job of
+    its own, placed on the cluster's workers (tests/test_cluster_nodes.py sees a search's
+    trials on all three nodes)."""
+    import dataclasses
+    from dbml.core.spec import TrainSpec
+    from dbml.search import fusion
+    specs = [TrainSpec(model="m", source="t", label="y", arch="mlp", policy="tensile", lr=lr) for lr in (0.01, 0.02, 0.03)]
+    assert fusion.group(specs) == [[0, 1, 2]]   # here: one fused job
+    there = [dataclasses.replace(s, settings=dataclasses.replace(s.settings, cluster="ray")) for s in specs]
+    assert fusion.group(there) == [[0], [1], [2]]

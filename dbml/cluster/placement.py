@@ -224,6 +224,15 @@ class Poller:
                             self._queues[key].extend(updates)
 
 
+def _on_this_node(ray):
+    """The hub's placement: on the driver's node, pinned. A zero-CPU actor may go to any node
+    (a worker node in one of three starts of a three-node cluster, tests/multinode.py), and losing that
+    node would take every job's progress, rows and checkpoints with it; on the driver's node it
+    is lost only with the driver, whose jobs are lost anyway."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+
+
 class Cluster:
     """The process's connection to a Ray cluster: its hub and its pool of device workers."""
 
@@ -232,7 +241,8 @@ class Cluster:
         self.ray, self.setting = ray, setting
         self.session = uuid.uuid4().hex[:8]
         started = time.perf_counter()
-        self.hub = ray.remote(num_cpus=0, max_concurrency=WORKER_CONCURRENCY)(Hub).remote()
+        self.hub = ray.remote(num_cpus=0, max_concurrency=WORKER_CONCURRENCY,
+                              scheduling_strategy=_on_this_node(ray))(Hub).remote()
         ray.get(self.hub.pid.remote())
         self.poller = Poller(ray, self.hub)
         self.start_seconds = time.perf_counter() - started

@@ -131,6 +131,7 @@ class RemoteFit:
         for u in updates:
             if "worker" in u and u["worker"]["rank"] == 0:
                 self.where = (u["worker"]["node"], u["worker"]["device"])
+                self.figures["node_id"] = u["worker"].get("node_id", "")
                 self.figures.setdefault("dispatch_seconds", time.perf_counter() - started)
                 self.progress.place(*self.where, None)
             if "shipped" in u:   # rows/s into the worker: from its first request to its last row in its table

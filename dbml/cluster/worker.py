@@ -56,10 +56,10 @@ class RemoteProgress:
     rank 0 reports progress and checkpoints."""
 
     def __init__(self, task: Task, rank: int, node: str, device: str, collective: bool = False,
-                 reporter: "Reporter | None" = None):
+                 reporter: "Reporter | None" = None, node_id: str = ""):
         self.task, self.id, self.rank, self.collective = task, task.job_id, rank, collective
         self.validate_epochs = task.validate_epochs
-        self.worker = {"rank": rank, "node": node, "device": device, "pid": os.getpid()}
+        self.worker = {"rank": rank, "node": node, "device": device, "pid": os.getpid(), "node_id": node_id}
         self._cancel = threading.Event()
         self._reason: str | None = None
         self._lock = threading.Lock()
@@ -258,17 +258,19 @@ class DeviceWorker:
         # the node's GPU (this process sees it as cuda), or which CPU slot: this worker's
         self.device = f"cuda:{int(gpus[0])}" if gpus else f"cpu (worker {os.getpid()})"
         self.node = ray.util.get_node_ip_address()
+        self.node_id = ray.get_runtime_context().get_node_id()   # the Ray node: nodes on one machine share the address
         self.db = duckdb.connect()   # in memory: the rows of the jobs running here, gone with the worker
         self.reporter = Reporter()   # one report per interval for all the jobs running here
 
     def describe(self) -> dict:
-        return {"node": self.node, "device": self.device, "pid": os.getpid()}
+        return {"node": self.node, "device": self.device, "pid": os.getpid(), "node_id": self.node_id}
 
     def run(self, task: Task) -> tuple:
         """Run ``task`` here: ("ok", the trained model as bytes) or ("error", the packed error)."""
         cur = self.db.cursor()
         try:
-            return run_task(task, cur, RemoteProgress(task, 0, self.node, self.device, reporter=self.reporter))
+            return run_task(task, cur, RemoteProgress(task, 0, self.node, self.device, reporter=self.reporter,
+                                                          node_id=self.node_id))
         finally:
             cur.close()
 

@@ -13,7 +13,8 @@ Which trials fuse (:func:`fusion_key`). Those whose TrainSpecs are equal but for
 decay or momentum skips that operation alone), of an architecture made of layers whose
 stacked ops are the single model's bit for bit (``FUSED_ARCHS``, without dropout: a mask
 drawn under vmap is not the one the trial draws alone), scheduled (policy tensile or none,
-no budget of their own, no measured vanilla).
+no budget of their own, no measured vanilla), trained in this process (``trains_here``: on
+a Ray cluster every trial is a job of its own, placed on its workers).
 
 The data. Trials of one seed share one epoch stream: the seed decides the validation
 split, the order rows are stored in and each epoch's order (``training._materialise``,
@@ -87,12 +88,22 @@ def fusion_key(spec: TrainSpec) -> str | None:
     """What trials must share to be fused (module docstring), as text; None for a trial
     that is never fused."""
     options = spec.options_dict()
+    if not trains_here(spec):
+        return None
     if (spec.arch not in FUSED_ARCHS or spec.optimizer not in FUSED_OPTIMIZERS or spec.dropout or options.get("dropout") or spec.policy not in ("tensile", "none")
             or spec.memory_budget is not None or spec.measure_vanilla):
         return None
     shared = {k: v for k, v in dataclasses.asdict(spec).items() if k not in MEMBER_FIELDS}
     zero = {"weight_decay": spec.weight_decay == 0, "momentum": spec.optimizer != "sgd" or spec.momentum == 0}
     return json.dumps([shared, zero], sort_keys=True, default=str)
+
+
+def trains_here(spec: TrainSpec) -> bool:
+    """Whether the trial trains in this process (the ``cluster`` setting 'local'). A fused job's
+    stacked step runs here (``work``); on a Ray cluster each trial is a job of its own, placed
+    on the cluster's device workers, so a search spreads over its nodes (fused, a 6-trial
+    search ran 5 of its trials on the driver: tests/multinode.py)."""
+    return spec.settings.cluster == "local"
 
 
 def group(specs: list[TrainSpec], limit: int = MAX_MEMBERS) -> list[list[int]]:
