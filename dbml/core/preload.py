@@ -22,23 +22,23 @@ import importlib
 import os
 import threading
 
+from .runtime import runtime
+
 # the modules a job and an inference import first (dbml.core.training pulls the scheduler in)
 MODULES = ("dbml.core.training", "dbml.core.inference")
 
-_thread: threading.Thread | None = None
-_lock = threading.Lock()
-
 
 def start() -> bool:
-    """Start importing :data:`MODULES` on a daemon thread (once per process); whether it started."""
-    global _thread
+    """Start importing :data:`MODULES` on a daemon thread (once per process: the runtime's
+    ``preload``); whether it started."""
     if os.environ.get("DBML_NO_PRELOAD") == "1":
         return False
-    with _lock:
-        if _thread is not None:
+    rt = runtime()
+    with rt.lock:
+        if rt.preload is not None:
             return False
-        _thread = threading.Thread(target=_load, name="dbml-preload", daemon=True)
-        _thread.start()
+        rt.preload = threading.Thread(target=_load, name="dbml-preload", daemon=True)
+        rt.preload.start()
         return True
 
 
@@ -67,6 +67,6 @@ def _trace_once() -> None:
 
 def wait() -> None:
     """Before a statement runs: let a preload still under way finish first."""
-    thread = _thread
+    thread = runtime().preload
     if thread is not None and thread.is_alive():
         thread.join()

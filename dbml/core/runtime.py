@@ -54,6 +54,8 @@ class Runtime:
         self.decode_pool = None
         # variables dbml set in os.environ for a library that reads only its environment
         self.environment: dict[str, str] = {}
+        # the interactive shell's import of torch and the scheduler while it waits (dbml.core.preload)
+        self.preload = None
 
     # --- the signal chain -----------------------------------------------------------------
 
