@@ -5,9 +5,9 @@ The job's workers are the placement's own device workers, reused across jobs
 then new ones on free devices, all N at once or none while the job waits), each the job's
 alone while it runs: a process has one default process group. Among them torch.distributed's
 default group (gloo on CPU, NCCL on GPU) is set up once per worker set (``form_group``):
-rendezvous at rank 0's node IP on a port free there, every member ``join``\\ s; the group stays
-alive while the same set runs the next data-parallel job, and a member leaves it when it joins
-another set or its job failed in a collective. Start-up on a warm set is a few actor calls,
+rendezvous at rank 0's node IP on a port free there, every member joins (``group.join``);
+the group stays alive while the same set runs the next data-parallel job, and a member leaves
+it when it joins another set or its job failed in a collective. Start-up on a warm set is a few actor calls,
 where Ray Train's TorchTrainer (used before; no longer) started N processes and a new group
 for every job (26.7 s for 2 workers against 0.65 s for one placed job).
 
@@ -28,36 +28,19 @@ allows, else fails it naming the setting. Nothing is stored before the driver ha
 
 from __future__ import annotations
 
-import socket
 import time
 import uuid
-from dataclasses import dataclass
-from datetime import timedelta
 
-from .placement import WAIT_POLL_S, WorkerDied
-from ..errors import DbmlError
+from .group import Group, failed_in_collective
+from .placement import WAIT_POLL_S, WorkerDied, first_line
 
 # After the first worker of a job ends with an error, the others have this long to end too
 # (a peer gone: gloo raises at once; a stuck collective: killed).
 GRACE_S = 5.0
 # Forming a group: every member has joined within this, else the attempt fails (a member stuck).
 JOIN_S = 60.0
-# A collective that waits longer than this raises (torch's default for gloo is 30 min; a
-# worker can wait that long for memory on its device while its peers wait in the all-reduce).
-COLLECTIVE_TIMEOUT = timedelta(hours=1)
 # Sets formed for one attempt when members are found dead as the set forms (died while idle).
 FORM_TRIES = 3
-
-
-@dataclass(frozen=True)
-class Group:
-    """One member's view of a worker set's process group."""
-    id: str
-    rank: int
-    world: int
-    address: str
-    port: int
-    backend: str
 
 
 def form_group(ray, slots: list, backend: str, check=None) -> bool:
@@ -98,7 +81,6 @@ class MembersGone(WorkerDied):
 def _get(ray, refs: list, check, members: bool) -> list:
     """The answers of ``refs``, one per member; a member gone raises (``MembersGone`` where
     ``members``: the others did not wait for it), as does a wait past ``JOIN_S``."""
-    from .remote import _first_line
     deadline = time.monotonic() + JOIN_S
     while True:
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=WAIT_POLL_S)
@@ -109,7 +91,7 @@ def _get(ray, refs: list, check, members: bool) -> list:
                     ray.get(ref)
                 except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError,
                         ray.exceptions.NodeDiedError) as e:
-                    gone[i] = _first_line(e)
+                    gone[i] = first_line(e)
         if gone:
             first = next(iter(gone.values()))
             raise MembersGone(sorted(gone), first) if members else WorkerDied(first)
@@ -119,42 +101,6 @@ def _get(ray, refs: list, check, members: bool) -> list:
             raise WorkerDied(f"a worker did not join the job's process group within {JOIN_S:g} s")
         if check is not None:
             check()
-
-
-# -- on a device worker --------------------------------------------------------------------
-
-def free_port() -> int:
-    """A TCP port free on this node now (rank 0's process group listens on it)."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
-def join(current: Group | None, group: Group) -> Group:
-    """This process in ``group`` as torch.distributed's default process group: at once if it is
-    in it already; else it leaves ``current`` first. Blocks until every member has joined."""
-    import torch
-    import torch.distributed as dist
-    if current == group and dist.is_initialized():
-        return group
-    leave()
-    if group.backend == "nccl":
-        torch.cuda.set_device(0)   # Ray shows the worker its one GPU
-    dist.init_process_group(group.backend, init_method=f"tcp://{group.address}:{group.port}", rank=group.rank,
-                            world_size=group.world, timeout=COLLECTIVE_TIMEOUT)
-    return group
-
-
-def leave() -> None:
-    """This process out of its process group, if it is in one (a broken group's too)."""
-    import torch.distributed as dist
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def failed_in_collective(outcome: tuple) -> bool:
-    """An outcome that leaves the group broken: an error that is not dbml's own."""
-    return outcome[0] == "error" and not issubclass(outcome[1][0], DbmlError)
 
 
 # -- on the driver -------------------------------------------------------------------------
@@ -223,9 +169,8 @@ class DataParallel:
             return ray.get(self.refs[rank])
         except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError, ray.exceptions.ObjectLostError,
                 ray.exceptions.NodeDiedError) as e:
-            from .remote import _first_line
             self._discard(rank)
-            return WorkerDied(_first_line(e))
+            return WorkerDied(first_line(e))
 
     def outcome(self) -> tuple:
         died = [o for o in self.ended.values() if isinstance(o, WorkerDied)]

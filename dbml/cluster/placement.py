@@ -50,6 +50,12 @@ class WorkerDied(Exception):
     retries the job or fails it naming the ``max_retries`` setting)."""
 
 
+def first_line(e: BaseException) -> str:
+    """How Ray saw a worker die, in one line (``WorkerDied``'s message)."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".strip()
+
+
 def check_job(spec) -> None:
     """The cluster's rules for one job (``TrainSpec.__post_init__``): the setting's form,
     and what data-parallel training needs. Reaching the cluster happens when the job runs."""
@@ -164,7 +170,7 @@ class Slot:
     idle_since: float = field(default_factory=time.monotonic)
     ready: bool = False
     collective: bool = False   # running a data-parallel job's part, which has it alone
-    group: object = None       # the process group its worker is in (``parallel.Group``), as far as the driver knows
+    group: object = None       # the process group its worker is in (``group.Group``), as far as the driver knows
 
 
 POLL_S = 0.05   # how often the driver takes its remote jobs' progress from the hub

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 
-from .placement import POLL_S, Cluster, WorkerDied, connect
+from .placement import POLL_S, Cluster, WorkerDied, connect, first_line
 from ..errors import JobCancelled, TrainingError
 from .shipping import Sender
 from .worker import Task, unpack_error, unpack_result
@@ -222,7 +222,7 @@ class DeviceJob:
                 ray.exceptions.NodeDiedError) as e:
             self.cluster.discard(self.slot)
             self.slot = None
-            raise WorkerDied(_first_line(e)) from None
+            raise WorkerDied(first_line(e)) from None
 
     def kill(self) -> None:
         if self.slot is not None:
@@ -233,7 +233,3 @@ class DeviceJob:
         if self.slot is not None:
             self.cluster.release(self.slot, self.task.key)
 
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".strip()

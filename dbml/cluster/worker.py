@@ -6,8 +6,8 @@ thread of its own, with dbml's training code (``training._fit_model``, handed ov
 reference in the job's ``Task``) and this process's shared memory scheduler for its device,
 which plans the jobs running there jointly and queues one that does not fit, as on one
 machine. A data-parallel job's workers are device workers too, each the job's alone, in
-the worker set's process group (``run_collective``; ``dbml.cluster.parallel``). Either way ``run_task`` is one worker's part of a job: the rows into a
-DuckDB of its own (``dbml.cluster.shipping``), training from the last checkpoint if the job was
+the worker set's process group (``run_collective``; ``dbml.cluster.parallel``). Either way
+``run_task`` is one worker's part of a job: the rows into a DuckDB of its own (``dbml.cluster.shipping``), training from the last checkpoint if the job was
 retried, and the outcome: the trained model as bytes, or the error.
 
 ``RemoteProgress`` is the job's ``training.Progress`` on the worker: what training reports
@@ -255,7 +255,7 @@ class DeviceWorker:
         self.node = ray.util.get_node_ip_address()
         self.db = duckdb.connect()   # in memory: the rows of the jobs running here, gone with the worker
         self.reporter = Reporter()   # one report per interval for all the jobs running here
-        self.group = None            # the data-parallel process group this worker is in (``parallel.Group``)
+        self.group = None            # the data-parallel process group this worker is in (``group.Group``)
 
     def describe(self) -> dict:
         return {"node": self.node, "device": self.device, "pid": os.getpid()}
@@ -271,12 +271,12 @@ class DeviceWorker:
     # -- a data-parallel job's part (``dbml.cluster.parallel``) ----------------------------
     def rendezvous(self) -> tuple[str, int]:
         """Where a new process group with this worker as rank 0 meets: its node, a free port."""
-        from .parallel import free_port
+        from .group import free_port
         return self.node, free_port()
 
     def join_group(self, group) -> None:
         """In ``group`` (at once if already; else out of the one it was in first)."""
-        from .parallel import join
+        from .group import join
         current, self.group = self.group, None   # none while it joins (a failed join leaves it in none)
         self.group = join(current, group)
 
@@ -284,7 +284,7 @@ class DeviceWorker:
         """Rank ``self.group.rank``'s part of data-parallel ``task``, as ``run``; the model
         only from rank 0 (the others' is the same). An error that is not dbml's own has
         broken the group: this worker leaves it."""
-        from .parallel import failed_in_collective, leave
+        from .group import failed_in_collective, leave
         group = self.group
         cur = self.db.cursor()
         try:
