@@ -147,7 +147,7 @@ def section_data_parallel(con) -> dict:
     remote = time.perf_counter() - started
     a, b = _weights(con, "dp1"), _weights(con, "dp2")
     fig = _figures(con, "dp2")
-    return {"local_1_worker_s": local, "ray_2_workers_s": remote, "trainer_start_s": fig["cluster"]["dispatch_seconds"],
+    return {"local_1_worker_s": local, "ray_2_workers_s": remote, "start_s": fig["cluster"]["dispatch_seconds"],
             "epoch_s_2_workers": statistics.median(e["seconds"] for e in fig["history"]),
             "epoch_s_1_local": statistics.median(e["seconds"] for e in _figures(con, "dp1")["history"]),
             "max_abs_weight_diff": max((a[k] - b[k]).abs().max().item() for k in a)}

@@ -9,7 +9,8 @@ rendezvous at rank 0's node IP on a port free there, every member joins (``group
 the group stays alive while the same set runs the next data-parallel job, and a member leaves
 it when it joins another set or its job failed in a collective. Start-up on a warm set is a few actor calls,
 where Ray Train's TorchTrainer (used before; no longer) started N processes and a new group
-for every job (26.7 s for 2 workers against 0.65 s for one placed job).
+for every job: 28 s to the first step of 2 workers against 0.1 s for one placed job, where
+a warm set now takes 0.13 s (docs/architecture.md, "Data-parallel start-up").
 
 Each worker runs ``DeviceWorker.run_collective``: one worker's part of the job
 (``worker.run_task``: the rows streamed into its DuckDB, training's ``_fit_model`` from the
