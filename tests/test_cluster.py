@@ -284,7 +284,7 @@ def _set_of(job_id: int, n: int = 2) -> list:
 
 @pytest.mark.slow
 def test_a_data_parallel_worker_killed_mid_job_restarts_the_set_or_fails_naming_the_fix(rc):
-    extra = ", epochs := 6, batch_size := 32, early_stop := false, workers := 2"
+    extra = ", epochs := 12, batch_size := 32, early_stop := false, workers := 2"
     job_id = start_job(rc, "dp_killed", extra)   # retries off: the job fails, nothing stored
     wait_until(lambda: job_row(rc, job_id)["epoch"] >= 1, 60, "the job's first epoch")
     os.kill(_set_of(job_id)[1].pid, signal.SIGKILL)
