@@ -249,7 +249,7 @@ def test_cancel_and_interrupt_reach_a_remote_job(rc):
 # -- data-parallel ------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_two_data_parallel_workers_store_the_one_worker_model(rc):
+def test_two_data_parallel_workers_store_the_one_worker_model(rc, ray_cluster):
     extra = ", epochs := 3, batch_size := 65"   # 65: the global batch splits 32/33
     rc.execute("SET VARIABLE dbml_cluster = 'local'")
     one = train(rc, "one", extra)
@@ -271,6 +271,15 @@ def test_two_data_parallel_workers_store_the_one_worker_model(rc):
     b2 = weights(rc, "again")
     assert all(torch.equal(b[k], b2[k]) for k in b)
     assert set(cluster_figures(rc, "again")["first_step_seconds"]) == {"0", "1"}   # both workers stepped
+    # a member that died while the set was idle: found as the set forms, before the job runs
+    # there; the job takes another set (no retry spent: max_retries is 0) and forms its group anew
+    rc.execute("SET VARIABLE dbml_max_retries = 0")
+    ray_cluster.kill(c.slots()[1].actor)
+    after = train(rc, "after_death", extra + ", workers := 2")
+    assert after["status"] == "finished"
+    figures = cluster_figures(rc, "after_death")
+    assert not figures["group"]["reused"] and figures["retries"] == 0
+    assert max((a[k] - weights(rc, "after_death")[k]).abs().max().item() for k in a) <= DP_TOLERANCE
     catalog_whole(rc)
 
 

@@ -122,9 +122,10 @@ class DataParallel:
         gpu = self.cluster.gpus() and spec.settings.device != "cpu"
         self.cluster.check_room(spec.workers, gpu)   # before anything waits for slots that do not exist
         started = time.perf_counter()
+        waiting = f"{spec.workers} devices"
         for tries in range(FORM_TRIES):
             self.slots = self.cluster.acquire_set(self.task.key, spec.workers, gpu, check=self.progress.check,
-                                                  on_wait=lambda: self.progress.place(None, None, f"{spec.workers} devices"))
+                                                  on_wait=lambda: self.progress.place(None, None, waiting))
             placed = time.perf_counter()
             try:
                 reused = form_group(ray, self.slots, "nccl" if gpu else "gloo", self.progress.check)

@@ -7,8 +7,9 @@ reference in the job's ``Task``) and this process's shared memory scheduler for 
 which plans the jobs running there jointly and queues one that does not fit, as on one
 machine. A data-parallel job's workers are device workers too, each the job's alone, in
 the worker set's process group (``run_collective``; ``dbml.cluster.parallel``). Either way
-``run_task`` is one worker's part of a job: the rows into a DuckDB of its own (``dbml.cluster.shipping``), training from the last checkpoint if the job was
-retried, and the outcome: the trained model as bytes, or the error.
+``run_task`` is one worker's part of a job: the rows into a DuckDB of its own
+(``dbml.cluster.shipping``), training from the last checkpoint if the job was retried, and
+the outcome: the trained model as bytes, or the error.
 
 ``RemoteProgress`` is the job's ``training.Progress`` on the worker: what training reports
 (steps, epochs, memory, whether it waits for memory) goes to the driver's ``Job`` through
