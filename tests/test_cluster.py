@@ -10,6 +10,10 @@ worker trains with the global batch (within ``DP_TOLERANCE``), once; a 16-trial 
 spreads over both workers; a worker killed mid-job (``ray.kill``, SIGKILL) fails the job
 with an error naming the fix, or with ``max_retries`` resumes it from its last finished
 epoch to the same model; cancel and interrupt reach remote jobs; nothing half-written.
+Data-parallel jobs (issue 33, part 4) run on the pool's started workers: the next job reuses
+the set and its process group, a member dead while idle is replaced as the set forms, a
+member killed mid-job fails the job naming the fix or restarts the whole set from its
+checkpoint, and a cancel stops every worker and keeps the set.
 """
 
 from __future__ import annotations
