@@ -10,6 +10,10 @@ worker trains with the global batch (within ``DP_TOLERANCE``), once; a 16-trial 
 spreads over both workers; a worker killed mid-job (``ray.kill``, SIGKILL) fails the job
 with an error naming the fix, or with ``max_retries`` resumes it from its last finished
 epoch to the same model; cancel and interrupt reach remote jobs; nothing half-written.
+Data-parallel jobs (issue 33, part 4) run on the pool's started workers: the next job reuses
+the set and its process group, a member dead while idle is replaced as the set forms, a
+member killed mid-job fails the job naming the fix or restarts the whole set from its
+checkpoint, and a cancel stops every worker and keeps the set.
 """
 
 from __future__ import annotations
@@ -249,7 +253,7 @@ def test_cancel_and_interrupt_reach_a_remote_job(rc):
 # -- data-parallel ------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_two_data_parallel_workers_store_the_one_worker_model(rc):
+def test_two_data_parallel_workers_store_the_one_worker_model(rc, ray_cluster):
     extra = ", epochs := 3, batch_size := 65"   # 65: the global batch splits 32/33
     rc.execute("SET VARIABLE dbml_cluster = 'local'")
     one = train(rc, "one", extra)
@@ -261,6 +265,71 @@ def test_two_data_parallel_workers_store_the_one_worker_model(rc):
     assert abs(one["final_loss"] - two["final_loss"]) <= 1e-4 * abs(one["final_loss"])
     assert rc.execute("SELECT count(*) FROM dbml.models WHERE name = 'two'").fetchall() == [(1,)]
     assert cluster_figures(rc, "two")["workers"] == 2
+    # issue 33, part 4: the next data-parallel job runs on the same started workers, in the
+    # process group the first formed (no new processes, no new rendezvous), to the same model
+    c = dbml_cluster.current()
+    pids = sorted(s.pid for s in c.slots())
+    again = train(rc, "again", extra + ", workers := 2")
+    assert again["status"] == "finished"
+    assert cluster_figures(rc, "again")["group"]["reused"] and sorted(s.pid for s in c.slots()) == pids
+    b2 = weights(rc, "again")
+    assert all(torch.equal(b[k], b2[k]) for k in b)
+    assert set(cluster_figures(rc, "again")["first_step_seconds"]) == {"0", "1"}   # both workers stepped
+    # a member that died while the set was idle: found as the set forms, before the job runs
+    # there; the job takes another set (no retry spent: max_retries is 0) and forms its group anew
+    rc.execute("SET VARIABLE dbml_max_retries = 0")
+    ray_cluster.kill(c.slots()[1].actor)
+    after = train(rc, "after_death", extra + ", workers := 2")
+    assert after["status"] == "finished"
+    figures = cluster_figures(rc, "after_death")
+    assert not figures["group"]["reused"] and figures["retries"] == 0
+    assert max((a[k] - weights(rc, "after_death")[k]).abs().max().item() for k in a) <= DP_TOLERANCE
+    catalog_whole(rc)
+
+
+def _set_of(job_id: int, n: int = 2) -> list:
+    """The device workers running data-parallel job ``job_id``, once all ``n`` are placed."""
+    c = dbml_cluster.current()
+    key = f"{c.session}:{job_id}"
+    return wait_until(lambda: [s for s in c.slots() if key in s.jobs and s.ready][:n] if sum(
+        key in s.jobs and s.ready for s in c.slots()) == n else None, 60, "the job's worker set")
+
+
+@pytest.mark.slow
+def test_a_data_parallel_worker_killed_mid_job_restarts_the_set_or_fails_naming_the_fix(rc):
+    extra = ", epochs := 12, batch_size := 32, early_stop := false, workers := 2"
+    job_id = start_job(rc, "dp_killed", extra)   # retries off: the job fails, nothing stored
+    wait_until(lambda: job_row(rc, job_id)["epoch"] >= 1, 60, "the job's first epoch")
+    os.kill(_set_of(job_id)[1].pid, signal.SIGKILL)
+    with pytest.raises(duckdb.Error, match=rf"job {job_id} \('dp_killed'\) lost its Ray worker on [\d.]+ .*; nothing "
+                                           r"was stored; SET VARIABLE dbml_max_retries = 1 \(or more\)"):
+        rc.execute("SELECT wait_job(?)", [job_id]).fetchall()
+    assert rc.execute("SELECT count(*) FROM dbml.models WHERE name = 'dp_killed'").fetchall() == [(0,)]
+    rc.execute("SET VARIABLE dbml_max_retries = 1")   # retries on: the whole set restarts from the checkpoint
+    job_id = start_job(rc, "dp_resumed", extra)
+    wait_until(lambda: job_row(rc, job_id)["epoch"] >= 2, 60, "the job's second epoch")
+    os.kill(_set_of(job_id)[0].pid, signal.SIGKILL)
+    assert rc.execute("SELECT wait_job(?)", [job_id]).fetchall()[0][0]["status"] == "finished"
+    figures = cluster_figures(rc, "dp_resumed")
+    assert figures["retries"] == 1 and figures["resumed_from_epoch"] >= 1 and not figures["group"]["reused"]
+    train(rc, "dp_uninterrupted", extra)
+    a, b = weights(rc, "dp_uninterrupted"), weights(rc, "dp_resumed")
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= DP_TOLERANCE
+    catalog_whole(rc)
+
+
+@pytest.mark.slow
+def test_cancel_reaches_every_data_parallel_worker_and_keeps_the_set(rc):
+    job_id = start_job(rc, "dp_cancelled", ", epochs := 500, early_stop := false, workers := 2")
+    wait_until(lambda: job_row(rc, job_id)["epoch"] >= 1, 60, "the job's first epoch")
+    members = _set_of(job_id)
+    rc.execute("SELECT cancel_job(?)", [job_id]).fetchall()
+    wait_until(lambda: job_row(rc, job_id)["status"] == "cancelled", 15, "the data-parallel job to stop")
+    assert all(not s.jobs for s in members)   # both workers free
+    assert rc.execute("SELECT count(*) FROM dbml.models WHERE name = 'dp_cancelled'").fetchall() == [(0,)]
+    # a cancel is the job's outcome, not a failure: the set and its process group serve the next job
+    train(rc, "dp_after", ", epochs := 1, workers := 2")
+    assert cluster_figures(rc, "dp_after")["group"]["reused"]
     catalog_whole(rc)
 
 

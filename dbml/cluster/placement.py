@@ -37,7 +37,7 @@ PROBE_S = 3.0
 WORKER_CONCURRENCY = 32
 # An idle device worker keeps its slot this long for the next job (a warm worker makes a
 # dispatch one call, ~ms; a cold one starts a process and imports torch and dbml, seconds).
-# A data-parallel job that needs the slots takes them from idle workers at once.
+# A data-parallel job takes idle workers as its own (``acquire_set``).
 IDLE_S = 120.0
 # A job waiting for a device worker to start looks at its cancel this often.
 WAIT_POLL_S = 0.1
@@ -48,6 +48,12 @@ WAIT_POLL_S = 0.1
 class WorkerDied(Exception):
     """A job's worker (or its node) is gone; the message says how Ray saw it (``dbml.cluster.remote``
     retries the job or fails it naming the ``max_retries`` setting)."""
+
+
+def first_line(e: BaseException) -> str:
+    """How Ray saw a worker die, in one line (``WorkerDied``'s message)."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".strip()
 
 
 def check_job(spec) -> None:
@@ -90,7 +96,6 @@ def require_ray():
     """The ray module; InvalidArgument naming the extra if it is not installed."""
     try:
         import ray
-        import ray.train.torch  # noqa: F401  (the extra: Ray Train, for workers := N)
     except ImportError:
         raise InvalidArgument(f"setting cluster needs Ray, which is not installed; {INSTALL} "
                               f"(or SET VARIABLE dbml_cluster = 'local')") from None
@@ -164,6 +169,8 @@ class Slot:
     jobs: set = field(default_factory=set)
     idle_since: float = field(default_factory=time.monotonic)
     ready: bool = False
+    collective: bool = False   # running a data-parallel job's part, which has it alone
+    group: object = None       # the process group its worker is in (``group.Group``), as far as the driver knows
 
 
 POLL_S = 0.05   # how often the driver takes its remote jobs' progress from the hub
@@ -279,23 +286,35 @@ class Cluster:
     def acquire(self, key: str, gpu: bool, on_wait=None, check=None) -> Slot:
         """A device worker for job ``key``: an idle one, else a new one where the cluster has a
         free device, else the one with the fewest jobs (its scheduler plans them jointly and
-        admits this one when it fits). ``on_wait()`` is told when the job waits for a new
-        worker to start; ``check()`` is called while it waits, and what it raises (the job's
-        cancel) stops the wait and the worker started for it."""
-        with self._lock:
-            self._reap()
-            slot = next((s for s in self._slots if not s.jobs and s.ready), None)
-            if slot is None and self._free(gpu):
-                slot = Slot(self._start(gpu))
-                self._slots.append(slot)
-            elif slot is None:
-                slot = min((s for s in self._slots if s.ready), key=lambda s: len(s.jobs), default=None)
-            if slot is None:   # every worker is still starting: a new one queues for a device
-                slot = Slot(self._start(gpu))
-                self._slots.append(slot)
-            slot.jobs.add(key)
+        admits this one when it fits); while every device runs a data-parallel job's part
+        (each has its device alone), the job waits for one to end. ``on_wait()`` is told when
+        the job waits for a device or a new worker to start; ``check()`` is called while it
+        waits, and what it raises (the job's cancel) stops the wait and the worker started for it."""
+        waited = False
+        while True:
+            with self._lock:
+                self._reap()
+                slot = next((s for s in self._slots if not s.jobs and s.ready), None)
+                shared = [s for s in self._slots if s.ready and not s.collective]
+                if slot is None and self._free(gpu):
+                    slot = Slot(self._start(gpu))
+                    self._slots.append(slot)
+                elif slot is None and shared:
+                    slot = min(shared, key=lambda s: len(s.jobs))
+                elif slot is None and not any(s.collective for s in self._slots):
+                    slot = Slot(self._start(gpu))   # every worker is still starting: a new one queues for a device
+                    self._slots.append(slot)
+                if slot is not None:
+                    slot.jobs.add(key)
+                    break
+            if not waited and on_wait is not None:
+                on_wait()
+            waited = True
+            if check is not None:
+                check()
+            time.sleep(WAIT_POLL_S)
         if not slot.ready:
-            if on_wait is not None:
+            if on_wait is not None and not waited:
                 on_wait()
             try:
                 self._ready(slot, check)
@@ -304,11 +323,69 @@ class Cluster:
                 raise
         return slot
 
+    def acquire_set(self, key: str, n: int, gpu: bool, on_wait=None, check=None) -> list[Slot]:
+        """``n`` device workers for data-parallel job ``key``, in rank order, each the job's alone
+        (a process has one default process group): idle ones, the members of a set that has
+        its process group first (``parallel.form_group`` then reuses it), then new ones on free
+        devices; all ``n`` at once or none (two jobs each holding part of what both need would
+        wait for ever), waiting for running jobs to end meanwhile. ``on_wait`` and ``check`` as
+        for ``acquire``; a cancel while the new workers start stops them."""
+        waited = False
+        while True:
+            with self._lock:
+                self._reap()
+                taken = self._take_set(key, n, gpu)
+            if taken is not None:
+                break
+            if not waited and on_wait is not None:
+                on_wait()
+            waited = True
+            if check is not None:
+                check()
+            time.sleep(WAIT_POLL_S)
+        try:
+            for s in taken:
+                if not s.ready:
+                    self._ready(s, check)
+        except BaseException:
+            for s in taken:
+                if s.ready:
+                    self.release(s, key)
+                else:
+                    self.discard(s)
+            raise
+        return taken
+
+    def _take_set(self, key: str, n: int, gpu: bool) -> list[Slot] | None:
+        """``acquire_set``'s choice, under the lock: the slots, marked the job's, or None."""
+        idle = [s for s in self._slots if s.ready and not s.jobs]
+        sets: dict = {}
+        for s in idle:
+            if s.group is not None and s.group.world == n:
+                sets.setdefault(s.group.id, {})[s.group.rank] = s
+        whole = next((members for members in sets.values() if len(members) == n), None)
+        if whole is not None:
+            taken = [whole[r] for r in range(n)]
+        else:
+            starting = sum(not s.ready for s in self._slots)
+            free = int(self.ray.available_resources().get("GPU" if gpu else "CPU", 0)) - starting
+            if len(idle) + max(free, 0) < n:
+                return None
+            taken = idle[:n]
+            new = [Slot(self._start(gpu)) for _ in range(n - len(taken))]
+            self._slots.extend(new)
+            taken += new
+        for s in taken:
+            s.jobs.add(key)
+            s.collective = True
+        return taken
+
     def release(self, slot: Slot, key: str) -> None:
         with self._lock:
             slot.jobs.discard(key)
             if not slot.jobs:
                 slot.idle_since = time.monotonic()
+                slot.collective = False
 
     def discard(self, slot: Slot) -> None:
         """A worker that died: out of the pool (a retry starts or takes another)."""
@@ -319,14 +396,6 @@ class Cluster:
             self.ray.kill(slot.actor)
         except Exception:   # already gone
             pass
-
-    def free_idle(self) -> None:
-        """Stop every idle device worker (a data-parallel job needs their slots now)."""
-        with self._lock:
-            idle = [s for s in self._slots if not s.jobs]
-            self._slots = [s for s in self._slots if s.jobs]
-        for s in idle:
-            self.ray.kill(s.actor)
 
     def slot_of(self, key: str) -> Slot | None:
         with self._lock:

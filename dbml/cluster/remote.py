@@ -9,7 +9,8 @@ stored there, in one transaction, once (``training.train``). Here:
 1. **Placement.** ``workers := 1``: the job goes to a device worker of the cluster's pool
    (``Cluster.acquire``: an idle one, a new one on a free device, or the one with the
    fewest jobs, where its device's scheduler plans it with the others). ``workers := N``:
-   Ray Train's ``TorchTrainer`` (``dbml.cluster.parallel``).
+   N device workers of the same pool, the job's alone while it runs, in a process group
+   formed once per worker set (``dbml.cluster.parallel``).
 2. **Data.** A ``shipping.Sender`` streams the scratch table to the job's workers while
    they start.
 3. **Following.** Every ``POLL_S`` the driver takes the workers' progress from the hub (one
@@ -21,15 +22,15 @@ stored there, in one transaction, once (``training.train``). Here:
 4. **Faults.** A worker that dies (``ray.kill``, a killed process, a lost node) fails the
    job with an error naming the setting that retries it, or, while ``max_retries`` allows,
    restarts it on another worker from its last finished epoch (``dbml.core.checkpoints``); a
-   data-parallel job's restarts are Ray Train's (``FailureConfig``), from the same
-   checkpoints. Nothing is stored before the driver has the whole model.
+   data-parallel job's whole worker set is restarted the same way, from rank 0's checkpoints.
+   Nothing is stored before the driver has the whole model.
 """
 
 from __future__ import annotations
 
 import time
 
-from .placement import POLL_S, Cluster, WorkerDied, connect
+from .placement import POLL_S, Cluster, WorkerDied, connect, first_line
 from ..errors import JobCancelled, TrainingError
 from .shipping import Sender
 from .worker import Task, unpack_error, unpack_result
@@ -74,11 +75,10 @@ class RemoteFit:
             self.progress.place(*self.where, None)
 
     def _attempts(self) -> int:
-        # a data-parallel job's restarts are Ray Train's own (FailureConfig), within one attempt here
-        return 1 if self.spec.workers > 1 else 1 + (self.spec.settings.max_retries or 0)
+        return 1 + (self.spec.settings.max_retries or 0)
 
     def _attempt(self) -> tuple:
-        started = time.perf_counter()
+        started, started_at = time.perf_counter(), time.time()
         placement = self._placement()
         # the feed is made before any worker asks for it (a retry's must not see the last one's)
         sender = Sender(self.ray, self.cur, self.table, self.cluster.hub, self.key, self.spec.workers,
@@ -87,6 +87,10 @@ class RemoteFit:
             sender.start()
             placement.start()
             outcome = self._follow(placement, sender, started)
+            self.figures.update(getattr(placement, "figures", {}))
+            workers = self.ray.get(self.cluster.hub.workers.remote(self.key))   # each worker's first step
+            self.figures["first_step_seconds"] = {r: round(w["first_step"] - started_at, 4)
+                                                  for r, w in sorted(workers.items()) if "first_step" in w}
             shipped = sender.shipment
             self.figures["data"] = {"how": shipped.how, "rows": shipped.rows, "bytes": shipped.bytes,
                                     "chunks": shipped.chunks, "most_in_flight": shipped.most_in_flight,
@@ -185,8 +189,6 @@ class RemoteFit:
         node, device = self.where
         where = f" on {node} ({device})" if node else ""
         retried = f" after {self.figures['retries']} retries" if self.figures["retries"] else ""
-        if self.spec.workers > 1:
-            retried = f" after Ray Train's {self.spec.settings.max_retries} restarts" if self.spec.settings.max_retries else ""
         fix = ("SET VARIABLE dbml_max_retries = 1 (or more) to restart a job from its last finished epoch when a "
                "worker dies" if not self.spec.settings.max_retries else "SET VARIABLE dbml_max_retries higher, or look for "
                "what kills the workers (memory: Ray's OOM killer)")
@@ -221,7 +223,7 @@ class DeviceJob:
                 ray.exceptions.NodeDiedError) as e:
             self.cluster.discard(self.slot)
             self.slot = None
-            raise WorkerDied(_first_line(e)) from None
+            raise WorkerDied(first_line(e)) from None
 
     def kill(self) -> None:
         if self.slot is not None:
@@ -232,7 +234,3 @@ class DeviceJob:
         if self.slot is not None:
             self.cluster.release(self.slot, self.task.key)
 
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".strip()

@@ -5,10 +5,11 @@ starts it with ``num_gpus=1`` or ``num_cpus=1``). It runs the jobs placed on it,
 thread of its own, with dbml's training code (``training._fit_model``, handed over by
 reference in the job's ``Task``) and this process's shared memory scheduler for its device,
 which plans the jobs running there jointly and queues one that does not fit, as on one
-machine. A data-parallel job's workers run the same code under Ray Train
-(``dbml.cluster.parallel``). Either way ``run_task`` is one worker's part of a job: the rows into a
-DuckDB of its own (``dbml.cluster.shipping``), training from the last checkpoint if the job was
-retried, and the outcome: the trained model as bytes, or the error.
+machine. A data-parallel job's workers are device workers too, each the job's alone, in
+the worker set's process group (``run_collective``; ``dbml.cluster.parallel``). Either way
+``run_task`` is one worker's part of a job: the rows into a DuckDB of its own
+(``dbml.cluster.shipping``), training from the last checkpoint if the job was retried, and
+the outcome: the trained model as bytes, or the error.
 
 ``RemoteProgress`` is the job's ``training.Progress`` on the worker: what training reports
 (steps, epochs, memory, whether it waits for memory) goes to the driver's ``Job`` through
@@ -98,6 +99,9 @@ class RemoteProgress:
     def step(self, rows: int) -> None:
         with self._lock:
             self._pending.setdefault("steps", []).append(rows)
+            if "first_step" not in self.worker:   # the driver's start-up figure (time.time: one clock per machine)
+                self.worker["first_step"] = time.time()
+                self._pending["worker"] = self.worker
         if not self.collective:
             self.check()
 
@@ -261,6 +265,7 @@ class DeviceWorker:
         self.node_id = ray.get_runtime_context().get_node_id()   # the Ray node: nodes on one machine share the address
         self.db = duckdb.connect()   # in memory: the rows of the jobs running here, gone with the worker
         self.reporter = Reporter()   # one report per interval for all the jobs running here
+        self.group = None            # the data-parallel process group this worker is in (``group.Group``)
 
     def describe(self) -> dict:
         return {"node": self.node, "device": self.device, "pid": os.getpid(), "node_id": self.node_id}
@@ -273,6 +278,35 @@ class DeviceWorker:
                                                           node_id=self.node_id))
         finally:
             cur.close()
+
+    # -- a data-parallel job's part (``dbml.cluster.parallel``) ----------------------------
+    def rendezvous(self) -> tuple[str, int]:
+        """Where a new process group with this worker as rank 0 meets: its node, a free port."""
+        from .group import free_port
+        return self.node, free_port()
+
+    def join_group(self, group) -> None:
+        """In ``group`` (at once if already; else out of the one it was in first)."""
+        from .group import join
+        current, self.group = self.group, None   # none while it joins (a failed join leaves it in none)
+        self.group = join(current, group)
+
+    def run_collective(self, task: Task) -> tuple:
+        """Rank ``self.group.rank``'s part of data-parallel ``task``, as ``run``; the model
+        only from rank 0 (the others' is the same). An error that is not dbml's own has
+        broken the group: this worker leaves it."""
+        from .group import failed_in_collective, leave
+        group = self.group
+        cur = self.db.cursor()
+        try:
+            outcome = run_task(task, cur, RemoteProgress(task, group.rank, self.node, self.device, collective=True,
+                                                         reporter=self.reporter))
+        finally:
+            cur.close()
+        if failed_in_collective(outcome):
+            leave()
+            self.group = None
+        return outcome if group.rank == 0 or outcome[0] == "error" else ("ok", None)
 
 
 def run_task(task: Task, cur, progress: RemoteProgress) -> tuple:

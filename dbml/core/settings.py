@@ -80,9 +80,8 @@ SETTINGS = (
             "on a Ray cluster: a job's encoded rows above this size go to its workers as Parquet files in "
             "cluster_storage (when set) instead of through Ray's object store", size=True),
     Setting("cluster_storage", "VARCHAR", None,
-            "on a Ray cluster: a directory every node reads and writes (a shared mount), for Ray Train's run "
-            "files (workers := N) and large jobs' Parquet files; unset: a temporary directory here, which serves "
-            "a cluster of one node"),
+            "on a Ray cluster: a directory every node reads and writes (a shared mount), for large jobs' "
+            "Parquet files; unset: a temporary directory here, which serves a cluster of one node"),
 )
 SOURCES = ("any", "tables")      # the values of the sources setting
 SETTING = {s.name: s for s in SETTINGS}
