@@ -222,3 +222,30 @@ def test_evaluate_of_a_train_model_holds_out_its_rows_whatever_their_types(con):
                           "task := 'classification')").fetchall()[0][0]
     evaluated, = rows(con, "SELECT * FROM ML.EVALUATE(MODEL m)")
     assert summary["val_metric"] < 0.9 and evaluated["accuracy"] == pytest.approx(summary["val_metric"], abs=1e-12)
+
+
+def test_model_functions_read_the_version_named_or_pinned(bq):
+    """``MODEL `m@1``` is version 1 and a model ``deploy()`` pinned serves that version, to every
+    ML.* function as to predict() and evaluate() (``catalog.resolve``)."""
+    train = ("SELECT train('m', 'SELECT column1, column2, column3, label FROM mydataset.mytable', label := 'label', "
+             "epochs := {epochs}, arch := 'linear', task := 'classification')")
+    bq.execute(train.format(epochs=1))
+    bq.execute(train.format(epochs=6))
+    data = "(SELECT column1, column2, column3, label FROM mydataset.mytable)"
+
+    def figures(model):
+        return (rows(bq, f"SELECT * FROM ML.EVALUATE(MODEL `{model}`, {data})")[0],
+                rows(bq, f"SELECT * FROM ML.WEIGHTS(MODEL `{model}`)"),
+                [r["predicted_label_probs"] for r in rows(bq, f"SELECT * FROM ML.PREDICT(MODEL `{model}`, {data})")])
+
+    first, second = figures("m@1"), figures("m@2")
+    assert first[0] != second[0] and first[1] != second[1] and first[2] != second[2]
+    assert figures("m") == second                               # the latest
+    own = bq.execute("SELECT log_loss FROM evaluate('m@1', 'SELECT column1, column2, column3, label "
+                     "FROM mydataset.mytable')").fetchall()[0][0]
+    assert first[0]["log_loss"] == pytest.approx(own, rel=1e-6)
+    bq.execute("SELECT deploy('m', 1)")
+    assert figures("m") == first                                # the pinned version
+    assert figures("m@2") == second and figures("m@latest") == second
+    with pytest.raises(dbml.ModelNotFound, match="model 'm' has no version 7"):
+        rows(bq, "SELECT * FROM ML.WEIGHTS(MODEL `m@7`)")

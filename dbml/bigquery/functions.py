@@ -40,17 +40,21 @@ class Model:
 
     def __init__(self, con, node, fn: str, trial: int | None = None, *, name: str | None = None,
                  version: int | None = None):
-        """The model of ``node`` (``ML.<fn>(MODEL m, ...)``): its latest version, or a tuned model's
-        optimal trial (``trial``: that one); or ``name`` at ``version`` (a trial CREATE MODEL ranks)."""
+        """The model of ``node`` (``ML.<fn>(MODEL m, ...)``) as ``predict()`` resolves it
+        (``catalog.resolve``): ``MODEL `m@2``` that version, else the version ``deploy()`` pinned,
+        else the latest, or a tuned model's optimal trial; ``trial``: that trial of the tuning run
+        of the version chosen. Or ``name`` at ``version`` (a trial CREATE MODEL ranks)."""
         self.name = name if name is not None else model_name(node.this)
-        latest = None
+        chosen_by_user = version is not None
         if version is None:
-            version = store.latest(con, self.name, fn)
-            latest = store.info(con, self.name, version).get("trial")
-        # the trials of the latest tuning run (an earlier CREATE OR REPLACE had its own)
-        trials = [(v, t) for v, t in store.trials(con, self.name) if t.get("run") == latest.get("run")] \
-            if latest else []
-        if trials:
+            self.name, asked = catalog.model_ref(self.name, None, fn=fn)
+            chosen_by_user = (asked is not None and asked != catalog.LATEST) or \
+                (asked is None and catalog.pinned_version(con, self.name) is not None)
+            version = store.resolve(con, self.name, asked, fn)
+        run = (store.info(con, self.name, version).get("trial") or {}).get("run")
+        # the trials of the version's tuning run (an earlier CREATE OR REPLACE had its own)
+        trials = [(v, t) for v, t in store.trials(con, self.name) if t.get("run") == run] if run is not None else []
+        if trials and (trial is not None or not chosen_by_user):
             chosen = [v for v, t in trials if (t["trial_id"] == trial if trial is not None else t["is_optimal"])]
             if not chosen:
                 raise InvalidArgument(f"BigQuery ML: {fn}: model {self.name} has no trial {trial}")
