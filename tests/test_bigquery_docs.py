@@ -249,3 +249,53 @@ def test_model_functions_read_the_version_named_or_pinned(bq):
     assert figures("m@2") == second and figures("m@latest") == second
     with pytest.raises(dbml.ModelNotFound, match="model 'm' has no version 7"):
         rows(bq, "SELECT * FROM ML.WEIGHTS(MODEL `m@7`)")
+
+
+ALGORITHM = """CREATE MODEL `mydataset.mymodel`
+OPTIONS (
+  MODEL_TYPE = 'LOGISTIC_REG',
+  INPUT_LABEL_COLS = ['label'],
+  MAX_ITERATIONS = 2,
+  NUM_TRIALS = {trials},
+  HPARAM_TUNING_ALGORITHM = '{algorithm}'{space})
+AS SELECT column1, column2, column3, label FROM `mydataset.mytable`"""
+GRID = ",\n  L1_REG = HPARAM_CANDIDATES([0, 0.5]),\n  L2_REG = HPARAM_CANDIDATES([0, 1, 10])"
+
+
+def test_grid_search_walks_the_grid_in_order(bq):
+    planned = plan(bq, ALGORITHM.format(trials=20, algorithm="GRID_SEARCH", space=GRID))
+    assert [hp for _, hp in planned["runs"]] == [{"l1_reg": a, "l2_reg": b} for a in (0, 0.5) for b in (0, 1, 10)]
+    assert [args["l1_reg"] for args, _ in planned["runs"]] == [0, 0, 0, 0.5, 0.5, 0.5]   # what each trial trains with
+    first = plan(bq, ALGORITHM.format(trials=2, algorithm="grid_search", space=GRID))
+    assert [hp for _, hp in first["runs"]] == [{"l1_reg": 0, "l2_reg": 0}, {"l1_reg": 0, "l2_reg": 1}]
+
+
+def test_random_search_draws_every_trial_and_vizier_default_starts_at_the_defaults(bq):
+    randomly = [hp for _, hp in plan(bq, ALGORITHM.format(trials=4, algorithm="RANDOM_SEARCH", space=""))["runs"]]
+    default = [hp for _, hp in plan(bq, ALGORITHM.format(trials=4, algorithm="VIZIER_DEFAULT", space=""))["runs"]]
+    assert default[0] == {"l1_reg": 0.0, "l2_reg": 0.0}          # trial 1 at the options' defaults
+    assert all(0 < v for hp in randomly for v in hp.values())    # drawn from (1e-5, 10), trial 1 too
+    assert randomly[1:] == default[1:] and randomly[0] != default[0]
+    assert plan(bq, ALGORITHM.format(trials=4, algorithm="RANDOM_SEARCH", space=""))["runs"] == \
+        plan(bq, ALGORITHM.format(trials=4, algorithm="RANDOM_SEARCH", space=""))["runs"]   # the same every time
+
+
+@pytest.mark.parametrize("algorithm, space, message", [
+    ("BAYESIAN", "", "hparam_tuning_algorithm 'BAYESIAN' is not BigQuery's; use one of 'VIZIER_DEFAULT', "
+                     "'RANDOM_SEARCH', 'GRID_SEARCH'"),
+    ("GRID_SEARCH", "", "GRID_SEARCH searches a discrete space, and l1_reg, l2_reg are a continuous range; give "
+                        "l1_reg = HPARAM_CANDIDATES\\(\\[...\\]\\), or use RANDOM_SEARCH"),
+])
+def test_hparam_tuning_algorithm_refused_before_training(bq, algorithm, space, message):
+    with pytest.raises(dbml.InvalidArgument, match=message):
+        dbml.execute(bq, ALGORITHM.format(trials=3, algorithm=algorithm, space=space))
+    assert bq.execute("SELECT count(*) FROM dbml_models").fetchall() == [(0,)]
+
+
+def test_grid_search_trains_one_trial_per_point(bq):
+    created = rows(bq, ALGORITHM.format(trials=3, algorithm="GRID_SEARCH",
+                                        space=",\n  L2_REG = HPARAM_CANDIDATES([0, 10])"))
+    assert [r["trial_id"] for r in created] == [1, 2]                # the grid has two points
+    trials = rows(bq, "SELECT trial_id, hyperparameters FROM ML.TRIAL_INFO(MODEL `mydataset.mymodel`)")
+    assert [json.loads(t["hyperparameters"]) if isinstance(t["hyperparameters"], str) else t["hyperparameters"]
+            for t in trials] == [{"l2_reg": 0}, {"l2_reg": 10}]

@@ -56,7 +56,7 @@ OPTIONS = {
     "colsample_bytree": TREES, "colsample_bynode": TREES,
     "num_clusters": ("kmeans",), "kmeans_init_method": ("kmeans",), "distance_type": ("kmeans",),
     "standardize_features": ("kmeans",), "num_trials": SUPERVISED, "max_parallel_trials": SUPERVISED,
-    "hparam_tuning_objectives": SUPERVISED,
+    "hparam_tuning_objectives": SUPERVISED, "hparam_tuning_algorithm": SUPERVISED,
 }
 # BigQuery's DNN optimizers dbml has (FTRL and RMSPROP it has not)
 OPTIMIZERS = {"adam": "adam", "sgd": "sgd", "adagrad": "adagrad"}
@@ -64,7 +64,8 @@ OPTIMIZERS = {"adam": "adam", "sgd": "sgd", "adagrad": "adagrad"}
 # Who reads each option (test_bigquery checks that every (option, type) pair has one owner):
 # the translation itself,
 TRANSLATED = ("model_type", "input_label_cols", "data_split_method", "data_split_eval_fraction", "data_split_col",
-              "enable_global_explain", "num_trials", "max_parallel_trials", "hparam_tuning_objectives")
+              "enable_global_explain", "num_trials", "max_parallel_trials", "hparam_tuning_objectives",
+              "hparam_tuning_algorithm")
 # for linear and DNN models, a train() argument (TORCH_PLAIN), an option of the dnn arch
 # (DNN_OPTIONS) or a rule of _torch_arguments (TORCH_RULES);
 TORCH_PLAIN = {"max_iterations": "epochs", "learn_rate": "lr", "ls_init_learn_rate": "lr",
@@ -365,7 +366,9 @@ def plan(con, tree: exp.Create) -> dict:
                               f"num_trials = <number of trials>")
     objective = tuning.objective(options, task, name)
     spaces = (given or tuning.DEFAULT_SPACES[arch]) if trials else {}
-    runs = [tuning.trial_options(options, spaces, t, not given) for t in range(1, trials + 1)] or [(options, None)]
+    algorithm = tuning.algorithm(options, spaces, name)
+    runs = [({**options, **point}, point) for point in tuning.trial_points(spaces, trials, algorithm, not given)] \
+        or [(options, None)]
     # every trial's arguments, checked before any trains
     runs = [(train_arguments(name, kind, arch, task, o), hp) for o, hp in runs]
     args = runs[0][0]
