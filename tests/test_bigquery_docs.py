@@ -299,3 +299,39 @@ def test_grid_search_trains_one_trial_per_point(bq):
     trials = rows(bq, "SELECT trial_id, hyperparameters FROM ML.TRIAL_INFO(MODEL `mydataset.mymodel`)")
     assert [json.loads(t["hyperparameters"]) if isinstance(t["hyperparameters"], str) else t["hyperparameters"]
             for t in trials] == [{"l2_reg": 0}, {"l2_reg": 10}]
+
+
+# DATA_SPLIT_METHOD (.../bigqueryml-syntax-create: CUSTOM splits by a BOOL column, TRUE the evaluation
+# rows; SEQ by the column's order, the last DATA_SPLIT_EVAL_FRACTION evaluated): train() holds them out
+SPLIT = """CREATE MODEL `mydataset.mymodel`
+{transform}OPTIONS (
+  MODEL_TYPE = 'LOGISTIC_REG',
+  INPUT_LABEL_COLS = ['label'],
+  MAX_ITERATIONS = 2,
+  {split})
+AS SELECT column1, column2, column3, label, {column} FROM `mydataset.mytable`"""
+
+
+@pytest.mark.parametrize("transform", ["", "TRANSFORM (column1, column2 * 2 AS column2, column3, label)\n"])
+def test_custom_split_evaluates_the_rows_the_column_marks(bq, transform):
+    created, = rows(bq, SPLIT.format(transform=transform, split="DATA_SPLIT_METHOD = 'CUSTOM', "
+                                     "DATA_SPLIT_COL = 'is_eval'", column="column4 < 3 AS is_eval"))
+    assert created["rows"] == bq.execute("SELECT count(*) FROM mydataset.mytable WHERE column4 >= 3").fetchall()[0][0]
+    assert bq.execute("SELECT features FROM dbml_models").fetchall() == [(["column1", "column2", "column3"],)]
+    evaluated, = rows(bq, "SELECT * FROM ML.EVALUATE(MODEL `mydataset.mymodel`)")
+    marked, = rows(bq, "SELECT * FROM ML.EVALUATE(MODEL `mydataset.mymodel`, "
+                       "(SELECT * FROM `mydataset.mytable` WHERE column4 < 3))")
+    assert evaluated == pytest.approx(marked, rel=1e-12)
+    assert evaluated["accuracy"] == pytest.approx(created["val_metric"], abs=1e-12)
+
+
+def test_seq_split_evaluates_the_last_fraction_in_the_columns_order(bq):
+    created, = rows(bq, SPLIT.format(transform="", split="DATA_SPLIT_METHOD = 'SEQ', DATA_SPLIT_COL = 'timestamp', "
+                                     "DATA_SPLIT_EVAL_FRACTION = 0.25", column="timestamp"))
+    assert created["rows"] == 450 and bq.execute("SELECT features FROM dbml_models").fetchall() == \
+        [(["column1", "column2", "column3"],)]
+    evaluated, = rows(bq, "SELECT * FROM ML.EVALUATE(MODEL `mydataset.mymodel`)")
+    latest, = rows(bq, "SELECT * FROM ML.EVALUATE(MODEL `mydataset.mymodel`, "
+                       "(SELECT * FROM `mydataset.mytable` ORDER BY timestamp DESC LIMIT 150))")
+    assert evaluated == pytest.approx(latest, rel=1e-12)
+    assert evaluated["accuracy"] == pytest.approx(created["val_metric"], abs=1e-12)

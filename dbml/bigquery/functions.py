@@ -24,7 +24,7 @@ from .. import explain as attributions
 from ..errors import InvalidArgument
 from ..core.runtime import runtime
 from ..core.inference import forward
-from ..core.heldout import held_out_sql
+from ..core.heldout import held_out_sql, holds_out
 from ..core.source import column, parsed, unused_name
 from . import evaluation, names, store
 from .create import apply_transform, model_name, temporal_as_numbers
@@ -101,7 +101,10 @@ def rows(con, model: Model, query: exp.Select, labelled: bool,
         exp.Subquery(this=query, alias=exp.TableAlias(this=exp.to_identifier(alias, quoted=True))))
     src = inner
     if transform:
-        src = apply_transform(inner, [*transform, column(row_col)])
+        # the column split := 'custom' or 'seq' held rows out by, beside TRANSFORM's (as train() read it)
+        split_col = model.params.get("split_col") if held_out else None
+        kept = [column(split_col)] if split_col and split_col not in {parsed(e).alias_or_name for e in transform} else []
+        src = apply_transform(inner, [*transform, *kept, column(row_col)])
     if model.info:   # CREATE MODEL's: dates are features, in seconds (train() takes none: its source as it was)
         src = temporal_as_numbers(con, src)
     cols = [exp.alias_(column(row_col), "__dbml_row"), exp.alias_(model.prep.features_sql(), "__dbml_x")]
@@ -112,8 +115,8 @@ def rows(con, model: Model, query: exp.Select, labelled: bool,
         outer = outer.select(exp.alias_(y, "__dbml_y")).where(model.prep.label_filter())
     if held_out:
         # src is train's source (the query, TRANSFORM, dates as numbers) with __dbml_row beside it
-        outer = outer.where(held_out_sql(model.params["seed"], model.params["validation"], exclude=(row_col,),
-                                         bucket=model.params.get("held_out_bucket")))
+        held = held_out_sql(model.params, exclude=(row_col,))
+        outer = outer.qualify(held) if held.find(exp.Window) else outer.where(held)
     try:
         table = _arrow(con, outer)
     except duckdb.BinderException:
@@ -217,15 +220,15 @@ def stored_query(model: Model, key: str, fn: str) -> exp.Select:
 
 def _evaluated(con, node, outer, model: Model, fn: str) -> tuple[exp.Select, list, bool]:
     """(the rows to evaluate on, the arguments after them, whether only the held-out rows count).
-    Without input: the evaluation rows of the model's data split, as BigQuery ML: SEQ's and
-    CUSTOM's held-out query, else the rows ``train`` held out for validation, else (NO_SPLIT,
-    k-means) the training rows."""
+    Without input: the evaluation rows of the model's data split, as BigQuery ML: the rows
+    ``train`` held out (``heldout.held_out_sql``: by hash, or SEQ's and CUSTOM's ``split_col``; a
+    SEQ or CUSTOM model stored before: its held-out query), else (NO_SPLIT, k-means) the training rows."""
     args = node.expressions
     if args and not isinstance(args[0], exp.Struct):
         return input_query(con, args[0], outer), args[1:], False
     if model.info.get("eval_source") is not None:
         return stored_query(model, "eval_source", fn), args, False
-    return stored_query(model, "source", fn), args, bool(model.params.get("validation"))
+    return stored_query(model, "source", fn), args, holds_out(model.params)
 
 
 def _arrow(con, tree: exp.Expression) -> pa.Table:
@@ -272,7 +275,7 @@ def trial_figures(con, name: str, version: int, eval_source: str | None) -> dict
         return _figures(con, model, sqlglot.parse_one(as_select(eval_source, fn="CREATE MODEL"), read="duckdb"),
                         held_out=False)
     return _figures(con, model, stored_query(model, "source", "CREATE MODEL"),
-                    held_out=bool(model.params.get("validation")))
+                    held_out=holds_out(model.params))
 
 
 def _trial_id(model: Model) -> dict:

@@ -1,7 +1,7 @@
 """What dbml keeps of a model created by BigQuery ML's CREATE MODEL, beside the catalog:
 its model_type, the training query (what ``ML.EVALUATE(MODEL m)``, ``ML.FEATURE_INFO`` and
-``ML.GLOBAL_EXPLAIN`` read), the held-out query where the split is BigQuery's own (``SEQ``,
-``CUSTOM``), the frozen ``TRANSFORM`` and the hyperparameter trial.
+``ML.GLOBAL_EXPLAIN`` read), the held-out query of a ``SEQ`` or ``CUSTOM`` model stored before
+train() held those rows out itself (``split :=``), the frozen ``TRANSFORM`` and the hyperparameter trial.
 
 One row per stored model in ``dbml.bigquery_models`` (the catalog's home, ``dbml.core.home``, out of SHOW
 TABLES), keyed by the model's ``uid``: a version dropped and trained again by ``train()``
