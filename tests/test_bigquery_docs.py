@@ -335,3 +335,18 @@ def test_seq_split_evaluates_the_last_fraction_in_the_columns_order(bq):
                        "(SELECT * FROM `mydataset.mytable` ORDER BY timestamp DESC LIMIT 150))")
     assert evaluated == pytest.approx(latest, rel=1e-12)
     assert evaluated["accuracy"] == pytest.approx(created["val_metric"], abs=1e-12)
+
+
+def test_columns_null_in_every_row_keep_bigquerys_types(bq):
+    """ML.FEATURE_INFO of numeric inputs (no category_count, no dimension) and ML.TRAINING_INFO
+    without evaluation rows (no eval_loss): BigQuery's INT64 and FLOAT64, not a column typed "null"."""
+    dbml.execute(bq, "CREATE MODEL `mydataset.mymodel` OPTIONS (MODEL_TYPE = 'LINEAR_REG', INPUT_LABEL_COLS = "
+                     "['column2'], MAX_ITERATIONS = 2, DATA_SPLIT_METHOD = 'NO_SPLIT') "
+                     "AS SELECT column1, column2 FROM `mydataset.mytable`")
+    info = dbml.execute(bq, "SELECT * FROM ML.FEATURE_INFO(MODEL `mydataset.mymodel`)")
+    types = {d[0]: str(d[1]) for d in info.description}
+    assert info.fetchall()[0][6:] == (None, 0, None)
+    assert (types["category_count"], types["dimension"]) == ("BIGINT", "BIGINT")
+    training = dbml.execute(bq, "SELECT * FROM ML.TRAINING_INFO(MODEL `mydataset.mymodel`)")
+    assert {d[0]: str(d[1]) for d in training.description}["eval_loss"] == "DOUBLE"
+    assert [r[3] for r in training.fetchall()] == [None, None]

@@ -35,6 +35,16 @@ MAX_THRESHOLDS = 10_000     # ML.ROC_CURVE: one pass over the rows per threshold
 EXPLAIN_ROWS = 512          # ML.EXPLAIN_PREDICT attributes rows in chunks of this many (its memory per row is large)
 
 
+# BigQuery's documented column types, where a column may be NULL in every row (a model without
+# categorical inputs, without evaluation rows): typed as BigQuery types it, never Arrow's null
+FEATURE_INFO_SCHEMA = pa.schema([("input", pa.string()), *((c, pa.float64()) for c in ("min", "max", "mean", "median",
+                                                                                        "stddev")),
+                                 ("category_count", pa.int64()), ("null_count", pa.int64()), ("dimension", pa.int64())])
+TRAINING_INFO_SCHEMA = pa.schema([("training_run", pa.int64()), ("iteration", pa.int64()), ("loss", pa.float64()),
+                                  ("eval_loss", pa.float64()), ("learning_rate", pa.float64()),
+                                  ("duration_ms", pa.int64())])
+
+
 class Model:
     """A model as the functions see it: the loaded catalog model, its BigQuery record."""
 
@@ -323,7 +333,7 @@ def _training_info(con, node, outer, model: Model) -> pa.Table:
                     "eval_loss": e.get("eval_loss", e.get("val_loss")),
                     "learning_rate": e["learning_rate"] if "learning_rate" in e else lr,
                     "duration_ms": int(round(1000 * e.get("seconds", 0.0)))})
-    return pa.Table.from_pylist(out)
+    return pa.Table.from_pylist(out, schema=TRAINING_INFO_SCHEMA)
 
 
 def _training_rows(con, model: Model, fn: str, limit: int = 2000):
@@ -407,7 +417,8 @@ def _feature_info(con, node, outer, model: Model) -> pa.Table:
     transform = model.info.get("transform")
     if transform:
         query = apply_transform(query, transform)
-    return pa.Table.from_pylist(evaluation.feature_info(con, model, temporal_as_numbers(con, query)))
+    return pa.Table.from_pylist(evaluation.feature_info(con, model, temporal_as_numbers(con, query)),
+                                schema=FEATURE_INFO_SCHEMA)
 
 
 def _centroids(con, node, outer, model: Model) -> pa.Table:
