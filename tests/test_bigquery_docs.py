@@ -299,6 +299,17 @@ def test_grid_search_trains_one_trial_per_point(bq):
     trials = rows(bq, "SELECT trial_id, hyperparameters FROM ML.TRIAL_INFO(MODEL `mydataset.mymodel`)")
     assert [json.loads(t["hyperparameters"]) if isinstance(t["hyperparameters"], str) else t["hyperparameters"]
             for t in trials] == [{"l2_reg": 0}, {"l2_reg": 10}]
+    # a trial's version named (or pinned) is that trial, its trial_id first as BigQuery's
+    optimal, = [r["trial_id"] for r in created if r["is_optimal"]]
+    other, = [r for r in created if not r["is_optimal"]]
+    named, = rows(bq, f"SELECT trial_id FROM ML.EVALUATE(MODEL `mydataset.mymodel@{other['version']}`)")
+    assert named == {"trial_id": other["trial_id"]}
+    assert rows(bq, "SELECT trial_id FROM ML.EVALUATE(MODEL `mydataset.mymodel`)") == [{"trial_id": optimal}]
+    bq.execute(f"SELECT deploy('mymodel', {other['version']})")
+    assert rows(bq, "SELECT DISTINCT trial_id FROM ML.WEIGHTS(MODEL `mydataset.mymodel`)") == \
+        [{"trial_id": other["trial_id"]}]
+    assert rows(bq, f"SELECT trial_id FROM ML.EVALUATE(MODEL `mydataset.mymodel`, STRUCT({optimal} AS trial_id))") \
+        == [{"trial_id": optimal}]                                  # trial_id still picks one
 
 
 # DATA_SPLIT_METHOD (.../bigqueryml-syntax-create: CUSTOM splits by a BOOL column, TRUE the evaluation
