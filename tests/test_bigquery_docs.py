@@ -224,6 +224,7 @@ def test_evaluate_of_a_train_model_holds_out_its_rows_whatever_their_types(con):
     assert summary["val_metric"] < 0.9 and evaluated["accuracy"] == pytest.approx(summary["val_metric"], abs=1e-12)
 
 
+@pytest.mark.slow   # trains two versions, reads each with three functions
 def test_model_functions_read_the_version_named_or_pinned(bq):
     """``MODEL `m@1``` is version 1 and a model ``deploy()`` pinned serves that version, to every
     ML.* function as to predict() and evaluate() (``catalog.resolve``)."""
@@ -292,6 +293,7 @@ def test_hparam_tuning_algorithm_refused_before_training(bq, algorithm, space, m
     assert bq.execute("SELECT count(*) FROM dbml_models").fetchall() == [(0,)]
 
 
+@pytest.mark.slow   # trains two trials
 def test_grid_search_trains_one_trial_per_point(bq):
     created = rows(bq, ALGORITHM.format(trials=3, algorithm="GRID_SEARCH",
                                         space=",\n  L2_REG = HPARAM_CANDIDATES([0, 10])"))
