@@ -363,3 +363,16 @@ def test_columns_null_in_every_row_keep_bigquerys_types(bq):
     training = dbml.execute(bq, "SELECT * FROM ML.TRAINING_INFO(MODEL `mydataset.mymodel`)")
     assert {d[0]: str(d[1]) for d in training.description}["eval_loss"] == "DOUBLE"
     assert [r[3] for r in training.fetchall()] == [None, None]
+
+
+@pytest.mark.parametrize("split, column, message", [
+    ("DATA_SPLIT_METHOD = 'CUSTOM', DATA_SPLIT_COL = 'is_eval'", "column4 AS other",
+     "data_split_col 'is_eval' is not a column of the AS query; select it there"),
+    ("DATA_SPLIT_METHOD = 'CUSTOM', DATA_SPLIT_COL = 'column4'", "column4",
+     "data_split_method CUSTOM reads data_split_col 'column4' as a BOOL \\(TRUE: evaluation rows\\), and it is "
+     "BIGINT; select a BOOL column"),
+])
+def test_data_split_col_refused_in_bigquerys_words(bq, split, column, message):
+    with pytest.raises(dbml.InvalidArgument, match=message):
+        dbml.execute(bq, SPLIT.format(transform="", split=split, column=column))
+    assert bq.execute("SELECT count(*) FROM dbml_models").fetchall() == [(0,)]

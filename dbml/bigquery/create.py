@@ -211,6 +211,23 @@ def split(name: str, options: dict, arch: str) -> dict:
                           f"SEQ or CUSTOM")
 
 
+def check_split_col(con, name: str, query: exp.Select, split_args: dict) -> None:
+    """DATA_SPLIT_COL in BigQuery's words, before anything trains: a column of the AS query, a
+    BOOL for CUSTOM (train() would name its own split_col argument)."""
+    col = split_args.get("split_col")
+    if col is None:
+        return
+    columns = dict(zip(*_columns(con, query)))
+    found = next((c for c in columns if c.lower() == col.lower()), None)
+    if found is None:
+        raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: data_split_col {col!r} is not a column of the AS "
+                              f"query; select it there (its columns: {', '.join(columns)})")
+    if split_args["split"] == "custom" and str(columns[found]).upper() != "BOOLEAN":
+        raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: data_split_method CUSTOM reads data_split_col "
+                              f"{col!r} as a BOOL (TRUE: evaluation rows), and it is {columns[found]}; select a BOOL "
+                              f"column, e.g. {col} = 1 AS is_eval")
+
+
 MAX_CLASS_COPIES = 100   # class_weights: the largest weight at most this many times the smallest
 
 
@@ -363,6 +380,7 @@ def plan(con, tree: exp.Create) -> dict:
     args = runs[0][0]
     query = names.to_duckdb(con, tree.expression.copy())
     split_args = split(name, options, arch)
+    check_split_col(con, name, query, split_args)
     for run_args, _ in runs:
         run_args.update(split_args)
     check_runs(con, name, runs)
