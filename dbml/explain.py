@@ -2,14 +2,15 @@
 
 * linear models (``nn.Linear``): exact, ``w_i * (x_i - b_i)`` of the explained output;
 * tree models (``dbml.core.kinds.trees``): TreeSHAP (LightGBM's ``pred_contrib``), exact for trees;
-* every other network: integrated gradients (Captum, the ``explain`` extra) from the baseline
-  along the straight path to the row, ``IG_STEPS`` steps.
+* every other network, and every classifier but trees: integrated gradients (``_integrated_gradients``,
+  torch's autograd, no extra install) from the baseline along the straight path to the row,
+  ``IG_STEPS`` Gauss-Legendre points.
 
 The baseline is the all-zero encoded row: every numeric feature at its training mean (dbml
 standardises with the training statistics), every category absent. The explained output is
-the predicted class's logit (classification; trees: the log-odds toward the predicted class)
-or the prediction (regression: attributions in the label's units, baseline and prediction
-values of the label).
+the predicted class's probability (classification: what ``predict_proba`` gives it; trees:
+the log-odds toward the predicted class, which TreeSHAP splits exactly) or the prediction
+(regression: attributions in the label's units, baseline and prediction values of the label).
 Attributions of a categorical feature's one-hot columns (or an array's elements) are summed,
 so there is one attribution per input column. Completeness: the attributions sum to
 ``prediction - baseline`` (``approximation_error`` is what integrated gradients miss).
@@ -29,10 +30,9 @@ from sqlglot import exp
 from torch import nn
 
 from .core.columns import EXPLAIN_RESULT
-from .core.data import shared_tensor
 from .errors import InvalidArgument
 
-IG_STEPS = 64   # Captum's Gauss-Legendre steps: ~0.2 % of prediction - baseline left unexplained
+IG_STEPS = 64   # Gauss-Legendre points on the path: ~0.2 % of prediction - baseline left unexplained
 
 
 def linear_layer(module: nn.Module) -> nn.Linear | None:
@@ -59,7 +59,8 @@ def encoded(model, x: np.ndarray) -> dict:
     x = np.asarray(x, dtype=np.float32)
     out = _outputs(model, x)
     base_out = _outputs(model, np.zeros((1, x.shape[1]), dtype=np.float32))
-    target = out.argmax(1) if prep.task == "classification" else np.zeros(len(x), dtype=np.int64)
+    classifier = prep.task == "classification"
+    target = out.argmax(1) if classifier else np.zeros(len(x), dtype=np.int64)
     rows = np.arange(len(x))
     scale = 1.0 if prep.task == "classification" else prep.target_std
     shift = 0.0 if prep.task == "classification" else prep.target_mean
@@ -68,11 +69,13 @@ def encoded(model, x: np.ndarray) -> dict:
         pred = base + attr.sum(1)
         return _result(attr * scale, base * scale + shift, pred * scale + shift, target, np.zeros(len(x)))
     linear = linear_layer(module)
-    if linear is not None:
+    if linear is not None and not classifier:   # exact: the output is linear in the row
         w = linear.weight.detach().double().numpy()[target]
         attr = w * x.astype(np.float64)
     else:
-        attr = _integrated_gradients(model, x, target)
+        attr = _integrated_gradients(model, x, target, probability=classifier)
+    if classifier:   # the explained output: the class's probability
+        out, base_out = _softmax(out), _softmax(base_out)
     base = np.broadcast_to(base_out[0], out.shape)[rows, target]
     pred = out[rows, target]
     error = np.abs(attr.sum(1) - (pred - base))
@@ -83,27 +86,39 @@ def _result(attr, base, pred, target, error) -> dict:
     return {"attributions": attr, "baseline": base, "prediction": pred, "target": target, "approximation_error": error}
 
 
-def _integrated_gradients(model, x: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """Captum's integrated gradients, each row's ``IG_STEPS`` points on the path a row of a
-    forward and backward pass: run in passes of as many as the memory budget holds (the
-    attributions and the rows held beside them), so a vector of DuckDB rows through a
-    transformer is not one pass of rows x ``IG_STEPS`` rows."""
-    try:
-        from captum.attr import IntegratedGradients
-    except ImportError as e:
-        raise InvalidArgument("explain(): explaining a deep model needs Captum; pip install 'dbml[explain]'") from e
+def _softmax(out: np.ndarray) -> np.ndarray:
+    e = np.exp(out - out.max(1, keepdims=True))
+    return e / e.sum(1, keepdims=True)
+
+
+def _integrated_gradients(model, x: np.ndarray, target: np.ndarray, probability: bool) -> np.ndarray:
+    """Integrated gradients of each row's ``target`` output (its softmax probability where
+    ``probability``) from the all-zero baseline: ``x_i`` times the path's gradient averaged over
+    ``IG_STEPS`` Gauss-Legendre points (Sundararajan et al. 2017; Captum's default rule), by
+    torch's autograd. Each row's points are one forward and backward pass together, in passes of
+    as many points as the memory budget holds (the rows and their gradients held beside them),
+    so a vector of DuckDB rows through a transformer is not one pass of rows x ``IG_STEPS`` rows."""
     from .core.forward_memory import rows_within
     from .core.inference import inference_budget
-    held = x.size * (4 + 8 + 8)   # the rows, Captum's float attributions and their float64 copy
+    nodes, weights = np.polynomial.legendre.leggauss(IG_STEPS)
+    alphas = torch.as_tensor((nodes + 1) / 2, dtype=torch.float32)[:, None, None]   # on [0, 1]
+    weights = torch.as_tensor(weights / 2, dtype=torch.float64)[:, None, None]
+    held = x.size * (4 + 4 + 8)   # the rows, their gradients and the float64 attributions
     at_once = rows_within(model.config, inference_budget(), held=held, fn="explain", grad=True)
-    rows = max(1, min(len(x), at_once // IG_STEPS))   # rows per call; at_once points per pass
-    ig = IntegratedGradients(model.module)
+    rows = max(1, min(len(x), at_once // IG_STEPS))   # rows per pass; their points: at_once
     parts = []
-    for i in range(0, len(x), rows):
-        inputs = shared_tensor(np.asarray(x[i:i + rows], dtype=np.float32))
-        attr = ig.attribute(inputs, baselines=torch.zeros_like(inputs), target=torch.as_tensor(target[i:i + rows]),
-                            n_steps=IG_STEPS, internal_batch_size=max(at_once, len(inputs)))
-        parts.append(attr.detach().double().numpy())
+    with torch.enable_grad():
+        for i in range(0, len(x), rows):
+            inputs = torch.tensor(np.asarray(x[i:i + rows], dtype=np.float32))   # a copy: writable
+            n = len(inputs)
+            path = (alphas * inputs[None]).reshape(IG_STEPS * n, -1).requires_grad_(True)
+            out = model.module(path)
+            if probability:
+                out = torch.softmax(out, 1)
+            picked = out.reshape(IG_STEPS, n, -1)[:, torch.arange(n), torch.as_tensor(target[i:i + rows])]
+            grads, = torch.autograd.grad(picked.sum(), path)
+            mean_grad = (weights * grads.reshape(IG_STEPS, n, -1).double()).sum(0)
+            parts.append((inputs.double() * mean_grad).numpy())
     return np.concatenate(parts) if parts else np.zeros(x.shape, dtype=np.float64)
 
 

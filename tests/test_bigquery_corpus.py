@@ -18,7 +18,6 @@ import dbml
 from bigquery_tables import create
 
 pytest.importorskip("lightgbm", reason="the corpus trains boosted trees and random forests: pip install 'dbml[trees]'")
-pytest.importorskip("captum", reason="the corpus explains DNN models: pip install 'dbml[explain]'")
 
 CORPUS = Path(__file__).parent / "bigquery_corpus"
 FILES = sorted(CORPUS.glob("*.sql"))

@@ -222,3 +222,157 @@ def test_evaluate_of_a_train_model_holds_out_its_rows_whatever_their_types(con):
                           "task := 'classification')").fetchall()[0][0]
     evaluated, = rows(con, "SELECT * FROM ML.EVALUATE(MODEL m)")
     assert summary["val_metric"] < 0.9 and evaluated["accuracy"] == pytest.approx(summary["val_metric"], abs=1e-12)
+
+
+@pytest.mark.slow   # trains two versions, reads each with three functions
+def test_model_functions_read_the_version_named_or_pinned(bq):
+    """``MODEL `m@1``` is version 1 and a model ``deploy()`` pinned serves that version, to every
+    ML.* function as to predict() and evaluate() (``catalog.resolve``)."""
+    train = ("SELECT train('m', 'SELECT column1, column2, column3, label FROM mydataset.mytable', label := 'label', "
+             "epochs := {epochs}, arch := 'linear', task := 'classification')")
+    bq.execute(train.format(epochs=1))
+    bq.execute(train.format(epochs=6))
+    data = "(SELECT column1, column2, column3, label FROM mydataset.mytable)"
+
+    def figures(model):
+        return (rows(bq, f"SELECT * FROM ML.EVALUATE(MODEL `{model}`, {data})")[0],
+                rows(bq, f"SELECT * FROM ML.WEIGHTS(MODEL `{model}`)"),
+                [r["predicted_label_probs"] for r in rows(bq, f"SELECT * FROM ML.PREDICT(MODEL `{model}`, {data})")])
+
+    first, second = figures("m@1"), figures("m@2")
+    assert first[0] != second[0] and first[1] != second[1] and first[2] != second[2]
+    assert figures("m") == second                               # the latest
+    own = bq.execute("SELECT log_loss FROM evaluate('m@1', 'SELECT column1, column2, column3, label "
+                     "FROM mydataset.mytable')").fetchall()[0][0]
+    assert first[0]["log_loss"] == pytest.approx(own, rel=1e-6)
+    bq.execute("SELECT deploy('m', 1)")
+    assert figures("m") == first                                # the pinned version
+    assert figures("m@2") == second and figures("m@latest") == second
+    with pytest.raises(dbml.ModelNotFound, match="model 'm' has no version 7"):
+        rows(bq, "SELECT * FROM ML.WEIGHTS(MODEL `m@7`)")
+
+
+ALGORITHM = """CREATE MODEL `mydataset.mymodel`
+OPTIONS (
+  MODEL_TYPE = 'LOGISTIC_REG',
+  INPUT_LABEL_COLS = ['label'],
+  MAX_ITERATIONS = 2,
+  NUM_TRIALS = {trials},
+  HPARAM_TUNING_ALGORITHM = '{algorithm}'{space})
+AS SELECT column1, column2, column3, label FROM `mydataset.mytable`"""
+GRID = ",\n  L1_REG = HPARAM_CANDIDATES([0, 0.5]),\n  L2_REG = HPARAM_CANDIDATES([0, 1, 10])"
+
+
+def test_grid_search_walks_the_grid_in_order(bq):
+    planned = plan(bq, ALGORITHM.format(trials=20, algorithm="GRID_SEARCH", space=GRID))
+    assert [hp for _, hp in planned["runs"]] == [{"l1_reg": a, "l2_reg": b} for a in (0, 0.5) for b in (0, 1, 10)]
+    assert [args["l1_reg"] for args, _ in planned["runs"]] == [0, 0, 0, 0.5, 0.5, 0.5]   # what each trial trains with
+    first = plan(bq, ALGORITHM.format(trials=2, algorithm="grid_search", space=GRID))
+    assert [hp for _, hp in first["runs"]] == [{"l1_reg": 0, "l2_reg": 0}, {"l1_reg": 0, "l2_reg": 1}]
+
+
+def test_random_search_draws_every_trial_and_vizier_default_starts_at_the_defaults(bq):
+    randomly = [hp for _, hp in plan(bq, ALGORITHM.format(trials=4, algorithm="RANDOM_SEARCH", space=""))["runs"]]
+    default = [hp for _, hp in plan(bq, ALGORITHM.format(trials=4, algorithm="VIZIER_DEFAULT", space=""))["runs"]]
+    assert default[0] == {"l1_reg": 0.0, "l2_reg": 0.0}          # trial 1 at the options' defaults
+    assert all(0 < v for hp in randomly for v in hp.values())    # drawn from (1e-5, 10), trial 1 too
+    assert randomly[1:] == default[1:] and randomly[0] != default[0]
+    assert plan(bq, ALGORITHM.format(trials=4, algorithm="RANDOM_SEARCH", space=""))["runs"] == \
+        plan(bq, ALGORITHM.format(trials=4, algorithm="RANDOM_SEARCH", space=""))["runs"]   # the same every time
+
+
+@pytest.mark.parametrize("algorithm, space, message", [
+    ("BAYESIAN", "", "hparam_tuning_algorithm 'BAYESIAN' is not BigQuery's; use one of 'VIZIER_DEFAULT', "
+                     "'RANDOM_SEARCH', 'GRID_SEARCH'"),
+    ("GRID_SEARCH", "", "GRID_SEARCH searches a discrete space, and l1_reg, l2_reg are a continuous range; give "
+                        "l1_reg = HPARAM_CANDIDATES\\(\\[...\\]\\), or use RANDOM_SEARCH"),
+])
+def test_hparam_tuning_algorithm_refused_before_training(bq, algorithm, space, message):
+    with pytest.raises(dbml.InvalidArgument, match=message):
+        dbml.execute(bq, ALGORITHM.format(trials=3, algorithm=algorithm, space=space))
+    assert bq.execute("SELECT count(*) FROM dbml_models").fetchall() == [(0,)]
+
+
+@pytest.mark.slow   # trains two trials
+def test_grid_search_trains_one_trial_per_point(bq):
+    created = rows(bq, ALGORITHM.format(trials=3, algorithm="GRID_SEARCH",
+                                        space=",\n  L2_REG = HPARAM_CANDIDATES([0, 10])"))
+    assert [r["trial_id"] for r in created] == [1, 2]                # the grid has two points
+    trials = rows(bq, "SELECT trial_id, hyperparameters FROM ML.TRIAL_INFO(MODEL `mydataset.mymodel`)")
+    assert [json.loads(t["hyperparameters"]) if isinstance(t["hyperparameters"], str) else t["hyperparameters"]
+            for t in trials] == [{"l2_reg": 0}, {"l2_reg": 10}]
+    # a trial's version named (or pinned) is that trial, its trial_id first as BigQuery's
+    optimal, = [r["trial_id"] for r in created if r["is_optimal"]]
+    other, = [r for r in created if not r["is_optimal"]]
+    named, = rows(bq, f"SELECT trial_id FROM ML.EVALUATE(MODEL `mydataset.mymodel@{other['version']}`)")
+    assert named == {"trial_id": other["trial_id"]}
+    assert rows(bq, "SELECT trial_id FROM ML.EVALUATE(MODEL `mydataset.mymodel`)") == [{"trial_id": optimal}]
+    bq.execute(f"SELECT deploy('mymodel', {other['version']})")
+    assert rows(bq, "SELECT DISTINCT trial_id FROM ML.WEIGHTS(MODEL `mydataset.mymodel`)") == \
+        [{"trial_id": other["trial_id"]}]
+    assert rows(bq, f"SELECT trial_id FROM ML.EVALUATE(MODEL `mydataset.mymodel`, STRUCT({optimal} AS trial_id))") \
+        == [{"trial_id": optimal}]                                  # trial_id still picks one
+
+
+# DATA_SPLIT_METHOD (.../bigqueryml-syntax-create: CUSTOM splits by a BOOL column, TRUE the evaluation
+# rows; SEQ by the column's order, the last DATA_SPLIT_EVAL_FRACTION evaluated): train() holds them out
+SPLIT = """CREATE MODEL `mydataset.mymodel`
+{transform}OPTIONS (
+  MODEL_TYPE = 'LOGISTIC_REG',
+  INPUT_LABEL_COLS = ['label'],
+  MAX_ITERATIONS = 2,
+  {split})
+AS SELECT column1, column2, column3, label, {column} FROM `mydataset.mytable`"""
+
+
+@pytest.mark.parametrize("transform", ["", "TRANSFORM (column1, column2 * 2 AS column2, column3, label)\n"])
+def test_custom_split_evaluates_the_rows_the_column_marks(bq, transform):
+    created, = rows(bq, SPLIT.format(transform=transform, split="DATA_SPLIT_METHOD = 'CUSTOM', "
+                                     "DATA_SPLIT_COL = 'is_eval'", column="column4 < 3 AS is_eval"))
+    assert created["rows"] == bq.execute("SELECT count(*) FROM mydataset.mytable WHERE column4 >= 3").fetchall()[0][0]
+    assert bq.execute("SELECT features FROM dbml_models").fetchall() == [(["column1", "column2", "column3"],)]
+    evaluated, = rows(bq, "SELECT * FROM ML.EVALUATE(MODEL `mydataset.mymodel`)")
+    marked, = rows(bq, "SELECT * FROM ML.EVALUATE(MODEL `mydataset.mymodel`, "
+                       "(SELECT * FROM `mydataset.mytable` WHERE column4 < 3))")
+    assert evaluated == pytest.approx(marked, rel=1e-12)
+    assert evaluated["accuracy"] == pytest.approx(created["val_metric"], abs=1e-12)
+
+
+def test_seq_split_evaluates_the_last_fraction_in_the_columns_order(bq):
+    created, = rows(bq, SPLIT.format(transform="", split="DATA_SPLIT_METHOD = 'SEQ', DATA_SPLIT_COL = 'timestamp', "
+                                     "DATA_SPLIT_EVAL_FRACTION = 0.25", column="timestamp"))
+    assert created["rows"] == 450 and bq.execute("SELECT features FROM dbml_models").fetchall() == \
+        [(["column1", "column2", "column3"],)]
+    evaluated, = rows(bq, "SELECT * FROM ML.EVALUATE(MODEL `mydataset.mymodel`)")
+    latest, = rows(bq, "SELECT * FROM ML.EVALUATE(MODEL `mydataset.mymodel`, "
+                       "(SELECT * FROM `mydataset.mytable` ORDER BY timestamp DESC LIMIT 150))")
+    assert evaluated == pytest.approx(latest, rel=1e-12)
+    assert evaluated["accuracy"] == pytest.approx(created["val_metric"], abs=1e-12)
+
+
+def test_columns_null_in_every_row_keep_bigquerys_types(bq):
+    """ML.FEATURE_INFO of numeric inputs (no category_count, no dimension) and ML.TRAINING_INFO
+    without evaluation rows (no eval_loss): BigQuery's INT64 and FLOAT64, not a column typed "null"."""
+    dbml.execute(bq, "CREATE MODEL `mydataset.mymodel` OPTIONS (MODEL_TYPE = 'LINEAR_REG', INPUT_LABEL_COLS = "
+                     "['column2'], MAX_ITERATIONS = 2, DATA_SPLIT_METHOD = 'NO_SPLIT') "
+                     "AS SELECT column1, column2 FROM `mydataset.mytable`")
+    info = dbml.execute(bq, "SELECT * FROM ML.FEATURE_INFO(MODEL `mydataset.mymodel`)")
+    types = {d[0]: str(d[1]) for d in info.description}
+    assert info.fetchall()[0][6:] == (None, 0, None)
+    assert (types["category_count"], types["dimension"]) == ("BIGINT", "BIGINT")
+    training = dbml.execute(bq, "SELECT * FROM ML.TRAINING_INFO(MODEL `mydataset.mymodel`)")
+    assert {d[0]: str(d[1]) for d in training.description}["eval_loss"] == "DOUBLE"
+    assert [r[3] for r in training.fetchall()] == [None, None]
+
+
+@pytest.mark.parametrize("split, column, message", [
+    ("DATA_SPLIT_METHOD = 'CUSTOM', DATA_SPLIT_COL = 'is_eval'", "column4 AS other",
+     "data_split_col 'is_eval' is not a column of the AS query; select it there"),
+    ("DATA_SPLIT_METHOD = 'CUSTOM', DATA_SPLIT_COL = 'column4'", "column4",
+     "data_split_method CUSTOM reads data_split_col 'column4' as a BOOL \\(TRUE: evaluation rows\\), and it is "
+     "BIGINT; select a BOOL column"),
+])
+def test_data_split_col_refused_in_bigquerys_words(bq, split, column, message):
+    with pytest.raises(dbml.InvalidArgument, match=message):
+        dbml.execute(bq, SPLIT.format(transform="", split=split, column=column))
+    assert bq.execute("SELECT count(*) FROM dbml_models").fetchall() == [(0,)]

@@ -53,3 +53,65 @@ def test_tune_refuses_folds_rather_than_drop_them(con):
         con.execute("SELECT * FROM tune('m', 'moons', label := 'label', space := '{\"lr\": [\"log\", 0.001, 0.1]}', "
                     "trials := 2, folds := 3)").fetchall()
     assert con.execute("SELECT count(*) FROM dbml_models").fetchall() == [(0,)]
+
+
+# split := 'custom' / 'seq' (BigQuery ML's data_split_method CUSTOM and SEQ): train() holds out the
+# rows its column names, and ML.EVALUATE(MODEL m) without rows reads exactly those (one rule, heldout)
+SPLIT_TABLE = ("CREATE TABLE t AS SELECT range % 7 AS a, (range * 37) % 11 AS b, "
+               "CASE WHEN range % 10 = 3 THEN NULL ELSE range % 4 = 0 END AS held, "
+               "(range * 101) % 300 AS ts, "
+               "(range % 7) * 2.0 + ((range * 37) % 11) AS y FROM range(300)")
+
+
+def split_summary(con, split: str, **extra) -> dict:
+    args = "".join(f", {k} := {v!r}" for k, v in extra.items())
+    return con.execute(f"SELECT train('m', 't', label := 'y', arch := 'linear', epochs := 2, "
+                       f"split := '{split}'{args})").fetchall()[0][0]
+
+
+def evaluated(con, rows: str | None = None) -> dict:
+    import dbml
+    result = dbml.execute(con, "SELECT * FROM ML.EVALUATE(MODEL m" + (f", ({rows}))" if rows else ")"))
+    return dict(zip([d[0] for d in result.description], result.fetchall()[0]))
+
+
+def test_custom_split_holds_out_the_rows_its_column_marks_true(con):
+    con.execute(SPLIT_TABLE)
+    summary = split_summary(con, "custom", split_col="held")
+    true_rows = con.execute("SELECT count(*) FROM t WHERE held").fetchall()[0][0]
+    assert summary["rows"] == 300 - true_rows                   # FALSE and NULL train
+    assert con.execute("SELECT features FROM dbml_models").fetchall() == [(["a", "b", "ts"],)]   # not a feature
+    assert evaluated(con) == pytest.approx(evaluated(con, "SELECT * FROM t WHERE held"), rel=1e-12)
+    assert evaluated(con)["r2_score"] == pytest.approx(summary["val_metric"], abs=1e-6)
+
+
+def test_seq_split_holds_out_the_last_share_in_the_columns_order(con):
+    con.execute(SPLIT_TABLE)
+    summary = split_summary(con, "seq", split_col="ts", validation=0.25)
+    assert summary["rows"] == 225 and con.execute("SELECT features FROM dbml_models").fetchall() == [(["a", "b", "held"],)]
+    last = "SELECT * FROM t ORDER BY ts OFFSET 225"              # ts is distinct: the last quarter
+    assert evaluated(con) == pytest.approx(evaluated(con, last), rel=1e-12)
+    assert evaluated(con)["r2_score"] == pytest.approx(summary["val_metric"], abs=1e-6)
+
+
+@pytest.mark.parametrize("args, message", [
+    ("split := 'time'", "train\\(\\): unknown split 'time'; pass split := one of 'random', 'custom', 'seq'"),
+    ("split_col := 'held'", "split_col := 'held' is read by split := 'custom' \\(its TRUE rows held out\\) or "
+                            "split := 'seq' \\(ordered by it\\); pass one of them, or leave split_col out"),
+    ("split := 'custom'", "split := 'custom' splits by a column; pass split_col := '<column>' \\(a BOOLEAN column, "
+                          "TRUE for the rows to hold out\\)"),
+    ("split := 'custom', split_col := 'held', validation := 0.2",
+     "with split := 'custom' the column 'held' decides which rows are held out; leave validation := 0.2 out"),
+    ("split := 'seq', split_col := 'ts', folds := 3",
+     "folds := 3 splits the rows by their hash, and split := 'seq' by 'ts'; pass one of them"),
+    ("split := 'custom', split_col := 'a'",
+     "split := 'custom' holds out the rows whose split_col is TRUE, and 'a' is BIGINT; pass a BOOLEAN column"),
+    ("split := 'seq', split_col := 'tss'", "source has no column 'tss' \\(did you mean 'ts'\\?\\); pass split_col"),
+    ("split := 'seq', split_col := 'ts', features := ['a', 'ts']",
+     "split_col 'ts' only splits the rows and cannot be a feature; leave it out of features"),
+])
+def test_split_arguments_refused_naming_the_fix(con, args, message):
+    con.execute(SPLIT_TABLE)
+    with pytest.raises(duckdb.Error, match=message):
+        con.execute(f"SELECT train('m', 't', label := 'y', epochs := 1, {args})")
+    assert con.execute("SELECT count(*) FROM dbml_models").fetchall() == [(0,)]

@@ -48,7 +48,6 @@ def test_linear_regression_is_explained_exactly(tab):
 
 @pytest.mark.slow
 def test_a_network_is_explained_by_integrated_gradients(tab):
-    pytest.importorskip("captum")
     tab.execute("SELECT train('net', 't', label := 'k', features := ['a', 'c'], arch := 'mlp', epochs := 2)")
     e = explained(tab, "net", "SELECT * FROM t LIMIT 200")
     assert set(e["prediction"]) <= {0, 1} and len(e["prediction"]) == 200
@@ -77,6 +76,38 @@ def test_trees_are_explained_by_treeshap_and_predict_as_lightgbm(tab):
     pytest.importorskip("onnx")
     with pytest.raises(duckdb.Error, match="model 'rf' is a random_forest model, which the ONNX export does not"):
         tab.execute("SELECT export_model('rf', 'rf.onnx')")
+
+
+def test_the_default_model_is_explained_without_captum(con, monkeypatch):
+    """The default arch (an MLP) is explained by dbml's own integrated gradients: nothing to
+    install (a module set to None in sys.modules cannot be imported)."""
+    monkeypatch.setitem(__import__("sys").modules, "captum", None)
+    monkeypatch.setitem(__import__("sys").modules, "captum.attr", None)
+    con.execute("CREATE TABLE t AS SELECT range % 13 / 13.0 AS a, range % 7 / 7.0 AS b, "
+                "range % 13 / 13.0 + range % 7 / 7.0 AS y FROM range(300)")
+    con.execute("SELECT train('m', 't', label := 'y', epochs := 1)")
+    assert con.execute("SELECT arch FROM dbml_models").fetchall() == [("mlp",)]
+    e = explained(con, "m", "SELECT * FROM t LIMIT 50")
+    gap = np.abs(np.array(e["prediction_value"]) - np.array(e["baseline_value"]))
+    assert np.allclose(complete(e), e["approximation_error"], atol=1e-9)
+    assert np.median(np.array(e["approximation_error"]) / gap) < 0.01
+
+
+@pytest.mark.parametrize("arch", ["mlp", "linear"])
+def test_a_classifier_explains_the_probability_of_its_class(con, arch):
+    """prediction_value is the predicted class's probability (predict_proba's), the baseline the
+    baseline row's, and the attributions split the difference (ML.EXPLAIN_PREDICT's too)."""
+    con.execute("CREATE TABLE t AS SELECT range % 13 / 13.0 AS a, range % 7 / 7.0 AS b, "
+                "CASE WHEN range % 13 / 13.0 > range % 7 / 7.0 THEN 'up' ELSE 'down' END AS k FROM range(300)")
+    con.execute(f"SELECT train('m', 't', label := 'k', epochs := 2, arch := '{arch}')")
+    e = explained(con, "m", "SELECT * FROM t LIMIT 40")
+    probs = con.execute("SELECT predict_proba('m', [a, b]) FROM (SELECT * FROM t LIMIT 40)").fetchall()
+    assert np.allclose(e["prediction_value"], [p[label] for (p,), label in zip(probs, e["prediction"])], atol=1e-6)
+    assert all(0 < v < 1 for v in e["baseline_value"] + e["prediction_value"])
+    assert np.allclose(complete(e), e["approximation_error"], atol=1e-9) and max(e["approximation_error"]) < 1e-2
+    bq = dbml.execute(con, "SELECT probability, prediction_value FROM ML.EXPLAIN_PREDICT(MODEL m, "
+                           "(SELECT a, b FROM t LIMIT 40))").fetchall()
+    assert np.allclose([p for p, _ in bq], [v for _, v in bq], atol=1e-6)
 
 
 @pytest.mark.slow

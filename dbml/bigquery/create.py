@@ -56,7 +56,7 @@ OPTIONS = {
     "colsample_bytree": TREES, "colsample_bynode": TREES,
     "num_clusters": ("kmeans",), "kmeans_init_method": ("kmeans",), "distance_type": ("kmeans",),
     "standardize_features": ("kmeans",), "num_trials": SUPERVISED, "max_parallel_trials": SUPERVISED,
-    "hparam_tuning_objectives": SUPERVISED,
+    "hparam_tuning_objectives": SUPERVISED, "hparam_tuning_algorithm": SUPERVISED,
 }
 # BigQuery's DNN optimizers dbml has (FTRL and RMSPROP it has not)
 OPTIMIZERS = {"adam": "adam", "sgd": "sgd", "adagrad": "adagrad"}
@@ -64,7 +64,8 @@ OPTIMIZERS = {"adam": "adam", "sgd": "sgd", "adagrad": "adagrad"}
 # Who reads each option (test_bigquery checks that every (option, type) pair has one owner):
 # the translation itself,
 TRANSLATED = ("model_type", "input_label_cols", "data_split_method", "data_split_eval_fraction", "data_split_col",
-              "enable_global_explain", "num_trials", "max_parallel_trials", "hparam_tuning_objectives")
+              "enable_global_explain", "num_trials", "max_parallel_trials", "hparam_tuning_objectives",
+              "hparam_tuning_algorithm")
 # for linear and DNN models, a train() argument (TORCH_PLAIN), an option of the dnn arch
 # (DNN_OPTIONS) or a rule of _torch_arguments (TORCH_RULES);
 TORCH_PLAIN = {"max_iterations": "epochs", "learn_rate": "lr", "ls_init_learn_rate": "lr",
@@ -193,32 +194,38 @@ def _torch_arguments(name: str, arch: str, options: dict) -> dict:
     return args
 
 
-def split(name: str, options: dict, query: exp.Select, arch: str) -> tuple[exp.Select, exp.Select | None, dict]:
-    """(training query, held-out query or None, train arguments) for the data split options."""
+def split(name: str, options: dict, arch: str) -> dict:
+    """The train arguments of the data split options: train() holds the rows out
+    (``dbml.core.heldout`` owns every split's rule), ``SEQ`` and ``CUSTOM`` by ``data_split_col``."""
     method = str(options.get("data_split_method", "auto_split")).lower()
     fraction = options.get("data_split_eval_fraction", 0.2)
     col = options.get("data_split_col")
-    sub = lambda q: exp.select(exp.Star()).from_(exp.Subquery(this=q, alias=exp.TableAlias(this=exp.to_identifier("__dbml_q"))))  # noqa: E731
     if method in ("auto_split", "random"):
-        return query, None, {} if arch == "kmeans" else {"validation": float(fraction)}
+        return {} if arch == "kmeans" else {"validation": float(fraction)}
     if method == "no_split":
-        return query, None, {"validation": 0.0}
+        return {"validation": 0.0}
     if method in ("seq", "custom") and isinstance(col, str):
-        c = exp.column(col, quoted=True)
-        if method == "seq":
-            rank = exp.Window(this=exp.func("percent_rank"), partition_by=None,
-                              order=exp.Order(expressions=[exp.Ordered(this=c.copy())]), over="OVER")
-            held = exp.GTE(this=rank, expression=preprocess._num(1 - float(fraction)))
-            train_q = sub(query).qualify(exp.Not(this=exp.Paren(this=held.copy())))
-            eval_q = sub(query).qualify(held)
-        else:
-            train_q, eval_q = sub(query).where(exp.Not(this=c.copy())), sub(query).where(c.copy())
-        drop = lambda q: exp.select(star_except(col)).from_(  # noqa: E731
-            exp.Subquery(this=q, alias=exp.TableAlias(this=exp.to_identifier("__dbml_s"))))
-        return drop(train_q), drop(eval_q), {"validation": 0.0}
+        return {"split": method, "split_col": col, **({"validation": float(fraction)} if method == "seq" else {})}
     raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: data_split_method {options['data_split_method']!r} "
                           f"is not supported (SEQ and CUSTOM need data_split_col); use AUTO_SPLIT, RANDOM, NO_SPLIT, "
                           f"SEQ or CUSTOM")
+
+
+def check_split_col(con, name: str, query: exp.Select, split_args: dict) -> None:
+    """DATA_SPLIT_COL in BigQuery's words, before anything trains: a column of the AS query, a
+    BOOL for CUSTOM (train() would name its own split_col argument)."""
+    col = split_args.get("split_col")
+    if col is None:
+        return
+    columns = dict(zip(*_columns(con, query)))
+    found = next((c for c in columns if c.lower() == col.lower()), None)
+    if found is None:
+        raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: data_split_col {col!r} is not a column of the AS "
+                              f"query; select it there (its columns: {', '.join(columns)})")
+    if split_args["split"] == "custom" and str(columns[found]).upper() != "BOOLEAN":
+        raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: data_split_method CUSTOM reads data_split_col "
+                              f"{col!r} as a BOOL (TRUE: evaluation rows), and it is {columns[found]}; select a BOOL "
+                              f"column, e.g. {col} = 1 AS is_eval")
 
 
 MAX_CLASS_COPIES = 100   # class_weights: the largest weight at most this many times the smallest
@@ -365,12 +372,15 @@ def plan(con, tree: exp.Create) -> dict:
                               f"num_trials = <number of trials>")
     objective = tuning.objective(options, task, name)
     spaces = (given or tuning.DEFAULT_SPACES[arch]) if trials else {}
-    runs = [tuning.trial_options(options, spaces, t, not given) for t in range(1, trials + 1)] or [(options, None)]
+    algorithm = tuning.algorithm(options, spaces, name)
+    runs = [({**options, **point}, point) for point in tuning.trial_points(spaces, trials, algorithm, not given)] \
+        or [(options, None)]
     # every trial's arguments, checked before any trains
     runs = [(train_arguments(name, kind, arch, task, o), hp) for o, hp in runs]
     args = runs[0][0]
     query = names.to_duckdb(con, tree.expression.copy())
-    query, held_out, split_args = split(name, options, query, arch)
+    split_args = split(name, options, arch)
+    check_split_col(con, name, query, split_args)
     for run_args, _ in runs:
         run_args.update(split_args)
     check_runs(con, name, runs)
@@ -383,7 +393,10 @@ def plan(con, tree: exp.Create) -> dict:
             if not e.alias_or_name:
                 raise InvalidArgument(f"BigQuery ML: CREATE MODEL {name}: TRANSFORM's {e.sql('bigquery')[:60]} "
                                       f"needs AS <name>")
-        source = apply_transform(query, frozen)
+        # the column train() splits by, beside TRANSFORM's
+        by = split_args.get("split_col")
+        kept = [column(by)] if by and by not in {e.alias_or_name for e in frozen} else []
+        source = apply_transform(query, [*frozen, *kept])
     if arch == "kmeans":
         source = exp.select(exp.Star(), exp.alias_(exp.Literal.number(0.0), NO_LABEL)).from_(
             exp.Subquery(this=source, alias=exp.TableAlias(this=exp.to_identifier("__dbml_k"))))
@@ -399,7 +412,7 @@ def plan(con, tree: exp.Create) -> dict:
     elif options.get("auto_class_weights") and arch in TORCH:
         source = class_weighted(source, args["label"], con.sql(source.sql("duckdb")).columns)
     return {"name": name, "kind": kind, "args": args, "source": source.sql("duckdb"), "query": query.sql("duckdb"),
-            "held_out": None if held_out is None else held_out.sql("duckdb"),
+            "held_out": None,   # train() holds the rows out (a store of old kept SEQ's and CUSTOM's query)
             "transform": None if frozen is None else [e.sql("duckdb") for e in frozen],
             "runs": runs, "trials": trials, "options": options, "objective": objective}
 

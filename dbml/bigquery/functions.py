@@ -24,7 +24,7 @@ from .. import explain as attributions
 from ..errors import InvalidArgument
 from ..core.runtime import runtime
 from ..core.inference import forward
-from ..core.heldout import held_out_sql
+from ..core.heldout import held_out_sql, holds_out
 from ..core.source import column, parsed, unused_name
 from . import evaluation, names, store
 from .create import apply_transform, model_name, temporal_as_numbers
@@ -35,22 +35,36 @@ MAX_THRESHOLDS = 10_000     # ML.ROC_CURVE: one pass over the rows per threshold
 EXPLAIN_ROWS = 512          # ML.EXPLAIN_PREDICT attributes rows in chunks of this many (its memory per row is large)
 
 
+# BigQuery's documented column types, where a column may be NULL in every row (a model without
+# categorical inputs, without evaluation rows): typed as BigQuery types it, never Arrow's null
+FEATURE_INFO_SCHEMA = pa.schema([("input", pa.string()), *((c, pa.float64()) for c in ("min", "max", "mean", "median",
+                                                                                        "stddev")),
+                                 ("category_count", pa.int64()), ("null_count", pa.int64()), ("dimension", pa.int64())])
+TRAINING_INFO_SCHEMA = pa.schema([("training_run", pa.int64()), ("iteration", pa.int64()), ("loss", pa.float64()),
+                                  ("eval_loss", pa.float64()), ("learning_rate", pa.float64()),
+                                  ("duration_ms", pa.int64())])
+
+
 class Model:
     """A model as the functions see it: the loaded catalog model, its BigQuery record."""
 
     def __init__(self, con, node, fn: str, trial: int | None = None, *, name: str | None = None,
                  version: int | None = None):
-        """The model of ``node`` (``ML.<fn>(MODEL m, ...)``): its latest version, or a tuned model's
-        optimal trial (``trial``: that one); or ``name`` at ``version`` (a trial CREATE MODEL ranks)."""
+        """The model of ``node`` (``ML.<fn>(MODEL m, ...)``) as ``predict()`` resolves it
+        (``catalog.resolve``): ``MODEL `m@2``` that version, else the version ``deploy()`` pinned,
+        else the latest, or a tuned model's optimal trial; ``trial``: that trial of the tuning run
+        of the version chosen. Or ``name`` at ``version`` (a trial CREATE MODEL ranks)."""
         self.name = name if name is not None else model_name(node.this)
-        latest = None
+        chosen_by_user = version is not None
         if version is None:
-            version = store.latest(con, self.name, fn)
-            latest = store.info(con, self.name, version).get("trial")
-        # the trials of the latest tuning run (an earlier CREATE OR REPLACE had its own)
-        trials = [(v, t) for v, t in store.trials(con, self.name) if t.get("run") == latest.get("run")] \
-            if latest else []
-        if trials:
+            self.name, asked = catalog.model_ref(self.name, None, fn=fn)
+            chosen_by_user = (asked is not None and asked != catalog.LATEST) or \
+                (asked is None and catalog.pinned_version(con, self.name) is not None)
+            version = store.resolve(con, self.name, asked, fn)
+        run = (store.info(con, self.name, version).get("trial") or {}).get("run")
+        # the trials of the version's tuning run (an earlier CREATE OR REPLACE had its own)
+        trials = [(v, t) for v, t in store.trials(con, self.name) if t.get("run") == run] if run is not None else []
+        if trials and (trial is not None or not chosen_by_user):
             chosen = [v for v, t in trials if (t["trial_id"] == trial if trial is not None else t["is_optimal"])]
             if not chosen:
                 raise InvalidArgument(f"BigQuery ML: {fn}: model {self.name} has no trial {trial}")
@@ -97,7 +111,10 @@ def rows(con, model: Model, query: exp.Select, labelled: bool,
         exp.Subquery(this=query, alias=exp.TableAlias(this=exp.to_identifier(alias, quoted=True))))
     src = inner
     if transform:
-        src = apply_transform(inner, [*transform, column(row_col)])
+        # the column split := 'custom' or 'seq' held rows out by, beside TRANSFORM's (as train() read it)
+        split_col = model.params.get("split_col") if held_out else None
+        kept = [column(split_col)] if split_col and split_col not in {parsed(e).alias_or_name for e in transform} else []
+        src = apply_transform(inner, [*transform, *kept, column(row_col)])
     if model.info:   # CREATE MODEL's: dates are features, in seconds (train() takes none: its source as it was)
         src = temporal_as_numbers(con, src)
     cols = [exp.alias_(column(row_col), "__dbml_row"), exp.alias_(model.prep.features_sql(), "__dbml_x")]
@@ -108,8 +125,8 @@ def rows(con, model: Model, query: exp.Select, labelled: bool,
         outer = outer.select(exp.alias_(y, "__dbml_y")).where(model.prep.label_filter())
     if held_out:
         # src is train's source (the query, TRANSFORM, dates as numbers) with __dbml_row beside it
-        outer = outer.where(held_out_sql(model.params["seed"], model.params["validation"], exclude=(row_col,),
-                                         bucket=model.params.get("held_out_bucket")))
+        held = held_out_sql(model.params, exclude=(row_col,))
+        outer = outer.qualify(held) if held.find(exp.Window) else outer.where(held)
     try:
         table = _arrow(con, outer)
     except duckdb.BinderException:
@@ -213,15 +230,15 @@ def stored_query(model: Model, key: str, fn: str) -> exp.Select:
 
 def _evaluated(con, node, outer, model: Model, fn: str) -> tuple[exp.Select, list, bool]:
     """(the rows to evaluate on, the arguments after them, whether only the held-out rows count).
-    Without input: the evaluation rows of the model's data split, as BigQuery ML: SEQ's and
-    CUSTOM's held-out query, else the rows ``train`` held out for validation, else (NO_SPLIT,
-    k-means) the training rows."""
+    Without input: the evaluation rows of the model's data split, as BigQuery ML: the rows
+    ``train`` held out (``heldout.held_out_sql``: by hash, or SEQ's and CUSTOM's ``split_col``; a
+    SEQ or CUSTOM model stored before: its held-out query), else (NO_SPLIT, k-means) the training rows."""
     args = node.expressions
     if args and not isinstance(args[0], exp.Struct):
         return input_query(con, args[0], outer), args[1:], False
     if model.info.get("eval_source") is not None:
         return stored_query(model, "eval_source", fn), args, False
-    return stored_query(model, "source", fn), args, bool(model.params.get("validation"))
+    return stored_query(model, "source", fn), args, holds_out(model.params)
 
 
 def _arrow(con, tree: exp.Expression) -> pa.Table:
@@ -268,7 +285,7 @@ def trial_figures(con, name: str, version: int, eval_source: str | None) -> dict
         return _figures(con, model, sqlglot.parse_one(as_select(eval_source, fn="CREATE MODEL"), read="duckdb"),
                         held_out=False)
     return _figures(con, model, stored_query(model, "source", "CREATE MODEL"),
-                    held_out=bool(model.params.get("validation")))
+                    held_out=holds_out(model.params))
 
 
 def _trial_id(model: Model) -> dict:
@@ -316,7 +333,7 @@ def _training_info(con, node, outer, model: Model) -> pa.Table:
                     "eval_loss": e.get("eval_loss", e.get("val_loss")),
                     "learning_rate": e["learning_rate"] if "learning_rate" in e else lr,
                     "duration_ms": int(round(1000 * e.get("seconds", 0.0)))})
-    return pa.Table.from_pylist(out)
+    return pa.Table.from_pylist(out, schema=TRAINING_INFO_SCHEMA)
 
 
 def _training_rows(con, model: Model, fn: str, limit: int = 2000):
@@ -400,7 +417,8 @@ def _feature_info(con, node, outer, model: Model) -> pa.Table:
     transform = model.info.get("transform")
     if transform:
         query = apply_transform(query, transform)
-    return pa.Table.from_pylist(evaluation.feature_info(con, model, temporal_as_numbers(con, query)))
+    return pa.Table.from_pylist(evaluation.feature_info(con, model, temporal_as_numbers(con, query)),
+                                schema=FEATURE_INFO_SCHEMA)
 
 
 def _centroids(con, node, outer, model: Model) -> pa.Table:

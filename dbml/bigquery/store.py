@@ -1,7 +1,7 @@
 """What dbml keeps of a model created by BigQuery ML's CREATE MODEL, beside the catalog:
 its model_type, the training query (what ``ML.EVALUATE(MODEL m)``, ``ML.FEATURE_INFO`` and
-``ML.GLOBAL_EXPLAIN`` read), the held-out query where the split is BigQuery's own (``SEQ``,
-``CUSTOM``), the frozen ``TRANSFORM`` and the hyperparameter trial.
+``ML.GLOBAL_EXPLAIN`` read), the held-out query of a ``SEQ`` or ``CUSTOM`` model stored before
+train() held those rows out itself (``split :=``), the frozen ``TRANSFORM`` and the hyperparameter trial.
 
 One row per stored model in ``dbml.bigquery_models`` (the catalog's home, ``dbml.core.home``, out of SHOW
 TABLES), keyed by the model's ``uid``: a version dropped and trained again by ``train()``
@@ -17,7 +17,7 @@ import json
 import sqlglot
 from sqlglot import exp
 
-from ..core import home
+from ..core import catalog, home
 from ..core.catalog import MODELS
 from ..errors import InvalidArgument, ModelNotFound
 from ..core.source import refused
@@ -67,13 +67,13 @@ def record(con, name: str, version: int, model_type: str, source: str, eval_sour
                  version])
 
 
-def latest(con, name: str, fn: str) -> int:
-    query = exp.select(exp.func("max", exp.column("version"))).from_(_models()).where(_of(version=False))
-    rows = con.execute(home.sql(con, query), [name]).fetchall()
-    if rows[0][0] is None:
+def resolve(con, name: str, version: int | str | None, fn: str) -> int:
+    """The version of ``name`` a model function reads: ``catalog.resolve``'s (``version``, the
+    pinned one, or the latest), its errors in BigQuery's words where the model does not exist."""
+    if not catalog.identify_any(con, name):
         raise ModelNotFound(f"BigQuery ML: Not found: model {name} ({fn}); CREATE MODEL {name} first, or pick one "
                             f"from SELECT name FROM dbml_models")
-    return rows[0][0]
+    return catalog.resolve(con, name, version, fn=fn)[1]
 
 
 def _exists(con) -> bool:

@@ -2,10 +2,14 @@
 
 An option given as ``HPARAM_RANGE(min, max)`` or ``HPARAM_CANDIDATES([...])`` is searched;
 without any, the model type's default search space is (as BigQuery ML tunes ``l1_reg`` and
-``l2_reg`` of a linear model by default). Trial 1 takes each searched option's default, or
-the middle of its range; later trials draw from a generator seeded by the trial's number,
-a range log-uniformly when it spans more than a decade from a positive lower end, else
-uniformly. So the trials, and the optimal one, are the same every time.
+``l2_reg`` of a linear model by default). ``HPARAM_TUNING_ALGORITHM`` (``ALGORITHMS``) picks how
+the trials' points are chosen (``trial_points``): ``RANDOM_SEARCH`` draws every trial from a
+generator seeded by the trial's number, a range log-uniformly when it spans more than a decade
+from a positive lower end, else uniformly; ``GRID_SEARCH`` walks the grid of a discrete space
+(candidates, integer ranges) in order, the first ``num_trials`` points; ``VIZIER_DEFAULT``
+(BigQuery's default: Vizier's Bayesian search, which dbml has not) starts from the defaults, trial
+1 taking each searched option's default or the middle of its range, and draws the later ones as
+RANDOM_SEARCH does. So the trials, and the optimal one, are the same every time.
 
 The optimal trial is the one with the best ``HPARAM_TUNING_OBJECTIVES`` figure on its evaluation
 rows (``OBJECTIVES``), or without one the best validation metric (accuracy or R^2, what ``train``
@@ -19,6 +23,7 @@ per trial here, one after another.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -98,17 +103,63 @@ def given_spaces(options: dict) -> dict:
     return {k: v for k, v in options.items() if isinstance(v, (Range, Candidates))}
 
 
-def trial_options(options: dict, spaces: dict, trial: int, defaults: bool) -> tuple[dict, dict]:
-    """(the options of trial ``trial`` (1-based), the hyperparameters it searched); ``defaults``:
-    trial 1 takes the options' defaults (a default space's), else each space's first value."""
-    rng = np.random.default_rng(trial)
-    chosen = {}
-    for option, sp in sorted(spaces.items()):
-        if trial == 1:
-            chosen[option] = FIRST.get(option, sp.first()) if defaults else sp.first()
+# HPARAM_TUNING_ALGORITHM's values (BigQuery ML's), VIZIER_DEFAULT the default
+ALGORITHMS = ("VIZIER_DEFAULT", "RANDOM_SEARCH", "GRID_SEARCH")
+MAX_GRID = 100_000   # GRID_SEARCH: the points enumerated (num_trials takes the first ones)
+
+
+def algorithm(options: dict, spaces: dict, model: str) -> str:
+    """``HPARAM_TUNING_ALGORITHM`` checked: one of ``ALGORITHMS``, with num_trials; GRID_SEARCH
+    only over a discrete space (every searched option a HPARAM_CANDIDATES or an integer range)."""
+    given = options.get("hparam_tuning_algorithm")
+    if given is None:
+        return "VIZIER_DEFAULT"
+    name = str(given).upper()
+    if name not in ALGORITHMS:
+        raise InvalidArgument(f"BigQuery ML: CREATE MODEL {model}: hparam_tuning_algorithm {given!r} is not "
+                              f"BigQuery's; use one of {', '.join(repr(a) for a in ALGORITHMS)}")
+    if options.get("num_trials") is None:
+        raise InvalidArgument(f"BigQuery ML: CREATE MODEL {model}: hparam_tuning_algorithm chooses the trials of "
+                              f"num_trials = <number of trials>; pass num_trials too")
+    continuous = [o for o, sp in sorted(spaces.items()) if isinstance(sp, Range) and not sp.integer]
+    if name == "GRID_SEARCH" and continuous:
+        raise InvalidArgument(f"BigQuery ML: CREATE MODEL {model}: GRID_SEARCH searches a discrete space, and "
+                              f"{', '.join(continuous)} {'is' if len(continuous) == 1 else 'are'} a continuous "
+                              f"range; give {continuous[0]} = HPARAM_CANDIDATES([...]), or use RANDOM_SEARCH")
+    size = math.prod(len(values) for _, values in _axes(spaces)) if name == "GRID_SEARCH" else 0
+    if size > MAX_GRID:
+        raise InvalidArgument(f"BigQuery ML: CREATE MODEL {model}: GRID_SEARCH's grid has {size} points, more than "
+                              f"{MAX_GRID}; give fewer HPARAM_CANDIDATES, or use RANDOM_SEARCH")
+    return name
+
+
+def _axes(spaces: dict) -> list[tuple[str, tuple | range]]:
+    """(option, its values) of a discrete space, the options sorted (a continuous range: none)."""
+    return [(o, sp.values if isinstance(sp, Candidates) else
+             range(int(math.ceil(sp.low)), int(math.floor(sp.high)) + 1) if sp.integer else ())
+            for o, sp in sorted(spaces.items())]
+
+
+def _grid(spaces: dict) -> list[dict]:
+    """The points of a discrete space, in order (the last option varying fastest)."""
+    axes = _axes(spaces)
+    return [dict(zip([o for o, _ in axes], point)) for point in itertools.product(*(v for _, v in axes))]
+
+
+def trial_points(spaces: dict, trials: int, algorithm: str, defaults: bool) -> list[dict]:
+    """The searched hyperparameters of each trial (``algorithm``, see the module's docstring);
+    ``defaults``: VIZIER_DEFAULT's trial 1 takes the options' defaults (a default space's), else
+    each space's first value. GRID_SEARCH: at most the grid's points, however many ``trials``."""
+    if algorithm == "GRID_SEARCH":
+        return _grid(spaces)[:trials]
+    points = []
+    for trial in range(1, trials + 1):
+        rng = np.random.default_rng(trial)
+        if trial == 1 and algorithm == "VIZIER_DEFAULT":
+            points.append({o: FIRST.get(o, sp.first()) if defaults else sp.first() for o, sp in sorted(spaces.items())})
         else:
-            chosen[option] = sp.draw(rng)
-    return {**options, **chosen}, chosen
+            points.append({o: sp.draw(rng) for o, sp in sorted(spaces.items())})
+    return points
 
 
 # HPARAM_TUNING_OBJECTIVES: task -> objective -> whether larger is better (ML.EVALUATE's figure of

@@ -4,8 +4,10 @@ stopping by them.
 ``split_hash`` and ``is_held_out`` are the split's one rule: a hash of each source row
 (every column, as the source gives it: not the encoded features, so models of one source
 with other features hold out the same rows) with the seed, in ``VALIDATION_BUCKETS``;
-``training._materialise`` applies it once per job and ``held_out_sql`` is the same rule for
-a reader of the source (BigQuery ML's ``ML.EVALUATE(MODEL m)``). ``validate`` measures a model (or its weights of the moment) on the scratch table's
+``by_column`` is the rule of ``split := 'custom'`` and ``'seq'`` (BigQuery ML's
+``data_split_method``), by ``split_col``. ``training._materialise`` applies them once per job
+and ``held_out_sql`` is the same rule for a reader of the source (BigQuery ML's
+``ML.EVALUATE(MODEL m)``). ``validate`` measures a model (or its weights of the moment) on the scratch table's
 held-out rows (``is_val``, ``training._materialise``'s split): the mean loss, and accuracy
 or R^2. ``EarlyStopping`` is ``early_stop``'s one rule, followed by a job's ``TrainLoop``
 and by each member of a fused one (``dbml.search.fusion``), so a member stops where its trial
@@ -25,7 +27,7 @@ from .features import Preprocessing
 from .source import value_sql
 from .spec import TrainSpec
 
-__all__ = ["EarlyStopping", "held_out_sql", "is_held_out", "split_hash", "validate", "validation_outputs", "scores"]
+__all__ = ["EarlyStopping", "by_column", "held_out_sql", "holds_out", "is_held_out", "split_hash", "validate", "validation_outputs", "scores"]
 
 
 VALIDATION_BUCKETS = 1_000_000
@@ -54,15 +56,42 @@ def is_held_out(h: str | exp.Expression, validation: float | None = None, *, buc
     return exp.and_(exp.GTE(this=h_bucket.copy(), expression=exp.Literal.number(low)), below)
 
 
-def held_out_sql(seed: int, validation: float, exclude: tuple[str, ...] = (), *,
-                 bucket: int | None = None) -> exp.Expression:
+def by_column(split: str | None, split_col: str | None, validation: float | None) -> exp.Expression | None:
+    """The rule of ``split := 'custom'`` and ``'seq'`` on a source row, a tree (None for the hash
+    split): 'custom' holds out the rows whose BOOLEAN ``split_col`` is TRUE (FALSE and NULL
+    train); 'seq' the last ``validation`` share of the rows ordered by ``split_col`` (NULLs
+    first: they train; ties stay together), a window over the rows with a usable label."""
+    if split not in ("custom", "seq"):
+        return None
+    col = exp.column(split_col, quoted=True)
+    if split == "custom":
+        return exp.Is(this=col, expression=exp.Boolean(this=True))
+    if not validation:
+        return exp.Boolean(this=False)
+    rank = exp.Window(this=exp.func("percent_rank"), over="OVER",
+                      order=exp.Order(expressions=[exp.Ordered(this=col, nulls_first=True)]))
+    return exp.GTE(this=rank, expression=exp.Literal.number(repr(1.0 - float(validation))))
+
+
+def holds_out(params: dict) -> bool:
+    """Whether the job of a model's stored ``params`` held rows out (``held_out_sql`` reads them)."""
+    return params.get("split") in ("custom", "seq") or bool(params.get("validation"))
+
+
+def held_out_sql(params: dict, exclude: tuple[str, ...] = ()) -> exp.Expression:
     """Whether a row of the source ``train`` read (every column of it, less ``exclude``: columns
-    a reader added) is one it held out for validation, given the job's ``seed`` and
-    ``validation``, as a sqlglot condition: ``training._materialise``'s rule (``split_hash``,
-    ``is_held_out``), so ``ML.EVALUATE(MODEL m)`` reads exactly those rows."""
+    a reader added) is one it held out for validation, given the model's stored ``params`` (its
+    seed, validation, split and exact bucket), as a sqlglot condition: ``training._materialise``'s
+    rule (``by_column``, else ``split_hash`` and ``is_held_out``), so ``ML.EVALUATE(MODEL m)``
+    reads exactly those rows. For 'seq' a window: a reader filters by it after the label's filter
+    (QUALIFY), as the job did."""
+    rule = by_column(params.get("split"), params.get("split_col"), params["validation"])
+    if rule is not None:
+        return rule
     every = exp.Star(except_=[exp.column(c, quoted=True) for c in exclude] or None)
-    h = exp.Anonymous(this="hash", expressions=[exp.Columns(this=every, unpack=True), exp.Literal.number(int(seed))])
-    return is_held_out(h, validation, bucket=bucket)
+    h = exp.Anonymous(this="hash", expressions=[exp.Columns(this=every, unpack=True),
+                                                exp.Literal.number(int(params["seed"]))])
+    return is_held_out(h, params["validation"], bucket=params.get("held_out_bucket"))
 
 
 class EarlyStopping:

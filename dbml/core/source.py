@@ -380,7 +380,8 @@ def resolve_column(columns: list[Column], name: str, *, fn: str, arg: str) -> Co
         if c.name.lower() == name.lower():
             return c
     hint = _suggest(name, [c.name for c in columns])
-    fix = {"label": "pass label := '<column>'", "features": "pass features := ['<column>', ...]"}.get(
+    fix = {"label": "pass label := '<column>'", "features": "pass features := ['<column>', ...]",
+           "split_col": "pass split_col := '<column>'"}.get(
         arg, "include it in the SELECT")
     raise InvalidArgument(f"{fn}(): source has no column {name!r}{hint}; {fix} "
                           f"with columns from: {', '.join(c.name for c in columns)}")
@@ -404,7 +405,26 @@ def job_source(cur: duckdb.DuckDBPyConnection, spec, *, fn: str = "train") -> tu
         check_tables_only(cur, select_sql, fn=fn)
     columns = describe(cur, select_sql, fn=fn)
     label_and_text(columns, spec.label, spec.text, fn=fn)
+    split_column(columns, spec, fn=fn)
     return select_sql, columns
+
+
+def split_column(columns: list[Column], spec, *, fn: str = "train") -> Column | None:
+    """The column ``split := 'custom'`` or ``'seq'`` splits by (``split_col``), checked: not the
+    label or a feature (it only splits), BOOLEAN for 'custom'; None for the hash split."""
+    if spec.split_col is None:
+        return None
+    col = resolve_column(columns, spec.split_col, fn=fn, arg="split_col")
+    if spec.label is not None and col.name.lower() == spec.label.lower():
+        raise InvalidArgument(f"{fn}(): split_col {col.name!r} is the label; pass split_col := another column")
+    if spec.features is not None and col.name.lower() in {f.lower() for f in spec.features}:
+        raise InvalidArgument(f"{fn}(): split_col {col.name!r} only splits the rows and cannot be a feature; "
+                              f"leave it out of features")
+    if spec.split == "custom" and col.base_type != "BOOLEAN":
+        raise InvalidArgument(f"{fn}(): split := 'custom' holds out the rows whose split_col is TRUE, and "
+                              f"{col.name!r} is {col.type}; pass a BOOLEAN column, e.g. SELECT *, "
+                              f"{col.name} = 1 AS held_out FROM ... with split_col := 'held_out'")
+    return col
 
 
 def _suggest(name: str, names: list[str]) -> str:

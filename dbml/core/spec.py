@@ -59,6 +59,8 @@ TRAIN_PARAMS = (
     Param("seed", "BIGINT", 0),
     Param("validation", "DOUBLE", None),     # NULL: enough rows to mean something (default_validation)
     Param("folds", "INTEGER", None),         # k-fold cross-validation before the model: k fits, k scores
+    Param("split", "VARCHAR", None),         # NULL/'random': by the rows' hash; 'custom', 'seq': by split_col (SPLITS)
+    Param("split_col", "VARCHAR", None),     # the column 'custom' and 'seq' split by (not a feature)
     Param("hidden", "INTEGER[]", None),
     Param("dropout", "DOUBLE", 0.0),
     Param("options", "VARCHAR", None),       # the arch's options, a JSON object: '{"width": 64}'
@@ -85,6 +87,10 @@ TRAIN_PARAMS = (
 # vdnn: vDNN-conv, the layer-granularity baseline (convolutions' inputs offloaded, no budget);
 # pooch, swapadvisor: the seeds' other planners, searching a plan by simulation within the budget.
 SQL_POLICIES = ("tensile", "none", "eager", "capuchin", "vdnn", "pooch", "swapadvisor")
+# How train() holds rows out (dbml.core.heldout owns the rule), BigQuery ML's data_split_method:
+# random: by a hash of each row (validation's share); custom: the rows whose BOOLEAN split_col
+# is TRUE; seq: the last validation share of the rows ordered by split_col.
+SPLITS = ("random", "custom", "seq")
 # raise: a failed or cancelled row makes the statement raise its error (after every job has
 # ended); continue: every row returns its summary, with status and error.
 ON_ERROR = ("raise", "continue")
@@ -110,6 +116,29 @@ class _JobSettingsChecks:
 
 class _TrainSpecChecks:
     """TrainSpec's behaviour; its fields come from the tables (see ``TrainSpec`` below)."""
+
+    def _check_split(self, fn: str) -> None:
+        """split and split_col (``SPLITS``) agree with each other, validation and folds."""
+        if self.split is not None and self.split not in SPLITS:
+            raise InvalidArgument(f"{fn}(): unknown split {self.split!r}; pass split := one of "
+                                  f"{', '.join(map(repr, SPLITS))}")
+        split = self.split or "random"
+        if split == "random":
+            if self.split_col is not None:
+                raise InvalidArgument(f"{fn}(): split_col := {self.split_col!r} is read by split := 'custom' (its "
+                                      f"TRUE rows held out) or split := 'seq' (ordered by it); pass one of them, or "
+                                      f"leave split_col out")
+            return
+        if not self.split_col:
+            raise InvalidArgument(f"{fn}(): split := {split!r} splits by a column; pass split_col := '<column>' ("
+                                  + ("a BOOLEAN column, TRUE for the rows to hold out)" if split == "custom" else
+                                     "the rows ordered by it, the last validation share held out)"))
+        if split == "custom" and self.validation is not None:
+            raise InvalidArgument(f"{fn}(): with split := 'custom' the column {self.split_col!r} decides which rows "
+                                  f"are held out; leave validation := {self.validation!r} out")
+        if self.folds is not None:
+            raise InvalidArgument(f"{fn}(): folds := {self.folds!r} splits the rows by their hash, and split := "
+                                  f"{split!r} by {self.split_col!r}; pass one of them")
 
     def __post_init__(self):
         fn = "train"
@@ -143,6 +172,7 @@ class _TrainSpecChecks:
                                        or not 2 <= self.folds <= MAX_FOLDS):
             raise InvalidArgument(f"{fn}(): folds must be a whole number from 2 to {MAX_FOLDS}, got {self.folds!r}; "
                                   f"pass e.g. folds := 5 (or leave it out: no cross-validation)")
+        self._check_split(fn)
         if self.policy not in SQL_POLICIES:
             raise InvalidArgument(f"{fn}(): unknown policy {self.policy!r}; "
                                   f"pass policy := one of {', '.join(map(repr, SQL_POLICIES))}")

@@ -37,7 +37,7 @@ from ..scheduler import hostmem, procmem
 from ..scheduler.execute import rng
 from ..scheduler.execute.step import EagerStep, StepRunner
 from .settings import resolve_device
-from .source import job_source, parsed as _parsed, select_tree
+from .source import job_source, parsed as _parsed, select_tree, split_column
 from .spec import MAX_VALIDATION, MIN_VALIDATION, TrainSpec, default_lr, default_validation, stored_params
 from ..zoo import fitter as zoo_fitter
 
@@ -238,6 +238,8 @@ def scratch(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress,
     (i, k): the i-th of k folds held out (``_fold_buckets``) instead of the job's validation rows."""
     threads.use(spec.settings.torch_threads)
     select_sql, columns = job_source(cur, spec)
+    by = split_column(columns, spec)   # split := 'custom' / 'seq': it splits, never a feature
+    columns = [c for c in columns if by is None or c.name != by.name]
     prep = fit_preprocessing(cur, select_sql, columns, label=spec.label,
                              features=None if spec.features is None else list(spec.features), task=spec.task,
                              text=spec.text, shape=spec.shape, image_size=spec.image_size,
@@ -247,14 +249,19 @@ def scratch(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress,
     counts = exp.select("count(*)", exp.Filter(this=exp.func("count", exp.Star()), expression=exp.Where(
         this=_parsed(prep.label_filter())))).from_(_parsed(select_sql).subquery())
     total, usable = cur.execute(counts.sql(D)).fetchall()[0]
-    if fold is None:
-        (share, bucket), low = _held_out_share(cur, select_sql, prep, spec, total, usable), 0
-    else:
+    rule, low = None, 0
+    if fold is not None:
         share, (low, bucket) = 1 / fold[1], _fold_buckets(cur, select_sql, prep, spec, usable, fold)
+    elif by is not None:
+        # 'custom': the column decides (validation stays NULL); 'seq': validation's share, NULL the default one
+        share = spec.validation if spec.validation is not None or spec.split == "custom" else default_validation(total)
+        rule, bucket = heldout.by_column(spec.split, by.name, share), 0
+    else:
+        share, bucket = _held_out_share(cur, select_sql, prep, spec, total, usable)
     spec = dataclasses.replace(spec, validation=share)
     try:
         progress.check()
-        n_train, n_val = _materialise(cur, table, select_sql, prep, spec, bucket, low)
+        n_train, n_val = _materialise(cur, table, select_sql, prep, spec, bucket, low, rule)
         progress.check()
         yield Scratch(spec, table, prep, n_train, n_val, total - n_train - n_val, bucket)
     finally:
@@ -294,7 +301,7 @@ def _params(spec: TrainSpec, held_out_bucket: int | None = None) -> dict:
 
 
 def _materialise(cur, table: str, select_sql: exp.Query, prep: Preprocessing, spec: TrainSpec,
-                 bucket: int, low: int = 0) -> tuple[int, int]:
+                 bucket: int, low: int = 0, rule: exp.Expression | None = None) -> tuple[int, int]:
     """Features and labels computed once by DuckDB, with a deterministic validation split.
 
     ``h`` hashes each source row (every column it has, as the source gives it: not the
@@ -302,12 +309,16 @@ def _materialise(cur, table: str, select_sql: exp.Query, prep: Preprocessing, sp
     the same rows) with the seed: it decides the split and the one random order the rows
     are stored in (the only sort of the job), so both are reproducible whatever order the
     source yields rows in. Epochs then stream that order from a random starting row
-    through a shuffle buffer (``data.shuffle_windows``).
+    through a shuffle buffer (``data.shuffle_windows``). ``rule``: split := 'custom' or 'seq'
+    holds rows out by its column instead (``heldout.by_column``, a window over the rows with a
+    usable label), the hash still ordering the rows.
     """
+    held = heldout.is_held_out("h", bucket=bucket, low=low) if rule is None else exp.column("v")
     rows = (exp.select(exp.alias_(prep.scratch_expression(), "x"), exp.alias_(_label_column(prep), "y"),
-                       exp.alias_(heldout.split_hash(spec.seed), "h"))
+                       exp.alias_(heldout.split_hash(spec.seed), "h"),
+                       *([] if rule is None else [exp.alias_(rule, "v")]))
             .from_(_parsed(select_sql).subquery()).where(_parsed(prep.label_filter())))
-    split = (exp.select("x", "y", exp.alias_(heldout.is_held_out("h", bucket=bucket, low=low), "is_val"))
+    split = (exp.select("x", "y", exp.alias_(held, "is_val"))
              .from_(rows.subquery()).order_by("h", dialect=D))
     cur.execute(exp.Create(this=exp.to_table(table, dialect=D), kind="TABLE", expression=split).sql(D))
     counts = exp.select("count(*) FILTER (NOT is_val)", "count(*) FILTER (is_val)", dialect=D).from_(

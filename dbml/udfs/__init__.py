@@ -26,7 +26,7 @@ from .types import (CALIBRATE_RESULT, DEPLOY_RESULT, PROBABILITIES, EVALUATE_RES
 
 SQL_FUNCTIONS: dict[str, str] = {
     "train": "train(model, source, label := ..., features, arch, epochs, batch_size, lr, optimizer, seed, "
-             "validation, folds, hidden, dropout, options, task, weight_decay, l1_reg, momentum, policy, memory_budget, measure_vanilla, "
+             "validation, folds, split, split_col, hidden, dropout, options, task, weight_decay, l1_reg, momentum, policy, memory_budget, measure_vanilla, "
              "image_size, shape, text, series_scale, early_stop, patience, workers, on_error) -> STRUCT: "
              "train a model on a table or one SELECT under the memory scheduler and store it as the next "
              "version of `model`",
