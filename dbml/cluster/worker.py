@@ -31,6 +31,7 @@ from typing import Callable
 
 import torch
 
+from ..core import preload
 from ..errors import JobCancelled, TrainingError
 
 REPORT_S = 0.2   # how often a worker reports its progress and learns of a cancel
@@ -266,12 +267,14 @@ class DeviceWorker:
         self.db = duckdb.connect()   # in memory: the rows of the jobs running here, gone with the worker
         self.reporter = Reporter()   # one report per interval for all the jobs running here
         self.group = None            # the data-parallel process group this worker is in (``group.Group``)
+        preload.start()   # a job's imports and first trace, while the driver sends its rows
 
     def describe(self) -> dict:
         return {"node": self.node, "device": self.device, "pid": os.getpid(), "node_id": self.node_id}
 
     def run(self, task: Task) -> tuple:
         """Run ``task`` here: ("ok", the trained model as bytes) or ("error", the packed error)."""
+        preload.wait()
         cur = self.db.cursor()
         try:
             return run_task(task, cur, RemoteProgress(task, 0, self.node, self.device, reporter=self.reporter,
@@ -296,6 +299,7 @@ class DeviceWorker:
         only from rank 0 (the others' is the same). An error that is not dbml's own has
         broken the group: this worker leaves it."""
         from .group import failed_in_collective, leave
+        preload.wait()
         group = self.group
         cur = self.db.cursor()
         try:

@@ -6,7 +6,8 @@ A job's first statement in a fresh process imports torch, the scheduler's graph 
 zoo: seconds on a laptop, before any row is read. None of it can be cached across
 processes, so an interactive shell does it on a thread as soon as it shows its prompt (and
 traces one step of a tiny network, which fills torch's caches), and the user's typing hides it. A shell reading a script does not (it has no idle time to
-hide it in, and its first statements that need no model must stay light).
+hide it in, and its first statements that need no model must stay light). A Ray device
+worker (``dbml.cluster.worker.DeviceWorker``) starts it when it starts, and its jobs wait for it.
 
 Imports of one module tree from two threads at once can meet in a cycle, where Python hands
 one of them a half-initialised module: so no dbml function runs beside it. :func:`wait`,
