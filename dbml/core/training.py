@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 from sqlglot import exp
 
 from . import catalog, checkpoints, heldout, models, placement, runners, threads
-from .estimate import Estimate, estimate, slow_warning
+from .estimate import Estimate, Measured, estimate, learn, overheads, slow_warning
 from .columns import MEMORY_FIELDS
 from .data import BatchStream, StreamStats, drop_scratch, scratch_rows
 from ..errors import SourceError, TrainingError, scheduler_errors
@@ -79,6 +80,7 @@ class Progress(JobHandle, Protocol):
     """
 
     id: int   # the job's id: its scratch table and its summary row
+    since: float   # time.perf_counter() when the statement that started the job began (the estimate's start-up)
 
     def begin(self, epochs: int, steps_per_epoch: int) -> None:
         """Before the first epoch."""
@@ -125,6 +127,7 @@ class Trained:
     started: float         # time.perf_counter() when the job started
     warnings: tuple[str, ...] = ()   # what looks wrong with the data (label_warnings)
     held_out_bucket: int | None = None   # the split's exact hash bucket (Scratch), stored in params
+    said: "Said | None" = None   # the estimate said before training, to learn from once the job ends
 
     def summary(self, job_id: int, version: int | None) -> dict:
         """The train() row of the job, stored as ``version``."""
@@ -152,8 +155,11 @@ def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -
         trained.metrics["cross_validation"] = folds
     progress.check()
     summary = trained.summary(progress.id, store(cur, trained))
+    said = trained.said
     del trained        # the module and the blob it was stored as: what malloc keeps goes back too
     give_back_host_memory()
+    if said is not None:   # what the job spent beyond its estimate, learned for the next ones
+        learn(*said.key, said.estimate, Measured(said.epochs, said.steps, time.perf_counter() - said.trained))
     return summary
 
 
@@ -206,7 +212,17 @@ def fit(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress,
         give_back_host_memory()
     warnings = label_warnings(data.prep, data.n_train + data.n_val) + tuple(result["metrics"].get("warnings", ()))
     return Trained(result["spec"], data.prep, result["config"], result["module"], result["metrics"], result["memory"],
-                   data.n_train, data.skipped, started, warnings, data.held_out_bucket)
+                   data.n_train, data.skipped, started, warnings, data.held_out_bucket, result.get("said"))
+
+
+@dataclass(frozen=True)
+class Said:
+    """A job's estimate and what it measured, for ``estimate.learn`` once the job ends."""
+    key: tuple[str, str, str]   # (device, input kind, arch): whose fixed costs it teaches
+    estimate: Estimate
+    epochs: list[float]         # each epoch's measured seconds
+    steps: list[float]          # ... of which inside its steps
+    trained: float              # time.perf_counter() when the last epoch ended
 
 
 def give_back_host_memory() -> None:
@@ -393,6 +409,14 @@ class TrainLoop:
         self.random = rng.JobRandom(spec.seed, device)
         self._whole_step = isinstance(runner, EagerStep) and any(
             isinstance(m, torch.nn.modules.dropout._DropoutNd) for m in module.modules())
+        self.learns = (device, config.inputs.kind, config.arch)   # whose fixed costs it is estimated with
+        self.step_seconds: list[float] = []   # each epoch's seconds inside step() (estimate.Measured)
+        self._stepping = 0.0
+
+    def measured(self, history: list[dict]) -> "Said | None":
+        """The estimate and this run's epochs, once they have ended (None: nothing was estimated)."""
+        return None if self.estimate is None else Said(self.learns, self.estimate, [r["seconds"] for r in history],
+                                                       self.step_seconds, time.perf_counter())
 
     def prepare(self) -> None:
         """The first batch's graph and plan, while DuckDB reads the rows."""
@@ -400,12 +424,14 @@ class TrainLoop:
         label = torch.int64 if self.prep.task == "classification" else torch.float32
         started = time.perf_counter()
         runners.prepare(self.runner, models.sample_input(self.config, rows, self.device), label, self.device)
-        prepare_seconds = time.perf_counter() - started
+        now = time.perf_counter()
         schedule = schedule_of(self.runner)
         if schedule is not None:   # eager (and Capuchin before its first iteration) plan nothing ahead
             self.estimate = estimate(schedule[1], n_train=self.n_train, n_val=self.n_val,
                                      batch_size=self.spec.batch_size, epochs=self.spec.epochs,
-                                     validate_epochs=self.validate is not None, prepare_seconds=prepare_seconds)
+                                     validate_epochs=self.validate is not None, prepare_seconds=now - started,
+                                     startup=now - self.progress.since, learned=overheads(*self.learns),
+                                     cold=first_job())
             self.slow = slow_warning(self.estimate, self.config, self.spec)
             self.progress.estimated(self.estimate.seconds, self.slow)
 
@@ -418,13 +444,17 @@ class TrainLoop:
         if not self._measured:
             self.vanilla = runners.vanilla_peak(self.module, self.loss_fn, runners.RunnerParams.of(self.spec), x, y)
             self._measured = True
+        started = time.perf_counter()
         loss = self.random.call(self.runner.step, x, y) if self._whole_step else self.runner.step(x, y)
         self.progress.step(len(y))
+        self._stepping += time.perf_counter() - started
         return loss
 
     def end_epoch(self, record: dict) -> bool:
         """Report the epoch (with its validation, when measured); True to stop training here:
         ``early_stop`` and no better validation loss for ``patience`` epochs."""
+        self.step_seconds.append(self._stepping)
+        self._stepping = 0.0
         if self.validate is not None:
             record.update(self.validate(self.forward_now()))
         self.history.append(record)
@@ -470,6 +500,15 @@ class TrainLoop:
         """The summary's memory figures, once the loop has ended."""
         stats = {**self.runner.stats(), "latency_model": self.runner.latency_source}
         return runners.memory_summary(stats, self.vanilla, getattr(self, "real", None))
+
+
+_FIRST = threading.Lock()   # held for good by the process's first job to plan (first_job)
+
+
+def first_job() -> bool:
+    """Whether the caller is the process's first job to be estimated: the one that pays the
+    process's one-off costs after its estimate (first calls of the ops, lazy imports)."""
+    return _FIRST.acquire(blocking=False)
 
 
 def schedule_of(runner) -> tuple | None:
@@ -530,14 +569,15 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
                                                     loop.end_epoch, loop.prepare, convert=_converter(prep, "train"),
                                                     history=loop.history)
             runner.finish()
+            said = loop.measured(history) if resume is None else None   # a resumed run's epochs are not all its own
         finally:
             runner.close()
             real.stop()
             progress.release_scheduler()
     loop.real = real.result
     loop.restore_best()
-    return trained_result(cur, table, prep, spec, config, module, loss_fn, device, n_val, history,
-                          stream_stats, loop.memory(), loop.early.best_epoch, loop.said())
+    return {**trained_result(cur, table, prep, spec, config, module, loss_fn, device, n_val, history,
+                             stream_stats, loop.memory(), loop.early.best_epoch, loop.said()), "said": said}
 
 
 def trained_result(cur, table: str, prep: Preprocessing, spec: TrainSpec, config: models.ModelConfig,
