@@ -191,9 +191,10 @@ def cross_validate(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Pr
 
 
 def fit(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress,
-        fold: tuple[int, int] | None = None) -> Trained:
+        fold: tuple[int, int] | None = None, shared: "SharedRows | None" = None) -> Trained:
     """Train one job's model, storing nothing (``train`` stores it; tune() keeps only its best trial);
-    ``fold`` (i, k): holding out the i-th of k folds instead of the job's validation rows.
+    ``fold`` (i, k): holding out the i-th of k folds instead of the job's validation rows;
+    ``shared``: the statement's rows, read once for its jobs (a tune()'s trials: ``SharedRows``).
 
     The job's encoded rows live in a table of the in-memory scratch database
     ``dbml_scratch`` (attached by install, gone with the process), which every cursor can
@@ -201,7 +202,7 @@ def fit(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress,
     """
     started = time.perf_counter()
     try:
-        with scratch(cur, spec, progress, fold) as data:
+        with scratch(cur, spec, progress, fold, shared) as data:
             placement.check_access(data.spec, cur)   # also checked before the statement starts its jobs
             if placement.is_local(data.spec):
                 result = _fit_model(cur, data.table, data.prep, data.spec, data.n_train, data.n_val, progress)
@@ -248,17 +249,32 @@ class Scratch:
 
 @contextmanager
 def scratch(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress,
-            fold: tuple[int, int] | None = None) -> Iterator[Scratch]:
+            fold: tuple[int, int] | None = None, shared: "SharedRows | None" = None) -> Iterator[Scratch]:
     """The job's source checked, its preprocessing fitted and its rows materialised
     (``_materialise``) into the job's scratch table, dropped when the block ends; ``fold``
-    (i, k): the i-th of k folds held out (``_fold_buckets``) instead of the job's validation rows."""
+    (i, k): the i-th of k folds held out (``_fold_buckets``) instead of the job's validation rows.
+    ``shared``: the rows of the statement's jobs, read once (``SharedRows``), dropped with it."""
+    if shared is not None and fold is None:
+        threads.use(spec.settings.torch_threads)
+        yield shared.rows(cur, spec, progress)
+        return
     threads.use(spec.settings.torch_threads)
     select_sql, columns = job_source(cur, spec)
+    data = _read(cur, spec, progress, select_sql, columns, f"dbml_scratch.job_{progress.id}", fold)
+    try:
+        yield data
+    finally:
+        _drop_scratch(cur, data.table)
+
+
+def _read(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress, select_sql: exp.Query, columns,
+          table: str, fold: tuple[int, int] | None) -> Scratch:
+    """``scratch``'s work: the preprocessing fitted, the split chosen and the rows materialised
+    into ``table`` (dropped again if that fails; the caller drops it once done)."""
     prep = fit_preprocessing(cur, select_sql, columns, label=spec.label,
                              features=None if spec.features is None else list(spec.features), task=spec.task,
                              text=spec.text, shape=spec.shape, image_size=spec.image_size,
                              series_scale=spec.series_scale)
-    table = f"dbml_scratch.job_{progress.id}"
     # one scan counts the rows, and those with a usable label (the split's)
     counts = exp.select("count(*)", exp.Filter(this=exp.func("count", exp.Star()), expression=exp.Where(
         this=_parsed(prep.label_filter())))).from_(_parsed(select_sql).subquery())
@@ -272,9 +288,56 @@ def scratch(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress,
         progress.check()
         n_train, n_val = _materialise(cur, table, select_sql, prep, spec, bucket, low)
         progress.check()
-        yield Scratch(spec, table, prep, n_train, n_val, total - n_train - n_val, bucket)
-    finally:
+    except BaseException:
         _drop_scratch(cur, table)
+        raise
+    return Scratch(spec, table, prep, n_train, n_val, total - n_train - n_val, bucket)
+
+
+# What a job's rows depend on (its scratch table, its preprocessing): jobs of one statement that
+# agree on these read the same rows in the same order, so they can share one reading
+# (``SharedRows``). Everything else a trial varies (lr, hidden, batch_size...) is the model's.
+ROWS_FIELDS = ("source", "label", "features", "task", "text", "shape", "image_size", "series_scale", "seed",
+               "validation")
+
+
+class SharedRows:
+    """The scratch tables of one statement's jobs (a tune()'s trials), each set of rows read,
+    encoded and materialised once, by the first job that needs it, and dropped by ``close``.
+    Issue 32: reading the table again per trial was a fixed cost of every trial; a trial
+    that reads the shared rows trains on exactly the rows a lone train() reads (the one
+    order ``_materialise`` stores them in), so its result is the same."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._rows: dict[tuple, Scratch] = {}
+        self._reading: dict[tuple, threading.Lock] = {}
+
+    @staticmethod
+    def key(spec: TrainSpec) -> tuple:
+        return (*(repr(getattr(spec, f)) for f in ROWS_FIELDS), spec.settings.sources)
+
+    def rows(self, cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> Scratch:
+        """``spec``'s rows (as ``scratch`` makes them), read by this job if no job has yet."""
+        key = self.key(spec)
+        with self._lock:
+            reading = self._reading.setdefault(key, threading.Lock())
+        with reading:   # one job reads; the others of the same rows wait for it
+            with self._lock:
+                data = self._rows.get(key)
+            if data is None:
+                select_sql, columns = job_source(cur, spec)
+                data = _read(cur, spec, progress, select_sql, columns, f"dbml_scratch.rows_{progress.id}", None)
+                with self._lock:
+                    self._rows[key] = data
+        return dataclasses.replace(data, spec=dataclasses.replace(spec, validation=data.spec.validation))
+
+    def close(self, cur: duckdb.DuckDBPyConnection) -> None:
+        """Drop the tables (once no job reads them)."""
+        with self._lock:
+            tables, self._rows = [d.table for d in self._rows.values()], {}
+        for table in tables:
+            _drop_scratch(cur, table)
 
 
 def label_warnings(prep: Preprocessing, rows: int) -> tuple[str, ...]:
