@@ -5,9 +5,10 @@ The search: a tabular MLP on a generated table of ``ROWS`` rows, a grid of 32 tr
 ``val_loss``: every trial trains. The baseline: 32 ``train()`` calls with the same arguments,
 one after the other (each stores its model, as a user running them would). Both in one
 warm process (a train() first pays the process's start-up), interleaved ``--repeats``
-times; the figures are medians, with the load average before and after.
+times; the figures are medians, with the load average before and after. ``--unfused``: every
+trial its own job (``search.FUSE_TRIALS`` off), so that the per-trial fixed costs show.
 
-    python -m dbml.bench.tune_vs_train [--repeats 3] [--rows 400]
+    python -m dbml.bench.tune_vs_train [--repeats 3] [--rows 400] [--unfused]
 """
 
 from __future__ import annotations
@@ -56,9 +57,12 @@ def tuned(con, repeat: int) -> float:
     return seconds
 
 
-def run(repeats: int = 3, rows: int = ROWS, log=print) -> dict:
+def run(repeats: int = 3, rows: int = ROWS, log=print, fused: bool = True) -> dict:
     import warnings
 
+    from dbml.search import engine
+
+    engine.FUSE_TRIALS = fused
     warnings.simplefilter("ignore")   # the best trial's "stored as version" notice, once per search
     con = dbml.connect(progress="off")
     con.execute("SET enable_progress_bar = false")
@@ -82,9 +86,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rows", type=int, default=ROWS)
+    parser.add_argument("--unfused", action="store_true", help="every trial its own job")
     args = parser.parse_args()
     print(f"load average before: {os.getloadavg()[0]:.2f}")
-    out = run(args.repeats, args.rows)
+    out = run(args.repeats, args.rows, fused=not args.unfused)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     print(json.dumps(out))
 
