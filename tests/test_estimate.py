@@ -96,13 +96,13 @@ def learned(tmp_path, monkeypatch):
 
 
 def test_the_estimate_counts_the_start_up_and_the_learned_fixed_costs():
-    fixed = Overheads(iteration=0.25, epoch=2.0, batch=0.5, finish=3.0, cold=7.0, steps=1.0)
+    fixed = Overheads(scale=1.5, epoch=2.0, batch=0.5, finish=3.0, cold=7.0)
     base = dict(n_train=128, n_val=0, batch_size=64, epochs=2, validate_epochs=False)
     bare = estimate(_seq(1.0, 2.0, 0.5), **base)
     assert bare.seconds == pytest.approx(2 * 2 * 3.5)
     warm = estimate(_seq(1.0, 2.0, 0.5), **base, startup=5.0, learned=fixed)
-    # start-up + 2 epochs x (2 iterations x (3.5 + 0.25 + 0.5) + 2.0) + steps 1.0 + finish 3.0
-    assert warm.seconds == pytest.approx(5.0 + 2 * (2 * 4.25 + 2.0) + 1.0 + 3.0)
+    # start-up + 2 epochs x (2 iterations x (3.5 x 1.5 + 0.5) + 2.0) + finish 3.0
+    assert warm.seconds == pytest.approx(5.0 + 2 * (2 * 5.75 + 2.0) + 3.0)
     cold = estimate(_seq(1.0, 2.0, 0.5), **base, startup=5.0, learned=fixed, cold=True)
     assert cold.seconds == pytest.approx(warm.seconds + 7.0)   # the first job's one-off costs, only cold
 
@@ -111,16 +111,16 @@ def test_learn_fits_per_epoch_per_batch_and_per_iteration_costs_from_jobs_of_two
     def job(iterations: int) -> None:
         est = estimate(_seq(0.001, 0.002, 0.001), n_train=64 * iterations, n_val=0, batch_size=64, epochs=3,
                        validate_epochs=False)
-        # each step 1 ms over its 4 ms of ops, plus 0.2 s once per job; outside the steps 50 ms an
-        # epoch and 2 ms a batch; 0.4 s after the last epoch
-        steps = [iterations * 0.005 + (0.2 if e == 0 else 0.0) for e in range(3)]
+        # each step 5 ms for its 4 ms of ops; outside the steps 50 ms an epoch and 2 ms a batch;
+        # 0.4 s after the last epoch
+        steps = [iterations * 0.005 for _ in range(3)]
         estimating.learn("cpu", "tabular", "linear", est, Measured(
             epochs=[s + 0.05 + 0.002 * iterations for s in steps], steps=steps, finish=0.4))
     job(5)
     job(50)
     got = estimating.overheads("cpu", "tabular", "linear")
     assert got.epoch == pytest.approx(0.05) and got.batch == pytest.approx(0.002)
-    assert got.iteration == pytest.approx(0.001) and got.steps == pytest.approx(0.2)
+    assert got.scale == pytest.approx(1.25)
     assert 0.2 < got.finish <= 0.4                         # moving towards 0.4 (LEARNING_RATE)
     # kept beside the predictor for the next process, and the kind's other archs start from it
     estimating.forget()
@@ -135,7 +135,7 @@ def test_a_first_job_teaches_only_its_one_off_cost(learned):
     estimating.learn("cpu", "tabular", "mlp", est, Measured(epochs=[0.04, 0.04], steps=[0.04, 0.04], finish=1.0))
     got = estimating.overheads("cpu", "tabular", "mlp")
     assert got.cold == pytest.approx(0.5 * (1.0 + 0.08 - est.seconds))   # half way from none
-    assert (got.iteration, got.epoch, got.finish) == (0.0, 0.0, 0.0)
+    assert (got.scale, got.epoch, got.finish) == (1.0, 0.0, 0.0)
 
 
 @pytest.mark.slow   # ~2 s: two trainings

@@ -6,25 +6,28 @@ job's time is that iteration times the iterations it will run, plus the forward 
 over the held-out rows that early stopping reads each epoch, plus the job's fixed costs:
 
     start-up (measured: from the statement's start to the estimate)
-    + epochs x (iterations per epoch x (iteration + per-iteration overhead)
+    + epochs x (iterations per epoch x (iteration x scale + batch wait) + epoch's stream
                 + validation rows / batch x forward)
     + one last forward pass over the validation rows (the summary's val_metric)
     + one more capture and plan when the last batch of an epoch is smaller than the others
     + the finish (storing the model, the collection after the job)
+    + a fresh process's first job's one-off costs (first calls of the ops, lazy imports)
 
 * The start-up is what the statement has spent before the estimate is said, measured, not
   predicted: in a fresh process the imports (torch, the scheduler), loading the latency
   predictor, the first capture; in any process reading and encoding the rows and the
   first batch's capture and plan (``TrainLoop.prepare``). Issue 32 found it left out:
   13 s of a fresh process's 14 s first train().
-* The per-iteration overhead and the finish are what no op latency holds: fetching each
-  batch from DuckDB (and tokenising it), the executor's dispatch of every node, the step's
-  bookkeeping; storing and collecting after the last epoch. Issue 32 measured them at 2-5x
-  the predicted ops of small MLPs and linear models. They are learned from the jobs this
-  machine ran (:func:`learn`, after each job: measured minus predicted), per device, input
-  kind and arch, and kept beside the latency predictor (``overheads.json`` in the cache
-  directory), so a fresh process's first job starts from the last ones'. A kind never
-  trained on this machine has none (the estimate is then the ops alone, as before).
+* The rest is what no op latency holds (``Overheads``): the executor's dispatch and the
+  step's bookkeeping (``scale``, measured step seconds per predicted op second), waiting
+  for each batch and starting each epoch's stream from DuckDB (``batch``, ``epoch``),
+  storing and collecting after the last epoch (``finish``), a fresh process's first job's
+  one-off costs (``cold``). Issue 32 measured them at 2-5x the predicted ops of small MLPs
+  and linear models. They are learned from the jobs this machine ran (:func:`learn`, after
+  each train(): measured against predicted), per device, input kind and arch, and kept
+  beside the latency predictor (``overheads.json`` in the cache directory), so a fresh
+  process's first job starts from the last ones'. A kind never trained on this machine
+  has none (the estimate is then the ops alone, as before).
 
 The last-batch capture is measured, not predicted: a new batch shape is a new graph,
 captured and planned once (as long as the first batch's took, timed just before).
@@ -53,19 +56,18 @@ __all__ = ["Estimate", "Measured", "Overheads", "estimate", "learn", "overheads"
 class Overheads:
     """What the jobs of one kind spent beyond their predicted ops, in seconds (learned)."""
 
-    iteration: float = 0.0   # per iteration, in its step beyond the predicted ops (the executor's dispatch,
-                             # bookkeeping; negative where the predictor says more than the ops take)
+    scale: float = 1.0       # an iteration's measured seconds in its step per predicted second of its ops
+                             # (the executor's dispatch, bookkeeping; below 1 where the predictor says more)
     epoch: float = 0.0       # per epoch, outside the steps: starting and ending the epoch's stream
     batch: float = 0.0       # per iteration, outside its step: waiting for its batch (fetching, tokenising)
-    steps: float = 0.0       # per job, in its steps: the first iterations' (timed op by op for plan updating)
     finish: float = 0.0      # after the last epoch: storing the model, the collection
     cold: float = 0.0        # a process's first job, beyond the others': first calls, lazy imports, warm caches
     # the last jobs' (iterations per epoch, seconds per epoch outside the steps): ``epoch`` and
     # ``batch`` are the line through them (a job size alone: all of it per epoch)
     rests: tuple[tuple[int, float], ...] = ()
-    # the last jobs' (iterations, seconds in their steps beyond the predicted ops): ``steps`` and
-    # ``iteration`` are the line through them (a job size alone: all of it per iteration)
-    excess: tuple[tuple[int, float], ...] = ()
+    # the last jobs' (predicted seconds of their steps' ops, measured seconds in their steps):
+    # ``scale`` is their ratio, pooled (the long jobs, where seconds are many, weigh the most)
+    excess: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,14 +87,14 @@ class Estimate:
 
     @property
     def epoch_seconds(self) -> float:
-        per_iteration = max(0.0, self.iteration + self.overheads.iteration) + self.overheads.batch
+        per_iteration = self.iteration * self.overheads.scale + self.overheads.batch
         return (self.iterations * per_iteration + self.overheads.epoch
                 + (self.val_batches * self.forward if self.validate_epochs else 0.0))
 
     @property
     def seconds(self) -> float:
         return (self.startup + self.epochs * self.epoch_seconds + self.val_batches * self.forward + self.capture
-                + self.overheads.steps + self.overheads.finish + (self.overheads.cold if self.cold else 0.0))
+                + self.overheads.finish + (self.overheads.cold if self.cold else 0.0))
 
 
 def estimate(seq, *, n_train: int, n_val: int, batch_size: int, epochs: int, validate_epochs: bool,
@@ -160,10 +162,11 @@ def _learned(known: Overheads, est: Estimate, measured: Measured) -> Overheads:
     rest = max(0.0, (sum(measured.epochs) - sum(measured.steps)) / epochs
                - (validation if est.validate_epochs else 0.0))
     rests = (*known.rests, (est.iterations, rest))[-RESTS:]
-    excess = (*known.excess, (iterations, sum(measured.steps) - est.capture - iterations * est.iteration))[-RESTS:]
+    excess = (*known.excess, (iterations * est.iteration, max(0.0, sum(measured.steps) - est.capture)))[-RESTS:]
     epoch, batch = _line(rests)
-    steps, iteration = _line(excess, signed=True)
-    return dataclasses.replace(known, iteration=iteration, epoch=epoch, batch=batch, steps=steps,
+    predicted = sum(x for x, _ in excess)
+    scale = sum(y for _, y in excess) / predicted if predicted > 0 else known.scale
+    return dataclasses.replace(known, scale=scale, epoch=epoch, batch=batch,
                                finish=_towards(known.finish, max(0.0, measured.finish - validation)),
                                rests=rests, excess=excess)
 
@@ -176,17 +179,14 @@ def _towards(old: float, new: float) -> float:
     return old + LEARNING_RATE * (new - old)
 
 
-def _line(points, signed: bool = False) -> tuple[float, float]:
-    """(intercept >= 0, slope) of the least-squares line through (x, y) ``points``. Where the
-    points have one x: all of it the intercept, or with ``signed`` (a slope that may be
-    negative) all of it the slope; a negative slope otherwise: the mean as the intercept."""
+def _line(points) -> tuple[float, float]:
+    """(intercept, slope), both >= 0, of the least-squares line through (x, y) ``points``; all of
+    it the intercept where the points have one x or the slope comes out negative."""
     xs, ys = [p[0] for p in points], [p[1] for p in points]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     sxx = sum((x - mx) ** 2 for x in xs)
-    if not sxx:
-        return (0.0, my / mx) if signed else (max(0.0, my), 0.0)
-    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
-    if slope <= 0 and not signed:
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else 0.0
+    if slope <= 0:
         return max(0.0, my), 0.0
     intercept = my - slope * mx
     if intercept < 0:   # through the origin instead
