@@ -86,11 +86,12 @@ SERVER = textwrap.dedent('''
         second has just been recorded 'running'."""
         save, started = trials.save, []
 
-        def saved(cur, record):
-            save(cur, record)
-            say("saved", record["trial"], record["status"])
-            if record["status"] == "running":
-                started.append(record["trial"])
+        def saved(cur, *records):   # trials.save writes the trials that start or end together at once
+            save(cur, *records)
+            for record in records:
+                say("saved", record["trial"], record["status"])
+                if record["status"] == "running":
+                    started.append(record["trial"])
             if len(started) == 2:
                 wait_here("trial")
         trials.save = saved

@@ -329,3 +329,38 @@ def test_one_best_trial_rule_for_the_search_the_stored_trials_and_bigquery_ml():
         assert sql == ([] if best_trial(rows, direction) is None else [best_trial(rows, direction)]), (case, rows)
     assert best_trial([(3, 0.5), (1, 0.9), (2, 0.9)], "maximize") == 1 == optimal([(3, 0.5), (1, 0.9), (2, 0.9)])
     assert best_trial([(1, None), (2, None)], "maximize") is None and optimal([(2, None), (1, None)]) == 1
+
+
+@pytest.mark.slow   # ~6 s: a search of 6 trials and each trained alone
+def test_a_search_reads_its_source_once_and_writes_its_trials_together_each_equal_to_train_alone(db, monkeypatch):
+    """Issue 32: the per-trial fixed costs. The source is read, encoded and materialised once
+    for every trial (training.SharedRows), not once per trial; the trials that start or end
+    together are written in one statement; each trial's model is still the one train() makes
+    alone with its arguments, and no scratch table is left."""
+    from dbml.core import training
+    from dbml.search import trials as store
+
+    reads, writes, kept = [], [], {}
+    read, save, keep = training._read, store.save, search.Search._keep_if_best
+    monkeypatch.setattr(training, "_read", lambda *a, **k: reads.append(a[5]) or read(*a, **k))
+    monkeypatch.setattr(store, "save", lambda cur, *records: writes.append(len(records)) or save(cur, *records))
+
+    def keeping(self, trial):
+        if trial.trained is not None:
+            kept[trial.number] = {k: v.clone() for k, v in trial.trained.module.state_dict().items()}
+        return keep(self, trial)
+    monkeypatch.setattr(search.Search, "_keep_if_best", keeping)
+    space = {"lr": {"choice": [0.003, 0.01, 0.03]}, "hidden": {"choice": [[8], [16, 8]]}}
+    rows = rows_of(tune(db, space=space, sampler="grid", pruner="none"))
+    assert len(rows) == 6 and all(r["status"] == "finished" for r in rows)
+    assert len(reads) == 1, reads                           # one reading for six trials in several jobs
+    writes = [n for n in writes if n]
+    # a start and an end row each and the best's stored version, in fewer writes than rows
+    assert sum(writes) == 13 and len(writes) < 10, writes
+    assert db.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = 'dbml_scratch'").fetchall() == [(0,)]
+    for r in rows:
+        name = f"alone{r['trial']}"
+        db.execute(f"SELECT train('{name}', 'moons', {FIXED}, lr := ?, hidden := ?)",
+                   [json.loads(r["params"])["lr"], json.loads(r["params"])["hidden"]])
+        alone = catalog.load(db, name, 1).module.state_dict()
+        assert all(torch.equal(kept[r["trial"]][k], alone[k]) for k in alone), r["params"]

@@ -61,6 +61,7 @@ class RemoteProgress:
                  reporter: "Reporter | None" = None, node_id: str = ""):
         self.task, self.id, self.rank, self.collective = task, task.job_id, rank, collective
         self.validate_epochs = task.validate_epochs
+        self.since = time.perf_counter()   # the worker's start-up, as the estimate counts it
         self.worker = {"rank": rank, "node": node, "device": device, "pid": os.getpid(), "node_id": node_id}
         self._cancel = threading.Event()
         self._reason: str | None = None

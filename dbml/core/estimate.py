@@ -1,22 +1,40 @@
-"""How long a training job will take, said before it trains (issue 24, part 2).
+"""How long a training job will take, said before it trains (issue 24, part 2; issue 32).
 
 The planner already predicts every op of one iteration (the access sequence it plans on,
 from the latency predictor or the roofline model: ``dbml.scheduler.latency``), so the
 job's time is that iteration times the iterations it will run, plus the forward passes
-over the held-out rows that early stopping reads each epoch:
+over the held-out rows that early stopping reads each epoch, plus the job's fixed costs:
 
-    epochs x (iterations per epoch x iteration + validation rows / batch x forward)
+    start-up (measured: from the statement's start to the estimate)
+    + epochs x (iterations per epoch x (iteration x scale + batch wait) + epoch's stream
+                + validation rows / batch x forward)
     + one last forward pass over the validation rows (the summary's val_metric)
     + one more capture and plan when the last batch of an epoch is smaller than the others
+    + the finish (storing the model, the collection after the job)
+    + a fresh process's first job's one-off costs (first calls of the ops, lazy imports)
 
-The last term is measured, not predicted: a new batch shape is a new graph, captured and
-planned once (as long as the first batch's took, timed just before); on small models it
-is most of the job's time (0.6 s of a 0.8 s loop of 560 iterations of a linear model).
+* The start-up is what the statement has spent before the estimate is said, measured, not
+  predicted: in a fresh process the imports (torch, the scheduler), loading the latency
+  predictor, the first capture; in any process reading and encoding the rows and the
+  first batch's capture and plan (``TrainLoop.prepare``). Issue 32 found it left out:
+  13 s of a fresh process's 14 s first train().
+* The rest is what no op latency holds (``Overheads``): the executor's dispatch and the
+  step's bookkeeping (``scale``, measured step seconds per predicted op second), waiting
+  for each batch and starting each epoch's stream from DuckDB (``batch``, ``epoch``),
+  storing and collecting after the last epoch (``finish``), a fresh process's first job's
+  one-off costs (``cold``). Issue 32 measured them at 2-5x the predicted ops of small MLPs
+  and linear models. They are learned from the jobs this machine ran (:func:`learn`, after
+  each train(): measured against predicted), per device, input kind and arch, and kept
+  beside the latency predictor (``overheads.json`` in the cache directory), so a fresh
+  process's first job starts from the last ones'. A kind never trained on this machine
+  has none (the estimate is then the ops alone, as before).
+
+The last-batch capture is measured, not predicted: a new batch shape is a new graph,
+captured and planned once (as long as the first batch's took, timed just before).
 
 ``epochs`` is the upper bound: early stopping may end sooner. The sequence is planned
 for the first batch at its full size (sequences at their longest), so a job of
-variable-length texts usually runs faster than said. Fetching rows from DuckDB and the
-per-iteration bookkeeping outside the captured step are not in it.
+variable-length texts usually runs faster than said.
 
 A job whose estimate passes the ``slow_train_seconds`` setting says so, with cheaper
 choices, in its ``warnings``; ``dbml_jobs`` shows the estimate while it runs.
@@ -24,10 +42,32 @@ choices, in its ``warnings``; ``dbml_jobs`` shows the estimate while it runs.
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+import os
+import dataclasses
+import threading
+from dataclasses import asdict, dataclass
 
-__all__ = ["Estimate", "estimate", "slow_warning", "cheaper_choices"]
+__all__ = ["Estimate", "Measured", "Overheads", "estimate", "learn", "overheads", "slow_warning", "cheaper_choices"]
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """What the jobs of one kind spent beyond their predicted ops, in seconds (learned)."""
+
+    scale: float = 1.0       # an iteration's measured seconds in its step per predicted second of its ops
+                             # (the executor's dispatch, bookkeeping; below 1 where the predictor says more)
+    epoch: float = 0.0       # per epoch, outside the steps: starting and ending the epoch's stream
+    batch: float = 0.0       # per iteration, outside its step: waiting for its batch (fetching, tokenising)
+    finish: float = 0.0      # after the last epoch: storing the model, the collection
+    cold: float = 0.0        # a process's first job, beyond the others': first calls, lazy imports, warm caches
+    # the last jobs' (iterations per epoch, seconds per epoch outside the steps): ``epoch`` and
+    # ``batch`` are the line through them (a job size alone: all of it per epoch)
+    rests: tuple[tuple[int, float], ...] = ()
+    # the last jobs' (predicted seconds of their steps' ops, measured seconds in their steps):
+    # ``scale`` is their ratio, pooled (the long jobs, where seconds are many, weigh the most)
+    excess: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -41,26 +81,160 @@ class Estimate:
     epochs: int            # the most epochs the job runs
     validate_epochs: bool  # whether every epoch ends with a pass over the validation rows
     capture: float = 0.0   # seconds to capture and plan one more batch shape (the last, smaller batch)
+    startup: float = 0.0   # seconds spent before the estimate, measured: the statement's start to the first plan
+    overheads: Overheads = Overheads()   # learned fixed costs of jobs like this one (learn)
+    cold: bool = False     # the process's first job: its one-off costs (overheads.cold) are counted
 
     @property
     def epoch_seconds(self) -> float:
-        return self.iterations * self.iteration + (self.val_batches * self.forward if self.validate_epochs else 0.0)
+        per_iteration = self.iteration * self.overheads.scale + self.overheads.batch
+        return (self.iterations * per_iteration + self.overheads.epoch
+                + (self.val_batches * self.forward if self.validate_epochs else 0.0))
 
     @property
     def seconds(self) -> float:
-        return self.epochs * self.epoch_seconds + self.val_batches * self.forward + self.capture
+        return (self.startup + self.epochs * self.epoch_seconds + self.val_batches * self.forward + self.capture
+                + self.overheads.finish + (self.overheads.cold if self.cold else 0.0))
 
 
 def estimate(seq, *, n_train: int, n_val: int, batch_size: int, epochs: int, validate_epochs: bool,
-             prepare_seconds: float = 0.0) -> Estimate:
+             prepare_seconds: float = 0.0, startup: float = 0.0, learned: Overheads = Overheads(),
+             cold: bool = False) -> Estimate:
     """The job's estimate from ``seq``, the ``AccessSequence`` of its first batch (of
     ``min(batch_size, n_train)`` rows): op ``end`` times are the predicted latencies, summed.
-    ``prepare_seconds``: what capturing and planning that batch took."""
+    ``prepare_seconds``: what capturing and planning that batch took; ``startup``: what the
+    statement spent before now (measured); ``learned``: jobs like this one's fixed costs
+    (:func:`overheads`); ``cold``: the process's first job."""
     rows = max(1, min(batch_size, n_train))
     forward = sum(op.end - op.start for op in seq.ops if op.phase == "forward")
     return Estimate(iteration=seq.duration, forward=forward, iterations=math.ceil(n_train / rows),
                     val_batches=n_val / rows, epochs=epochs, validate_epochs=validate_epochs and n_val > 0,
-                    capture=prepare_seconds if n_train % rows else 0.0)
+                    capture=prepare_seconds if n_train % rows else 0.0, startup=startup, overheads=learned,
+                    cold=cold)
+
+
+# -- the fixed costs, learned from the jobs that ran ------------------------------------------------
+
+# How much a new measurement moves the learned figure: half, so one job on a loaded machine
+# does not set it alone, and a change (a quieter machine) is followed within a few jobs.
+LEARNING_RATE = 0.5
+_LEARNED: dict[str, Overheads] = {}   # key (device, kind, arch) -> overheads; loaded once from the file
+_LOCK = threading.Lock()
+_FILE = "overheads.json"
+
+
+def _key(device: str, kind: str, arch: str | None) -> str:
+    return "/".join((device, kind, arch or "*"))
+
+
+def overheads(device: str, kind: str, arch: str) -> Overheads:
+    """The learned fixed costs of a job of ``arch`` on ``kind`` inputs on ``device``; those of
+    the kind's other archs where this arch never ran; none (zeros) where the kind never ran."""
+    with _LOCK:
+        table = _table()
+        return table.get(_key(device, kind, arch)) or table.get(_key(device, kind, None)) or Overheads()
+
+
+def learn(device: str, kind: str, arch: str, est: Estimate, measured: Measured) -> Overheads:
+    """After a job: what it spent beyond its estimate's predicted parts, folded into what
+    jobs like it are estimated with; the new figures. A process's first job (``est.cold``)
+    teaches only ``cold``: what it spent beyond what a later job would have."""
+    epochs = len(measured.epochs)
+    if epochs == 0 or est.iterations == 0:
+        return overheads(device, kind, arch)
+    with _LOCK:
+        table = _table()
+        for key in (_key(device, kind, arch), _key(device, kind, None)):
+            table[key] = _learned(table.get(key) or Overheads(), est, measured)
+        _save(table)
+        return table[_key(device, kind, arch)]
+
+
+def _learned(known: Overheads, est: Estimate, measured: Measured) -> Overheads:
+    """``known`` moved towards what one job measured (``LEARNING_RATE`` of the way)."""
+    epochs = len(measured.epochs)
+    validation = est.val_batches * est.forward
+    if est.cold:
+        warm = dataclasses.replace(est, overheads=known, cold=False, epochs=epochs, startup=0.0)
+        spent = sum(measured.epochs) + measured.finish
+        return dataclasses.replace(known, cold=_towards(known.cold, max(0.0, spent - warm.seconds)))
+    iterations = epochs * est.iterations
+    rest = max(0.0, (sum(measured.epochs) - sum(measured.steps)) / epochs
+               - (validation if est.validate_epochs else 0.0))
+    rests = (*known.rests, (est.iterations, rest))[-RESTS:]
+    excess = (*known.excess, (iterations * est.iteration, max(0.0, sum(measured.steps) - est.capture)))[-RESTS:]
+    epoch, batch = _line(rests)
+    predicted = sum(x for x, _ in excess)
+    scale = sum(y for _, y in excess) / predicted if predicted > 0 else known.scale
+    return dataclasses.replace(known, scale=scale, epoch=epoch, batch=batch,
+                               finish=_towards(known.finish, max(0.0, measured.finish - validation)),
+                               rests=rests, excess=excess)
+
+
+# How many jobs the per-epoch, per-batch and per-iteration costs are fitted to.
+RESTS = 8
+
+
+def _towards(old: float, new: float) -> float:
+    return old + LEARNING_RATE * (new - old)
+
+
+def _line(points) -> tuple[float, float]:
+    """(intercept, slope), both >= 0, of the least-squares line through (x, y) ``points``; all of
+    it the intercept where the points have one x or the slope comes out negative."""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else 0.0
+    if slope <= 0:
+        return max(0.0, my), 0.0
+    intercept = my - slope * mx
+    if intercept < 0:   # through the origin instead
+        return 0.0, sum(x * y for x, y in points) / sum(x * x for x in xs)
+    return intercept, slope
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a job measured of the parts its estimate predicted, for :func:`learn`."""
+    epochs: list[float]   # each epoch's seconds
+    steps: list[float]    # each epoch's seconds inside its steps (the rest: fetching batches, the stream)
+    finish: float         # from the end of the last epoch to the job's end
+
+
+def _path():
+    from ..scheduler.config import cache_dir
+
+    return cache_dir() / _FILE
+
+
+def _table() -> dict[str, Overheads]:
+    """The learned figures, read from the cache directory once per process (under ``_LOCK``)."""
+    if not _LEARNED:
+        try:
+            _LEARNED.update({k: Overheads(**{**v, **{f: tuple(map(tuple, v.get(f, ()))) for f in ("rests", "excess")}})
+                             for k, v in json.loads(_path().read_text()).items()})
+        except (OSError, ValueError, TypeError):   # none yet, or unreadable: learned afresh
+            pass
+    return _LEARNED
+
+
+def _save(table: dict[str, Overheads]) -> None:
+    """Write the figures (replacing the file whole: another process reads it whole or not at all)."""
+    path = _path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}")
+        tmp.write_text(json.dumps({k: asdict(v) for k, v in table.items()}, indent=1))
+        os.replace(tmp, path)
+    except OSError:   # a read-only cache: the figures stay this process's
+        pass
+
+
+def forget() -> None:
+    """Drop what this process learned (tests: a fresh cache directory, read again)."""
+    with _LOCK:
+        _LEARNED.clear()
 
 
 def slow_warning(est: Estimate, config, spec) -> str | None:

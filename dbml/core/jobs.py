@@ -76,6 +76,9 @@ class Job:
     node: str | None = None
     device: str | None = None
     queued_for: str | None = None
+    # time.perf_counter() when the statement that started the job began: what its estimate
+    # counts its start-up from (imports, reading rows, the first plan: dbml.core.estimate)
+    since: float = field(default_factory=time.perf_counter)
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     _done: threading.Event = field(default_factory=threading.Event, repr=False)
     _scheduler: object = field(default=None, repr=False)
@@ -243,12 +246,15 @@ class JobManager:
         self._lock = threading.Lock()
 
     def submit(self, spec, connection: int | None = None,
-               run: Callable[[duckdb.DuckDBPyConnection, object, Job], dict] | None = None) -> Job:
+               run: Callable[[duckdb.DuckDBPyConnection, object, Job], dict] | None = None,
+               since: float | None = None) -> Job:
         """Start a training job on a thread of its own; return it at once. ``connection``:
         the DuckDB connection id of the statement that starts it. ``run``: what the job does
-        instead of the manager's function (a tune() trial trains without storing)."""
+        instead of the manager's function (a tune() trial trains without storing). ``since``:
+        ``time.perf_counter()`` when the statement began (default: now)."""
         cur = self._cursor()
-        job = Job(id=next_job_id(cur), model=spec.model, epochs=spec.epochs, connection=connection)
+        job = Job(id=next_job_id(cur), model=spec.model, epochs=spec.epochs, connection=connection,
+                  **({} if since is None else {"since": since}))
         job._memory = self._memory
         thread = threading.Thread(target=self._run, args=(job, spec, cur, run or self._run_job),
                                   name=f"dbml-job-{job.id}", daemon=True)
@@ -441,7 +447,8 @@ def _message(e: BaseException) -> str:
     return str(e) if isinstance(e, DbmlError) else f"{type(e).__name__}: {e}"
 
 
-def train_all(manager: JobManager, calls: list[TrainCall], connection: int | None = None) -> list[dict]:
+def train_all(manager: JobManager, calls: list[TrainCall], connection: int | None = None,
+              since: float | None = None) -> list[dict]:
     """Start every row's job at once; return one row per call.
 
     Unless every row says ``wait := false``, return when all jobs have ended. Then a row
@@ -449,9 +456,10 @@ def train_all(manager: JobManager, calls: list[TrainCall], connection: int | Non
     first such row's, after the others ended and stored their models); under 'continue'
     it returns its status and error, as does a row whose arguments were invalid (no job).
     An interrupt of the statement (Ctrl-C, or ``connection``'s interrupt) cancels its jobs
-    and raises ``Interrupted`` (``JobManager.wait_statement``).
+    and raises ``Interrupted`` (``JobManager.wait_statement``). ``since``: ``time.perf_counter()``
+    when the statement began (its jobs' estimates count their start-up from it).
     """
-    jobs = [manager.submit(c.spec, connection) if c.spec is not None else None for c in calls]
+    jobs = [manager.submit(c.spec, connection, since=since) if c.spec is not None else None for c in calls]
     if any(c.wait for c in calls):
         manager.wait_statement([job for job in jobs if job is not None], connection)
         for c, job in zip(calls, jobs):

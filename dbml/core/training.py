@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 from sqlglot import exp
 
 from . import catalog, checkpoints, heldout, models, placement, runners, threads
-from .estimate import Estimate, estimate, slow_warning
+from .estimate import Estimate, Measured, estimate, learn, overheads, slow_warning
 from .columns import MEMORY_FIELDS
 from .data import BatchStream, StreamStats, drop_scratch, scratch_rows
 from ..errors import SourceError, TrainingError, scheduler_errors
@@ -79,6 +80,7 @@ class Progress(JobHandle, Protocol):
     """
 
     id: int   # the job's id: its scratch table and its summary row
+    since: float   # time.perf_counter() when the statement that started the job began (the estimate's start-up)
 
     def begin(self, epochs: int, steps_per_epoch: int) -> None:
         """Before the first epoch."""
@@ -125,6 +127,7 @@ class Trained:
     started: float         # time.perf_counter() when the job started
     warnings: tuple[str, ...] = ()   # what looks wrong with the data (label_warnings)
     held_out_bucket: int | None = None   # the split's exact hash bucket (Scratch), stored in params
+    said: "Said | None" = None   # the estimate said before training, to learn from once the job ends
 
     def summary(self, job_id: int, version: int | None) -> dict:
         """The train() row of the job, stored as ``version``."""
@@ -152,8 +155,11 @@ def train(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -
         trained.metrics["cross_validation"] = folds
     progress.check()
     summary = trained.summary(progress.id, store(cur, trained))
+    said = trained.said
     del trained        # the module and the blob it was stored as: what malloc keeps goes back too
     give_back_host_memory()
+    if said is not None:   # what the job spent beyond its estimate, learned for the next ones
+        learn(*said.key, said.estimate, Measured(said.epochs, said.steps, time.perf_counter() - said.trained))
     return summary
 
 
@@ -185,9 +191,10 @@ def cross_validate(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Pr
 
 
 def fit(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress,
-        fold: tuple[int, int] | None = None) -> Trained:
+        fold: tuple[int, int] | None = None, shared: "SharedRows | None" = None) -> Trained:
     """Train one job's model, storing nothing (``train`` stores it; tune() keeps only its best trial);
-    ``fold`` (i, k): holding out the i-th of k folds instead of the job's validation rows.
+    ``fold`` (i, k): holding out the i-th of k folds instead of the job's validation rows;
+    ``shared``: the statement's rows, read once for its jobs (a tune()'s trials: ``SharedRows``).
 
     The job's encoded rows live in a table of the in-memory scratch database
     ``dbml_scratch`` (attached by install, gone with the process), which every cursor can
@@ -195,7 +202,7 @@ def fit(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress,
     """
     started = time.perf_counter()
     try:
-        with scratch(cur, spec, progress, fold) as data:
+        with scratch(cur, spec, progress, fold, shared) as data:
             placement.check_access(data.spec, cur)   # also checked before the statement starts its jobs
             if placement.is_local(data.spec):
                 result = _fit_model(cur, data.table, data.prep, data.spec, data.n_train, data.n_val, progress)
@@ -206,7 +213,17 @@ def fit(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress,
         give_back_host_memory()
     warnings = label_warnings(data.prep, data.n_train + data.n_val) + tuple(result["metrics"].get("warnings", ()))
     return Trained(result["spec"], data.prep, result["config"], result["module"], result["metrics"], result["memory"],
-                   data.n_train, data.skipped, started, warnings, data.held_out_bucket)
+                   data.n_train, data.skipped, started, warnings, data.held_out_bucket, result.get("said"))
+
+
+@dataclass(frozen=True)
+class Said:
+    """A job's estimate and what it measured, for ``estimate.learn`` once the job ends."""
+    key: tuple[str, str, str]   # (device, input kind, arch): whose fixed costs it teaches
+    estimate: Estimate
+    epochs: list[float]         # each epoch's measured seconds
+    steps: list[float]          # ... of which inside its steps
+    trained: float              # time.perf_counter() when the last epoch ended
 
 
 def give_back_host_memory() -> None:
@@ -232,19 +249,34 @@ class Scratch:
 
 @contextmanager
 def scratch(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress,
-            fold: tuple[int, int] | None = None) -> Iterator[Scratch]:
+            fold: tuple[int, int] | None = None, shared: "SharedRows | None" = None) -> Iterator[Scratch]:
     """The job's source checked, its preprocessing fitted and its rows materialised
     (``_materialise``) into the job's scratch table, dropped when the block ends; ``fold``
-    (i, k): the i-th of k folds held out (``_fold_buckets``) instead of the job's validation rows."""
+    (i, k): the i-th of k folds held out (``_fold_buckets``) instead of the job's validation rows.
+    ``shared``: the rows of the statement's jobs, read once (``SharedRows``), dropped with it."""
+    if shared is not None and fold is None:
+        threads.use(spec.settings.torch_threads)
+        yield shared.rows(cur, spec, progress)
+        return
     threads.use(spec.settings.torch_threads)
     select_sql, columns = job_source(cur, spec)
+    data = _read(cur, spec, progress, select_sql, columns, f"dbml_scratch.job_{progress.id}", fold)
+    try:
+        yield data
+    finally:
+        _drop_scratch(cur, data.table)
+
+
+def _read(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress, select_sql: exp.Query, columns,
+          table: str, fold: tuple[int, int] | None) -> Scratch:
+    """``scratch``'s work: the preprocessing fitted, the split chosen and the rows materialised
+    into ``table`` (dropped again if that fails; the caller drops it once done)."""
     by = split_column(columns, spec)   # split := 'custom' / 'seq': it splits, never a feature
     columns = [c for c in columns if by is None or c.name != by.name]
     prep = fit_preprocessing(cur, select_sql, columns, label=spec.label,
                              features=None if spec.features is None else list(spec.features), task=spec.task,
                              text=spec.text, shape=spec.shape, image_size=spec.image_size,
                              series_scale=spec.series_scale)
-    table = f"dbml_scratch.job_{progress.id}"
     # one scan counts the rows, and those with a usable label (the split's)
     counts = exp.select("count(*)", exp.Filter(this=exp.func("count", exp.Star()), expression=exp.Where(
         this=_parsed(prep.label_filter())))).from_(_parsed(select_sql).subquery())
@@ -263,9 +295,56 @@ def scratch(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress,
         progress.check()
         n_train, n_val = _materialise(cur, table, select_sql, prep, spec, bucket, low, rule)
         progress.check()
-        yield Scratch(spec, table, prep, n_train, n_val, total - n_train - n_val, bucket)
-    finally:
+    except BaseException:
         _drop_scratch(cur, table)
+        raise
+    return Scratch(spec, table, prep, n_train, n_val, total - n_train - n_val, bucket)
+
+
+# What a job's rows depend on (its scratch table, its preprocessing): jobs of one statement that
+# agree on these read the same rows in the same order, so they can share one reading
+# (``SharedRows``). Everything else a trial varies (lr, hidden, batch_size...) is the model's.
+ROWS_FIELDS = ("source", "label", "features", "task", "text", "shape", "image_size", "series_scale", "seed",
+               "validation", "split", "split_col")
+
+
+class SharedRows:
+    """The scratch tables of one statement's jobs (a tune()'s trials), each set of rows read,
+    encoded and materialised once, by the first job that needs it, and dropped by ``close``.
+    Issue 32: reading the table again per trial was a fixed cost of every trial; a trial
+    that reads the shared rows trains on exactly the rows a lone train() reads (the one
+    order ``_materialise`` stores them in), so its result is the same."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._rows: dict[tuple, Scratch] = {}
+        self._reading: dict[tuple, threading.Lock] = {}
+
+    @staticmethod
+    def key(spec: TrainSpec) -> tuple:
+        return (*(repr(getattr(spec, f)) for f in ROWS_FIELDS), spec.settings.sources)
+
+    def rows(self, cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress) -> Scratch:
+        """``spec``'s rows (as ``scratch`` makes them), read by this job if no job has yet."""
+        key = self.key(spec)
+        with self._lock:
+            reading = self._reading.setdefault(key, threading.Lock())
+        with reading:   # one job reads; the others of the same rows wait for it
+            with self._lock:
+                data = self._rows.get(key)
+            if data is None:
+                select_sql, columns = job_source(cur, spec)
+                data = _read(cur, spec, progress, select_sql, columns, f"dbml_scratch.rows_{progress.id}", None)
+                with self._lock:
+                    self._rows[key] = data
+        return dataclasses.replace(data, spec=dataclasses.replace(spec, validation=data.spec.validation))
+
+    def close(self, cur: duckdb.DuckDBPyConnection) -> None:
+        """Drop the tables (once no job reads them)."""
+        with self._lock:
+            tables, self._rows = [d.table for d in self._rows.values()], {}
+        for table in tables:
+            _drop_scratch(cur, table)
 
 
 def label_warnings(prep: Preprocessing, rows: int) -> tuple[str, ...]:
@@ -404,6 +483,14 @@ class TrainLoop:
         self.random = rng.JobRandom(spec.seed, device)
         self._whole_step = isinstance(runner, EagerStep) and any(
             isinstance(m, torch.nn.modules.dropout._DropoutNd) for m in module.modules())
+        self.learns = (device, config.inputs.kind, config.arch)   # whose fixed costs it is estimated with
+        self.step_seconds: list[float] = []   # each epoch's seconds inside step() (estimate.Measured)
+        self._stepping = 0.0
+
+    def measured(self, history: list[dict]) -> "Said | None":
+        """The estimate and this run's epochs, once they have ended (None: nothing was estimated)."""
+        return None if self.estimate is None else Said(self.learns, self.estimate, [r["seconds"] for r in history],
+                                                       self.step_seconds, time.perf_counter())
 
     def prepare(self) -> None:
         """The first batch's graph and plan, while DuckDB reads the rows."""
@@ -411,12 +498,14 @@ class TrainLoop:
         label = torch.int64 if self.prep.task == "classification" else torch.float32
         started = time.perf_counter()
         runners.prepare(self.runner, models.sample_input(self.config, rows, self.device), label, self.device)
-        prepare_seconds = time.perf_counter() - started
+        now = time.perf_counter()
         schedule = schedule_of(self.runner)
         if schedule is not None:   # eager (and Capuchin before its first iteration) plan nothing ahead
             self.estimate = estimate(schedule[1], n_train=self.n_train, n_val=self.n_val,
                                      batch_size=self.spec.batch_size, epochs=self.spec.epochs,
-                                     validate_epochs=self.validate is not None, prepare_seconds=prepare_seconds)
+                                     validate_epochs=self.validate is not None, prepare_seconds=now - started,
+                                     startup=now - self.progress.since, learned=overheads(*self.learns),
+                                     cold=first_job())
             self.slow = slow_warning(self.estimate, self.config, self.spec)
             self.progress.estimated(self.estimate.seconds, self.slow)
 
@@ -429,13 +518,17 @@ class TrainLoop:
         if not self._measured:
             self.vanilla = runners.vanilla_peak(self.module, self.loss_fn, runners.RunnerParams.of(self.spec), x, y)
             self._measured = True
+        started = time.perf_counter()
         loss = self.random.call(self.runner.step, x, y) if self._whole_step else self.runner.step(x, y)
         self.progress.step(len(y))
+        self._stepping += time.perf_counter() - started
         return loss
 
     def end_epoch(self, record: dict) -> bool:
         """Report the epoch (with its validation, when measured); True to stop training here:
         ``early_stop`` and no better validation loss for ``patience`` epochs."""
+        self.step_seconds.append(self._stepping)
+        self._stepping = 0.0
         if self.validate is not None:
             record.update(self.validate(self.forward_now()))
         self.history.append(record)
@@ -481,6 +574,15 @@ class TrainLoop:
         """The summary's memory figures, once the loop has ended."""
         stats = {**self.runner.stats(), "latency_model": self.runner.latency_source}
         return runners.memory_summary(stats, self.vanilla, getattr(self, "real", None))
+
+
+_FIRST = threading.Lock()   # held for good by the process's first job to plan (first_job)
+
+
+def first_job() -> bool:
+    """Whether the caller is the process's first job to be estimated: the one that pays the
+    process's one-off costs after its estimate (first calls of the ops, lazy imports)."""
+    return _FIRST.acquire(blocking=False)
 
 
 def schedule_of(runner) -> tuple | None:
@@ -541,14 +643,15 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
                                                     loop.end_epoch, loop.prepare, convert=_converter(prep, "train"),
                                                     history=loop.history)
             runner.finish()
+            said = loop.measured(history) if resume is None else None   # a resumed run's epochs are not all its own
         finally:
             runner.close()
             real.stop()
             progress.release_scheduler()
     loop.real = real.result
     loop.restore_best()
-    return trained_result(cur, table, prep, spec, config, module, loss_fn, device, n_val, history,
-                          stream_stats, loop.memory(), loop.early.best_epoch, loop.said())
+    return {**trained_result(cur, table, prep, spec, config, module, loss_fn, device, n_val, history,
+                             stream_stats, loop.memory(), loop.early.best_epoch, loop.said()), "said": said}
 
 
 def trained_result(cur, table: str, prep: Preprocessing, spec: TrainSpec, config: models.ModelConfig,

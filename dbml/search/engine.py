@@ -138,6 +138,7 @@ class Search:
         self.asked = 0
         self.points = iter(())              # a grid's points not yet enqueued, in the order tried
         self._lock = threading.Lock()       # Optuna's study, from the job threads and this one
+        self.rows = training.SharedRows()   # the source read once for every trial (issue 32)
 
     # -- the call ------------------------------------------------------------------------
     def run(self) -> list[dict]:
@@ -150,7 +151,10 @@ class Search:
                 self._say_stored(self._store_best())
                 return store.rows(self.cur, self.model, [t.number for t in self.trials])
             finally:
-                self.cur.close()
+                try:
+                    self.rows.close(self.cur)   # every trial has ended (or the search waited STOP_S for them)
+                finally:
+                    self.cur.close()
 
     def _run(self, wait: Wait) -> None:
         try:
@@ -303,14 +307,14 @@ class Search:
         else:
             members = [self._member(trial, spec) for trial, spec in group]
             job = self.manager.submit(group[0][1], self.connection,
-                                      run=fusion.work(members, self.request.objective != "loss"))
+                                      run=fusion.work(members, self.request.objective != "loss", self.rows))
             for (trial, _), member in zip(group, members):
                 trial.job, member.job = member, job
         wait.add(job)
         for trial, _ in group:
             trial.started = datetime.now()
             self.trials.append(trial)
-            store.save(self.cur, self._record(trial))
+        store.save(self.cur, *(self._record(trial) for trial, _ in group))   # one write for the job's trials
 
     def _member(self, trial: Trial, spec) -> fusion.Member:
         """``trial`` as a member of a fused job: its epochs reported, its model kept."""
@@ -323,7 +327,7 @@ class Search:
         def run(cur, spec, job: Job) -> dict:
             job.validate_epochs = self.request.objective != "loss"
             job.on_epoch = lambda record: self._epoch(trial, job, record)
-            trial.trained = training.fit(cur, spec, job)
+            trial.trained = training.fit(cur, spec, job, shared=self.rows)
             return trial.trained.summary(job.id, None)
         return run
 
@@ -344,11 +348,15 @@ class Search:
 
     # -- ended trials ------------------------------------------------------------------------
     def _collect(self) -> None:
-        for trial in self._live():
-            if trial.ended():
-                self._ended(trial)
+        """The trials that ended since the last look: told, kept if best, recorded in one write."""
+        ended = [trial for trial in self._live() if trial.ended()]
+        store.save(self.cur, *filter(None, map(self._ended, ended)))
+        for trial in ended:
+            if trial.number == self.corner and trial.status == "infeasible":
+                self._abort_infeasible(trial)
 
-    def _ended(self, trial: Trial) -> None:
+    def _ended(self, trial: Trial) -> dict | None:
+        """Tell the sampler a trial's fate and keep it if best; its record to write (None: not kept)."""
         import optuna
         job = trial.job
         state = optuna.trial.TrialState.FAIL
@@ -364,10 +372,7 @@ class Search:
         with self._lock:
             self.study.tell(trial.ask, trial.objective if trial.status == "finished" else None, state=state)
         self._keep_if_best(trial)
-        if trial.status != "cancelled":
-            store.save(self.cur, self._record(trial))
-        if trial.number == self.corner and trial.status == "infeasible":
-            self._abort_infeasible(trial)
+        return self._record(trial) if trial.status != "cancelled" else None
 
     def _failed(self, trial: Trial, error: str) -> None:
         import optuna
@@ -406,9 +411,7 @@ class Search:
                 trial.job.wait(max(0.0, deadline - time.monotonic()))
         except KeyboardInterrupt:
             pass
-        for trial in self._live():
-            if trial.ended():
-                self._ended(trial)
+        store.save(self.cur, *filter(None, (self._ended(t) for t in self._live() if t.ended())))
         store.delete(self.cur, self.model, [t.number for t in self.trials if t.status in ("running", "cancelled")])
 
     def _interrupted(self, version: int | None) -> str:

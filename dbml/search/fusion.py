@@ -202,15 +202,16 @@ class Member:
         return self.job.waiting_for_memory()
 
 
-def work(members: list[Member], validate: bool):
+def work(members: list[Member], validate: bool, shared: training.SharedRows | None = None):
     """What a fused job runs (``JobManager.submit(run=...)``): its members trained, nothing
-    stored; ``validate``: each epoch's records hold val_loss and val_metric."""
+    stored; ``validate``: each epoch's records hold val_loss and val_metric; ``shared``: the
+    search's rows, read once for its jobs."""
     def run(cur, spec: TrainSpec, job: Job) -> dict:
         job.validate_epochs = validate
         for member in members:   # before any epoch reports (the search sets it too, once submit returns)
             member.job = job
         started = time.perf_counter()
-        with training.scratch(cur, spec, job) as data:
+        with training.scratch(cur, spec, job, shared=shared) as data:
             spec = data.spec   # validation := NULL resolved for the rows (the members share it: fusion_key)
             for member in members:
                 member.spec = dataclasses.replace(member.spec, validation=spec.validation)

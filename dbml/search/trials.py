@@ -77,8 +77,16 @@ def view_sql(con: duckdb.DuckDBPyConnection, where: home.Home) -> exp.Create:
 
 
 _LOAD = (exp.select(*COLUMNS).from_(_TABLE).where("model = ?", dialect=D).order_by("trial", dialect=D))
-_SAVE = exp.insert(exp.values([tuple(exp.Placeholder() for _ in COLUMNS)]), _TABLE, columns=COLUMNS)
-_SAVE.set("alternative", "REPLACE")
+
+
+def _save_sql(rows: int) -> exp.Insert:
+    """INSERT OR REPLACE of ``rows`` trials, their values as placeholders."""
+    insert = exp.insert(exp.values([tuple(exp.Placeholder() for _ in COLUMNS) for _ in range(rows)]), _TABLE,
+                        columns=COLUMNS)
+    insert.set("alternative", "REPLACE")
+    return insert
+
+
 _DELETE = exp.delete(_TABLE, where="model = ? AND list_contains(?, trial)", dialect=D)
 _ROWS_OF = (exp.select("*").from_(ROWS.subquery()).where("model = ? AND list_contains(?, trial)", dialect=D)
             .order_by("trial", dialect=D))
@@ -115,11 +123,14 @@ def load(cur: duckdb.DuckDBPyConnection, model: str) -> list[dict]:
     return out
 
 
-def save(cur: duckdb.DuckDBPyConnection, record: dict) -> None:
-    """Write one trial (a dict of COLUMNS; params and search as Python values), replacing
-    the row of the same model and trial."""
-    values = [json.dumps(record[c]) if c in ("params", "search") else record[c] for c in COLUMNS]
-    cur.execute(home.sql(cur, _SAVE), values)
+def save(cur: duckdb.DuckDBPyConnection, *records: dict) -> None:
+    """Write trials (dicts of COLUMNS; params and search as Python values) in one statement,
+    replacing the rows of the same model and trial. One write for the trials that start or
+    end together (a fused job's): a write per trial was a tenth of a 32-trial search."""
+    if not records:
+        return
+    values = [json.dumps(r[c]) if c in ("params", "search") else r[c] for r in records for c in COLUMNS]
+    cur.execute(home.sql(cur, _save_sql(len(records))), values)
 
 
 def delete(cur: duckdb.DuckDBPyConnection, model: str, trials: list[int]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -68,6 +69,7 @@ def train(ctx: Context, *columns: pa.Array) -> pa.Array:
     """Vectorised: every row of the vector is a job; they all start at once. The last
     columns are the calling connection's id (``current_connection_id()``), whose
     ``interrupt()`` cancels the statement's jobs, and its TEMP tables and views."""
+    since = time.perf_counter()   # the jobs' estimates count the statement's start-up from here
     *columns, connection, temp_names = columns
     _writable(ctx, "train")
     calls = calls_from_sql_rows(zip(*(c.to_pylist() for c in columns)))  # all validated first
@@ -78,7 +80,7 @@ def train(ctx: Context, *columns: pa.Array) -> pa.Array:
     waiting = [c.spec.settings.progress for c in calls if c.spec is not None and c.wait]
     statement = connection[0].as_py()
     with progress.watching(ctx.instance, renderer_for(waiting[0]) if waiting else None, connection=statement):
-        summaries = jobs.train_all(ctx.instance.jobs, calls, statement)
+        summaries = jobs.train_all(ctx.instance.jobs, calls, statement, since=since)
     import pyarrow as pa
 
     from .types import TRAIN_RESULT_ARROW
