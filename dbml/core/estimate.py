@@ -49,6 +49,8 @@ import dataclasses
 import threading
 from dataclasses import asdict, dataclass
 
+from .runtime import runtime
+
 __all__ = ["Estimate", "Measured", "Overheads", "estimate", "learn", "overheads", "slow_warning", "cheaper_choices"]
 
 
@@ -118,8 +120,8 @@ def estimate(seq, *, n_train: int, n_val: int, batch_size: int, epochs: int, val
 # How much a new measurement moves the learned figure: half, so one job on a loaded machine
 # does not set it alone, and a change (a quieter machine) is followed within a few jobs.
 LEARNING_RATE = 0.5
-_LEARNED: dict[str, Overheads] = {}   # key (device, kind, arch) -> overheads; loaded once from the file
-_LOCK = threading.Lock()
+# key (device, kind, arch) -> overheads, loaded once from the file: the runtime's ``overheads``,
+# under its ``overheads_lock``
 _FILE = "overheads.json"
 
 
@@ -130,7 +132,7 @@ def _key(device: str, kind: str, arch: str | None) -> str:
 def overheads(device: str, kind: str, arch: str) -> Overheads:
     """The learned fixed costs of a job of ``arch`` on ``kind`` inputs on ``device``; those of
     the kind's other archs where this arch never ran; none (zeros) where the kind never ran."""
-    with _LOCK:
+    with runtime().overheads_lock:
         table = _table()
         return table.get(_key(device, kind, arch)) or table.get(_key(device, kind, None)) or Overheads()
 
@@ -142,7 +144,7 @@ def learn(device: str, kind: str, arch: str, est: Estimate, measured: Measured) 
     epochs = len(measured.epochs)
     if epochs == 0 or est.iterations == 0:
         return overheads(device, kind, arch)
-    with _LOCK:
+    with runtime().overheads_lock:
         table = _table()
         for key in (_key(device, kind, arch), _key(device, kind, None)):
             table[key] = _learned(table.get(key) or Overheads(), est, measured)
@@ -209,14 +211,15 @@ def _path():
 
 
 def _table() -> dict[str, Overheads]:
-    """The learned figures, read from the cache directory once per process (under ``_LOCK``)."""
-    if not _LEARNED:
+    """The learned figures, read from the cache directory once per process (under the lock)."""
+    learned = runtime().overheads
+    if not learned:
         try:
-            _LEARNED.update({k: Overheads(**{**v, **{f: tuple(map(tuple, v.get(f, ()))) for f in ("rests", "excess")}})
+            learned.update({k: Overheads(**{**v, **{f: tuple(map(tuple, v.get(f, ()))) for f in ("rests", "excess")}})
                              for k, v in json.loads(_path().read_text()).items()})
         except (OSError, ValueError, TypeError):   # none yet, or unreadable: learned afresh
             pass
-    return _LEARNED
+    return learned
 
 
 def _save(table: dict[str, Overheads]) -> None:
@@ -233,8 +236,8 @@ def _save(table: dict[str, Overheads]) -> None:
 
 def forget() -> None:
     """Drop what this process learned (tests: a fresh cache directory, read again)."""
-    with _LOCK:
-        _LEARNED.clear()
+    with runtime().overheads_lock:
+        runtime().overheads.clear()
 
 
 def slow_warning(est: Estimate, config, spec) -> str | None:

@@ -56,6 +56,11 @@ class Runtime:
         self.environment: dict[str, str] = {}
         # the interactive shell's import of torch and the scheduler while it waits (dbml.core.preload)
         self.preload = None
+        # the estimate's learned fixed costs (dbml.core.estimate: read once from the cache
+        # directory), and whether this process's first job has been estimated (training.first_job)
+        self.overheads_lock = threading.Lock()
+        self.overheads: dict = {}
+        self.first_job_taken = threading.Lock()   # held for good by the process's first job
 
     # --- the signal chain -----------------------------------------------------------------
 

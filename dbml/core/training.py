@@ -29,6 +29,7 @@ from sqlglot import exp
 
 from . import catalog, checkpoints, heldout, models, placement, runners, threads
 from .estimate import Estimate, Measured, estimate, learn, overheads, slow_warning
+from .runtime import runtime
 from .columns import MEMORY_FIELDS
 from .data import BatchStream, StreamStats, drop_scratch, scratch_rows
 from ..errors import SourceError, TrainingError, scheduler_errors
@@ -576,13 +577,10 @@ class TrainLoop:
         return runners.memory_summary(stats, self.vanilla, getattr(self, "real", None))
 
 
-_FIRST = threading.Lock()   # held for good by the process's first job to plan (first_job)
-
-
 def first_job() -> bool:
     """Whether the caller is the process's first job to be estimated: the one that pays the
     process's one-off costs after its estimate (first calls of the ops, lazy imports)."""
-    return _FIRST.acquire(blocking=False)
+    return runtime().first_job_taken.acquire(blocking=False)
 
 
 def schedule_of(runner) -> tuple | None:
