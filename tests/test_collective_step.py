@@ -32,8 +32,11 @@ from dbml.scheduler.plan.gaps import find_gaps
 from sequences import check_plan
 
 WORLD = 2
-SIZES = (64, 64, 37, 1)     # the global batches: 37 splits 18/19, 1 leaves rank 0 no rows
-SPEC = OptimizerSpec(kind="adam", lr=0.01)
+SIZES = (512, 512, 301, 1)  # the global batches: 301 splits 150/151, 1 leaves rank 0 no rows
+# SGD with momentum: its update is linear in the gradient, so the bound below measures the
+# all-reduce's summation order (Adam's first steps divide near-zero gradients by their own
+# size, which makes float32 rounding of order 1e-9 an update difference of order lr)
+SPEC = OptimizerSpec(kind="sgd", lr=0.05, momentum=0.9)
 BUDGET_SHARE = 0.7          # of the unscheduled peak (the larger worker's)
 BUCKET = 1 << 16            # small buckets: several all-reduces in each graph
 loss_fn = torch.nn.functional.cross_entropy
@@ -97,14 +100,18 @@ def _worker(rank: int, store: str, out: str) -> None:
         sched = DataParallelStep(sched_model, loss_fn, SPEC, Job(), policy="tensile", budget_bytes=budget,
                                  comm_bandwidth=bandwidth, device=CpuDevice("cpu", spill=spill), log=True,
                                  collective=collective, job=f"sched{rank}")
-        sched_losses = _run(sched, batches)
+        try:
+            sched_losses = _run(sched, batches)
+        except Exception as e:   # noqa: BLE001 - the test reports it with the executor's figures
+            sched_losses = f"{type(e).__name__}: {e}; bandwidth {bandwidth:.3g} B/s; " \
+                           f"steps {[dict(e.totals) for e in sched.executors()]}"
     stats = sched.stats()
     graphs = {sig: [str(n.target) for n in c.graph.nodes if is_collective(n) or is_wait(n)]
               for sig, c in sched.graphs._graphs.items()}
     result = {"plain": [t.detach().clone() for t in plain_model.state_dict().values()],
               "sched": [t.detach().clone() for t in sched_model.state_dict().values()],
               "plain_losses": plain_losses, "sched_losses": sched_losses, "budget": budget, "stats": stats,
-              "real_added": real.added, "graphs": graphs,
+              "real": real.result, "hwm": procmem.hwm_bytes(), "graphs": graphs,
               "schedules": [(g.seq, g.plan) for g in sched.schedules().values()]}
     sched.close()
     plain.close()
@@ -144,6 +151,7 @@ def _one_worker() -> tuple[list[torch.Tensor], list[float]]:
 @pytest.mark.slow   # two spawned processes: ~15 s
 def test_scheduled_data_parallel_step_is_bit_identical_to_unscheduled(workers):
     for w in workers:
+        assert isinstance(w["sched_losses"], list), w["sched_losses"]
         assert w["stats"]["swaps"] + w["stats"]["recomputes"] > 0, "the budget moved nothing"
         for a, b in zip(w["sched"], w["plain"], strict=True):
             assert torch.equal(a, b)
@@ -166,9 +174,11 @@ def test_every_worker_stays_within_the_budget(workers):
     for rank, w in enumerate(workers):
         s = w["stats"]
         assert s["measured_peak_bytes"] <= w["budget"] and s["planned_peak_bytes"] <= w["budget"]
-        assert w["real_added"] is not None
+        assert w["real"] is not None and w["hwm"] > 0
         print(f"worker {rank}: budget {w['budget']} B, tracked peak {s['measured_peak_bytes']} B, "
-              f"real peak added {w['real_added']} B, unscheduled {s['vanilla_peak_bytes']} B, "
+              f"real: the scheduled step added {w['real'].added} B to the process's resident set "
+              f"(exact: {w['real'].exact}), process high-water mark {w['hwm']} B; "
+              f"unscheduled {s['vanilla_peak_bytes']} B, "
               f"{s['swaps']} swaps, {s['recomputes']} recomputes")
 
 
@@ -177,7 +187,7 @@ def test_graphs_hold_the_collectives_and_the_plans_hold(workers):
     buckets = len(bucket_indices(list(model().parameters()), BUCKET))
     assert buckets > 1
     for w in workers:
-        assert len(w["graphs"]) == len(SIZES)
+        assert len(w["graphs"]) == len(set(SIZES))
         for targets in w["graphs"].values():
             assert targets == ["_c10d_functional.all_reduce.default"] * buckets + \
                 ["_c10d_functional.wait_tensor.default"] * buckets
@@ -228,7 +238,7 @@ def test_capture_puts_the_all_reduce_in_the_graph():
     for w in waits:
         assert w.meta["dbml_storage"] == w.args[0].meta["dbml_storage"] and w.meta["dbml_nbytes"] == 0
     x = next(n for n in nodes if n.op == "placeholder" and n.meta["dbml_key"] == ("batch", "x"))
-    assert any(tuple(u.meta["val"].shape) == (19, 32) for u in x.users)   # rows 18..37 of 37
+    assert any(tuple(u.meta["val"].shape) == (151, 32) for u in x.users)   # rows 150..301 of 301
 
 
 def _flight_sequence(collective: bool) -> AccessSequence:
