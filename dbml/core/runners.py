@@ -1,8 +1,8 @@
 """The step runner a training job runs its iterations through, and its memory figures.
 
-``make_runner`` picks the runner for the job's policy (the TENSILE scheduler, or plain
-PyTorch for 'eager'; a data-parallel worker's with its all-reduce in the graph) and, for a job sharing the device, joins it to the process's shared
-MemoryScheduler. ``check_model_fits`` refuses, before the model's parameters exist, a
+``make_runner`` picks the runner for the job's policy (the TENSILE scheduler, for a
+data-parallel worker with its all-reduce in the graph, or plain PyTorch for 'eager') and,
+for a job sharing the device, joins it to the process's shared MemoryScheduler. ``check_model_fits`` refuses, before the model's parameters exist, a
 model whose parameters and optimizer state alone exceed the device's memory, and
 ``check_plan_fits`` a large model no plan fits in its budget. ``memory_summary`` turns
 the runner's figures into the train summary's; the vanilla MSR is reported against is the plan's analysed unscheduled peak (release after
