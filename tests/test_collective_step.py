@@ -256,3 +256,31 @@ def test_no_gap_while_a_collective_is_in_flight():
     gaps = find_gaps(_flight_sequence(collective=True))
     assert 2 not in gaps.tensor.tolist()
     assert 2 in find_gaps(_flight_sequence(collective=False)).tensor.tolist()   # an ordinary op's output has one
+
+
+def test_passive_eviction_keeps_a_collective_in_flight():
+    """Capuchin's on-demand swap-outs (no plan) never pick a collective's buffer between
+    its op and its wait: the other workers' sums are still being written into it."""
+    from types import SimpleNamespace
+
+    from dbml.scheduler.execute.evictor import PassiveEvictor
+    from dbml.scheduler.execute.program import Program
+    from dbml.scheduler.graph.access import build_sequence
+    from dbml.scheduler.latency.estimate import RooflineModel
+
+    c = capture(model(), loss_fn, SPEC, global_batches()[0], collective=Collective(0, WORLD, "0", BUCKET))
+    seq = build_sequence(c, RooflineModel(), comm_bandwidth=1e9, copy_bandwidth=1e9)
+    prog = Program(c, seq)
+    it = SimpleNamespace(res=[True] * len(prog.nbytes), value_of=lambda s: object())
+    evictor = PassiveEvictor(prog, it, None, SimpleNamespace(inflight_in=set()), None)
+    flying = [(op.outputs[0], op.index, min(o.index for o in seq.ops if op.outputs[0] in o.inputs))
+              for op in seq.ops if op.collective]
+    assert len(flying) > 1
+    for op in seq.ops:   # never re-run; timed as its buffer's bytes over the group's bandwidth
+        if op.collective:
+            assert op.not_replayable and op.latency == pytest.approx(seq.tensors[op.outputs[0]].nbytes / 1e9)
+    for t, issue, wait in flying:
+        for k in range(issue + 1, wait + 1):
+            assert t not in evictor.victims(k)
+        if t not in prog.req[wait + 1]:
+            assert t in evictor.victims(wait + 1)   # after its wait, an ordinary buffer
