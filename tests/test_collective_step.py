@@ -38,7 +38,7 @@ SIZES = (512, 512, 301, 1)  # the global batches: 301 splits 150/151, 1 leaves r
 # all-reduce's summation order (Adam's first steps divide near-zero gradients by their own
 # size, which makes float32 rounding of order 1e-9 an update difference of order lr)
 SPEC = OptimizerSpec(kind="sgd", lr=0.05, momentum=0.9)
-BUDGET_SHARE = 0.9          # of the unscheduled peak (the larger worker's); the least feasible is 0.83
+BUDGET_SHARE = 0.9          # of the unscheduled peak (the larger worker's); 0.7 is infeasible here
 BUCKET = 1 << 16            # small buckets: several all-reduces in each graph
 MACHINE = Machine(peak_flops=5e9, memory_bandwidth=5e9, copy_bandwidth=4e8, op_overhead=5e-6)
 loss_fn = torch.nn.functional.cross_entropy
@@ -279,9 +279,8 @@ def test_passive_eviction_keeps_a_collective_in_flight():
     flying = [(op.outputs[0], op.index, min(o.index for o in seq.ops if op.outputs[0] in o.inputs))
               for op in seq.ops if op.collective]
     assert len(flying) > 1
-    for op in seq.ops:   # never re-run; timed as its buffer's bytes over the group's bandwidth
-        if op.collective:
-            assert op.not_replayable and op.latency == pytest.approx(seq.tensors[op.outputs[0]].nbytes / 1e9)
+    for t, issue, wait in flying:   # never re-run; its wait timed as the buffer's bytes over the bandwidth
+        assert seq.ops[issue].not_replayable and seq.ops[wait].latency == pytest.approx(seq.tensors[t].nbytes / 1e9)
     for t, issue, wait in flying:
         for k in range(issue + 1, wait + 1):
             assert t not in evictor.victims(k)

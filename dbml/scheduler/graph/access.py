@@ -10,9 +10,10 @@ planner works on:
   step ``i``, see :func:`op_nodes`); its inputs are the storages its arguments live in,
   its outputs the storages it allocates;
 * op times are cumulative latency estimates, one op after another; a collective's
-  (:mod:`.collective`) is its communication time, its buffer's bytes over the process
-  group's measured bandwidth (``comm_bandwidth``), on the compute channel: swaps and
-  recomputation overlap it as they overlap compute;
+  (:mod:`.collective`) communication time, its buffer's bytes over the process group's
+  measured bandwidth (``comm_bandwidth``), is its ``wait_tensor``'s, where compute blocks
+  (the collective itself is issued asynchronously): swaps and recomputation overlap it
+  as they overlap compute;
 * initial tensors are the graph inputs; ``updates`` maps each updated value's storage
   to the input's; ``outputs`` holds the loss and the updated values.
 """
@@ -24,7 +25,7 @@ import operator
 import torch.fx as fx
 
 from .capture import CapturedStep, writes_statistics_only
-from .collective import is_collective
+from .collective import is_collective, is_wait
 from ..latency.estimate import LatencyModel, measure_machine
 from .sequence import AccessSequence, Op, TensorInfo, TensorKind
 
@@ -99,7 +100,8 @@ def _op_outputs(captured: CapturedStep) -> dict[str, tuple[int, ...]]:
 
 
 def comm_seconds(node: fx.Node, comm_bandwidth: float | None) -> float:
-    """A collective's communication time: the bytes it reduces over the group's bandwidth."""
+    """A collective's communication time, ``node`` its wait: the bytes reduced over the
+    group's bandwidth."""
     if comm_bandwidth is None:
         raise ValueError(f"build_sequence(): the graph holds a collective ({node.format_node()}); "
                          f"pass comm_bandwidth := the process group's bytes per second (collective.measure_bandwidth)")
@@ -113,7 +115,7 @@ def build_sequence(captured: CapturedStep, latency_model: LatencyModel, job: str
     outputs_of = _op_outputs(captured)
     ops, t = [], 0.0
     for i, node in enumerate(op_nodes(captured)):
-        latency = comm_seconds(node, comm_bandwidth) if is_collective(node) else float(latency_model.predict(node))
+        latency = comm_seconds(node, comm_bandwidth) if is_wait(node) else float(latency_model.predict(node))
         ops.append(Op(i, node.name, node_inputs(node), outputs_of.get(node.name, ()), t, t + latency,
                       node.meta["dbml_phase"], not replayable(node), is_collective(node)))
         t += latency

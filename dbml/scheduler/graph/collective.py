@@ -17,9 +17,10 @@ does the same in the graph itself:
   ``_c10d_functional.all_reduce`` and waited for by ``wait_tensor`` before the optimizer
   reads it.
 
-The planner sees each ``all_reduce`` as an op (its latency the bucket's bytes over the
-measured bandwidth of the process group: :func:`measure_bandwidth`), its output a buffer
-written by the collective until its ``wait_tensor`` (:func:`in_flight`): it is never
+The planner sees each ``all_reduce`` as an op, issued asynchronously, whose
+``wait_tensor`` takes the communication time (the bucket's bytes over the measured
+bandwidth of the process group: :func:`measure_bandwidth`), and its output as a buffer
+written by the collective until that wait (``plan/gaps.py``'s ``in_flight``): it is never
 moved, freed or recomputed before then, and a collective is never re-run
 (:func:`is_collective`: every worker must take part in each, in the same order).
 
