@@ -265,6 +265,10 @@ def test_two_data_parallel_workers_store_the_one_worker_model(rc, ray_cluster):
     assert abs(one["final_loss"] - two["final_loss"]) <= 1e-4 * abs(one["final_loss"])
     assert rc.execute("SELECT count(*) FROM dbml.models WHERE name = 'two'").fetchall() == [(1,)]
     assert cluster_figures(rc, "two")["workers"] == 2
+    # each worker's step is the scheduled one (core/dataparallel.py), within its budget
+    memory = rc.execute("SELECT planned_peak_bytes, measured_peak_bytes, budget_bytes FROM dbml_jobs "
+                        "WHERE job_id = ?", [two["job_id"]]).fetchall()[0]
+    assert memory[0] is not None and memory[1] <= memory[2]
     # issue 33, part 4: the next data-parallel job runs on the same started workers, in the
     # process group the first formed (no new processes, no new rendezvous), to the same model
     c = dbml_cluster.current()

@@ -1,4 +1,9 @@
-"""One worker's step of a data-parallel job: plain PyTorch under DistributedDataParallel.
+"""One worker's step of a data-parallel job with policy 'eager': plain PyTorch under DistributedDataParallel.
+
+Every other policy runs ``dbml.core.dataparallel.DataParallelStep`` instead: the same
+semantics (share, weighting, the zero-row worker, the cancel flag and the global loss in
+one more all-reduce) with the gradient all-reduce captured in the scheduled graph
+(``dbml.scheduler.graph.collective``), under the device's memory budget.
 
 Every worker of a ``workers := N`` job streams the same global batches (the job's rows,
 in the order and shuffle one worker would use: ``training._run_epochs`` on a copy of the
@@ -16,8 +21,8 @@ the global batch's loss, which each worker returns as the step's loss.
 
 BatchNorm's statistics are each worker's share's (DDP broadcasts rank 0's buffers), and
 dropout masks are drawn per worker: models with them equal one worker's only in
-distribution. The scheduler's captured graph does not include DDP's gradient hooks, so
-the step is plain PyTorch (the summary's policy says 'eager').
+distribution. DDP's gradient hooks are outside any captured graph: this step is plain
+PyTorch, unplanned (the summary's policy says 'eager').
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from ..scheduler.execute.step import EagerStep
 
 
 class DDPStep(EagerStep):
-    """EagerStep with DDP across the process group Ray Train set up; ``job``: the job's
+    """EagerStep with DDP across the worker set's process group (``parallel``); ``job``: the job's
     progress (its ``cancelled()`` joins every step's collective)."""
 
     def __init__(self, model: torch.nn.Module, loss_fn, spec, job):

@@ -14,7 +14,8 @@ a warm set now takes 0.13 s (docs/architecture.md, "Data-parallel start-up").
 
 Each worker runs ``DeviceWorker.run_collective``: one worker's part of the job
 (``worker.run_task``: the rows streamed into its DuckDB, training's ``_fit_model`` from the
-last checkpoint) with ``collective=True``, so its step is ``ddp.DDPStep``. Rank 0 reports
+last checkpoint) with ``collective=True``, so its step is the scheduled
+``core.dataparallel.DataParallelStep`` (``ddp.DDPStep`` under policy 'eager'). Rank 0 reports
 progress and checkpoints through the hub; its outcome is the job's: the driver stores the
 model once (``dbml.cluster.remote``).
 

@@ -1,8 +1,8 @@
 """The step runner a training job runs its iterations through, and its memory figures.
 
-``make_runner`` picks the runner for the job's policy (the TENSILE scheduler, or plain
-PyTorch for 'eager') and, for a job sharing the device, joins it to the process's shared
-MemoryScheduler. ``check_model_fits`` refuses, before the model's parameters exist, a
+``make_runner`` picks the runner for the job's policy (the TENSILE scheduler, for a
+data-parallel worker with its all-reduce in the graph, or plain PyTorch for 'eager') and,
+for a job sharing the device, joins it to the process's shared MemoryScheduler. ``check_model_fits`` refuses, before the model's parameters exist, a
 model whose parameters and optimizer state alone exceed the device's memory, and
 ``check_plan_fits`` a large model no plan fits in its budget. ``memory_summary`` turns
 the runner's figures into the train summary's; the vanilla MSR is reported against is the plan's analysed unscheduled peak (release after
@@ -21,6 +21,7 @@ from typing import Hashable, Protocol
 import torch
 
 from . import models
+from .dataparallel import DataParallelStep
 from .latency import latency_model
 from ..scheduler.execute.devices import CpuDevice
 from ..scheduler.execute.runner import ScheduledStep
@@ -122,13 +123,18 @@ def make_runner(model: torch.nn.Module, loss_fn, params: RunnerParams, device: s
     (``ScheduledStep(optimizer_state=...)``; a scheduled runner only). ``spill``: on the
     CPU, the job's spill file (:func:`spill_file`), where swapped tensors go; the runner
     owns it from here and removes it when it closes.
+
+    One worker of a data-parallel job (``params.workers > 1``) runs the same scheduled
+    step with its gradient all-reduce captured in the graph (:class:`DataParallelStep`),
+    under the same budget; with policy 'eager', plain PyTorch under DDP (the placement
+    backend's ``step``).
     """
-    if params.workers > 1:   # one worker of a data-parallel job (dbml.core.placement): plain PyTorch under DDP
-        from .placement import backend
-        return backend(params).step(model, loss_fn, params.optimizer, job)
     optimizer = params.optimizer
     if params.policy == "eager" and spill is not None:
         spill.close()   # plain PyTorch swaps nothing
+    if params.workers > 1 and params.policy == "eager":   # plain PyTorch under DDP (dbml.core.placement)
+        from .placement import backend
+        return backend(params).step(model, loss_fn, params.optimizer, job)
     if params.policy == "eager":
         if optimizer_state is not None:
             raise ValueError("make_runner(): policy 'eager' starts from fresh optimizer state")
@@ -147,7 +153,9 @@ def make_runner(model: torch.nn.Module, loss_fn, params: RunnerParams, device: s
         job.attach_scheduler(scheduler)
         planner = scheduler.planner_for(job.name, wait=True, cancelled=job.cancelled)
     hold_database_memory(job, device, budget, shared=shared)
-    runner = ScheduledStep(model, loss_fn, optimizer, policy=params.policy, budget_bytes=budget,
+    # one worker of a data-parallel job: the same, with the gradient all-reduce in its graph
+    step, worker = (ScheduledStep, ()) if params.workers <= 1 else (DataParallelStep, (job,))
+    runner = step(model, loss_fn, optimizer, *worker, policy=params.policy, budget_bytes=budget,
                            device=CpuDevice(device, spill=spill) if spill is not None else device, job=job.name, latency_model=estimator, planner=planner,
                            ledger=device_ledger(device), share_graphs=config, optimizer_state=optimizer_state,
                            update=UpdateSettings(beta=params.replan_beta, threshold=params.replan_threshold,

@@ -30,14 +30,19 @@ class PassiveEvictor:
         self.prog, self.it, self.ledger = prog, it, ledger
         self.transfers, self.pool, self.log = transfers, pool, log
         self.caller_held = {s for s, info in enumerate(prog.seq.tensors) if info.caller_held}
+        # a collective's buffer, from its op to its wait (plan/gaps.py's in_flight): (tensor, issue, wait)
+        live = prog.live
+        self.flights = [(t, g, min((a for a in live.accesses[t] if a > g), default=g))
+                        for t, g in enumerate(live.gen) if g >= 0 and prog.seq.ops[g].collective]
 
     def victims(self, k: int, keep: tuple = ()) -> list[int]:
         """The tensors it would evict before op ``k``, in order: the least recently
         accessed first, the largest first among equals. Never evicted: what op ``k``
-        reads or updates (and ``keep``), the loss, tensors in flight, empty ones."""
+        reads or updates (and ``keep``), the loss, tensors in flight (copies coming in, a
+        collective's buffer before its wait), empty ones."""
         prog, res, inflight_in = self.prog, self.it.res, self.transfers.inflight_in
         protected = set(prog.req[k] if k < len(prog.req) else ()) | set(keep) | {prog.loss_sid} | \
-            self.caller_held
+            self.caller_held | {t for t, g, wait in self.flights if g < k <= wait}
         order = sorted((prog.last_access_before(s, k), -prog.nbytes[s], s)
                        for s in range(len(prog.nbytes))
                        if res[s] and s not in protected and s not in inflight_in

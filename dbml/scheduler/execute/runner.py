@@ -67,6 +67,7 @@ from ..hostmem import bounded, keep_freed_host_memory
 from ..errors import BudgetExceeded, InfeasibleBudget
 from ..graph.access import build_sequence
 from ..graph.capture import CapturedStep
+from ..graph.collective import Collective, measure_bandwidth
 from ..graph.graphs import GraphCache
 from ..graph.optim import OptimizerSpec
 from ..graph.sequence import AccessSequence, EventKind, Plan
@@ -240,7 +241,11 @@ class ScheduledStep:
     for the caller's report (set by the caller; None here).
     ``optimizer_state``: the optimizer state to start from (per trainable
     parameter, as :meth:`optimizer_state` returns it; default: fresh), e.g. a training
-    that goes on in another runner.
+    that goes on in another runner. ``collective``: one worker of a data-parallel job
+    (:mod:`~..graph.collective`): each step takes the global batch, trains on this
+    worker's share and all-reduces the gradients in the graph; ``comm_bandwidth``: the
+    process group's bytes per second the planner times the collectives with (default:
+    measured here, a collective every worker must join).
     """
 
     def __init__(self, model: torch.nn.Module, loss_fn: LossFn, spec: OptimizerSpec, *,
@@ -249,7 +254,8 @@ class ScheduledStep:
                  planner_settings: PlanSettings | None = None,
                  planner: ExternalPlanner | Callable[[AccessSequence], Plan] | None = None,
                  update: UpdateSettings | None = None, ledger: DeviceLedger | None = None,
-                 share_graphs: Hashable | None = None, optimizer_state: list[dict] | None = None):
+                 share_graphs: Hashable | None = None, optimizer_state: list[dict] | None = None,
+                 collective: Collective | None = None, comm_bandwidth: float | None = None):
         if policy not in RUNNER_POLICIES:
             raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(RUNNER_POLICIES)}")
         if policy == "capuchin" and budget_bytes is None and planner is None:
@@ -273,7 +279,12 @@ class ScheduledStep:
         self.device: Device = make_device(device)
         self.latency_model = latency_model or RooflineModel(device=str(self.device.torch_device))
         self.latency_source: str | None = None
-        self.graphs = GraphCache(model, loss_fn, spec, job=job, share=share_graphs)
+        self.collective = collective
+        if collective is not None and comm_bandwidth is None:
+            comm_bandwidth = measure_bandwidth()   # a collective: every worker builds its runner
+        self.comm_bandwidth = comm_bandwidth
+        self.graphs = GraphCache(model, loss_fn, spec, job=job, share=share_graphs,
+                                 options=None if collective is None else {"collective": collective})
         ledger = ledger if ledger is not None else self.planner.ledger
         self.account: JobAccount | None = ledger.account(job) if ledger is not None else None
         self._graphs: dict[Hashable, GraphSchedule] = {}
@@ -422,7 +433,8 @@ class ScheduledStep:
         self._offer(g, start.plan, g.seq)
 
     def _build(self, captured: CapturedStep) -> GraphSchedule:
-        seq = build_sequence(captured, self.latency_model, self.job, copy_bandwidth=self.device.copy_bandwidth())
+        seq = build_sequence(captured, self.latency_model, self.job, copy_bandwidth=self.device.copy_bandwidth(),
+                             comm_bandwidth=self.comm_bandwidth)
         if self.real_reserve is None and self._plans_real_memory():
             self._reserve_real(seq)
         if self.device_reserve is None and self._plans_device_memory():

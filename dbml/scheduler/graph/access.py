@@ -9,7 +9,11 @@ planner works on:
 * an op is every ``call_function`` node, in graph order (so op ``i`` is the executor's
   step ``i``, see :func:`op_nodes`); its inputs are the storages its arguments live in,
   its outputs the storages it allocates;
-* op times are cumulative latency estimates, one op after another;
+* op times are cumulative latency estimates, one op after another; a collective's
+  (:mod:`.collective`) communication time, its buffer's bytes over the process group's
+  measured bandwidth (``comm_bandwidth``), is its ``wait_tensor``'s, where compute blocks
+  (the collective itself is issued asynchronously): swaps and recomputation overlap it
+  as they overlap compute;
 * initial tensors are the graph inputs; ``updates`` maps each updated value's storage
   to the input's; ``outputs`` holds the loss and the updated values.
 """
@@ -21,6 +25,7 @@ import operator
 import torch.fx as fx
 
 from .capture import CapturedStep, writes_statistics_only
+from .collective import is_collective, is_wait
 from ..latency.estimate import LatencyModel, measure_machine
 from .sequence import AccessSequence, Op, TensorInfo, TensorKind
 
@@ -73,10 +78,11 @@ def _tensor_infos(captured: CapturedStep) -> tuple[TensorInfo, ...]:
 def replayable(node: fx.Node) -> bool:
     """Whether rerunning ``node`` reproduces its outputs and nothing else. Not for random
     ops (a new mask) nor ops writing into an input: their tensors carry
-    ``not_replayable=True``, the contract's "never recompute". BatchNorm, whose only write
+    ``not_replayable=True``, the contract's "never recompute"; nor collectives, which every
+    worker runs once, in the same order. BatchNorm, whose only write
     is its running statistics, is replayed on copies of them (``writes_statistics_only``):
     norms are among the cheapest tensors to recompute."""
-    if node.meta.get("dbml_random"):
+    if node.meta.get("dbml_random") or is_collective(node):   # a collective: every worker runs it once
         return False
     return not node.meta.get("dbml_mutates") or writes_statistics_only(node)
 
@@ -93,15 +99,25 @@ def _op_outputs(captured: CapturedStep) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v) for k, v in outs.items()}
 
 
+def comm_seconds(node: fx.Node, comm_bandwidth: float | None) -> float:
+    """A collective's communication time, ``node`` its wait: the bytes reduced over the
+    group's bandwidth."""
+    if comm_bandwidth is None:
+        raise ValueError(f"build_sequence(): the graph holds a collective ({node.format_node()}); "
+                         f"pass comm_bandwidth := the process group's bytes per second (collective.measure_bandwidth)")
+    return _storage_bytes(node) / comm_bandwidth
+
+
 def build_sequence(captured: CapturedStep, latency_model: LatencyModel, job: str | None = None,
-                   *, copy_bandwidth: float | None = None, workspace: int = 0) -> AccessSequence:
+                   *, copy_bandwidth: float | None = None, workspace: int = 0,
+                   comm_bandwidth: float | None = None) -> AccessSequence:
     job = job or captured.job
     outputs_of = _op_outputs(captured)
     ops, t = [], 0.0
     for i, node in enumerate(op_nodes(captured)):
-        latency = float(latency_model.predict(node))
+        latency = comm_seconds(node, comm_bandwidth) if is_wait(node) else float(latency_model.predict(node))
         ops.append(Op(i, node.name, node_inputs(node), outputs_of.get(node.name, ()), t, t + latency,
-                      node.meta["dbml_phase"], not replayable(node)))
+                      node.meta["dbml_phase"], not replayable(node), is_collective(node)))
         t += latency
     placeholders = captured.placeholders()
     initial = frozenset(p.meta["dbml_storage"] for p in placeholders)

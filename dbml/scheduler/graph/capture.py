@@ -66,6 +66,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from . import collective as coll
 from . import stacked
 from .chunks import split, unit_layout, unit_tensors
 from .optim import OptimizerSpec, add_l1, make_optimizer
@@ -252,7 +253,7 @@ def tensor_slots(model: torch.nn.Module) -> dict[str, str]:
     return slots
 
 
-def _make_step_fn(model, loss_fn, spec, names, buffer_names, marks):
+def _make_step_fn(model, loss_fn, spec, names, buffer_names, marks, collective=None):
     group = _eager_group(spec)
     slots = tensor_slots(model)
     keys = state_keys(spec)
@@ -268,12 +269,22 @@ def _make_step_fn(model, loss_fn, spec, names, buffer_names, marks):
             tensors = dict(zip(names, layout.assemble(us)))
             tensors.update(zip(buffer_names, bs))  # an argument: BatchNorm updates it in place
             bound = {slot: tensors[name] for slot, name in slots.items()}
+            if collective is not None:   # this worker's share, weighted (collective.py)
+                out = coll.weighted_loss(lambda xs: torch.func.functional_call(model, bound, (xs,), tie_weights=False),
+                                         loss_fn, x, y, collective)
+                mark()  # forward ends here
+                return out
             loss = loss_fn(torch.func.functional_call(model, bound, (x,), tie_weights=False), y)
             mark()  # forward ends here
             return loss
 
         trained = [units[i] for i in train]   # a piece's gradient: a slice of its parameter's
-        grads, loss = torch.func.grad_and_value(loss_of, argnums=0)(trained, list(units), list(buffers))
+        if collective is None:
+            grads, loss = torch.func.grad_and_value(loss_of, argnums=0)(trained, list(units), list(buffers))
+        else:
+            grads, (_, loss) = torch.func.grad_and_value(loss_of, argnums=0, has_aux=True)(
+                trained, list(units), list(buffers))
+            grads = coll.all_reduce_gradients(list(grads), collective)
         mark()  # backward ends here
         states = [dict(zip(keys, flat_states[j * len(keys):(j + 1) * len(keys)]))
                   for j in range(len(train))]
@@ -354,8 +365,11 @@ class _QuietWhileTracing(logging.Filter):
 logging.getLogger("torch._subclasses.fake_tensor").addFilter(_QuietWhileTracing())
 
 def capture(model: torch.nn.Module, loss_fn: LossFn, optimizer_spec: OptimizerSpec,
-            example_batch: tuple[torch.Tensor, torch.Tensor], *, job: str = "job") -> CapturedStep:
-    """Trace one training iteration of ``model`` on fake tensors; annotate its nodes."""
+            example_batch: tuple[torch.Tensor, torch.Tensor], *, job: str = "job",
+            collective: coll.Collective | None = None) -> CapturedStep:
+    """Trace one training iteration of ``model`` on fake tensors; annotate its nodes.
+    ``collective``: one worker of a data-parallel job, whose step trains on its share of
+    the (global) batch and all-reduces the gradients in the graph (:mod:`.collective`)."""
     x, y = example_batch
     model.train()
     names = [n for n, _ in model.named_parameters()]
@@ -363,7 +377,7 @@ def capture(model: torch.nn.Module, loss_fn: LossFn, optimizer_spec: OptimizerSp
     marks: list[int] = []
     originals = _named_tensors(model)
     fake_mode, units, buffers, states, fx_, fy = _fake_inputs(model, optimizer_spec, x, y)
-    step = _make_step_fn(model, loss_fn, optimizer_spec, names, buffer_names, marks)
+    step = _make_step_fn(model, loss_fn, optimizer_spec, names, buffer_names, marks, collective)
     try:
         with _TRACE_LOCK:
             _QuietWhileTracing.tracing = True
@@ -474,6 +488,11 @@ def annotate(captured: CapturedStep, phase_of: dict[str, Phase]) -> None:
             node.meta["dbml_phase"] = Phase.FORWARD
         if node.op == "output":
             node.meta["dbml_storage"], node.meta["dbml_nbytes"] = None, 0
+            continue
+        if coll.is_wait(node):   # the collective's output itself, written until here
+            sid = node.args[0].meta["dbml_storage"]
+            ids[StorageWeakRef(node.meta["val"].untyped_storage())] = sid
+            node.meta["dbml_storage"], node.meta["dbml_nbytes"] = sid, 0
             continue
         storages, nbytes = [], 0
         for v in _vals(node.meta.get("val")):

@@ -106,6 +106,7 @@ class GraphCache:
 
     def _shared(self, sig: tuple, x, y) -> CapturedStep:
         key = (self.share, type(self.model).__qualname__, self.loss_fn, self.spec, sig, self.model.training,
+               tuple(sorted(self.options.items())),   # e.g. a data-parallel worker's collective: its own graph
                tuple((n, tuple(p.shape), p.dtype, p.requires_grad) for n, p in self.model.named_parameters()),
                tuple((n, tuple(b.shape), b.dtype) for n, b in self.model.named_buffers()))
         with _SHARED_LOCK:

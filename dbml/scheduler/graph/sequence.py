@@ -62,6 +62,9 @@ class Op:
     end: float
     phase: Phase
     not_replayable: bool = False   # see TensorInfo.not_replayable
+    # Issues a collective (graph/collective.py): its outputs are written by the other
+    # workers' contributions until their next access (the wait), so they stay put until then.
+    collective: bool = False
 
     @property
     def latency(self) -> float:
