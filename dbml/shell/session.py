@@ -23,6 +23,7 @@ from ..core.sqltext import UNDECODABLE
 from . import engine
 from .highlight import Highlighter
 from .engine import error_text
+from .logs import ShellLog
 from .output import Output
 from .reader import SqlBuffer, all_whitespace
 from .render import Display
@@ -74,6 +75,20 @@ class Shell:
         self.startup_text, self.ui_command, self.read_line_version = "all", "CALL start_ui()", "readline"
         self.read_depth = 0
         self.status = 0
+        self.log = ShellLog(self.db)
+
+    def logged(self, own: bool = False) -> None:
+        """Print the log entries DuckDB wrote since the last call, as the CLI prints them
+        (``dbml/shell/logs.py``); ``own``: the shell's own queries (drawing a result, a dot
+        command's) are left out of the query log, the CLI does not run them."""
+        entries = self.log.entries()
+        if own:
+            entries = [e for e in entries if e.get("type") != "QueryLog"]
+        if not entries:
+            return
+        paint = self.highlight.paint if self.highlight.enabled and self.output.console else None
+        self.output.flush()
+        print(self.log.lines(entries, paint), end="", file=self.output.stdout, flush=True)
 
     @property
     def db(self):
@@ -126,6 +141,7 @@ class Shell:
             elif not buf and line[:1] in (".", "#"):
                 self._echo(line)
                 rc = dot_command(self, line) if line[:1] == "." else 0
+                self.logged(own=True)
                 if rc == EXIT:
                     return 1 if errors else 0
                 errors += rc
@@ -179,6 +195,7 @@ class Shell:
         except Exception as e:  # noqa: BLE001
             self.error(error_text(e))
             self.con, self.database = self.opener(":memory:", False), ":memory:"
+        self.log = ShellLog(self.db)
         if self.safe:
             from .catalog_commands import enable_safe_mode
             enable_safe_mode(self)
@@ -189,6 +206,7 @@ class Shell:
             self.con.close()
         except Exception:  # noqa: BLE001 - closing is best effort
             pass
+        self.log.close()
 
     # -- statements ------------------------------------------------------------------------
     def run_sql(self, text: str) -> int:
@@ -273,22 +291,27 @@ class Shell:
         if self.interactive and self.output.console:
             from ..core import progress
             watch = progress.watching(self.con, progress.LineRenderer(self.err))
+        self.output.flush()     # DuckDB's stdout log storage writes to the same stream, unbuffered
         try:
             with watch:
-                outcome = engine.run(self.db, sql, self.last)
+                outcome = engine.run(self.db, self.log.statement(sql), self.last)
             changes = outcome.changes
         except KeyboardInterrupt:
+            self.logged()
             self.error("Error: interrupted (Ctrl-C); the statement was stopped, nothing of it was stored")
             return False
         except Exception as e:  # noqa: BLE001 - every error is DuckDB's message, never a traceback
+            self.logged()
             self.error(error_text(e, self.last is None))
             return False
+        self.logged()
         if changes is not None:
             self.last_changes = changes
             self.total_changes += changes
         if outcome.kind != "query_result":
             return True
         self.last = show(self, outcome, sql, kind)
+        self.logged(own=True)
         return True
 
 
