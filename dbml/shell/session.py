@@ -317,4 +317,8 @@ class Shell:
 
 def run(con, lines: Iterable[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """The shell over ``lines`` (a script or a pipe) on a connection; the exit status."""
-    return Shell(con, out=out, err=err).process(lines)
+    shell = Shell(con, out=out, err=err)
+    try:
+        return shell.process(lines)
+    finally:
+        shell.log.close()
