@@ -203,6 +203,20 @@ def _macros() -> dict[str, set[str]]:
             for name, definitions in _macro_tokens().items()}
 
 
+@functools.cache
+def table_macros() -> frozenset[str]:
+    """dbml's macros with a table form (``CREATE MACRO name(...) AS TABLE``): those read
+    ``SELECT * FROM name(...)``."""
+    def is_table(tokens) -> bool:
+        depth = 0
+        for i, tok in enumerate(tokens[:-1]):
+            depth += tok.text == "(" and 1 or tok.text == ")" and -1 or 0
+            if depth == 0 and tok.text.lower() == "as":
+                return tokens[i + 1].text.lower() == "table"
+        return False
+    return frozenset(name for name, definitions in _macro_tokens().items() if any(map(is_table, definitions)))
+
+
 @dataclass(frozen=True)
 class MacroSignature:
     """A macro's parameters as its CREATE statement declares them: ``positional`` (no
