@@ -116,7 +116,12 @@ def test_a_file_that_reads_itself_stops_with_an_error(con, tmp_path):
     loop.write_text(f"SELECT 1 AS one;\n.read {loop}\n")
     status, out, err = shell(con, f".mode list\n.read {loop}\n")
     assert status == 1 and "Traceback" not in err
-    assert f'Error: cannot read "{loop}": .read nested more than 64 files deep' in err
+    assert f'Error: recursive .read of "{loop}"' in err and out.split() == ["one", "1"]
+    other = tmp_path / "other.sql"   # through another file
+    other.write_text(f".read {loop}\n")
+    loop.write_text(f"SELECT 1 AS one;\n.read {other}\n")
+    status, _, err = shell(con, f".read {loop}\n")
+    assert status == 1 and err == f'Error: recursive .read of "{loop}"\n'
 
 
 def test_read_takes_only_regular_files(con, tmp_path):

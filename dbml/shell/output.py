@@ -58,15 +58,16 @@ class Output:
             pass
 
     def open(self, name: str, once: bool, on_reset=None) -> str | None:
-        """``.output NAME`` / ``.once NAME``: the error text, or None. ``on_reset`` runs when
-        the output goes back to stdout (``.excel`` opens its file then)."""
+        """``.output NAME`` / ``.once NAME``: the error text, or None; ``off`` fails without
+        one and leaves the output on stdout, as in the CLI. ``on_reset`` runs when the output
+        goes back to stdout (``.excel`` opens its file then)."""
         self.reset()
         self.count = 2 if once else 0
         self._on_reset = on_reset
         if name in ("stdout", ""):
             return None
         if name == "off":
-            return 'Error: cannot write to "off"'
+            return ""
         if name == "stderr":
             self.stream, self.name = self.err, name
             return None
@@ -79,7 +80,7 @@ class Output:
                 self.stream = open(_expand(name), "w", encoding="utf-8", errors="surrogateescape", newline="")
         except OSError:
             self.stream, self._on_reset = self.stdout, None
-            return f'Error: cannot open "{name}"' if not name.startswith("|") else \
+            return f'Error: cannot open "{name}"\nError: cannot write to "{name}"' if not name.startswith("|") else \
                 f'Error: cannot open pipe "{name[1:]}"'
         self.name = name
         self._reported = False

@@ -33,7 +33,6 @@ __all__ = ["Shell", "PROMPT", "CONTINUE", "STANDARD", "FILE", "INIT", "run"]
 PROMPT, CONTINUE = "dbml> ", "  ...> "
 STANDARD, FILE, INIT = "standard", "file", "init"      # where input comes from: bail defaults differ
 EXIT = 2                                               # a dot command's "stop reading"
-MAX_READ_DEPTH = 64                                    # .read of a file that reads itself
 MAX_LINE = 64 * 2 ** 20                                # characters in one line (stdin from /dev/zero)
 
 
@@ -73,7 +72,7 @@ class Shell:
         self.prompt, self.continue_prompt = PROMPT, CONTINUE
         self.pager = {"mode": "automatic", "command": "", "min_rows": 50}
         self.startup_text, self.ui_command, self.read_line_version = "all", "CALL start_ui()", "readline"
-        self.read_depth = 0
+        self.reading: set[str] = set()                 # the files being read: one reading itself is refused
         self.status = 0
         self.log = ShellLog(self.db)
 
@@ -163,9 +162,11 @@ class Shell:
 
     def read_file(self, path: str, mode: str = FILE) -> int:
         """Run a file's lines (``.read``, ``-f``, ``-init``); 1 if it failed or cannot be read.
-        Only regular files are read: ``.read /dev/zero`` is refused, as in the CLI."""
-        if self.read_depth >= MAX_READ_DEPTH:
-            self.error(f'Error: cannot read "{path}": .read nested more than {MAX_READ_DEPTH} files deep')
+        Only regular files are read: ``.read /dev/zero`` is refused, as in the CLI, and so is a
+        file that is already being read (it reads itself, directly or through others)."""
+        canonical = os.path.realpath(path)
+        if canonical in self.reading:
+            self.error(f'Error: recursive .read of "{path}"')
             return 1
         try:
             if not os.path.isfile(path):
@@ -174,12 +175,12 @@ class Shell:
         except OSError:
             self.error(f'Error: cannot open "{path}"')
             return 1
-        self.read_depth += 1
+        self.reading.add(canonical)
         try:
             with f:
                 return self.process(read_lines(f), mode)
         finally:
-            self.read_depth -= 1
+            self.reading.discard(canonical)
 
     def interact(self) -> int:
         from .interactive import interact
