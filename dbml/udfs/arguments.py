@@ -178,9 +178,12 @@ def _unnested(statement: str, error: BaseException) -> BaseException | None:
     for i in range(len(tokens) - 3):
         function = names[i + 2]
         if names[i] == "unnest" and words[i + 1] == "(" and function in table_macros() and words[i + 3] == "(":
+            from sqlglot import exp
+            call = exp.Anonymous(this=function, expressions=[exp.var("...")])
+            table = exp.select(exp.Star()).from_(call).sql("duckdb", normalize_functions=False)
             return type(error)(f"Serialization Error: unnest({function}(...)) cannot expand {function}()'s STRUCT "
                                f"(DuckDB cannot copy the subquery inside the macro); read its fields as a table "
-                               f"instead: SELECT * FROM {function}(...), with the same arguments")
+                               f"instead: {table}, with the same arguments")
     return None
 
 
