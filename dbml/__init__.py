@@ -154,17 +154,16 @@ def _install_sql(con: duckdb.DuckDBPyConnection, instance) -> None:
     per connection, UDFs and the catalog (``home.settle``, at the instance's first install)
     per database."""
     from .core.catalog_views import views
-    from .core.spec import train_macro_sql
     from .search.trials import view_sql
-    from .search.tunespec import tune_macro_sql
+    from .udfs import macro_definitions
 
     for view in views(con, instance.home):   # before sql/: dbml_epochs reads dbml_models
         con.execute(view.sql("duckdb"))
     for sql in sorted(resources.files("dbml.sql").iterdir(), key=lambda p: p.name):
         if sql.name.endswith(".sql") and sql.name != "catalog.sql" and not (instance.read_only and sql.name in _WRITING_SQL):
             con.execute(sql.read_text())
-    con.execute(train_macro_sql().sql("duckdb"))
-    con.execute(tune_macro_sql().sql("duckdb"))
+    for generated in macro_definitions()["generated"].values():   # train and tune, rendered once (startcache)
+        con.execute(generated)
     con.execute(view_sql(con, instance.home).sql("duckdb"))
 
 

@@ -111,3 +111,18 @@ def test_python_variables_are_still_found_through_a_dbml_connection(con):
 ])
 def test_nearest(name, known, expected):
     assert nearest(name, known) == expected
+
+
+def test_unnest_of_a_table_macros_struct_names_its_table_form(con):
+    """DuckDB cannot expand evaluate()'s STRUCT with unnest (it copies the macro's subquery):
+    the error says to read it as a table, from a dbml connection and in the shell."""
+    con.execute("CREATE TABLE t AS SELECT 1.0 AS x, 2.0 AS y")
+    want = r"^Serialization Error: unnest\(evaluate\(\.\.\.\)\) cannot expand .* SELECT \* FROM evaluate\(\.\.\.\)"
+    for call in (con.execute, con.sql):
+        with pytest.raises(duckdb.SerializationException, match=want):
+            call("SELECT unnest(evaluate('m', 't'))").fetchall()
+    out, err = io.StringIO(), io.StringIO()
+    assert run(con, io.StringIO("SELECT unnest(evaluate('m', 't'));\n"), out, err) == 1
+    assert "SELECT * FROM evaluate(...)" in err.getvalue(), err.getvalue()
+    with pytest.raises(duckdb.SerializationException, match=r"^Serialization Error: Cannot copy"):
+        con.duckdb.execute("SELECT unnest(evaluate('m', 't'))").fetchall()   # DuckDB's own message

@@ -246,3 +246,13 @@ def test_input_typed_ahead_is_never_read_by_the_pager(con, tmp_path, monkeypatch
         out, paged = _paged(con, tmp_path, monkeypatch, [".maxrows 100", "SELECT * FROM range(60);"])
         assert "│    59 │" in out and paged == ""
         assert pending.read() == ".quit\n"
+
+
+def test_output_off_fails_quietly_and_a_path_that_cannot_be_opened_says_so(con, tmp_path):
+    """As the CLI: ``.output off`` prints no error and the output stays on stdout; a path that
+    cannot be opened says it cannot be opened and cannot be written to."""
+    status, out, err = shell(con, ".mode list\n.output off\nSELECT 1 AS a;\n")
+    assert err == "" and out.split() == ["a", "1"] and status == 1
+    bad = tmp_path / "missing" / "file.txt"
+    status, out, err = shell(con, f".mode list\n.output {bad}\nSELECT 1 AS a;\n")
+    assert err == f'Error: cannot open "{bad}"\nError: cannot write to "{bad}"\n' and out.split() == ["a", "1"]

@@ -10,12 +10,17 @@ import pytest
 
 HEAVY = ("torch", "dbml.scheduler", "dbml.zoo", "dbml.core.training", "dbml.core.catalog", "dbml.core.inference",
          "dbml.udfs.functions", "pyarrow")
+# the scheduler's lazy package (PEP 562) and its environment switches, which the runtime reads
+# (the cache folder: dbml.core.startcache), are not the scheduler: any other module of it is
+LIGHT = ("dbml.scheduler", "dbml.scheduler.config")
+PROBE = ("import sys\n"
+         "print({m: any(n == m or n.startswith(m + '.') for n in sys.modules if n not in LIGHT) for m in HEAVY})")
 
 
-def imported_after(code: str) -> dict:
-    """Which of HEAVY a fresh interpreter has imported after running ``code``."""
-    probe = f"{code}\nimport sys\nprint({{m: m in sys.modules for m in {HEAVY!r}}})"
-    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+def imported_after(code: str, env: dict | None = None) -> dict:
+    """Which of HEAVY (or a module under it) a fresh interpreter has imported after running ``code``."""
+    probe = f"{code}\nHEAVY, LIGHT = {HEAVY!r}, {LIGHT!r}\n{PROBE}"
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr
     return eval(r.stdout.strip().splitlines()[-1])
 
@@ -51,3 +56,25 @@ def test_a_udf_imports_its_implementation_at_its_first_call():
 def test_register_model_is_still_dbml_register_model():
     loaded = imported_after("import dbml\nassert callable(dbml.register_model) and callable(dbml.unregister_model)")
     assert loaded["dbml.zoo"]
+
+
+SHELL = ("import sys\nfrom dbml.shell import main\nsys.stdin = open(sys.argv[1])\n"
+         "assert main(['-batch']) == 0\n")
+
+
+@pytest.mark.slow   # ~1.5 s: two shell starts
+def test_a_shell_start_reads_dbmls_macros_from_the_start_up_cache(tmp_path):
+    """The second start of a shell (the same macros) reads what they take and call, and the generated
+    train and tune SQL, from the cache folder: it neither renders nor tokenizes them, and imports none
+    of HEAVY."""
+    import os
+    (tmp_path / "in.sql").write_text(".quit\n")
+    env = {**os.environ, "DBML_CACHE_DIR": str(tmp_path / "cache")}
+    run = f"import sys\nsys.argv[1:] = [{str(tmp_path / 'in.sql')!r}]\n" + SHELL
+    assert not any(imported_after(run, env).values())
+    assert len(list((tmp_path / "cache" / "startup").glob("macros-*.json"))) == 1
+    never = ("import dbml.udfs as u\n"
+             "def refuse(*a):\n    raise AssertionError('the macros were read again')\n"
+             "u._read_definitions = refuse\n")
+    loaded = imported_after(never + run, env)
+    assert not any(loaded.values()), loaded

@@ -47,9 +47,8 @@ ALLOWED = {
     "dbml/core/threads.py:per_thread": "lru_cache: the thread-local holder of per-thread torch settings (one object)",
     "dbml/udfs/functions.py:_encoder": "lru_cache: a model's input encoder decoded from its catalog JSON",
     "dbml/udfs/types.py:sql": "functools.cache: a DuckDB type parsed from its name",
-    "dbml/udfs/__init__.py:_macros": "functools.cache: the names each of dbml's own macros calls (sql/macros.sql, "
-                                     "the generated train and tune)",
-    "dbml/udfs/__init__.py:_macro_tokens": "functools.cache: the tokens of each of dbml's own macros' definitions",
+    "dbml/udfs/__init__.py:macro_definitions": "functools.cache: what dbml's own macros' definitions say (sql/macros.sql, "
+                                               "the generated train and tune), and the generated ones' SQL",
     "dbml/udfs/__init__.py:macro_signatures": "functools.cache: each of dbml's own macros' parameters, from its definition",
     "dbml/scheduler/graph/graphkey.py:_file_hash": "lru_cache: a source file's hash",
     "dbml/scheduler/graph/graphs.py:_SHARED_GRAPHS": "captured graphs by architecture and shapes (LRU)",

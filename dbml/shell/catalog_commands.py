@@ -96,8 +96,9 @@ def _output(shell, words, once: bool, excel: bool = False):
     if excel or "-x" in words or "--x" in words:
         name, on_reset = _spreadsheet(shell)
     problem = shell.output.open(name or "stdout", once or excel, on_reset)
-    if problem:
-        shell.error(problem)
+    if problem is not None:
+        if problem:
+            shell.error(problem)
         return FAIL
 
 

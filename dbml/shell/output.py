@@ -58,15 +58,16 @@ class Output:
             pass
 
     def open(self, name: str, once: bool, on_reset=None) -> str | None:
-        """``.output NAME`` / ``.once NAME``: the error text, or None. ``on_reset`` runs when
-        the output goes back to stdout (``.excel`` opens its file then)."""
+        """``.output NAME`` / ``.once NAME``: the error text, or None; ``off`` fails without
+        one and leaves the output on stdout, as in the CLI. ``on_reset`` runs when the output
+        goes back to stdout (``.excel`` opens its file then)."""
         self.reset()
         self.count = 2 if once else 0
         self._on_reset = on_reset
         if name in ("stdout", ""):
             return None
         if name == "off":
-            return 'Error: cannot write to "off"'
+            return ""
         if name == "stderr":
             self.stream, self.name = self.err, name
             return None
@@ -79,7 +80,7 @@ class Output:
                 self.stream = open(_expand(name), "w", encoding="utf-8", errors="surrogateescape", newline="")
         except OSError:
             self.stream, self._on_reset = self.stdout, None
-            return f'Error: cannot open "{name}"' if not name.startswith("|") else \
+            return f'Error: cannot open "{name}"\nError: cannot write to "{name}"' if not name.startswith("|") else \
                 f'Error: cannot open pipe "{name[1:]}"'
         self.name = name
         self._reported = False
@@ -176,8 +177,15 @@ def _input_waiting(stream=None) -> bool:
 
 def show(shell, outcome, sql: str, kind: str):
     """Print what a query returned in the shell's mode; its rows, kept (the shell's last
-    result: ``_``, ``.last``). A duckbox is drawn by DuckDB from the result itself."""
+    result: ``_``, ``.last``). A duckbox is drawn by DuckDB from the result itself. A dbml
+    function's one-row STRUCT (``train()``, ``evaluate()``) is shown as its fields (:func:`fields`)."""
     from . import engine
+    if kind == "SELECT" and _one_dbml_struct(outcome, sql):
+        kept = engine.keep(shell.db, outcome)
+        if fields(shell, kept):
+            return kept
+        show_kept(shell, kept, sql, kind)
+        return kept
     if shell.display.mode == "duckbox" and kind != "EXPLAIN" and not _describes(shell, sql, outcome.names):
         from .numbers import wants_formatting
         if wants_formatting(shell.display):
@@ -191,6 +199,34 @@ def show(shell, outcome, sql: str, kind: str):
     kept = engine.keep(shell.db, outcome)
     show_kept(shell, kept, sql, kind)
     return kept
+
+
+def _one_dbml_struct(outcome, sql: str) -> bool:
+    """One STRUCT column, from a statement that calls one of dbml's SQL functions."""
+    if len(outcome.types) != 1 or not str(outcome.types[0]).upper().startswith("STRUCT("):
+        return False
+    from ..core.sqltext import code_tokens
+    from ..udfs import SQL_FUNCTIONS
+    words = [text.lower() for text, _ in code_tokens(sql)]
+    return any(word in SQL_FUNCTIONS and after == "(" for word, after in zip(words, words[1:]))
+
+
+def fields(shell, kept) -> bool:
+    """Show kept rows that are one STRUCT in one row as the STRUCT's fields, one column each,
+    as ``SELECT unnest(train(...))`` shows them (DuckDB expands the STRUCT); the rows kept (``_``,
+    ``.last``) stay the STRUCT that SQL returns. False where there is not exactly one row."""
+    from sqlglot import exp
+
+    from . import engine
+    rows = kept.con._submit(exp.select(exp.func("count", exp.Star())).from_(kept.table()).sql("duckdb"))
+    if rows.fetchall()[0][0] != 1:
+        return False
+    query = exp.select(exp.func("unnest", exp.column("c0"))).from_(kept.by_position().subquery())
+    result = kept.con._submit(query.sql("duckdb"))
+    description = result.description or []
+    outcome = engine.Outcome("query_result", result, [d[0] for d in description], [d[1] for d in description])
+    show(shell, outcome, "", "SELECT")
+    return True
 
 
 def _describes(shell, sql: str, names: list[str]) -> bool:

@@ -23,6 +23,7 @@ from ..core.sqltext import UNDECODABLE
 from . import engine
 from .highlight import Highlighter
 from .engine import error_text
+from .logs import ShellLog
 from .output import Output
 from .reader import SqlBuffer, all_whitespace
 from .render import Display
@@ -32,7 +33,6 @@ __all__ = ["Shell", "PROMPT", "CONTINUE", "STANDARD", "FILE", "INIT", "run"]
 PROMPT, CONTINUE = "dbml> ", "  ...> "
 STANDARD, FILE, INIT = "standard", "file", "init"      # where input comes from: bail defaults differ
 EXIT = 2                                               # a dot command's "stop reading"
-MAX_READ_DEPTH = 64                                    # .read of a file that reads itself
 MAX_LINE = 64 * 2 ** 20                                # characters in one line (stdin from /dev/zero)
 
 
@@ -72,8 +72,22 @@ class Shell:
         self.prompt, self.continue_prompt = PROMPT, CONTINUE
         self.pager = {"mode": "automatic", "command": "", "min_rows": 50}
         self.startup_text, self.ui_command, self.read_line_version = "all", "CALL start_ui()", "readline"
-        self.read_depth = 0
+        self.reading: set[str] = set()                 # the files being read: one reading itself is refused
         self.status = 0
+        self.log = ShellLog(self.db)
+
+    def logged(self, own: bool = False) -> None:
+        """Print the log entries DuckDB wrote since the last call, as the CLI prints them
+        (``dbml/shell/logs.py``); ``own``: the shell's own queries (drawing a result, a dot
+        command's) are left out of the query log, the CLI does not run them."""
+        entries = self.log.entries()
+        if own:
+            entries = [e for e in entries if e.get("type") != "QueryLog"]
+        if not entries:
+            return
+        paint = self.highlight.paint if self.highlight.enabled and self.output.console else None
+        self.output.flush()
+        print(self.log.lines(entries, paint), end="", file=self.output.stdout, flush=True)
 
     @property
     def db(self):
@@ -126,6 +140,7 @@ class Shell:
             elif not buf and line[:1] in (".", "#"):
                 self._echo(line)
                 rc = dot_command(self, line) if line[:1] == "." else 0
+                self.logged(own=True)
                 if rc == EXIT:
                     return 1 if errors else 0
                 errors += rc
@@ -147,9 +162,11 @@ class Shell:
 
     def read_file(self, path: str, mode: str = FILE) -> int:
         """Run a file's lines (``.read``, ``-f``, ``-init``); 1 if it failed or cannot be read.
-        Only regular files are read: ``.read /dev/zero`` is refused, as in the CLI."""
-        if self.read_depth >= MAX_READ_DEPTH:
-            self.error(f'Error: cannot read "{path}": .read nested more than {MAX_READ_DEPTH} files deep')
+        Only regular files are read: ``.read /dev/zero`` is refused, as in the CLI, and so is a
+        file that is already being read (it reads itself, directly or through others)."""
+        canonical = os.path.realpath(path)
+        if canonical in self.reading:
+            self.error(f'Error: recursive .read of "{path}"')
             return 1
         try:
             if not os.path.isfile(path):
@@ -158,12 +175,12 @@ class Shell:
         except OSError:
             self.error(f'Error: cannot open "{path}"')
             return 1
-        self.read_depth += 1
+        self.reading.add(canonical)
         try:
             with f:
                 return self.process(read_lines(f), mode)
         finally:
-            self.read_depth -= 1
+            self.reading.discard(canonical)
 
     def interact(self) -> int:
         from .interactive import interact
@@ -179,6 +196,7 @@ class Shell:
         except Exception as e:  # noqa: BLE001
             self.error(error_text(e))
             self.con, self.database = self.opener(":memory:", False), ":memory:"
+        self.log = ShellLog(self.db)
         if self.safe:
             from .catalog_commands import enable_safe_mode
             enable_safe_mode(self)
@@ -189,6 +207,7 @@ class Shell:
             self.con.close()
         except Exception:  # noqa: BLE001 - closing is best effort
             pass
+        self.log.close()
 
     # -- statements ------------------------------------------------------------------------
     def run_sql(self, text: str) -> int:
@@ -273,25 +292,34 @@ class Shell:
         if self.interactive and self.output.console:
             from ..core import progress
             watch = progress.watching(self.con, progress.LineRenderer(self.err))
+        self.output.flush()     # DuckDB's stdout log storage writes to the same stream, unbuffered
         try:
             with watch:
-                outcome = engine.run(self.db, sql, self.last)
+                outcome = engine.run(self.db, self.log.statement(sql), self.last)
             changes = outcome.changes
         except KeyboardInterrupt:
+            self.logged()
             self.error("Error: interrupted (Ctrl-C); the statement was stopped, nothing of it was stored")
             return False
         except Exception as e:  # noqa: BLE001 - every error is DuckDB's message, never a traceback
+            self.logged()
             self.error(error_text(e, self.last is None))
             return False
+        self.logged()
         if changes is not None:
             self.last_changes = changes
             self.total_changes += changes
         if outcome.kind != "query_result":
             return True
         self.last = show(self, outcome, sql, kind)
+        self.logged(own=True)
         return True
 
 
 def run(con, lines: Iterable[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """The shell over ``lines`` (a script or a pipe) on a connection; the exit status."""
-    return Shell(con, out=out, err=err).process(lines)
+    shell = Shell(con, out=out, err=err)
+    try:
+        return shell.process(lines)
+    finally:
+        shell.log.close()

@@ -169,39 +169,92 @@ FUNCTIONS = (
 
 
 @functools.cache
-def _macro_tokens() -> dict[str, list[list]]:
-    """Each of dbml's macros (``sql/macros.sql`` and the generated ``train`` and ``tune``) -> the
-    tokens of its CREATE statement after its name, read with the SQL tokenizer (the sources are
-    fixed for the process: read once)."""
+def macro_definitions() -> dict:
+    """What dbml's macros (``sql/macros.sql`` and the generated ``train`` and ``tune``) say:
+    ``{"generated": {"train": SQL, "tune": SQL}, "facts": {macro: {"calls", "positional",
+    "named", "table"}}}``, read from the tokens of their definitions. It depends only on those
+    definitions (and on this module's reading of them, and sqlglot): kept across processes by
+    ``dbml.core.startcache`` under their hash, which spares each start the rendering and reading."""
     from importlib import resources
+    from pathlib import Path
 
-    from sqlglot.dialects import Dialect
+    import sqlglot
 
+    from ..core import startcache
     from ..core.spec import train_macro_sql
-    from ..core.sqltext import split_statements
     from ..search.tunespec import tune_macro_sql
 
-    text = ";\n".join([resources.files("dbml.sql").joinpath("macros.sql").read_text(),
-                       train_macro_sql().sql("duckdb"), tune_macro_sql().sql("duckdb")])
-    out: dict[str, list] = {}
-    for statement in split_statements(text):
+    written = resources.files("dbml.sql").joinpath("macros.sql").read_text()
+    trees = {"train": train_macro_sql(), "tune": tune_macro_sql()}
+    inputs = [written, *map(repr, trees.values()), Path(__file__).read_text(), sqlglot.__version__]
+    return startcache.cached("macros", inputs, lambda: _read_definitions(written, trees))
+
+
+def _read_definitions(written: str, trees: dict) -> dict:
+    from sqlglot.dialects import Dialect
+
+    from ..core.sqltext import split_statements
+
+    generated = {name: tree.sql("duckdb") for name, tree in trees.items()}
+    definitions: dict[str, list] = {}
+    for statement in split_statements(";\n".join([written, *generated.values()])):
         tokens = Dialect.get_or_raise("duckdb").tokenizer_class().tokenize(statement)
         words = [tok.text.lower() for tok in tokens]
         if "macro" in words:
             at = words.index("macro") + 1
             # a name may be both a scalar and a table macro (evaluate): each definition kept
-            out.setdefault(words[at], []).append(tokens[at + 1:])
-    return out
+            definitions.setdefault(words[at], []).append(tokens[at + 1:])
+    facts = {}
+    for name, each in definitions.items():
+        positional, named = _parameters(each[0])   # a scalar and a table macro of one name take the same
+        facts[name] = {"calls": sorted(_calls(each)), "positional": positional, "named": named,
+                       "table": any(map(_is_table, each))}
+    return {"generated": generated, "facts": facts}
 
 
-@functools.cache
+def _calls(definitions: list) -> set[str]:
+    """The names a macro's definitions call (a name followed by a parenthesis)."""
+    from sqlglot.tokens import TokenType
+    return {tokens[i].text.lower() for tokens in definitions for i in range(len(tokens) - 1)
+            if tokens[i + 1].token_type == TokenType.L_PAREN}
+
+
+def _parameters(tokens) -> tuple[list[str], list[str]]:
+    """A definition's parameters: (without a default, in order; ``name := default``)."""
+    from sqlglot.tokens import TokenType
+    positional, named, depth = [], [], 0
+    for i, tok in enumerate(tokens):
+        if tok.token_type == TokenType.L_PAREN:
+            depth += 1
+        elif tok.token_type == TokenType.R_PAREN:
+            depth -= 1
+            if depth == 0:
+                break
+        if depth == 1 and i > 0 and tokens[i - 1].token_type in (TokenType.L_PAREN, TokenType.COMMA):
+            following = tokens[i + 1].token_type if i + 1 < len(tokens) else None
+            (named if following == TokenType.COLON_EQ else positional).append(tok.text.lower())
+    return positional, named
+
+
+def _is_table(tokens) -> bool:
+    """``... AS TABLE``: the definition is a table macro."""
+    depth = 0
+    for i, tok in enumerate(tokens[:-1]):
+        depth += 1 if tok.text == "(" else -1 if tok.text == ")" else 0
+        if depth == 0 and tok.text.lower() == "as":
+            return tokens[i + 1].text.lower() == "table"
+    return False
+
+
 def _macros() -> dict[str, set[str]]:
     """Each of dbml's macros -> the names it calls (in any of its definitions)."""
-    from sqlglot.tokens import TokenType
+    return {name: set(fact["calls"]) for name, fact in macro_definitions()["facts"].items()}
 
-    return {name: {tokens[i].text.lower() for tokens in definitions for i in range(len(tokens) - 1)
-                   if tokens[i + 1].token_type == TokenType.L_PAREN}
-            for name, definitions in _macro_tokens().items()}
+
+def table_macros() -> frozenset[str]:
+    """dbml's macros with a table form (``CREATE MACRO name(...) AS TABLE``): those read
+    ``SELECT * FROM name(...)``."""
+    return frozenset(name for name, fact in macro_definitions()["facts"].items() if fact["table"])
 
 
 @dataclass(frozen=True)
@@ -217,24 +270,8 @@ def macro_signatures() -> dict[str, MacroSignature]:
     """Each of dbml's macros -> its parameters, read from its definition (the one home of
     what a macro takes: ``sql/macros.sql``, ``spec.train_macro_sql``, ``tunespec.tune_macro_sql``;
     a scalar and a table macro of one name take the same)."""
-    from sqlglot.tokens import TokenType
-
-    out = {}
-    for name, definitions in _macro_tokens().items():
-        tokens = definitions[0]
-        positional, named, depth = [], [], 0
-        for i, tok in enumerate(tokens):
-            if tok.token_type == TokenType.L_PAREN:
-                depth += 1
-            elif tok.token_type == TokenType.R_PAREN:
-                depth -= 1
-                if depth == 0:
-                    break
-            if depth == 1 and i > 0 and tokens[i - 1].token_type in (TokenType.L_PAREN, TokenType.COMMA):
-                following = tokens[i + 1].token_type if i + 1 < len(tokens) else None
-                (named if following == TokenType.COLON_EQ else positional).append(tok.text.lower())
-        out[name] = MacroSignature(tuple(positional), tuple(named))
-    return out
+    return {name: MacroSignature(tuple(fact["positional"]), tuple(fact["named"]))
+            for name, fact in macro_definitions()["facts"].items()}
 
 
 def names_with_effects() -> frozenset[str]:

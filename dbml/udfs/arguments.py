@@ -136,9 +136,12 @@ def _takes(function: str) -> str:
 def explained(statement: str, error: BaseException) -> BaseException | None:
     """DuckDB's binder ``error`` for ``statement`` as one that names the argument of dbml's
     function that does not fit and the fix (the same exception type, DuckDB's ``LINE``
-    pointer kept); None where it is not about a dbml function's arguments."""
+    pointer kept); an ``unnest`` of a table macro's STRUCT as one that names the table form;
+    None where it is not about a dbml function's arguments."""
     from . import SQL_FUNCTIONS
 
+    if isinstance(error, duckdb.SerializationException):
+        return _unnested(statement, error)
     if not isinstance(error, duckdb.BinderException):
         return None
     text = str(error)
@@ -157,13 +160,41 @@ def explained(statement: str, error: BaseException) -> BaseException | None:
     return None
 
 
+# DuckDB's error where unnest() expands a STRUCT whose expression holds a subquery
+_UNCOPYABLE = "Cannot copy BoundSubqueryExpression"
+
+
+def _unnested(statement: str, error: BaseException) -> BaseException | None:
+    """``unnest(evaluate(...))``: DuckDB copies the expression of the STRUCT it expands, and
+    cannot copy the subquery in the macro (the caller's TEMP tables, ``dbml_temp_names()``); the
+    table form of the same macro gives its fields as columns."""
+    from . import table_macros
+
+    if _UNCOPYABLE not in str(error):
+        return None
+    tokens = code_tokens(statement)
+    words = [text for text, _ in tokens]
+    names = [_name(text) if kind in (_IDENTIFIER, _KEYWORD) else None for text, kind in tokens]
+    for i in range(len(tokens) - 3):
+        function = names[i + 2]
+        if names[i] == "unnest" and words[i + 1] == "(" and function in table_macros() and words[i + 3] == "(":
+            from sqlglot import exp
+            call = exp.Anonymous(this=function, expressions=[exp.var("...")])
+            table = exp.select(exp.Star()).from_(call).sql("duckdb", normalize_functions=False)
+            return type(error)(f"Serialization Error: unnest({function}(...)) cannot expand {function}()'s STRUCT "
+                               f"(DuckDB cannot copy the subquery inside the macro); read its fields as a table "
+                               f"instead: {table}, with the same arguments")
+    return None
+
+
 @contextmanager
 def arguments_explained(statement) -> Iterator[None]:
     """Runs a statement: DuckDB's binder error for a dbml function called with an argument it
-    does not take is raised as :func:`explained` writes it, the original as its cause."""
+    does not take is raised as :func:`explained` writes it, the original as its cause; so is
+    the error of an ``unnest`` of a dbml table macro's STRUCT."""
     try:
         yield
-    except duckdb.BinderException as e:
+    except (duckdb.BinderException, duckdb.SerializationException) as e:
         better = explained(statement, e) if isinstance(statement, str) else None
         if better is None:
             raise
