@@ -108,6 +108,9 @@ def test_python_variables_are_still_found_through_a_dbml_connection(con):
 @pytest.mark.parametrize("name,known,expected", [
     ("lable", ("label", "lr"), "label"), ("learning_rate", ("label", "lr"), "lr"),
     ("wd", ("weight_decay", "lr"), "weight_decay"), ("target", ("label", "lr"), None),
+    # whole words first: difflib preferred split_col for split_method, and split for data_split_col
+    ("split_method", ("split", "split_col", "seed"), "split"), ("data_split_col", ("split", "split_col"), "split_col"),
+    ("max_epochs", ("epochs", "lr"), "epochs"),
 ])
 def test_nearest(name, known, expected):
     assert nearest(name, known) == expected

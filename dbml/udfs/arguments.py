@@ -37,8 +37,14 @@ _IDENTIFIER, _KEYWORD = duckdb.token_type.identifier, duckdb.token_type.keyword
 
 
 def nearest(name: str, known: list[str] | tuple[str, ...]) -> str | None:
-    """The known name closest to ``name``: by spelling (difflib), else the one whose words'
-    initials ``name`` is, or that are ``name``'s (``learning_rate`` -> ``lr``)."""
+    """The known name closest to ``name``: the longest whose words begin or end ``name``'s
+    (``split_method`` -> ``split``, BigQuery's ``data_split_col`` -> ``split_col``), else by spelling (difflib), else the one whose
+    words' initials ``name`` is, or that are ``name``'s (``learning_rate`` -> ``lr``)."""
+    words = name.split("_")
+    inside = [k for k in known if "_" in name and k != name and (
+        words[:len(k.split("_"))] == k.split("_") or words[-len(k.split("_")):] == k.split("_"))]
+    if inside:
+        return max(inside, key=len)
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     if close:
         return close[0]
