@@ -1,0 +1,60 @@
+"""A data-parallel job's real memory against its budget, beside a local job's (issue 33, part 1).
+
+One Ray cluster of 2 CPUs (this process); ``hidden := [2048, 2048]`` on 4,000 moons rows,
+batch 512, one epoch: first unscheduled (its peak is the vanilla peak), then ``--jobs`` times
+under ``--fraction`` of it, as ``workers := 2`` on one worker set and as a local single job.
+Prints each job's planned, measured (tracked) and real peak (``dbml_jobs.real_peak_bytes``:
+the job's process RSS above its start) with the budget.
+
+    python benchmarks/dp_real_memory.py [--fraction 0.8] [--jobs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+
+import dbml  # noqa: E402
+from helpers import load, moons  # noqa: E402
+
+BASE = ("label := 'label', features := ['x1','x2'], arch := 'mlp', hidden := [2048, 2048], epochs := 1, "
+        "batch_size := 512")
+COLUMNS = "planned_peak_bytes, measured_peak_bytes, real_peak_bytes, budget_bytes, vanilla_peak_bytes"
+
+
+def run(con, name: str, extra: str) -> tuple:
+    r = con.execute(f"SELECT train('{name}', 'moons', {BASE}{extra})").fetchall()[0][0]
+    row = con.execute(f"SELECT {COLUMNS} FROM dbml_jobs WHERE job_id = ?", [r["job_id"]]).fetchall()[0]
+    mb = [None if v is None else round(v / 1e6, 1) for v in row[:4]]
+    print(f"{name:<12} {r['status']:<9} planned {mb[0]} MB, measured {mb[1]} MB, real {mb[2]} MB, "
+          f"budget {mb[3]} MB", flush=True)
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--fraction", type=float, default=0.8)
+    p.add_argument("--jobs", type=int, default=2)
+    args = p.parse_args(argv)
+    import ray
+    ray.init(num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False, log_to_driver=False)
+    print(f"load average {os.getloadavg()[0]:.2f}")
+    try:
+        for where, extra in (("ray, workers := 2", ", workers := 2"), ("local", "")):
+            con = dbml.connect(latency_model="roofline", progress="off", cluster="ray" if extra else "local")
+            load(con, "moons", moons(4000))
+            print(f"-- {where}")
+            vanilla = run(con, "unscheduled", extra)[4]
+            for i in range(args.jobs):
+                run(con, f"budget {i + 1}", f"{extra}, memory_budget := {int(args.fraction * vanilla)}")
+            con.close()
+    finally:
+        ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
