@@ -200,9 +200,11 @@ def test_cancel_job_cancels_a_job_queued_for_a_device(ray_local, ray_con):
     class Hold:
         def ping(self):
             return 1
+    from dbml.cluster import placement
+    placement.disconnect()   # idle device workers of earlier tests keep their CPU slots for IDLE_S
     holders = [Hold.remote() for _ in range(2)]   # every CPU of the cluster taken
     try:
-        ray_local.get([h.ping.remote() for h in holders])
+        ray_local.get([h.ping.remote() for h in holders], timeout=120)
         job = ray_con.sql("SELECT train('m', 't', label := 'y', epochs := 1, wait := false)").fetchall()[0][0]["job_id"]
         row = "SELECT status, queued_for FROM dbml_jobs WHERE job_id = $id"
         wait_until(lambda: ray_con.sql(row, params={"id": job}).fetchall() == [("queued", "a device")], timeout=60,
