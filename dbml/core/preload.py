@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import threading
 
 from .runtime import runtime
@@ -44,6 +45,11 @@ def start() -> bool:
 
 
 def _load() -> None:
+    # Ctrl-C is the main thread's: a SIGINT the kernel handed to this thread would leave the
+    # shell's readline waiting in select() (no EINTR there), the keypress lost; torch's own
+    # threads started from here inherit the mask
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     for name in MODULES:
         try:
             importlib.import_module(name)
