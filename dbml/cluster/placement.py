@@ -290,29 +290,22 @@ class Cluster:
         (each has its device alone), the job waits for one to end. ``on_wait()`` is told when
         the job waits for a device or a new worker to start; ``check()`` is called while it
         waits, and what it raises (the job's cancel) stops the wait and the worker started for it."""
-        waited = False
-        while True:
-            with self._lock:
-                self._reap()
-                slot = next((s for s in self._slots if not s.jobs and s.ready), None)
-                shared = [s for s in self._slots if s.ready and not s.collective]
-                if slot is None and self._free(gpu):
-                    slot = Slot(self._start(gpu))
-                    self._slots.append(slot)
-                elif slot is None and shared:
-                    slot = min(shared, key=lambda s: len(s.jobs))
-                elif slot is None and not any(s.collective for s in self._slots):
-                    slot = Slot(self._start(gpu))   # every worker is still starting: a new one queues for a device
-                    self._slots.append(slot)
-                if slot is not None:
-                    slot.jobs.add(key)
-                    break
-            if not waited and on_wait is not None:
-                on_wait()
-            waited = True
-            if check is not None:
-                check()
-            time.sleep(WAIT_POLL_S)
+        def take() -> Slot | None:   # under the lock
+            slot = next((s for s in self._slots if not s.jobs and s.ready), None)
+            shared = [s for s in self._slots if s.ready and not s.collective]
+            if slot is None and self._free(gpu):
+                slot = Slot(self._start(gpu))
+                self._slots.append(slot)
+            elif slot is None and shared:
+                slot = min(shared, key=lambda s: len(s.jobs))
+            elif slot is None and not any(s.collective for s in self._slots):
+                slot = Slot(self._start(gpu))   # every worker is still starting: a new one queues for a device
+                self._slots.append(slot)
+            if slot is not None:
+                slot.jobs.add(key)
+            return slot
+
+        slot, waited = self._wait_for(take, on_wait, check)
         if not slot.ready:
             if on_wait is not None and not waited:
                 on_wait()
@@ -323,6 +316,24 @@ class Cluster:
                 raise
         return slot
 
+    def _wait_for(self, take, on_wait, check) -> tuple:
+        """``take()`` under the lock (after reaping idle workers) until it gives something;
+        ``on_wait()`` once when it first does not, ``check()`` on every wait (a cancel raises).
+        Returns what it gave and whether it waited."""
+        waited = False
+        while True:
+            with self._lock:
+                self._reap()
+                got = take()
+            if got is not None:
+                return got, waited
+            if not waited and on_wait is not None:
+                on_wait()
+            waited = True
+            if check is not None:
+                check()
+            time.sleep(WAIT_POLL_S)
+
     def acquire_set(self, key: str, n: int, gpu: bool, on_wait=None, check=None) -> list[Slot]:
         """``n`` device workers for data-parallel job ``key``, in rank order, each the job's alone
         (a process has one default process group): idle ones, the members of a set that has
@@ -330,19 +341,7 @@ class Cluster:
         devices; all ``n`` at once or none (two jobs each holding part of what both need would
         wait for ever), waiting for running jobs to end meanwhile. ``on_wait`` and ``check`` as
         for ``acquire``; a cancel while the new workers start stops them."""
-        waited = False
-        while True:
-            with self._lock:
-                self._reap()
-                taken = self._take_set(key, n, gpu)
-            if taken is not None:
-                break
-            if not waited and on_wait is not None:
-                on_wait()
-            waited = True
-            if check is not None:
-                check()
-            time.sleep(WAIT_POLL_S)
+        taken, _ = self._wait_for(lambda: self._take_set(key, n, gpu), on_wait, check)
         try:
             for s in taken:
                 if not s.ready:
