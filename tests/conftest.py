@@ -72,6 +72,14 @@ def fresh_runtime():
     runtime.reset()
 
 
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (pyproject's addopts): one worker per core, at most four. Each worker is a
+    process that imports torch and trains; more than four on a large machine would mostly
+    add start-up and memory. Tests that share a session resource run on one worker: the Ray
+    cluster's (``xdist_group("ray")``) and the installed predictor's (``"installed"``)."""
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
 @pytest.fixture(scope="session")
 def installed_predictor(tmp_path_factory):
     """``python -m dbml install --quick`` run once, in a subprocess, into a cache folder of

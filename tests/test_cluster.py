@@ -34,6 +34,9 @@ from dbml.cluster import placement as dbml_cluster
 from dbml.errors import InvalidArgument
 from helpers import load, moons, wait_until
 
+# one Ray cluster per test session: under pytest-xdist every test of it runs on one worker
+pytestmark = pytest.mark.xdist_group("ray")
+
 # Two workers of a data-parallel job sum their gradients in another order than one worker
 # does: after 3 epochs of Adam (213 steps) the weights differed by 3e-7 at most; the bound
 # leaves room for other machines' summation orders, and is far below any training change.

@@ -21,7 +21,8 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# its own three-node cluster: never beside the session's one (pytest-xdist runs a group on one worker)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 HERE = os.path.dirname(os.path.abspath(__file__))
 TIMEOUT_S = 300
 

@@ -25,6 +25,7 @@ def train(con, name):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("installed")   # one `dbml install --quick` for the session (conftest)
 def test_cli_install_then_train_plans_with_the_predictor(installed_predictor, monkeypatch):
     """Not marked ``calibrates``: the calibration ran in the CLI's process, and conftest's
     guard fails this test if training here calibrated again."""

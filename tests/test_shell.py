@@ -204,6 +204,7 @@ def test_piped_shell_trains_and_a_second_process_predicts(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("installed")   # one `dbml install --quick` for the session (conftest)
 def test_demo_runs_end_to_end(tmp_path, installed_predictor):
     """The demo as a user runs it, planning with the predictor: the one ``python -m dbml
     install --quick`` made for this session (else the demo would calibrate first)."""
