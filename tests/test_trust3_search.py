@@ -202,17 +202,21 @@ _DNN = "CREATE MODEL m OPTIONS(model_type='dnn_classifier', input_label_cols=['y
 
 @pytest.mark.parametrize("options, message", [
     ("num_trials=4, hidden_units=HPARAM_CANDIDATES([[8], [0]])",
-     r"train\(\) refuses trial 2 \(\{\"hidden_units\": \[0\]\}\): train\(\): hidden must list positive layer sizes"),
+     r"train\(\) refuses \{\"hidden_units\": \[0\]\}, a point of its search space: train\(\): hidden must list "
+     r"positive layer sizes"),
     ("num_trials=4, dropout=HPARAM_CANDIDATES([0.1, 1.5])",
-     r"train\(\) refuses trial 2 \(\{\"dropout\": 1.5\}\): train\(\): dropout must be in \[0, 1\)"),
-    ("num_trials=4, batch_size=HPARAM_CANDIDATES([16, 0])",
+     r"train\(\) refuses \{\"dropout\": 1.5\}, a point of its search space: train\(\): dropout must be in \[0, 1\)"),
+    ("num_trials=4, batch_size=HPARAM_CANDIDATES([16, 0]), hparam_tuning_algorithm='RANDOM_SEARCH'",
      r"train\(\) refuses trial 2 \(\{\"batch_size\": 0\}\): train\(\): batch_size must be a positive integer"),
-    ("num_trials=4, batch_size=HPARAM_RANGE(16, 1e12)",
+    ("num_trials=4, batch_size=HPARAM_RANGE(16, 1e12)",   # the default, a Bayesian search: its range's ends
+     r"train\(\) refuses \{\"batch_size\": 1000000000000\}, a point of its search space: Conversion Error: .* "
+     r"INT32; keep the option's HPARAM_RANGE or HPARAM_CANDIDATES to values train\(\) takes; nothing was trained$"),
+    ("num_trials=4, batch_size=HPARAM_RANGE(16, 1e12), hparam_tuning_algorithm='RANDOM_SEARCH'",
      r"train\(\) refuses trial 4 \(\{\"batch_size\": 242795452383\}\): Conversion Error: .* out of range for the "
      r"destination type INT32; keep the option's HPARAM_RANGE or HPARAM_CANDIDATES to values train\(\) takes; "
      r"nothing was trained$"),
     ("dropout=3", r"train\(\) refuses its options: train\(\): dropout must be in \[0, 1\)"),
-], ids=["hidden", "dropout", "batch-size", "batch-size-cast", "no-trials"])
+], ids=["hidden", "dropout", "batch-size", "batch-size-cast", "batch-size-cast-random", "no-trials"])
 def test_create_model_with_trials_stores_all_of_them_or_nothing(con, options, message):
     """Item 15: if a later trial of ``num_trials`` was refused, the earlier ones stayed stored with
     no BigQuery ML record. Every trial's arguments are checked by train()'s rules first."""

@@ -147,22 +147,27 @@ def _record(con, plan: dict, version: int, trial: dict | None) -> None:
 
 
 def _trials(con, plan: dict):
-    """``num_trials`` versions, each with other hyperparameters (``tuning``); the one with the best
+    """``num_trials`` versions, each with other hyperparameters (``tuning.Search``: a Bayesian
+    search learns from each trial's figure before it picks the next); the one with the best
     objective (``HPARAM_TUNING_OBJECTIVES``'s figure on its evaluation rows, else ``train``'s
     validation metric) is the optimal trial (what ML.PREDICT and ML.EVALUATE use)."""
-    summaries = [_train(con, plan, args).to_pylist()[0] for args, _ in plan["runs"]]
-    objective = plan["objective"]
-    if objective is not None:
-        key = objective.lower()
-        scores = [{key: functions.trial_figures(con, plan["name"], s["version"], plan["held_out"]).get(key)}
-                  for s in summaries]
-        maximize = tuning.OBJECTIVES[plan["args"]["task"]][objective]
-    else:
-        scores = [{_metric_name(con, plan["name"], s["version"]): s["val_metric"]} for s in summaries]
-        maximize = True
+    search, objective = plan["search"], plan["objective"]
+    summaries, scores, points = [], [], []
+    while (point := search.ask()) is not None:
+        summary = _train(con, plan, plan["arguments"](point)).to_pylist()[0]
+        if objective is not None:
+            key = objective.lower()
+            score = {key: functions.trial_figures(con, plan["name"], summary["version"], plan["held_out"]).get(key)}
+        else:
+            score = {_metric_name(con, plan["name"], summary["version"]): summary["val_metric"]}
+        search.tell(next(iter(score.values())))
+        summaries.append(summary)
+        scores.append(score)
+        points.append(point)
+    maximize = tuning.OBJECTIVES[plan["args"]["task"]][objective] if objective is not None else True
     best = tuning.optimal([(i, next(iter(sc.values()))) for i, sc in enumerate(scores, 1)], maximize)
     rows = []
-    for trial, (summary, score, (_, hyperparameters)) in enumerate(zip(summaries, scores, plan["runs"]), 1):
+    for trial, (summary, score, hyperparameters) in enumerate(zip(summaries, scores, points), 1):
         record = {"trial_id": trial, "hyperparameters": hyperparameters,
                   "hparam_tuning_evaluation_metrics": score,
                   "training_loss": summary["final_loss"], "eval_loss": None, "status": "SUCCEEDED",

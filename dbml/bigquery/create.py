@@ -317,14 +317,16 @@ def train_statement(name: str, source: str, args: dict) -> exp.Select:
                                  for k, v in args.items()]))
 
 
-def check_runs(con, name: str, runs: list[tuple[dict, dict | None]]) -> None:
+def check_runs(con, name: str, runs: list[tuple[dict, dict | None]], trials: bool = True) -> None:
     """Every trial's ``train`` arguments checked by train()'s own rules (``spec.from_sql_row``, on
     the values DuckDB casts them to, as ``train_statement`` passes them) before the first trains:
     CREATE MODEL stores all its trials or nothing (a later trial refused left the earlier ones
-    stored, with no BigQuery ML record)."""
+    stored, with no BigQuery ML record). ``trials``: the runs are the trials, in order; else
+    points of a Bayesian search's space (``tuning.Search.checked``), named as such."""
     types = {p.name: p.sql_type for p in TRAIN_PARAMS}
     for trial, (args, hyperparameters) in enumerate(runs, 1):
-        which = f"trial {trial} ({json.dumps(hyperparameters)})" if hyperparameters else "its options"
+        which = ("its options" if not hyperparameters else f"trial {trial} ({json.dumps(hyperparameters)})" if trials
+                 else f"{json.dumps(hyperparameters)}, a point of its search space")
         casts = exp.select(*[exp.cast(_value(v), types[k], dialect="duckdb").as_(k) for k, v in args.items()])
         try:
             values = dict(zip(args, con.execute(casts.sql("duckdb")).fetchall()[0]))
@@ -373,17 +375,23 @@ def plan(con, tree: exp.Create) -> dict:
     objective = tuning.objective(options, task, name)
     spaces = (given or tuning.DEFAULT_SPACES[arch]) if trials else {}
     algorithm = tuning.algorithm(options, spaces, name)
-    runs = [({**options, **point}, point) for point in tuning.trial_points(spaces, trials, algorithm, not given)] \
-        or [(options, None)]
-    # every trial's arguments, checked before any trains
-    runs = [(train_arguments(name, kind, arch, task, o), hp) for o, hp in runs]
-    args = runs[0][0]
+    maximize = tuning.OBJECTIVES[task][objective] if objective is not None else True
+    search = tuning.Search(spaces, trials, algorithm, not given, maximize) if trials else None
     query = names.to_duckdb(con, tree.expression.copy())
     split_args = split(name, options, arch)
     check_split_col(con, name, query, split_args)
-    for run_args, _ in runs:
-        run_args.update(split_args)
-    check_runs(con, name, runs)
+
+    def arguments(point: dict | None) -> dict:
+        """A trial's ``train`` arguments: the options with the trial's point."""
+        return {**train_arguments(name, kind, arch, task, {**options, **(point or {})}), **split_args}
+
+    # every trial's arguments (a Bayesian search's: its space's ends) checked before any trains
+    runs = [(arguments(point), point) for point in search.planned] if search else [(arguments(None), None)]
+    if search is None or search.checked is search.planned:
+        check_runs(con, name, runs)
+    else:
+        check_runs(con, name, [(arguments(point), point) for point in search.checked], trials=False)
+    args = runs[0][0]
     frozen = None
     source = query
     if transform is not None:
@@ -414,7 +422,8 @@ def plan(con, tree: exp.Create) -> dict:
     return {"name": name, "kind": kind, "args": args, "source": source.sql("duckdb"), "query": query.sql("duckdb"),
             "held_out": None,   # train() holds the rows out (a store of old kept SEQ's and CUSTOM's query)
             "transform": None if frozen is None else [e.sql("duckdb") for e in frozen],
-            "runs": runs, "trials": trials, "options": options, "objective": objective}
+            "runs": runs, "trials": trials, "options": options, "objective": objective,
+            "search": search, "arguments": arguments}
 
 
 def apply_transform(query: exp.Expression, frozen: list) -> exp.Select:

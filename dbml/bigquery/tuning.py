@@ -7,9 +7,14 @@ the trials' points are chosen (``trial_points``): ``RANDOM_SEARCH`` draws every 
 generator seeded by the trial's number, a range log-uniformly when it spans more than a decade
 from a positive lower end, else uniformly; ``GRID_SEARCH`` walks the grid of a discrete space
 (candidates, integer ranges) in order, the first ``num_trials`` points; ``VIZIER_DEFAULT``
-(BigQuery's default: Vizier's Bayesian search, which dbml has not) starts from the defaults, trial
-1 taking each searched option's default or the middle of its range, and draws the later ones as
-RANDOM_SEARCH does. So the trials, and the optimal one, are the same every time.
+(BigQuery's default, Vizier's Bayesian optimisation) starts from the defaults, trial 1 taking each
+searched option's default or the middle of its range, and then lets a Bayesian sampler choose
+each next trial from the figures of those before (Optuna's TPE, seeded: ``Search``; Vizier's own
+Gaussian-process bandit is Google's service). RANDOM_SEARCH and GRID_SEARCH know every point
+before the first trial trains; VIZIER_DEFAULT knows trial 1's, and its later points lie in the
+same checked space (``Search.checked``: each option at both ends of its range and at every
+candidate). The trials, and the optimal one, are the same every time: the sampler is seeded
+and training is deterministic.
 
 The optimal trial is the one with the best ``HPARAM_TUNING_OBJECTIVES`` figure on its evaluation
 rows (``OBJECTIVES``), or without one the best validation metric (accuracy or R^2, what ``train``
@@ -144,6 +149,100 @@ def _grid(spaces: dict) -> list[dict]:
     """The points of a discrete space, in order (the last option varying fastest)."""
     axes = _axes(spaces)
     return [dict(zip([o for o, _ in axes], point)) for point in itertools.product(*(v for _, v in axes))]
+
+
+class Search:
+    """The trials' points, asked one at a time (``ask``), each trial's figure told back
+    (``tell``): RANDOM_SEARCH's and GRID_SEARCH's from ``trial_points``, VIZIER_DEFAULT's
+    trial 1 at the defaults and the rest from a seeded TPE sampler that has seen the figures
+    of the trials before. ``planned``: the points known before training (all of them, or
+    VIZIER_DEFAULT's first); ``checked``: those points, and for VIZIER_DEFAULT every option
+    at each end of its range and at each candidate, the others at trial 1's values (what
+    CREATE MODEL checks before anything trains)."""
+
+    def __init__(self, spaces: dict, trials: int, algorithm: str, defaults: bool, maximize: bool = True):
+        self.spaces, self.trials, self.algorithm = spaces, trials, algorithm
+        bayesian = algorithm == "VIZIER_DEFAULT" and trials > 1 and bool(spaces)
+        self.planned = trial_points(spaces, 1 if bayesian else trials, algorithm, defaults)
+        self._asked: list[dict] = []
+        self._study = self._trial = None
+        if bayesian:
+            import optuna
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
+            # half the trials (up to Optuna's default of 10) drawn at random before the
+            # sampler models the figures: too few and it models noise
+            sampler = optuna.samplers.TPESampler(seed=0, n_startup_trials=max(1, min(10, trials // 2)))
+            self._study = optuna.create_study(direction="maximize" if maximize else "minimize", sampler=sampler)
+            self._dists = {o: _distribution(sp) for o, sp in sorted(spaces.items())}
+
+    @property
+    def checked(self) -> list[dict]:
+        if self._study is None:
+            return self.planned
+        first = self.planned[0]
+        ends = [{**first, o: v} for o, sp in sorted(self.spaces.items())
+                for v in (sp.values if isinstance(sp, Candidates) else _ends(sp))]
+        return [first] + [p for p in ends if p != first]
+
+    def ask(self) -> dict | None:
+        """The next trial's point; None when the search has no more (num_trials, or a grid's end)."""
+        n = len(self._asked)
+        if n >= (self.trials if self._study is not None else len(self.planned)):
+            return None
+        if self._study is None or n == 0:
+            point = self.planned[n]
+        else:
+            self._trial = self._study.ask(self._dists)
+            point = {o: _value(self.spaces[o], v) for o, v in self._trial.params.items()}
+        self._asked.append(point)
+        return point
+
+    def tell(self, figure: float | None) -> None:
+        """The last asked trial's figure (None or NaN: it has none, and teaches nothing)."""
+        if self._study is None:
+            return
+        import optuna
+        failed = figure is None or math.isnan(figure)
+        if self._trial is None:   # trial 1, at the defaults: told as the space's nearest point
+            if not failed:
+                params = {o: _nearest(self.spaces[o], v) for o, v in self._asked[0].items()}
+                self._study.add_trial(optuna.trial.create_trial(params=params, distributions=self._dists,
+                                                                value=figure))
+            return
+        if failed:
+            self._study.tell(self._trial, state=optuna.trial.TrialState.FAIL)
+        else:
+            self._study.tell(self._trial, figure)
+        self._trial = None
+
+
+def _distribution(sp):
+    """A space as Optuna's distribution: a range log-uniform as ``Range.draw`` draws it, a
+    candidate by its index (Optuna's categories are scalars; BigQuery's may be arrays)."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+    if isinstance(sp, Candidates):
+        return CategoricalDistribution(list(range(len(sp.values))))
+    log = sp.low > 0 and sp.high / sp.low > 10
+    if sp.integer:
+        return IntDistribution(int(math.ceil(sp.low)), int(math.floor(sp.high)), log=log)
+    return FloatDistribution(sp.low, sp.high, log=log)
+
+
+def _ends(sp: Range) -> tuple:
+    return (int(math.ceil(sp.low)), int(math.floor(sp.high))) if sp.integer else (sp.low, sp.high)
+
+
+def _value(sp, v):
+    return sp.values[v] if isinstance(sp, Candidates) else v
+
+
+def _nearest(sp, v):
+    """Optuna's form of a trial's value: a candidate's index, a number clamped into its range
+    (trial 1's default, e.g. l2_reg 0, may lie below a range's lower end)."""
+    if isinstance(sp, Candidates):
+        return sp.values.index(v) if v in sp.values else 0
+    low, high = _ends(sp)
+    return min(max(v, low), high)
 
 
 def trial_points(spaces: dict, trials: int, algorithm: str, defaults: bool) -> list[dict]:
