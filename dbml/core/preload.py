@@ -59,6 +59,10 @@ def _load() -> None:
         _trace_once()
     except Exception:  # noqa: BLE001 - a first job then pays for its first trace itself
         pass
+    # pyarrow imports pandas, where it is installed, the first time it converts Python
+    # values (pa.array, pa.scalar): as a job's stored row and its result do (0.4-0.5 s)
+    import pyarrow as pa
+    pa.array([0])
 
 
 def _trace_once() -> None:
