@@ -59,6 +59,7 @@ def test_the_python_api_mirrors_the_sql_functions(pts):
     assert dbml.drop_model(pts, "m") == 1 and versions(pts) == 0
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_progress_bars_follow_the_setting(pts, monkeypatch):
     pytest.importorskip("tqdm")
     assert notebook.renderer_for("off") is None
@@ -76,6 +77,7 @@ def test_progress_bars_follow_the_setting(pts, monkeypatch):
     assert "m2" not in err.getvalue()
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_history_plots_the_stored_losses(pts):
     pytest.importorskip("matplotlib")
     pts.sql("SELECT train('m', 'pts', label := 'y', epochs := 3)").fetchall()

@@ -35,6 +35,7 @@ def test_unknown_table(db):
           r"train\(\): source refers to something that does not exist: .*no_such_table.*; check the table name")
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_unknown_feature_column(db):
     fails(db, "SELECT train('m', 'moons', label := 'label', features := ['x1', 'x3'])",
           r"train\(\): source has no column 'x3'; pass features := \['<column>', \.\.\.\] with columns from: x1, x2, label, split")

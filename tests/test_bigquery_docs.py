@@ -199,6 +199,7 @@ def test_create_model_onto_an_existing_name_says_how_to_go_on(logistic):
                                "INPUT_LABEL_COLS = ['label']) AS SELECT * FROM `mydataset.mytable`")
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_model_functions_of_a_train_model_read_its_stored_source(bq):
     """ML.EVALUATE, ML.FEATURE_INFO and ML.GLOBAL_EXPLAIN without input rows read the source the
     catalog keeps for a model made by train() as for one made by CREATE MODEL."""

@@ -33,6 +33,7 @@ def _trained(con) -> list:
     return con.execute(PREDICT).fetchall()[0][0]
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_a_user_schema_named_dbml_is_left_alone(tmp_path):
     path = str(tmp_path / "user.duckdb")
     with duckdb.connect(path) as raw:   # the user's own schema dbml, with a table models (no uid column)
@@ -74,6 +75,7 @@ def test_an_older_catalog_with_dbmls_own_columns_is_still_moved(tmp_path):
         assert con.execute("SELECT * FROM dbml.catalog").fetchall() == [(home.MARKER, home.FORMAT)]
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_a_database_attached_as_dbml_changes_nothing():
     con = dbml.connect(latency_model="roofline")
     con.execute("ATTACH ':memory:' AS dbml")
@@ -109,6 +111,7 @@ def test_the_temp_views_the_shell_hides_are_exactly_dbmls():
     con.close()
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_the_shell_shows_and_dumps_the_users_own_dbml_named_objects(tmp_path):
     path = str(tmp_path / "shown.duckdb")
     with duckdb.connect(path) as raw:

@@ -358,6 +358,7 @@ class CountingHandle:
         return Counted
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_the_hub_is_called_per_worker_process_and_per_driver_not_per_job(ray_cluster):
     """Issue 33, part 2: eight jobs on one worker process report in one call per interval, and
     the driver takes all their updates in one poll per interval; none is lost."""

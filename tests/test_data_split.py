@@ -75,6 +75,7 @@ def evaluated(con, rows: str | None = None) -> dict:
     return dict(zip([d[0] for d in result.description], result.fetchall()[0]))
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_custom_split_holds_out_the_rows_its_column_marks_true(con):
     con.execute(SPLIT_TABLE)
     summary = split_summary(con, "custom", split_col="held")
@@ -85,6 +86,7 @@ def test_custom_split_holds_out_the_rows_its_column_marks_true(con):
     assert evaluated(con)["r2_score"] == pytest.approx(summary["val_metric"], abs=1e-6)
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_seq_split_holds_out_the_last_share_in_the_columns_order(con):
     con.execute(SPLIT_TABLE)
     summary = split_summary(con, "seq", split_col="ts", validation=0.25)

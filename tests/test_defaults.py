@@ -42,6 +42,7 @@ def test_early_stop_stops_after_patience_and_keeps_the_best_epoch(noisy):
     assert r["val_loss"] < losses[-1]
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_early_stop_false_trains_every_epoch_and_keeps_the_last(noisy):
     r = train(noisy, "'n', 'noisy', label := 'y', epochs := 8, lr := 0.05, early_stop := false")
     assert r["epochs"] == 8 and r["best_epoch"] is None
@@ -49,6 +50,7 @@ def test_early_stop_false_trains_every_epoch_and_keeps_the_last(noisy):
     assert [loss for _, loss, _ in epochs_of(noisy, "n")] == [None] * 8
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_lr_and_validation_null_are_chosen_per_job_and_stored(noisy):
     r = train(noisy, "'n', 'noisy', label := 'y', epochs := 2, arch := 'linear', optimizer := 'sgd'")
     params = json.loads(noisy.sql("SELECT params FROM dbml_models WHERE name = 'n'").fetchall()[0][0])

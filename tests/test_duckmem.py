@@ -135,6 +135,7 @@ def test_the_cpu_default_budget_is_half_of_memory_limit_and_follows_set(db):
     assert train(db, "c")["budget_bytes"] == shown("190.7 MiB").bytes - MIN_DUCKDB_BYTES
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_an_explicit_budget_wins_over_the_share(db):
     assert train(db, "own", "memory_budget := '64MB'")["budget_bytes"] == 64 * 10**6
     db.execute("SET VARIABLE dbml_memory_budget = '96MB'")
@@ -181,6 +182,7 @@ def test_a_cancelled_job_restores_memory_limit(db, held):
     assert limit(db) == "953.6 MiB"
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_the_default_limit_is_restored_byte_for_byte_by_reset(con, held):
     load(con, "moons", moons(640))
     default = duckmem.default_limit()
@@ -269,6 +271,7 @@ def test_a_job_waits_while_duckdb_cannot_give_the_memory_back(con):
     assert limit(con) == "381.4 MiB"
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_a_job_waiting_for_duckdbs_memory_can_be_cancelled(con):
     con.execute("SET temp_directory = ''")
     load(con, "moons", moons(640))
@@ -291,6 +294,7 @@ def test_a_locked_configuration_is_left_as_it_is(db):
 
 # -- which database ----------------------------------------------------------------------
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_only_the_jobs_own_database_is_lowered(db, held):
     other = dbml.connect(latency_model="roofline")   # another in-memory database in this process
     other.execute("SET memory_limit = '2GB'")
@@ -304,6 +308,7 @@ def test_only_the_jobs_own_database_is_lowered(db, held):
     other.close()
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_every_connection_to_a_database_file_sees_its_jobs_lowered_limit(tmp_path, held):
     path = str(tmp_path / "f.duckdb")
     con = dbml.connect(path, latency_model="roofline")

@@ -78,6 +78,7 @@ def test_trees_are_explained_by_treeshap_and_predict_as_lightgbm(tab):
         tab.execute("SELECT export_model('rf', 'rf.onnx')")
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_the_default_model_is_explained_without_captum(con, monkeypatch):
     """The default arch (an MLP) is explained by dbml's own integrated gradients: nothing to
     install (a module set to None in sys.modules cannot be imported)."""
@@ -93,6 +94,7 @@ def test_the_default_model_is_explained_without_captum(con, monkeypatch):
     assert np.median(np.array(e["approximation_error"]) / gap) < 0.01
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 @pytest.mark.parametrize("arch", ["mlp", "linear"])
 def test_a_classifier_explains_the_probability_of_its_class(con, arch):
     """prediction_value is the predicted class's probability (predict_proba's), the baseline the

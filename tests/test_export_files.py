@@ -21,6 +21,7 @@ def _model(con) -> None:
     con.execute("SELECT train('m', 'pts', label := 'y', epochs := 1, policy := 'eager')")
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_export_never_writes_over_an_attached_database_file(tmp_path):
     path = tmp_path / "shop.duckdb"
     con = dbml.connect(str(path), latency_model="roofline")

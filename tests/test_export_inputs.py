@@ -50,6 +50,7 @@ def test_a_series_model_runs_in_onnxruntime_on_longer_series(con, tmp_path, scal
     assert np.abs(_run(tmp_path / "m.onnx", "series", x) - want).max() <= TOLERANCE
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_a_text_model_runs_in_onnxruntime_on_texts_longer_than_any_training_text(con, tmp_path):
     words = "['alpha', 'beta', 'gamma', 'delta', 'omega', 'sigma']"
     con.execute(f"CREATE TABLE docs AS SELECT range AS id, array_to_string(list_transform(range(4 + range % 3), "

@@ -44,6 +44,7 @@ def test_rows_within_a_budget_keep_it_and_one_row_too_many_does_not():
     assert "'0MB'" not in str(info.value) and "'0KB'" not in str(info.value)
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_a_vector_of_rows_is_chunked_to_what_the_budget_holds(con, monkeypatch):
     """Issue 31, item 1: predict() over 4,000 rows (DuckDB passes 2,048 at once) under a
     budget that holds the model, one row and every row's outputs, but not every row's
@@ -66,6 +67,7 @@ def test_a_vector_of_rows_is_chunked_to_what_the_budget_holds(con, monkeypatch):
     assert got == pytest.approx(want)
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_predict_on_a_large_batch_runs_in_chunks_within_the_budget(con, monkeypatch):
     import numpy as np
     from dbml.core import inference

@@ -62,6 +62,7 @@ def test_dry_run_writes_a_profile_emulate_loads(tmp_path):
     assert p.flops == report["matmul_flops"] > 0 and p.pcie > 0 and p.duplex > 0
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_script_syntax_and_dry_run(tmp_path):
     bash = shutil.which("bash")
     assert subprocess.run([bash, "-n", str(SCRIPT)]).returncode == 0

@@ -70,6 +70,7 @@ def _series(con, n: int = 40) -> None:
 TCN = "arch := 'tcn', options := '{\"width\": 8, \"depth\": 2}', epochs := 1, policy := 'eager'"
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_series_scaled_per_row_predict_the_same_for_any_level_and_unit(con):
     _series(con)
     con.execute(f"SELECT train('row', 's', label := 'y', features := ['xs'], series_scale := 'row', {TCN})").fetchall()

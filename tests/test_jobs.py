@@ -96,6 +96,7 @@ def status(con, job_id):
     return job_rows(con)[job_id][2]
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_async_job_returns_at_once_and_wait_job_gives_its_summary(db, gate):
     # "at once": train(wait := false) returns while its job is held at its first
     # iteration boundary, i.e. before the job could finish (no wall-clock bound).
@@ -146,6 +147,7 @@ def test_jobs_from_two_connections_overlap(tmp_path, gate):
     a.close(), b.close()
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_cancel_mid_training_stores_nothing_and_spares_the_others(db, gate):
     # Mid-training: the job is held after its first iteration when it is cancelled.
     gate.hold("doomed")
@@ -164,6 +166,7 @@ def test_cancel_mid_training_stores_nothing_and_spares_the_others(db, gate):
     assert db.sql("SELECT name FROM dbml_models").fetchall() == [("survivor",)]
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_a_failing_job_fails_alone(db):
     with pytest.raises(duckdb.Error, match=r"loss became (nan|inf)"):
         db.sql("SELECT train(name, src, label := lbl, lr := lr, optimizer := 'sgd', epochs := 3) FROM (VALUES "

@@ -39,6 +39,7 @@ def test_a_16_bit_png_is_scaled_not_clipped(con):
     assert float(std) == pytest.approx(1 / 12 ** 0.5, abs=0.03)   # uniform on [0, 1]
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_only_png_and_jpeg_are_decoded_and_eps_never_reaches_ghostscript(con, monkeypatch):
     started = []
     monkeypatch.setattr(EpsImagePlugin, "Ghostscript", lambda *a, **k: started.append(a))
@@ -141,6 +142,7 @@ def test_an_unterminated_string_in_a_source_is_a_source_error(con, call):
         con.execute(f"SELECT {call}")
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_lazy_modules_are_sized_by_a_first_batch(con):
     import torch
     import dbml

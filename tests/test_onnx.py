@@ -25,6 +25,7 @@ def dbml_probabilities(con, model: str, expr: str, table: str) -> np.ndarray:
                                                f"ORDER BY id").fetchall()])
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_an_mlp_takes_raw_features_with_its_standardisation_folded_in(con, tmp_path):
     con.execute("CREATE TABLE pts AS SELECT range AS id, (range % 100) * 3.0 - 40 AS a, "
                 "CASE WHEN range % 13 = 0 THEN NULL ELSE (range % 7) * 1000.0 END AS b, "
@@ -82,6 +83,7 @@ def test_a_regressor_returns_the_label_in_its_units(con, tmp_path):
     assert np.abs(value - want).max() <= TOLERANCE * max(1.0, np.abs(want).max())
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_bad_exports_name_the_argument_and_write_nothing(con, tmp_path):
     con.execute("CREATE TABLE pts AS SELECT range::DOUBLE AS a, range % 2 AS y FROM range(100)")
     con.sql("SELECT train('m', 'pts', label := 'y', epochs := 1)").fetchall()

@@ -106,6 +106,7 @@ def test_close_removes_the_file_and_the_sweep_removes_only_dead_processes_files(
 
 # -- the executor on it -------------------------------------------------------------------------
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 @pytest.mark.parametrize("model_fn, shape", [(mlp, (32,)), (cnn, (3, 12, 12))], ids=["mlp", "cnn_bn"])
 def test_training_through_the_disk_is_bit_identical_to_eager(tmp_path, model_fn, shape):
     spec = OptimizerSpec("adam", lr=1e-3)
@@ -214,6 +215,7 @@ def _train(con, budget: str = "120KB", model: str = "m") -> dict:
                                    ).fetchone()[0])
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_a_budgeted_job_spills_to_the_databases_temp_directory_and_leaves_nothing(tmp_path):
     db = tmp_path / "shop.duckdb"
     con = dbml.connect(str(db), latency_model="roofline")
@@ -226,6 +228,7 @@ def test_a_budgeted_job_spills_to_the_databases_temp_directory_and_leaves_nothin
     con.close()
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_temp_directory_off_keeps_swaps_in_memory(tmp_path):
     con = dbml.connect(latency_model="roofline")
     con.execute("SET temp_directory = ''")

@@ -95,6 +95,7 @@ def test_text_labels_predict_label_and_proba(con):
         con.sql("SELECT predict('moons_txt', [x1, x2]) FROM m").fetchall()
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_training_is_deterministic_for_a_seed_and_versions_increment(moons_con):
     src = "SELECT x1, x2, label FROM moons LIMIT 640"   # 10 full batches: one graph to capture
     args = "label := 'label', epochs := 2, validation := 0"
@@ -196,6 +197,7 @@ def test_one_statement_trains_several_models(moons_con):
     assert moons_con.sql("SELECT count(*) FROM dbml_models").fetchall() == [(3,)]
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_second_connection_to_the_same_file_predicts(tmp_path):
     path = str(tmp_path / "shared.duckdb")
     first = dbml.connect(path, latency_model="roofline")
@@ -251,6 +253,7 @@ def test_stored_weights_are_torch_saves_bytes_written_in_place():
         assert bytes(catalog.weights_blob(module)) == plain.getvalue()
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_closing_the_installing_connection_leaves_others_working(tmp_path):
     path = str(tmp_path / "two.duckdb")
     first, second = dbml.connect(path, latency_model="roofline"), dbml.connect(path, latency_model="roofline")

@@ -65,6 +65,7 @@ def test_the_suggested_budget_is_enough(wide):
     assert train(wide, "fits", f", memory_budget := '{suggested}'")["status"] == "finished"
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_no_scheduler_switch_runs_policy_none(wide, monkeypatch):
     monkeypatch.setenv("DBML_NO_SCHEDULER", "1")
     r = train(wide, "off", ", memory_budget := 1000000")
@@ -84,6 +85,7 @@ def test_round_up_suggestions():
     assert [_round_up(n) for n in (109404, 1458156, 123456789, 5000)] == ["110KB", "1.5MB", "130MB", "5KB"]
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_capuchin_policy_from_sql_swaps_passively_and_matches_eager(wide):
     eager = train(wide, "eager", ", policy := 'eager'")
     budget = int(0.75 * eager["vanilla_peak_bytes"])

@@ -21,6 +21,7 @@ def _train_line(con, source: str) -> None:
                 f"policy := 'eager')")
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_a_model_dropped_and_trained_again_answers_with_its_new_weights(con):
     _two_lines(con)
     _train_line(con, "a")
@@ -34,6 +35,7 @@ def test_a_model_dropped_and_trained_again_answers_with_its_new_weights(con):
     assert con.execute("SELECT evaluate('m', 'b').r2").fetchall()[0][0] > 0.99
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_another_connection_sees_the_retrained_model_too(tmp_path):
     path = str(tmp_path / "x.duckdb")
     first = dbml.connect(path, latency_model="roofline")
@@ -59,6 +61,7 @@ def _old_layout(path: str) -> None:
     con.close()
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_an_older_catalog_is_moved_into_its_own_schema(tmp_path):
     path = str(tmp_path / "old.duckdb")
     _old_layout(path)
@@ -97,6 +100,7 @@ def test_non_finite_weights_are_refused_and_nothing_is_stored(con, args, message
     assert _models(con) == 0
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_series_values_near_doubles_range_store_finite_statistics(con):
     con.execute("CREATE TABLE s AS SELECT [1e308, x, x + 1, -1e308]::DOUBLE[] AS s, (x % 2)::INTEGER AS y "
                 "FROM range(60) t(x)")

@@ -120,6 +120,7 @@ def _tab(con):
     con.execute("CREATE TABLE t AS SELECT 1 AS x")
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_create_model_runs_nothing_of_the_users_before_its_checks(con, tmp_path):
     """Items 8 and 15: a write in CREATE MODEL's query, a call with effects in its TRANSFORM,
     a TRANSFORM over another table, and a CREATE refused as existing run nothing."""
@@ -141,6 +142,7 @@ def test_create_model_runs_nothing_of_the_users_before_its_checks(con, tmp_path)
     assert con.execute("SELECT name FROM dbml_models").fetchall() == [("keep",)]
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_a_model_functions_input_only_reads_and_is_not_another_model_function(con):
     """Items 8 and 10: ML.PREDICT's input is checked as predictions()'s source, a nested model
     function's input too, before any of them runs (issue 32: a model function may read another's
@@ -158,6 +160,7 @@ def test_a_model_functions_input_only_reads_and_is_not_another_model_function(co
                              "FROM ML.PREDICT(MODEL keep, TABLE tab)))").fetchall() == [(60,)]
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 @pytest.mark.parametrize("statement, message", [
     ("SELECT * FROM ML.PREDICT(MODEL keep, TABLE tab, STRUCT('abc' AS threshold))",
      r"ML.PREDICT: setting threshold must be a number in \[0, 1\], got 'abc'"),
@@ -189,6 +192,7 @@ def test_every_number_a_statement_passes_is_checked_before_work_starts(con, stat
     assert con.execute("SELECT name FROM dbml_models").fetchall() == [("keep",)]
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_explain_predict_over_many_rows_runs_in_chunks(con):
     """Item 9: ML.EXPLAIN_PREDICT over many rows attributes them in chunks (it asked for
     3.3 GB at once over 200,000 rows); the chunks' rows equal one pass's."""
@@ -231,6 +235,7 @@ def test_a_bigquery_project_is_the_attached_database_of_its_name(con):
     assert dbml.execute(con, "SELECT v FROM `bigquery-public-data.ml_datasets.penguins`").fetchall() == [(3,)]
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 @pytest.mark.parametrize("n", [2, 3, 100])
 def test_an_array_column_of_another_length_is_an_error_not_an_answer(con, n):
     """Item 13: predictions() and evaluate() of a model trained on FLOAT[4] refuse FLOAT[n]
@@ -246,6 +251,7 @@ def test_an_array_column_of_another_length_is_an_error_not_an_answer(con, n):
     assert con.sql("SELECT count(*) FROM predictions('m', 'SELECT NULL::FLOAT[4] AS v, 1 AS y')").fetchall() == [(1,)]
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 @pytest.mark.parametrize("rows, share, held", [(112, None, 28), (331, None, 82), (1000, 0.2, 200), (50, None, 12)])
 def test_the_hold_out_is_the_documented_share_in_whole_rows(con, rows, share, held):
     """Item 3: iris's 112 rows held out 29 % and diabetes's 331 held out 27 % where the README

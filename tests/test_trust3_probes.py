@@ -10,6 +10,7 @@ import dbml
 BQ_OPTS = "OPTIONS(model_type='dnn_classifier', input_label_cols=['y'], hidden_units=[4], max_iterations=1)"
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 @pytest.mark.parametrize("name", ["__in", "__dbml_in", "__DBML_ROW", "a \"q", "ünï"])
 def test_a_users_column_is_never_taken_for_dbmls_own(con, name):
     """Item 10: an input column named ``__in`` (the row's struct read from the subquery's alias:
@@ -33,6 +34,7 @@ def _column(con, query: str, name: str) -> list:
     return [row[at] for row in result.fetchall()]
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_class_weights_keep_a_users_columns_named_like_the_counts(con):
     """auto_class_weights counted rows in columns __dbml_n/__dbml_r/__dbml_i and dropped
     whatever held those names (a user's feature, or a binder error)."""
@@ -44,6 +46,7 @@ def test_class_weights_keep_a_users_columns_named_like_the_counts(con):
     assert len(dbml.execute(con, "SELECT * FROM ML.PREDICT(MODEL m, TABLE t)").fetchall()) == 80
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_an_array_feature_named_like_the_lambdas_parameter(con):
     """An array column named ``__dbml_i`` was read as the lambda's position (a binder error)."""
     con.execute("CREATE TABLE a AS SELECT [range, range + 1]::FLOAT[2] AS __dbml_i, (range % 2)::INT AS y "
@@ -82,6 +85,7 @@ def test_explain_keeps_its_integrated_gradients_within_the_budget(con, monkeypat
     np.testing.assert_allclose(chunked, whole, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_an_export_path_with_a_nul_byte_is_refused_by_name(con, tmp_path):
     """Item 19: a NUL byte in an export path (os.path's raw 'ValueError: embedded null byte')."""
     con.execute("CREATE TABLE t AS SELECT range::DOUBLE AS a, (range % 2)::INT AS y FROM range(50)")
@@ -94,6 +98,7 @@ def test_an_export_path_with_a_nul_byte_is_refused_by_name(con, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 @pytest.mark.parametrize("ids, shown", [("[9223372036854775807]", "9223372036854775808"),
                                         ("[3, -1]", "-1"), ("['inf'::DOUBLE]", "inf")])
 def test_a_token_id_past_the_range_is_an_error_naming_the_input(con, ids, shown):

@@ -227,6 +227,7 @@ def test_create_model_with_trials_stores_all_of_them_or_nothing(con, options, me
     assert con.execute("SELECT count(*) FROM dbml_jobs").fetchall() == [(0,)]
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_create_model_with_valid_trials_stores_each(con):
     _tab(con, 100)
     rows = dbml.execute(con, _DNN.format("num_trials=2, batch_size=HPARAM_RANGE(16, 64)")).fetchall()
@@ -305,6 +306,7 @@ def test_hostile_space_json_is_refused_by_name(con):
     assert con.execute("SELECT count(*) FROM dbml_trials").fetchall() == [(0,)]
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_a_model_name_that_is_code_stays_a_name_in_the_statement_a_message_suggests(con):
     """A probe with names that are code: the objective message suggested ``DELETE FROM dbml.trials
     WHERE model = 'a\\'b"c; DROP TABLE t; --'`` (Python's repr), which DuckDB reads as a DELETE and

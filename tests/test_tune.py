@@ -306,6 +306,7 @@ def test_the_bench_estimates_a_peer_peak_from_its_trials_overlap():
     assert _concurrent_peak([(0, 10, 5), (2, 5, 3), (4, 6, 7)]) == 15
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_one_best_trial_rule_for_the_search_the_stored_trials_and_bigquery_ml():
     """studies.best_trial is the rule; trials.ROWS_SQL states it in SQL and agrees on random
     trials with ties, no objective and NaN; BigQuery ML's optimal trial is it, maximising."""

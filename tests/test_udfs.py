@@ -116,6 +116,7 @@ def test_a_vector_of_one_model_gives_what_a_mixed_vector_gives(db):
                                [alone[i] for i in alone if alone[i] is not None], rtol=1e-6)
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_predict_label_and_proba_over_several_vectors(db):
     rows = db.sql(f"""SELECT range AS i, [(range % 89) / 30.0 - 1, (range % 53) / 40.0 - 0.5] AS f,
                              predict_label(CASE WHEN range % 11 = 3 THEN NULL ELSE 'side' END, f) AS label,
@@ -160,6 +161,7 @@ def test_label_of_a_regression_model_points_to_predict(db):
         db.sql("SELECT predict_label('neg', [1.0, 2.0, 3.0])").fetchall()
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_a_retrained_model_is_used_from_the_next_call(db):
     train = ("SELECT train('again', 'SELECT a, b, c, y FROM lin', label := 'y', arch := 'linear', epochs := 1, "
              "batch_size := 256, seed := {})")

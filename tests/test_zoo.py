@@ -352,6 +352,7 @@ def test_tensile_at_half_the_peak_is_bit_identical(name):
           f"measured {stats['measured_peak_bytes']} B, {stats['swaps']} swaps, {stats['recomputes']} recomputes")
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_the_zoo_registers_the_kinds_itself_and_importing_them_registers_nothing():
     """One registry of archs: the zoo's loads dbml/kinds/ by entry on its first use (a fitted
     kind's arch carrying its fit); importing the kinds has no effect on it."""
