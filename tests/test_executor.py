@@ -458,3 +458,42 @@ def test_a_chain_of_recomputation_runs_and_changes_nothing():
     assert check_event_log(ex.event_log) == []
     assert ex.totals["recomputes"] >= len(h.data) and ex.totals["passive_recomputes"] == 0
     assert max(peaks) <= chosen.peak_bytes
+
+
+def test_a_passive_swap_in_over_the_budget_waits_for_the_swap_outs_in_flight():
+    """A swap-in or recompute the plan did not schedule (passive: a tensor needed before its
+    planned return) takes room as a planned one does: over the budget, it waits for the
+    swap-outs in flight to land rather than pass the limit. (Without an evictor, TENSILE's
+    mode, it used to take the room at once: a rare ``BudgetExceeded`` under load.)"""
+    import threading
+    import time
+    h = Harness()
+    budget = 1 << 20
+    ex = Executor(Program(h.captured, h.seq), h.plan(release_events(h.seq)), CpuDevice(), budget_bytes=budget)
+    try:
+        assert ex.evictor is None                       # the plan's mode: no passive evictor
+        landed = threading.Event()
+        ex.mem.hold(budget - 64)
+        ex.mem.on_copy = 4096                           # a swap-out still on the copy channel
+        ex.mem.on_compute -= 4096
+        ex.transfers.inflight_out.add(-1)
+
+        def copy_lands():
+            time.sleep(0.2)
+            with ex.mem.cv:
+                ex.mem.copied_out(4096)
+                ex.transfers.inflight_out.discard(-1)
+                landed.set()
+                ex.mem.cv.notify_all()
+
+        def swap_in_now(sid, k, service, room):         # the tensor is on the host: swapped in now
+            room(1024, k)
+            return True
+
+        ex.transfers.fetch = swap_in_now
+        threading.Thread(target=copy_lands, daemon=True).start()
+        ex._fetch(0, 0)                                 # op 0 needs a tensor that is not resident
+        assert landed.is_set(), "the passive swap-in took its room before the swap-out in flight landed"
+        assert ex.mem.total + 1024 <= budget
+    finally:
+        ex.close()

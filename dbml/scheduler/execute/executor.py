@@ -248,18 +248,13 @@ class Executor:
             self.it.deferred.remove(d)
             self._release(d[1], k - 1)
 
-    def _passive_room(self, nbytes: int, k: int, keep: tuple = ()) -> None:
-        """Before a swap-in or recompute on the compute thread takes ``nbytes``."""
-        if self.evictor is not None and self.mem.total + nbytes > self.budget:
-            self._make_room(nbytes, k, keep)
-
     # -- iteration boundaries ----------------------------------------------------------
     def _begin(self, state: ExecState, x, y) -> None:
         self.it.reset()
         self.transfers.reset()
         self.mem.hold(self.transfers.load_state(state, x, y) + self.prog.seq.workspace)
-        self.transfers.place_initial(self.host_at_start, self._passive_room)
-        self._passive_room(0, 0)   # passive mode: start the iteration within the budget
+        self.transfers.place_initial(self.host_at_start, self._room)
+        self._room(0, 0)   # passive mode: start the iteration within the budget
         self.mem.peak = self.mem.on_compute
 
     def _end(self, state: ExecState) -> None:
@@ -343,17 +338,20 @@ class Executor:
 
     def _fetch(self, sid: int, k: int) -> None:
         """Op ``k`` needs ``sid`` and it is not resident: wait, swap in, or recompute."""
-        if not self.transfers.fetch(sid, k, self._service, self._passive_room):
+        if not self.transfers.fetch(sid, k, self._service, self._room):
             self._recompute(sid, k, passive=True)
 
     def _recompute(self, sid: int, before: int, passive: bool = False) -> None:
         via = () if passive else self.chains.get((sid, before), ())
-        self.replay.recompute(sid, before, self._fetch, self._passive_room if passive else self._room, passive, via)
+        self.replay.recompute(sid, before, self._fetch, self._room, passive, via)
 
     def _room(self, nbytes: int, k: int, keep: tuple = ()) -> None:
-        """Before a planned recompute takes ``nbytes``: as before an op's outputs, a copy
-        slower than planned makes compute wait for the swap-outs in flight rather than pass
-        the limit (a recompute stall that did not wait held 0.2 % over its plan's peak)."""
+        """Before a swap-in or a recompute on the compute thread takes ``nbytes``, planned or
+        passive (a tensor needed before its planned return): as before an op's outputs, a
+        copy slower than planned makes compute wait for the swap-outs in flight rather than
+        pass the limit, and then a passive evictor (where the mode has one) evicts. (A
+        recompute stall that did not wait held 0.2 % over its plan's peak; a passive swap-in
+        that did not, in TENSILE's mode, was a rare ``BudgetExceeded`` under load.)"""
         if self.budget is not None and self.mem.total + nbytes > self.budget:
             self._make_room(nbytes, k, keep)
 
