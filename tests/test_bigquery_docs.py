@@ -339,11 +339,21 @@ def test_grid_search_trains_one_trial_per_point(bq):
     named, = rows(bq, f"SELECT trial_id FROM ML.EVALUATE(MODEL `mydataset.mymodel@{other['version']}`)")
     assert named == {"trial_id": other["trial_id"]}
     assert rows(bq, "SELECT trial_id FROM ML.EVALUATE(MODEL `mydataset.mymodel`)") == [{"trial_id": optimal}]
+    # the optimal trial is what every function serves, predict() and the catalog's deployed too
+    # (it is not the latest version when it is the grid's first point)
+    best_version, = [r["version"] for r in created if r["is_optimal"]]
+    assert rows(bq, "SELECT version FROM dbml_models WHERE model = 'mymodel' AND deployed") == \
+        [{"version": best_version}]
     bq.execute(f"SELECT deploy('mymodel', {other['version']})")
     assert rows(bq, "SELECT DISTINCT trial_id FROM ML.WEIGHTS(MODEL `mydataset.mymodel`)") == \
         [{"trial_id": other["trial_id"]}]
     assert rows(bq, f"SELECT trial_id FROM ML.EVALUATE(MODEL `mydataset.mymodel`, STRUCT({optimal} AS trial_id))") \
         == [{"trial_id": optimal}]                                  # trial_id still picks one
+    # a model replaced without trials is the new one, whatever was pinned before
+    replaced, = rows(bq, ALGORITHM.replace("CREATE MODEL", "CREATE OR REPLACE MODEL").replace(
+        "  NUM_TRIALS = {trials},\n  HPARAM_TUNING_ALGORITHM = '{algorithm}'{space})", "  L2_REG = 0)"))
+    assert rows(bq, "SELECT version FROM dbml_models WHERE model = 'mymodel' AND deployed") == \
+        [{"version": replaced["version"]}]
 
 
 # DATA_SPLIT_METHOD (.../bigqueryml-syntax-create: CUSTOM splits by a BOOL column, TRUE the evaluation

@@ -30,6 +30,7 @@ from sqlglot import exp
 from ..errors import InvalidArgument
 from ..core.sqltext import bigquery_markers, split_statements
 from ..core import home
+from ..core import catalog
 from ..core.catalog import MODELS
 from ..core.source import refuse_effects
 from . import create, functions, names, store, tuning
@@ -128,8 +129,19 @@ def _create_model(con, tree: exp.Create):
     if plan["trials"]:
         return _trials(con, plan)
     result = _train(con, plan, plan["runs"][0][0])
-    _record(con, plan, result.column("version")[0].as_py(), None)
+    version = result.column("version")[0].as_py()
+    _record(con, plan, version, None)
+    _serve(con, plan["name"], None)
     return functions.result(con, result)
+
+
+def _serve(con, name: str, version: int | None) -> None:
+    """What CREATE MODEL made is what every function serves, as in BigQuery, where a model
+    replaced is the new one and a tuned model is its optimal trial: ``predict()``, the
+    ML functions and ``dbml_models.deployed`` alike. A tuning run pins its optimal trial's
+    version (``deploy``); a plain CREATE unpins (a pin of the model replaced would keep
+    serving an older version)."""
+    catalog.deploy(con, name, version, fn="CREATE MODEL")
 
 
 def _train(con, plan: dict, args: dict) -> pa.Table:
@@ -176,6 +188,7 @@ def _trials(con, plan: dict):
         _record(con, plan, summary["version"], record)
         rows.append({"trial_id": trial, "version": summary["version"], "val_metric": summary["val_metric"],
                      "is_optimal": trial == best})
+    _serve(con, plan["name"], summaries[best - 1]["version"])
     schema = pa.schema([("trial_id", pa.int64()), ("version", pa.int32()), ("val_metric", pa.float64()),
                         ("is_optimal", pa.bool_())])   # typed even when every val_metric is NULL
     return functions.result(con, pa.Table.from_pylist(rows, schema=schema))
