@@ -129,3 +129,25 @@ def test_unnest_of_a_table_macros_struct_names_its_table_form(con):
     assert "SELECT * FROM evaluate(...)" in err.getvalue(), err.getvalue()
     with pytest.raises(duckdb.SerializationException, match=r"^Serialization Error: Cannot copy"):
         con.duckdb.execute("SELECT unnest(evaluate('m', 't'))").fetchall()   # DuckDB's own message
+
+
+@pytest.mark.parametrize("statement", [
+    "SELECT count(*) FROM predictions('churn', (SELECT * FROM t))",       # DuckDB: no subquery in a table function
+    "SELECT * FROM evaluate('churn', (FROM t))",                          # DuckDB: the subquery's columns
+    "SELECT prediction FROM explain('churn', (SELECT x FROM t LIMIT 2))",
+])
+def test_a_subquery_as_a_table_macros_source_names_the_text_form(con, statement):
+    """A new user's natural spelling of 'these rows': DuckDB binds no subquery as a table
+    function's argument, and said so in its own words; dbml's table macros take a table's name
+    or the query's text, and the error says so with the user's model."""
+    con.execute("CREATE TABLE t AS SELECT 1.0 AS x, 2.0 AS y")
+    function = statement.split(" FROM ")[1].split("(")[0]
+    want = (rf"^Binder Error: {function}\(\): pass its source as a table's name or as a query's text, not a "
+            rf"subquery .* SELECT \* FROM {function}\('churn', 'SELECT \* FROM t WHERE \.\.\.'\)")
+    with pytest.raises(duckdb.BinderException, match=want):
+        con.execute(statement).fetchall()
+    with pytest.raises(duckdb.BinderException, match=r"^Binder Error: (Table function cannot|Subquery returns)"):
+        con.duckdb.execute(statement).fetchall()   # DuckDB's own message
+    # the same error of a statement without dbml's functions keeps DuckDB's message
+    with pytest.raises(duckdb.BinderException, match=r"^Binder Error: Subquery returns 2 columns"):
+        con.execute("SELECT count(*) FROM t WHERE 1 = (SELECT 1, 2)").fetchall()

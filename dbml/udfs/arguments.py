@@ -143,7 +143,8 @@ def explained(statement: str, error: BaseException) -> BaseException | None:
     """DuckDB's binder ``error`` for ``statement`` as one that names the argument of dbml's
     function that does not fit and the fix (the same exception type, DuckDB's ``LINE``
     pointer kept); an ``unnest`` of a table macro's STRUCT as one that names the table form;
-    None where it is not about a dbml function's arguments."""
+    a subquery as a table macro's source as one that names the text form; None where it is
+    not about a dbml function's arguments."""
     from . import SQL_FUNCTIONS
 
     if isinstance(error, duckdb.SerializationException):
@@ -151,6 +152,8 @@ def explained(statement: str, error: BaseException) -> BaseException | None:
     if not isinstance(error, duckdb.BinderException):
         return None
     text = str(error)
+    if _SUBQUERY.search(text):
+        return _subquery_source(statement, error)
     match = _MACRO.search(text) or _FUNCTION.search(text)
     function = match.group(1).lower() if match else None
     if function not in SQL_FUNCTIONS:
@@ -163,6 +166,45 @@ def explained(statement: str, error: BaseException) -> BaseException | None:
             where = _WHERE.search(text)
             message = f"Binder Error: {function}(): {' '.join(problems)}" + (f"\n{takes}" if takes else "")
             return type(error)(message + (f"\n\n{where.group(1)}" if where else ""))
+    return None
+
+
+# DuckDB's errors for a subquery passed to a table macro: in FROM, and as a scalar argument
+_SUBQUERY = re.compile(r"Table function cannot contain subqueries|Subquery returns \d+ columns - expected 1")
+_QUERY_WORDS = ("select", "from", "with", "values", "table")
+
+
+def _subquery_source(statement: str, error: BaseException) -> BaseException | None:
+    """``SELECT * FROM predictions('m', (SELECT ...))``: DuckDB binds no subquery as a table
+    function's argument; dbml's table macros read their source as a table's name or a
+    SELECT's text, which the message shows with the statement's own query."""
+    from . import table_macros
+
+    tokens = code_tokens(statement)
+    words = [text for text, _ in tokens]
+    names = [_name(text) if kind in (_IDENTIFIER, _KEYWORD) else None for text, kind in tokens]
+    for i in range(len(tokens) - 1):
+        function = names[i]
+        if function not in table_macros() or words[i + 1] != "(" or words[i - 1:i] == ["."]:
+            continue
+        depth = 0
+        for j in range(i + 1, len(tokens) - 1):
+            if words[j] in ("(", "[", "{"):
+                depth += 1
+                if depth == 2 and words[j - 1] in ("(", ",") and names[j + 1] in _QUERY_WORDS:
+                    from sqlglot import exp
+                    text, kind = tokens[i + 2]
+                    model = text[1:-1].replace("''", "'") if kind == duckdb.token_type.string_const else "m"
+                    call = exp.Anonymous(this=function, expressions=[
+                        exp.Literal.string(model), exp.Literal.string("SELECT * FROM t WHERE ...")])
+                    example = exp.select(exp.Star()).from_(call).sql("duckdb", normalize_functions=False)
+                    return type(error)(f"Binder Error: {function}(): pass its source as a table's name or as a "
+                                       f"query's text, not a subquery (DuckDB's table functions take none), "
+                                       f"e.g. {example}")
+            elif words[j] in (")", "]", "}"):
+                depth -= 1
+                if depth == 0:
+                    break
     return None
 
 
