@@ -19,6 +19,7 @@ import importlib.util
 from types import FrameType
 
 import duckdb
+import pyarrow as pa
 from sqlglot import exp
 
 from .errors import InvalidArgument
@@ -53,11 +54,17 @@ def require_pandas(what: str) -> None:
 class OnceRelation:
     """A relation over a statement with effects that runs it at most once, at first use,
     and keeps its rows (an Arrow table behind a DuckDB relation). Every relation method
-    works; ``df()`` checks for pandas before the statement runs."""
+    works; ``df()`` checks for pandas before the statement runs.
+
+    What a person reads shows a result of one STRUCT column (``SELECT train(...)``'s
+    summary) as the STRUCT's fields, one column each, as the shell does: its display in a
+    notebook or a print, and ``df()``. The rows fetched (``fetchall``, Arrow) stay the
+    STRUCT that SQL returns."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, query: str, kwargs: dict):
         self._con, self._query, self._kwargs = con, query, kwargs
         self._rel: duckdb.DuckDBPyRelation | None = None
+        self._fields: duckdb.DuckDBPyRelation | None = None
 
     def _relation(self) -> duckdb.DuckDBPyRelation:
         if self._rel is None:
@@ -65,11 +72,19 @@ class OnceRelation:
             with arguments_explained(self._query):
                 table = self._con.sql(self._query, **self._kwargs).to_arrow_table()   # the one run
             self._rel = self._con.from_arrow(table)
+            column = table.column(0) if table.num_columns == 1 else None
+            if column is not None and pa.types.is_struct(column.type):
+                self._fields = self._con.from_arrow(pa.Table.from_arrays(
+                    column.combine_chunks().flatten(), names=[f.name for f in column.type]))
         return self._rel
+
+    def _shown(self) -> duckdb.DuckDBPyRelation:
+        rel = self._relation()
+        return self._fields if self._fields is not None else rel
 
     def df(self, *args, **kwargs):
         require_pandas("df()")
-        return self._relation().df(*args, **kwargs)
+        return self._shown().df(*args, **kwargs)
 
     fetchdf = to_df = df
 
@@ -80,10 +95,10 @@ class OnceRelation:
         return len(self._relation())
 
     def __repr__(self) -> str:
-        return repr(self._relation())
+        return repr(self._shown())
 
     def __str__(self) -> str:
-        return str(self._relation())
+        return str(self._shown())
 
 
 def sql(con: duckdb.DuckDBPyConnection, frame: FrameType, query, **kwargs):

@@ -37,6 +37,24 @@ def test_a_train_relation_trains_once_however_often_it_is_looked_at(pts):
     assert type(pts.sql("SELECT 'train(' AS text")).__name__ == "DuckDBPyRelation"
 
 
+@pytest.mark.slow   # trains three models
+def test_a_train_relation_shows_its_summary_as_columns_and_fetches_the_struct(pts):
+    """Issue 32, item 4: in a notebook ``con.sql("SELECT train(...)")`` showed one cell holding
+    the whole STRUCT and ``.df()`` one column; shown and as a DataFrame it is the summary's
+    fields, one column each (as the shell shows it), while fetched rows stay SQL's STRUCT."""
+    pytest.importorskip("pandas")
+    r = pts.sql("SELECT train('m', 'pts', label := 'y', epochs := 1)")
+    frame = r.df()
+    assert list(frame.columns[:4]) == ["model", "version", "status", "rows"] and len(frame) == 1
+    assert frame["status"][0] == "finished"
+    shown = repr(r)
+    assert "status" in shown and "finished" in shown and "struct" not in shown.lower()
+    assert r.fetchall()[0][0]["status"] == "finished"                     # the STRUCT, as SQL returns it
+    several = pts.sql("SELECT train(n, 'pts', label := 'y', epochs := 1) AS t FROM (VALUES ('a'), ('b')) v(n)").df()
+    assert list(several["model"]) == ["a", "b"] and list(several["status"]) == ["finished"] * 2
+    assert versions(pts) == 1                                             # shown, framed and fetched: one run
+
+
 def test_df_without_pandas_fails_before_training(pts, monkeypatch):
     monkeypatch.setitem(sys.modules, "pandas", None)
     monkeypatch.setattr(dbml.api.importlib.util, "find_spec", lambda name: None if name == "pandas" else object())
