@@ -51,6 +51,7 @@ def test_a_user_schema_named_dbml_is_left_alone(tmp_path):
         assert con.execute("SELECT count(*) FROM dbml_models").fetchall() == [(1,)]
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_tables_named_like_an_older_catalog_are_not_moved(tmp_path):
     path = str(tmp_path / "names.duckdb")
     with duckdb.connect(path) as raw:   # 14 columns of the user's, not the older dbml's 13
@@ -64,6 +65,7 @@ def test_tables_named_like_an_older_catalog_are_not_moved(tmp_path):
         assert con.execute("SELECT name FROM dbml_models").fetchall() == [("m",)]
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_an_older_catalog_with_dbmls_own_columns_is_still_moved(tmp_path):
     path = str(tmp_path / "old.duckdb")
     with dbml.connect(path, latency_model="roofline") as con:

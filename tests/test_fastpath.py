@@ -84,6 +84,7 @@ def test_bit_identical_to_eager_with_the_interpreters_books(monkeypatch, model_f
     assert st["measured_peak_bytes"] == st["planned_peak_bytes"] == interpreted.stats()["measured_peak_bytes"]
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_a_plan_with_events_runs_interpreted_from_the_next_boundary_and_back():
     spec = OptimizerSpec("adam", lr=0.01)
     model, data = seeded(mlp), batches(6, 32, (32,), seed=5)

@@ -35,6 +35,7 @@ def test_belady_evicts_the_tensor_used_furthest_in_the_future():
     assert [int(prep.gaps.tensor[g]) for g in chosen] == [1]
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_the_same_seed_gives_the_same_plan():
     seq = training_sequence("j", 60, seed=4, bandwidth=2e8)
     budget = int(0.6 * prepare(seq).vanilla)
@@ -43,6 +44,7 @@ def test_the_same_seed_gives_the_same_plan():
     check_plan(seq, a, budget)
 
 
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
 def test_the_search_never_does_worse_than_its_belady_seed():
     seq = training_sequence("j", 60, seed=5, bandwidth=1e8)
     prep = prepare(seq)
