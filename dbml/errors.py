@@ -135,11 +135,18 @@ def scheduler_errors(model: str, *, job_id: int, memory_budget: int | None,
     # the text a user sees (DuckDB puts the exception's type name before a UDF's message).
 
 
+# The smallest budget is what this run's plan reached, planned with the latencies measured
+# in this process: another run's can need more (one model's was 1.8 MB on one call and 2.1 MB
+# on the next), so the budget a message suggests has this headroom, and passing it works.
+SUGGESTED_HEADROOM = 1.2
+
+
 def _budget_too_small(memory_budget: int | None, shared_budget: Callable[[], int], min_budget: int) -> BudgetTooSmall:
     own = memory_budget is not None
     budget = memory_budget if own else shared_budget()
-    fix = (f"pass memory_budget := '{_round_up(min_budget)}'" if own else
-           f"SET VARIABLE dbml_memory_budget = '{_round_up(min_budget)}'")
+    suggested = _round_up(int(min_budget * SUGGESTED_HEADROOM))
+    fix = (f"pass memory_budget := '{suggested}'" if own else
+           f"SET VARIABLE dbml_memory_budget = '{suggested}'")
     return BudgetTooSmall(
         f"train(): memory_budget {_size(budget)} is below the smallest budget this model and batch "
         f"can be trained in, {_size(min_budget)}; {fix} or more, or a smaller batch_size", min_budget)

@@ -59,12 +59,12 @@ def test_infeasible_budget_names_the_argument_or_the_setting_to_raise():
     own = raised(SPEC_OWN, InfeasibleBudget("job_7", 10_000, 109_404))
     assert type(own) is BudgetTooSmall and isinstance(own, InvalidArgument) and own.min_budget == 109_404
     assert str(own) == ("train(): memory_budget 0.0 MB (10000 bytes) is below the smallest budget this model "
-                        "and batch can be trained in, 0.1 MB (109404 bytes); pass memory_budget := '110KB' "
+                        "and batch can be trained in, 0.1 MB (109404 bytes); pass memory_budget := '140KB' "
                         "or more, or a smaller batch_size")
     shared = raised(SPEC_SHARED, InfeasibleBudget("job_7", 2_000_000, 2_500_000))
     assert str(shared) == ("train(): memory_budget 2.0 MB (2000000 bytes) is below the smallest budget this "
                            "model and batch can be trained in, 2.5 MB (2500000 bytes); "
-                           "SET VARIABLE dbml_memory_budget = '2.5MB' or more, or a smaller batch_size")
+                           "SET VARIABLE dbml_memory_budget = '3MB' or more, or a smaller batch_size")
 
 
 def test_the_device_budget_is_asked_for_only_when_the_message_names_it():
