@@ -421,7 +421,8 @@ class Cluster:
     def _start(self, gpu: bool):
         from .worker import DeviceWorker
         resources = dict(num_cpus=1, num_gpus=1) if gpu else dict(num_cpus=1)
-        return self.ray.remote(max_concurrency=WORKER_CONCURRENCY, runtime_env=WORKER_ENV, **resources)(DeviceWorker).remote()
+        return self.ray.remote(max_concurrency=WORKER_CONCURRENCY, runtime_env=WORKER_ENV,
+                               **resources)(DeviceWorker).remote()
 
     def _ready(self, slot: Slot, check=None) -> None:
         ref = slot.actor.describe.remote()
