@@ -182,7 +182,8 @@ def show(path: str) -> None:
             if merged and r["phase"].startswith(("step ", "after step ")) and merged[-1]["phase"].startswith("steps") \
                     and not r["phase"] in ("step 1", "step 2", "after step 1", "after step 2"):
                 m = merged[-1]
-                tracked, excess = max(m.get("tracked", 0), r.get("tracked", 0)), max(m.get("excess", 0), r.get("excess", 0))
+                tracked = max(m.get("tracked", 0), r.get("tracked", 0))
+                excess = max(m.get("excess", 0), r.get("excess", 0))
                 if r["max"] > m["max"]:
                     m.update({k: v for k, v in r.items() if k not in ("phase", "at")})
                 m["tracked"], m["excess"] = tracked, excess
@@ -197,7 +198,8 @@ def show(path: str) -> None:
             if "held_at_max" in r and "excess" in r:
                 mi = r["malloc_at_max"]
                 extra += (f"  [at max: held {r['held_at_max'] / 1e6:.1f}, malloc used {mi[0] / 1e6:.1f} "
-                          f"free {mi[1] / 1e6:.1f} mmapped {mi[2] / 1e6:.1f}, file +{r['file_at_max'] / 1e6:.1f}; max rss-held {r['excess'] / 1e6:.1f}]")
+                          f"free {mi[1] / 1e6:.1f} mmapped {mi[2] / 1e6:.1f}, file +{r['file_at_max'] / 1e6:.1f}; "
+                          f"max rss-held {r['excess'] / 1e6:.1f}]")
             if "tracked" in r:
                 extra += (f"  tracked {r['tracked'] / 1e6:.1f}, planner budget "
                          f"{(r['planner_budget'] or 0) / 1e6:.1f}, reserve {(r['reserve'] or 0) / 1e6:.1f}"
@@ -224,11 +226,13 @@ def main(argv=None) -> int:
         extra = ", workers := 2" if where == "ray" else ""
         if where == "ray":
             import ray
-            ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False, log_to_driver=False,
+            ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False,
+                     log_to_driver=False,
                      runtime_env={"worker_process_setup_hook": "realmem_phases.install",
                                   "env_vars": {"REALMEM_PHASES_OUT": out,
                                                "REALMEM_BOUNDED_MMAP": os.environ.get("REALMEM_BOUNDED_MMAP", ""),
-                                               "REALMEM_ARENA_MAX": os.environ.get("REALMEM_ARENA_MAX", ""), "PYTHONPATH": os.environ["PYTHONPATH"]}})
+                                               "REALMEM_ARENA_MAX": os.environ.get("REALMEM_ARENA_MAX", ""),
+                                               "PYTHONPATH": os.environ["PYTHONPATH"]}})
         con = dbml.connect(latency_model="roofline", progress="off", cluster="ray" if where == "ray" else "local")
         load(con, "moons", moons(4000))
         print(f"-- {where}")
