@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=2)
     args = p.parse_args(argv)
     import ray
-    ray.init(num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False, log_to_driver=False)
     print(f"load average {os.getloadavg()[0]:.2f}")
     try:
         for where, extra in (("ray, workers := 2", ", workers := 2"), ("local", "")):

@@ -35,6 +35,10 @@ PROBE_S = 3.0
 # A device worker's thread pool: the jobs it runs at once (planned jointly by its device's
 # scheduler) and the short calls beside them (describe, stop).
 WORKER_CONCURRENCY = 32
+# a device worker's malloc: one arena for all its threads. A job's step runs on one of the actor's
+# threads and its swaps on a copy thread; with an arena each, the tensors either frees stay resident
+# in that arena's holes, beside the budget (issue 33: 20-35 MB over a 67 MB budget; one arena: none)
+WORKER_ENV = {"env_vars": {"MALLOC_ARENA_MAX": "1"}}
 # An idle device worker keeps its slot this long for the next job (a warm worker makes a
 # dispatch one call, ~ms; a cold one starts a process and imports torch and dbml, seconds).
 # A data-parallel job takes idle workers as its own (``acquire_set``).
@@ -417,7 +421,8 @@ class Cluster:
     def _start(self, gpu: bool):
         from .worker import DeviceWorker
         resources = dict(num_cpus=1, num_gpus=1) if gpu else dict(num_cpus=1)
-        return self.ray.remote(max_concurrency=WORKER_CONCURRENCY, **resources)(DeviceWorker).remote()
+        return self.ray.remote(max_concurrency=WORKER_CONCURRENCY, runtime_env=WORKER_ENV,
+                               **resources)(DeviceWorker).remote()
 
     def _ready(self, slot: Slot, check=None) -> None:
         ref = slot.actor.describe.remote()

@@ -320,6 +320,7 @@ def run_task(task: Task, cur, progress: RemoteProgress) -> tuple:
     from ..core import checkpoints
     from . import shipping
     from ..core.data import drop_scratch
+    from ..core.training import give_back_host_memory
     table = f"job_{task.job_id}_{uuid.uuid4().hex[:8]}"
     progress.start()
     try:
@@ -335,6 +336,9 @@ def run_task(task: Task, cur, progress: RemoteProgress) -> tuple:
     finally:
         progress.close()
         cur.execute(drop_scratch(table).sql("duckdb"))
+        # as the driver's train() does after each job: what malloc kept for the job's steps goes
+        # back, else the worker's next job starts on (and its real peak hides behind) this one's
+        give_back_host_memory()
 
 
 # -- outcomes, as bytes and back -----------------------------------------------------------

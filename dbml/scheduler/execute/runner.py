@@ -63,6 +63,7 @@ from typing import Callable, Hashable, Mapping
 import torch
 
 from .. import config
+from .. import procmem
 from ..hostmem import bounded, keep_freed_host_memory
 from ..errors import BudgetExceeded, InfeasibleBudget
 from ..graph.access import build_sequence
@@ -82,8 +83,16 @@ from .jobstate import initial_state, load_optimizer_states, model_values, optimi
 from .planners import SEARCHES, ExternalPlanner, FixedPlanner, LocalPlanner, SearchPlanner, as_planner
 from .spill import BLOCK, CHUNK
 
-# a CUDA job alone under a budget measures its first iterations against the allocator (_remeasure_device)
+# a job alone under a budget measures its first iterations against the allocator (CUDA,
+# _remeasure_device) or the process's resident memory (a spilling CPU job, _remeasure_real)
 DEVICE_CHECKS = 8
+# a CPU job's resident memory creeps up by pages from one iteration to the next (Python's objects,
+# malloc's heap); a replan for each would spend planning time on nothing: it grows past this first
+REAL_SLACK = 1 << 20
+REAL_TRIES = 3   # plans tried for a smaller reserve when none fits the one measured (_remeasure_real)
+# per (architecture, batch signature): the reserve a spilling CPU job of this process measured last,
+# where the next such job starts (its first iteration then plans for it too); per process by nature
+_REAL_LEARNED: dict[Hashable, int] = {}
 from .policies import PlanCounts, Planning, make_policy
 from .step import LossFn
 from .updating import LatencyTracker, UpdateSettings
@@ -209,6 +218,15 @@ def hollow(model: torch.nn.Module) -> None:
             t.data = as_view(flat, t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
 
 
+def _resident_bytes(values, device: str) -> int:
+    """The bytes of the distinct storages among ``values`` (tensors on ``device``)."""
+    seen: dict[int, int] = {}
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.device.type == device:
+            seen[v.untyped_storage().data_ptr()] = v.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
 class GraphSchedule:
     """One captured graph's schedule: its executor, the plan in effect and the sequence
     it was made from, the latency tracker, and a plan waiting for the next boundary."""
@@ -300,12 +318,18 @@ class ScheduledStep:
         # CUDA: what the allocator holds beside the plan's tensors, taken off the budget (_reserve_device)
         self.device_reserve: int | None = None
         self._device_checks = 0   # iterations measured against the allocator so far (DEVICE_CHECKS at most)
+        self._real_base: int | None = None   # a spilling CPU job: the process's RSS less its state (_reserve_real)
+        self._real_key: Hashable | None = None   # ... and where its measured reserve is kept for the next job
         if self.device.spill is not None:
             hollow(model)   # the state holds the only reference: a swapped parameter frees real memory
             if budget_bytes is not None and self.policy != "none":
                 # under a budget, the process's memory follows the tensors held, not malloc's high-water mark
                 # a step dropped without close() leaves it too, when collected
                 self._bounded = weakref.finalize(self, bounded().__enter__().__exit__, None, None, None)
+        if self._plans_real_memory():
+            rss = procmem.rss_bytes()
+            # the process before the job, as near as the runner sees it: its state was made for the job
+            self._real_base = None if rss is None else rss - _resident_bytes(self.state.values, "cpu")
 
     # -- views kept for callers and tests ----------------------------------------------
     def schedules(self) -> dict[Hashable, GraphSchedule]:
@@ -351,20 +375,34 @@ class ScheduledStep:
         return self.device.spill is not None and self.budget_bytes is not None \
             and isinstance(self.planner, LocalPlanner) and self.policy == "tensile"
 
-    def _reserve_real(self, seq: AccessSequence) -> None:
+    def _first_plan(self, seq: AccessSequence, fallback: int | None):
+        """The policy's first plan; without the reserve an earlier job measured where none
+        fits with it (that reserve was a guess, the budget is the user's)."""
+        try:
+            return self._policy.first_plan(seq, fallback)
+        except InfeasibleBudget:
+            if not self._real_key or not self.device_reserve:
+                raise
+            self._set_device_reserve(0)
+            return self._policy.first_plan(seq, fallback)
+
+    def _reserve_real(self, seq: AccessSequence, signature: Hashable) -> None:
         """Take off the planner's budget the memory the job holds for its swaps that is no
         tensor of its plan: the pages of the spill file's bounce buffer that swaps touch
         (its largest storage, up to the buffer's size). What else a process holds besides
-        tensors — graphs and plans (~10 MB for a ResNet), a process's first capture's
-        imports of torch's compiler stack (~46 MB), allocator slack — is not known
-        ahead, or not the job's: the summary's ``real_peak_bytes`` and the benchmark
-        (``benchmarks/budgets_real.py``) report it beside the budget."""
+        tensors — temporaries inside ops, allocator slack, graphs and plans (~10 MB for a
+        ResNet), a process's first capture's imports of torch's compiler stack (~46 MB) —
+        is not known ahead: the first iterations measure it (:meth:`_remeasure_real`),
+        starting from what the last job of the same architecture in this process measured.
+        The summary's ``real_peak_bytes`` and the benchmarks (``benchmarks/budgets_real.py``,
+        ``benchmarks/dp_real_memory.py``) report it beside the budget."""
         largest = max((t.nbytes for t in seq.tensors), default=0)
         self.real_reserve = min(CHUNK, -(-largest // BLOCK) * BLOCK)
-        budget = max(1, self.budget_bytes - self.real_reserve)
-        self.planner.budget_bytes = budget
-        if hasattr(self._policy, "budget_bytes"):
-            self._policy.budget_bytes = budget
+        # the rest is measured in the first iterations (_remeasure_real), where the process says its
+        # RSS, from what the last job of this architecture measured
+        if self._real_base is not None and self.graphs.share is not None:
+            self._real_key = (self.graphs.share, signature)
+        self._set_device_reserve(None if self._real_base is None else _REAL_LEARNED.get(self._real_key, 0))
 
     # -- the budget bounds the allocator's memory (a CUDA job alone) -------------------
     def _plans_device_memory(self) -> bool:
@@ -376,9 +414,12 @@ class ScheduledStep:
         return self.device.type == "cuda" and self.budget_bytes is not None \
             and isinstance(self.planner, LocalPlanner) and self.policy == "tensile"
 
-    def _set_device_reserve(self, nbytes: int) -> None:
+    def _set_device_reserve(self, nbytes: int | None) -> None:
+        """Plan within the budget less the reserves: ``real_reserve`` (a spill file's bounce
+        buffer) and ``nbytes``, what the device's memory was measured to hold beyond the
+        plan's tensors (None: not measured)."""
         self.device_reserve = nbytes
-        budget = max(1, self.budget_bytes - (self.real_reserve or 0) - nbytes)
+        budget = max(1, self.budget_bytes - (self.real_reserve or 0) - (nbytes or 0))
         self.planner.budget_bytes = budget
         if hasattr(self._policy, "budget_bytes"):
             self._policy.budget_bytes = budget
@@ -392,16 +433,15 @@ class ScheduledStep:
         a = torch.ones(8, 8, device=dev)
         (a @ a).sum().item()   # cuBLAS allocates its workspace on first use and keeps it
         del a
-        seen, resident = set(), 0
-        for v in self.state.values:
-            if isinstance(v, torch.Tensor) and v.is_cuda and v.untyped_storage().data_ptr() not in seen:
-                seen.add(v.untyped_storage().data_ptr())
-                resident += v.untyped_storage().nbytes()
+        resident = _resident_bytes(self.state.values, "cuda")
         self._set_device_reserve(max(0, torch.cuda.memory_allocated(dev) - resident))
 
-    def _before_device_check(self) -> int:
+    def _before_device_check(self) -> int | procmem.watch:
         """Before an iteration measured against the allocator: its peak so far (reset
-        first if it is over the budget: only an iteration's own peak says whether it held)."""
+        first if it is over the budget: only an iteration's own peak says whether it held).
+        On the CPU: a watch of the process's resident memory (:meth:`_remeasure_real`)."""
+        if self.device.type != "cuda":
+            return procmem.watch().__enter__()
         dev = self.device.torch_device
         torch.cuda.synchronize(dev)
         if torch.cuda.max_memory_allocated(dev) > self.budget_bytes:
@@ -416,31 +456,79 @@ class ScheduledStep:
         with more swaps can need a larger reserve, found in the next iteration. Those
         first iterations may pass the budget by what they find (the summary's
         ``device_max_allocated_bytes`` says so)."""
+        if self.device.type != "cuda":
+            return self._remeasure_real(g, before_max)
         dev = self.device.torch_device
         torch.cuda.synchronize(dev)
         self._device_checks += 1
         peak = torch.cuda.max_memory_allocated(dev)
         if peak <= before_max:
             return   # within the peak before it, itself within the budget: nothing to learn
-        hidden = max(peak - g.executor.iteration_peak, self.device_reserve + max(0, peak - self.budget_bytes))
-        if hidden <= self.device_reserve:
+        self._grow_device_reserve(g, peak)
+
+    def _remeasure_real(self, g: GraphSchedule, watch: procmem.watch) -> None:
+        """A spilling CPU job's :meth:`_remeasure_device`: the device is the process's RAM,
+        and its peak the process's resident memory above what it held before the job
+        (``_real_base``), as the summary's ``real_peak_bytes`` counts it. Beyond the plan's
+        tensors the process holds what the ledger cannot see: temporaries inside ops (a
+        product's packed operands), the collectives' buffers of a data-parallel worker,
+        allocator slack. The first iteration passes the budget by what it finds; the next
+        ones run a plan made for what is left. Where the planner finds no plan for what is
+        left, the job takes the largest reserve between the one it had and that one that
+        it finds a plan for (halving the difference, :data:`REAL_TRIES` times), else keeps
+        its plan, and measures no more: a CPU job's real memory is reported beside its
+        budget (``real_peak_bytes``), never fatal."""
+        self._device_checks += 1
+        real = watch.stop()
+        if real is None:
+            return
+        kept = self.device_reserve
+        try:
+            self._grow_device_reserve(g, real.peak_rss - self._real_base, slack=REAL_SLACK)
+        except InfeasibleBudget:
+            self._device_checks = DEVICE_CHECKS
+            self._set_device_reserve(self._smaller_reserve(g, kept, self.device_reserve))
+        if self._real_key is not None:
+            _REAL_LEARNED[self._real_key] = self.device_reserve
+
+    def _smaller_reserve(self, g: GraphSchedule, kept: int, wanted: int) -> int:
+        """No plan fits the budget less ``wanted``: the largest reserve towards it from
+        ``kept`` (the one in effect) that the planner finds a plan for, its plan offered."""
+        for _ in range(REAL_TRIES):
+            wanted = kept + (wanted - kept) // 2
+            self._set_device_reserve(wanted)
+            try:
+                self._offer(g, self._policy.first_plan(g.seq, None).plan, g.seq)
+                return wanted
+            except InfeasibleBudget:
+                continue
+        return kept
+
+    def _grow_device_reserve(self, g: GraphSchedule, peak: int, slack: int = 0) -> None:
+        """The device held ``peak`` bytes in the last iteration: what it held beyond the
+        plan's tensors (or past the budget) grows the reserve, when by more than ``slack``,
+        and a plan made for what is left waits for the next iteration boundary."""
+        reserved = self.real_reserve or 0   # the bounce buffer's pages: reserved ahead already
+        hidden = max(peak - reserved - g.executor.iteration_peak,
+                     self.device_reserve + max(0, peak - self.budget_bytes))
+        if hidden <= self.device_reserve + slack:
             return
         self._set_device_reserve(hidden)
         try:
             start = self._policy.first_plan(g.seq, None)
         except InfeasibleBudget as e:
-            raise InfeasibleBudget(repr(self.job), self.budget_bytes, e.min_budget + hidden) from None
+            raise InfeasibleBudget(repr(self.job), self.budget_bytes, e.min_budget + reserved + hidden) from None
         self._offer(g, start.plan, g.seq)
 
     def _build(self, captured: CapturedStep) -> GraphSchedule:
         seq = build_sequence(captured, self.latency_model, self.job, copy_bandwidth=self.device.copy_bandwidth(),
                              comm_bandwidth=self.comm_bandwidth)
         if self.real_reserve is None and self._plans_real_memory():
-            self._reserve_real(seq)
+            self._reserve_real(seq, captured.signature)
         if self.device_reserve is None and self._plans_device_memory():
             self._reserve_device()
         fallback = max((g.executor.budget or g.plan.peak_bytes for g in self._graphs.values()), default=None)
-        start = self._policy.first_plan(seq, fallback)
+        start = self._first_plan(seq, fallback)
         self._reserve(seq, start.plan)
         executor = Executor(Program(captured, seq), start.plan, self.device, log=self.log,
                             budget_bytes=start.limit, evict=start.passive, account=self.account)
@@ -552,7 +640,12 @@ class ScheduledStep:
         measure = self.device_reserve is not None and self._device_checks < DEVICE_CHECKS
         if measure:
             before_max = self._before_device_check()
-        loss = executor.run(self.state, x, y)
+        try:
+            loss = executor.run(self.state, x, y)
+        except BaseException:
+            if measure and isinstance(before_max, procmem.watch):
+                before_max.stop()   # the sampler reads no more for it
+            raise
         if measure:
             self._remeasure_device(g, before_max)
         if executor.budget is not None and executor.iteration_peak > executor.budget:

@@ -1,0 +1,68 @@
+"""A budgeted CPU job's real memory (issue 33): the process's resident memory, not only
+the tracked tensors, stays within the budget once the job has measured what it holds
+besides them (``ScheduledStep._remeasure_real``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+# hidden [2048, 2048] on 2 features, batch 512, Adam: 84 MB unscheduled. At this budget, before
+# the fix: planned at 67.3 MB (the budget less the bounce buffer), real 76-89 MB in 5 of 5 runs;
+# after: planned at 50-58 MB, real 55-72 MB (what malloc's heap keeps beside the plan varies)
+BUDGET = 75_000_000
+
+SCRIPT = textwrap.dedent("""
+    import gc, json, sys, torch
+    from dbml.scheduler import hostmem, procmem
+    from dbml.scheduler.execute.devices import CpuDevice
+    from dbml.scheduler.execute.runner import DEVICE_CHECKS, ScheduledStep
+    from dbml.scheduler.execute.spill import SpillFile
+    from dbml.scheduler.graph.optim import OptimizerSpec
+    budget, directory = int(sys.argv[1]), sys.argv[2]
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(512, 2, generator=g), torch.randint(0, 2, (512,), generator=g)
+
+    def job(name, steady):
+        base = procmem.rss_bytes()   # before the model: what the job adds, as real_peak_bytes counts it
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(2, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 2048),
+                                    torch.nn.ReLU(), torch.nn.Linear(2048, 2))
+        step = ScheduledStep(model, torch.nn.functional.cross_entropy, OptimizerSpec("adam"), budget_bytes=budget,
+                             device=CpuDevice(spill=SpillFile(directory, name)), job=name, share_graphs="mlp")
+        for _ in range(DEVICE_CHECKS):
+            step.step(x, y)
+        with procmem.watch() as w:
+            for _ in range(steady):
+                step.step(x, y)
+        out = {"real": w.result.peak_rss - base, "reserve": step.device_reserve,
+               "tracked": step.stats()["measured_peak_bytes"], "planner": step.planner.budget_bytes}
+        step.finish()
+        step.close()
+        del step, model
+        gc.collect()
+        hostmem.give_back_freed_host_memory()   # as train() does after each job
+        return out
+
+    job("first", 0)   # the process's one-off costs (imports, first calls), as a first train() pays them
+    print(json.dumps(job("second", 8)))
+""")
+
+
+@pytest.mark.slow
+def test_a_budgeted_jobs_real_memory_stays_within_its_budget(tmp_path):
+    """In a fresh process (earlier tests' memory would hide the peak): the second job of an
+    architecture, after its first iterations, adds no more resident memory than its budget,
+    because the runner took what the process holds beside the plan's tensors off the
+    planner's budget (without that: 76-89 MB at this budget, the plan alone at 67 MB)."""
+    import json
+    out = subprocess.run([sys.executable, "-c", SCRIPT, str(BUDGET), str(tmp_path)], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.split("\n")[-2])
+    assert r["reserve"] is not None and r["reserve"] > 0, r   # it measured something beside the tensors
+    assert r["tracked"] <= r["planner"] < BUDGET, r            # and planned with less than the budget
+    assert r["real"] <= BUDGET, r
