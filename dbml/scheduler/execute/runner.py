@@ -74,6 +74,7 @@ from ..graph.optim import OptimizerSpec
 from ..graph.sequence import AccessSequence, EventKind, Plan
 from ..latency.estimate import LatencyModel, RooflineModel
 from ..multijob.ledger import DeviceLedger, JobAccount
+from ..multijob.registry import DEVICES
 from ..plan.planner import PlanSettings
 from ..plan.vdnn import vdnn_plan
 from .codegen import fast_path_for
@@ -90,9 +91,6 @@ DEVICE_CHECKS = 8
 # malloc's heap); a replan for each would spend planning time on nothing: it grows past this first
 REAL_SLACK = 1 << 20
 REAL_TRIES = 3   # plans tried for a smaller reserve when none fits the one measured (_remeasure_real)
-# per (architecture, batch signature): the reserve a spilling CPU job of this process measured last,
-# where the next such job starts (its first iteration then plans for it too); per process by nature
-_REAL_LEARNED: dict[Hashable, int] = {}
 from .policies import PlanCounts, Planning, make_policy
 from .step import LossFn
 from .updating import LatencyTracker, UpdateSettings
@@ -402,7 +400,7 @@ class ScheduledStep:
         # RSS, from what the last job of this architecture measured
         if self._real_base is not None and self.graphs.share is not None:
             self._real_key = (self.graphs.share, signature)
-        self._set_device_reserve(None if self._real_base is None else _REAL_LEARNED.get(self._real_key, 0))
+        self._set_device_reserve(None if self._real_base is None else DEVICES.real_reserves.get(self._real_key, 0))
 
     # -- the budget bounds the allocator's memory (a CUDA job alone) -------------------
     def _plans_device_memory(self) -> bool:
@@ -489,7 +487,7 @@ class ScheduledStep:
             self._device_checks = DEVICE_CHECKS
             self._set_device_reserve(self._smaller_reserve(g, kept, self.device_reserve))
         if self._real_key is not None:
-            _REAL_LEARNED[self._real_key] = self.device_reserve
+            DEVICES.real_reserves[self._real_key] = self.device_reserve
 
     def _smaller_reserve(self, g: GraphSchedule, kept: int, wanted: int) -> int:
         """No plan fits the budget less ``wanted``: the largest reserve towards it from

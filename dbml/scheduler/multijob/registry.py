@@ -3,11 +3,14 @@ device must plan through the same scheduler, or the jobs do not see each other.
 
 They live in one object, :class:`Devices` (``DEVICES``, the scheduler's only per-process
 state: the scheduler imports nothing of dbml, so dbml's runtime holds it by reference and
-``reset`` empties it where no job holds a device)."""
+``reset`` empties it where no job holds a device), with what a spilling CPU job measured of
+the process's memory beside its plan (``real_reserves``: the next job of its architecture
+starts from it, ``execute/runner.py``)."""
 
 from __future__ import annotations
 
 import threading
+from typing import Hashable
 
 from ..plan.planner import PlanSettings
 from .ledger import DeviceLedger
@@ -28,6 +31,8 @@ class Devices:
         self.lock = threading.Lock()
         self.schedulers: dict[str, MemoryScheduler] = {}
         self.ledgers: dict[str, DeviceLedger] = {}
+        # (shared graph, batch signature) -> the reserve the last such job measured
+        self.real_reserves: dict[Hashable, int] = {}
 
     def shared_scheduler(self, device: str = "cpu", budget_bytes: int | None = None,
                          settings: PlanSettings | None = None) -> MemoryScheduler:
@@ -67,6 +72,7 @@ class Devices:
         with self.lock:
             self.schedulers.clear()
             self.ledgers.clear()
+            self.real_reserves.clear()
         return True
 
 
