@@ -19,7 +19,6 @@ import importlib.util
 from types import FrameType
 
 import duckdb
-import pyarrow as pa
 from sqlglot import exp
 
 from .errors import InvalidArgument
@@ -72,6 +71,7 @@ class OnceRelation:
             with arguments_explained(self._query):
                 table = self._con.sql(self._query, **self._kwargs).to_arrow_table()   # the one run
             self._rel = self._con.from_arrow(table)
+            import pyarrow as pa   # not at import: `import dbml` stays light (the shell's start-up)
             column = table.column(0) if table.num_columns == 1 else None
             if column is not None and pa.types.is_struct(column.type):
                 self._fields = self._con.from_arrow(pa.Table.from_arrays(
