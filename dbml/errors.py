@@ -144,12 +144,22 @@ SUGGESTED_HEADROOM = 1.2
 def _budget_too_small(memory_budget: int | None, shared_budget: Callable[[], int], min_budget: int) -> BudgetTooSmall:
     own = memory_budget is not None
     budget = memory_budget if own else shared_budget()
-    suggested = _round_up(int(min_budget * SUGGESTED_HEADROOM))
-    fix = (f"pass memory_budget := '{suggested}'" if own else
-           f"SET VARIABLE dbml_memory_budget = '{suggested}'")
+    fix = budget_fix(int(min_budget * SUGGESTED_HEADROOM), own)
     return BudgetTooSmall(
         f"train(): memory_budget {_size(budget)} is below the smallest budget this model and batch "
         f"can be trained in, {_size(min_budget)}; {fix} or more, or a smaller batch_size", min_budget)
+
+
+def budget_fix(nbytes: int, own: bool) -> str:
+    """What a message tells the user to run for a budget of at least ``nbytes``: the job's
+    own argument (``own``: ``pass memory_budget := '140KB'``) or the shared setting
+    (``SET VARIABLE dbml_memory_budget = '140KB'``), built as trees."""
+    from sqlglot import exp
+    size = exp.Literal.string(_round_up(nbytes))
+    if own:
+        return "pass " + exp.PropertyEQ(this=exp.to_identifier("memory_budget"), expression=size).sql("duckdb")
+    item = exp.SetItem(this=exp.EQ(this=exp.column("dbml_memory_budget"), expression=size), kind="VARIABLE")
+    return exp.Set(expressions=[item]).sql("duckdb")
 
 
 def _round_up(n: int) -> str:

@@ -31,8 +31,6 @@ STATEMENT_WORDS = re.compile(
 MESSAGE_CALLS = re.compile(r"(Error|Exception|Warning|Interrupt|Exit)$")
 # (module, function) -> why an f-string there that reads as SQL is kept.
 EXCEPTIONS = {
-    ("dbml/errors.py", "_budget_too_small"): "an error message; its hint names SQL the user may run",
-    ("dbml/core/duckmem.py", "_too_large"): "an error message; its hint names SQL the user may run",
     ("dbml/core/source.py", "_check_physical_plan"): "sqlglot has no EXPLAIN node (it parses one as a Command of "
                                                 "text); the source's SQL after it is as_select's tree, rendered",
 }

@@ -209,8 +209,12 @@ def default_limit() -> str:
         return _setting(con)
 
 
+# what _too_large tells the user to change (names of settings only: nothing of the user's in it)
+_TOO_LARGE_FIX = ("SET memory_limit higher, or pass a smaller memory_budget := (or SET VARIABLE "
+                  "dbml_memory_budget)")
+
+
 def _too_large(budget: int, user: Limit) -> str:
     return (f"train(): a memory budget of {budget / 1e6:.1f} MB would leave DuckDB's memory_limit "
             f"({user.text}) less than the {MIN_DUCKDB_BYTES // 2**20} MiB its queries need (the job's own "
-            f"data among them); SET memory_limit higher, or pass a smaller memory_budget := (or SET VARIABLE "
-            f"dbml_memory_budget)")
+            f"data among them); {_TOO_LARGE_FIX}")

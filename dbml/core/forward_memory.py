@@ -23,7 +23,7 @@ import functools
 
 import torch
 
-from ..errors import InvalidArgument, _round_up, _size
+from ..errors import InvalidArgument, _size, budget_fix
 from .models import ModelConfig, build
 
 __all__ = ["forward_bytes", "rows_within", "PROBE_ROWS"]
@@ -62,7 +62,7 @@ def rows_within(cfg: ModelConfig, budget: int, *, held: int = 0, fn: str = "pred
     if one + held > budget:
         raise InvalidArgument(f"{fn}(): the model needs {_size(one + held)} for its weights, one row and the "
                               f"outputs of the rows DuckDB passed at once, over the memory budget of {_size(budget)}; "
-                              f"SET VARIABLE dbml_memory_budget = '{_round_up(one + held)}' or more")
+                              f"{budget_fix(one + held, own=False)} or more")
     budget -= held
     per_row = max(0.0, (forward_bytes(cfg, PROBE_ROWS, grad=grad) - one) / (PROBE_ROWS - 1))
     if per_row == 0:
