@@ -14,7 +14,6 @@ import subprocess
 
 from sqlglot import exp, parse_one
 
-from ..core.source import literal
 
 __all__ = ["change_directory", "databases", "dump", "excel", "import_data", "indexes", "last", "log",
            "open_database", "once", "output", "read", "schema", "system", "tables", "enable_safe_mode", "jobs"]
@@ -370,22 +369,22 @@ def schema(shell, words):
         else:
             shell.error("Usage: .schema ?--indent? ?LIKE-PATTERN?")
             return FAIL
-    where = ""
-    query = parse_one("SELECT sql, name FROM sqlite_master WHERE type != 'meta' AND NOT sql IS NULL ORDER BY name",
-                      read="duckdb")
+    kept = [parse_one("type != 'meta'", read="duckdb"), parse_one("NOT sql IS NULL", read="duckdb")]
+    match = None
     if pattern:
         glob = any(c in pattern for c in "*?[")
         column = "lower(printf('%s.%s',sname,tbl_name))" if "." in pattern else "lower(tbl_name)"
-        # the CLI's own text for --debug, printed and never run
-        escape = "" if glob else " ESCAPE " + literal("\\")
-        where = f"{column} {'GLOB' if glob else 'LIKE'} {literal(pattern)}{escape} AND "
         subject = parse_one(column, read="duckdb")
         match = (exp.Glob(this=subject, expression=exp.Literal.string(pattern)) if glob else
                  exp.Escape(this=subject.like(exp.Literal.string(pattern)), expression=exp.Literal.string("\\")))
-        query = query.where(match)
+    where = exp.and_(*([match] if match is not None else []), *kept)
     if any(w.lstrip("-") == "debug" for w in words[1:] if w.startswith("-")):
-        shell.print(f"SQL: SELECT sql FROM sqlite_master WHERE {where}type!='meta' AND sql IS NOT NULL ORDER BY name;")
+        # the CLI's own text for --debug, printed and never run, in the CLI's spelling
+        from .render import cli_sql
+        shown = exp.select("sql").from_("sqlite_master").where(where).order_by("name", dialect="duckdb")
+        shell.print("SQL: " + cli_sql(shown, debug=True) + ";")
         return 0
+    query = exp.select("sql", "name").from_("sqlite_master").where(where).order_by("name", dialect="duckdb")
     from .schema_text import dbml_owned, pretty_schema
     owned = dbml_owned(shell.db)
     for text, name in shell.db.execute(query.sql("duckdb")).fetchall():

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 from sqlglot import exp
+from sqlglot.dialects.duckdb import DuckDB
 
 from ..core.source import literal as sql_string
 from ..core.source import quote
@@ -304,21 +305,73 @@ def _jsonlines(result: Result, d: Display, write) -> None:
 _LINE_BREAKS = re.compile("([\n\r\0])")
 
 
-def insert_literal(text: str, newlines: bool) -> str:
-    """A string as a SQL literal for .mode insert and .dump; newlines as chr() unless kept."""
+def cli_identifier(name: str) -> exp.Identifier:
+    """A name as a tree that renders as :func:`sql_identifier` writes it."""
+    return exp.Identifier(this=name, quoted=sql_identifier(name) != name)
+
+
+class CliGenerator(DuckDB.Generator):
+    """DuckDB's SQL in the spelling of the CLI's output (``.mode insert``, ``.dump``): a
+    row's INSERT with no space before a parenthesis nor after a comma of its columns and
+    values (``INSERT INTO t(a,b) VALUES(1,'x')``); everything else as DuckDB's dialect
+    writes it. The statements are trees: a name or a value is never text in them."""
+
+    def insert_sql(self, expression: exp.Insert) -> str:
+        return "INSERT INTO " + self.sql(expression, "this") + " " + self.sql(expression, "expression")
+
+    def schema_sql(self, expression: exp.Schema) -> str:
+        return self.sql(expression, "this") + "(" + ",".join(self.sql(e) for e in expression.expressions) + ")"
+
+    def values_sql(self, expression: exp.Values, values_as_table: bool = True) -> str:
+        (row,) = expression.expressions
+        return "VALUES(" + ",".join(self.sql(e) for e in row.expressions) + ")"
+
+
+class CliDebugGenerator(CliGenerator):
+    """The spelling of the statements the CLI prints for ``--debug`` (``.schema``): calls
+    with no space after their commas, ``a!=b``, ``x IS NOT NULL``."""
+
+    def anonymous_sql(self, expression: exp.Anonymous) -> str:
+        return f"{expression.name}(" + ",".join(self.sql(e) for e in expression.expressions) + ")"
+
+    def lower_sql(self, expression: exp.Lower) -> str:
+        return f"lower({self.sql(expression, 'this')})"
+
+    def neq_sql(self, expression: exp.NEQ) -> str:
+        return f"{self.sql(expression, 'this')}!={self.sql(expression, 'expression')}"
+
+    def not_sql(self, expression: exp.Not) -> str:
+        inner = expression.this
+        if isinstance(inner, exp.Is) and isinstance(inner.expression, exp.Null):
+            return f"{self.sql(inner, 'this')} IS NOT NULL"
+        return super().not_sql(expression)
+
+
+def cli_sql(tree: exp.Expression, debug: bool = False) -> str:
+    generator = CliDebugGenerator if debug else CliGenerator
+    return generator(dialect="duckdb", normalize_functions=False).generate(tree)
+
+
+def insert_value(text: str, newlines: bool) -> exp.Expression:
+    """A string as a SQL value for .mode insert and .dump; newlines as chr() unless kept."""
     if newlines or not any(c in text for c in "\n\r\0"):
-        return sql_string(text)
+        return exp.Literal.string(text)
     pieces = _LINE_BREAKS.split(text)    # text, a break, text, ...: the breaks as chr(n)
-    return "concat(" + ", ".join(sql_string(p) if i % 2 == 0 else f"chr({ord(p)})" for i, p in enumerate(pieces)) + ")"
+    return exp.Anonymous(this="concat", expressions=[
+        exp.Literal.string(p) if i % 2 == 0 else exp.Anonymous(this="chr", expressions=[exp.Literal.number(ord(p))])
+        for i, p in enumerate(pieces)])
 
 
 def _insert(result: Result, d: Display, write) -> None:
     """The CLI's insert mode: each row as the text of an INSERT statement, written out (dbml runs none)."""
     numeric = [is_numeric(t) for t in result.types]
-    names = "(" + ",".join(sql_identifier(n) for n in result.names) + ")" if d.header else ""
+    table = exp.to_table(d.table, dialect="duckdb")
+    into = exp.Schema(this=table, expressions=[cli_identifier(n) for n in result.names]) if d.header else table
     for row in result.rows:
-        values = ["NULL" if v is None else v if num else insert_literal(v, d.newlines) for v, num in zip(row, numeric)]
-        write(f"INSERT INTO {d.table}{names} VALUES({','.join(values)});\n")
+        # a number as DuckDB wrote it ('-inf', '-1e+300'): Literal.number would rewrite it
+        values = [exp.null() if v is None else exp.Literal(this=v, is_string=False) if num else insert_value(v, d.newlines)
+                  for v, num in zip(row, numeric)]
+        write(cli_sql(exp.Insert(this=into, expression=exp.Values(expressions=[exp.tuple_(*values)]))) + ";\n")
 
 
 _ROWS = {"list": _list, "ascii": _ascii, "line": _line, "html": _html, "tcl": _tcl, "csv": _csv, "quote": _quote,

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from sqlglot import exp, parse_one
 
-from .render import Result, render_text, sql_identifier
+from .render import Result, cli_identifier, cli_sql, render_text, sql_identifier
 
 __all__ = ["pretty_schema", "dump_database", "dbml_owned"]
 
@@ -127,7 +127,8 @@ def dump_database(shell, patterns: list[str], newlines: bool) -> int:
     schemas = exp.replace_placeholders(schemas, home=exp.Literal.string(where.schema if where else "main"))
     tables = _schema_rows(like, ["name"], "type = 'table'")
     for (schema,) in db.execute(schemas.where(exp.column("table_name").isin(query=tables)).sql("duckdb")).fetchall():
-        write(f"CREATE SCHEMA IF NOT EXISTS {sql_identifier(schema)};;\n")
+        create = exp.Create(kind="SCHEMA", exists=True, this=exp.Table(db=cli_identifier(schema)))
+        write(cli_sql(create) + ";;\n")
     entries = _schema_rows(like, ["name", "type", "sql"], "type = 'table' AND sql NOT NULL").order_by(
         "tbl_name = 'sqlite_sequence'", dialect="duckdb")
     for name, kind, sql in db.execute(entries.sql("duckdb")).fetchall():
