@@ -60,9 +60,7 @@ def nearest(name: str, known: list[str] | tuple[str, ...]) -> str | None:
 def _calls(statement: str, function: str) -> list[tuple[int, list[str]]]:
     """Each call of ``function`` in ``statement``: (how many arguments by position, the names
     of those given by name, ``name := value`` or ``name => value``), read with DuckDB's tokenizer."""
-    tokens = code_tokens(statement)
-    words = [text for text, _ in tokens]
-    names = [_name(text) if kind in (_IDENTIFIER, _KEYWORD) else None for text, kind in tokens]
+    tokens, words, names = _read(statement)
     calls = []
     for i in range(len(tokens) - 1):
         if names[i] != function or words[i + 1] != "(" or words[i - 1:i] == ["."]:
@@ -87,6 +85,14 @@ def _calls(statement: str, function: str) -> list[tuple[int, list[str]]]:
                 start = True
         calls.append((positional, named))
     return calls
+
+
+def _read(statement: str) -> tuple[list, list[str], list[str | None]]:
+    """``statement``'s tokens (DuckDB's tokenizer), their texts, and each name as DuckDB
+    reads it (None for a token that is no identifier or keyword)."""
+    tokens = code_tokens(statement)
+    names = [_name(text) if kind in (_IDENTIFIER, _KEYWORD) else None for text, kind in tokens]
+    return tokens, [text for text, _ in tokens], names
 
 
 def _name(text: str) -> str:
@@ -180,9 +186,7 @@ def _subquery_source(statement: str, error: BaseException) -> BaseException | No
     SELECT's text, which the message shows with the statement's own query."""
     from . import table_macros
 
-    tokens = code_tokens(statement)
-    words = [text for text, _ in tokens]
-    names = [_name(text) if kind in (_IDENTIFIER, _KEYWORD) else None for text, kind in tokens]
+    tokens, words, names = _read(statement)
     for i in range(len(tokens) - 1):
         function = names[i]
         if function not in table_macros() or words[i + 1] != "(" or words[i - 1:i] == ["."]:
@@ -220,9 +224,7 @@ def _unnested(statement: str, error: BaseException) -> BaseException | None:
 
     if _UNCOPYABLE not in str(error):
         return None
-    tokens = code_tokens(statement)
-    words = [text for text, _ in tokens]
-    names = [_name(text) if kind in (_IDENTIFIER, _KEYWORD) else None for text, kind in tokens]
+    tokens, words, names = _read(statement)
     for i in range(len(tokens) - 3):
         function = names[i + 2]
         if names[i] == "unnest" and words[i + 1] == "(" and function in table_macros() and words[i + 3] == "(":
