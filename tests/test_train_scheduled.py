@@ -5,6 +5,7 @@ import duckdb
 import pytest
 
 import dbml
+import dbml.core.runners
 from helpers import job_of
 from dbml.errors import _round_up
 
@@ -95,7 +96,11 @@ def test_capuchin_policy_from_sql_swaps_passively_and_matches_eager(wide):
 
 
 @pytest.mark.slow
-def test_plan_updating_settings_reach_the_job(wide):
+def test_plan_updating_settings_reach_the_job(wide, monkeypatch):
+    # drift replans capped at a share of the job's time (MAX_PLAN_SHARE) are a matter of timing:
+    # a short job under load may defer every one after a first that found no plan. Uncapped, as
+    # the paper's plan updating is, each of its 16 iterations' drifts replans.
+    monkeypatch.setattr(dbml.core.runners, "MAX_PLAN_SHARE", None)
     wide.execute("SET VARIABLE dbml_replan_beta = 0.5")
     wide.execute("SET VARIABLE dbml_replan_threshold = 1e-9")    # every measured drift replans
     eager = train(wide, "eager", ", policy := 'eager'")
