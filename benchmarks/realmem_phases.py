@@ -111,6 +111,7 @@ def install(out: str | None = None) -> None:
     import dbml.core.models as models
     import dbml.core.runners as runners
     import dbml.core.training as training
+    import dbml.core.heldout as heldout
     from dbml.scheduler import procmem
     from dbml.scheduler.execute.runner import ScheduledStep
     p = _probe["p"] = _Probe(out)
@@ -135,7 +136,8 @@ def install(out: str | None = None) -> None:
 
     for owner, name in ((runners, "check_plan_fits"), (models, "build_seeded"), (runners, "spill_file"),
                         (runners, "make_runner"), (ScheduledStep, "prepare"), (ScheduledStep, "finish"),
-                        (ScheduledStep, "close"), (training.TrainLoop, "end_epoch")):
+                        (ScheduledStep, "close"), (heldout, "validate"),
+                        (heldout.EarlyStopping, "update"), (training.TrainLoop, "end_epoch")):
         phase(owner, name, name)
 
     step = ScheduledStep.step
@@ -213,6 +215,8 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--where", default="local,ray")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--fresh", action="store_true", help="the vanilla peak from a process of its own: the first job "
+                                                         "is a budgeted one (dp_real_memory.py --fresh)")
     args = ap.parse_args(argv)
     out = args.out or tempfile.mkdtemp(prefix="realmem-phases-")
     os.environ["REALMEM_PHASES_OUT"] = out
@@ -236,7 +240,7 @@ def main(argv=None) -> int:
         con = dbml.connect(latency_model="roofline", progress="off", cluster="ray" if where == "ray" else "local")
         load(con, "moons", moons(4000))
         print(f"-- {where}")
-        vanilla = bench.run(con, "unscheduled", extra)[4]
+        vanilla = bench.vanilla_apart() if args.fresh else bench.run(con, "unscheduled", extra)[4]
         for i in range(args.jobs):
             bench.run(con, f"budget {i + 1}", f"{extra}, memory_budget := {int(args.fraction * vanilla)}")
         con.close()

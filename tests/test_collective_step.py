@@ -286,3 +286,12 @@ def test_passive_eviction_keeps_a_collective_in_flight():
             assert t not in evictor.victims(k)
         if t not in prog.req[wait + 1]:
             assert t in evictor.victims(wait + 1)   # after its wait, an ordinary buffer
+
+
+def test_a_groups_bandwidth_measured_at_join_is_not_part_of_which_group_it_is():
+    """group.join measures the bandwidth once per group and returns the Group carrying it; the
+    driver's Group (without it) still names the same group, so the next job joins nothing anew."""
+    from dataclasses import replace
+    from dbml.cluster.group import Group
+    g = Group("set-1", 0, 2, "127.0.0.1", 29500, "gloo")
+    assert replace(g, bandwidth=1.5e9) == g and replace(g, port=29501) != g

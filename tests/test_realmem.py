@@ -66,3 +66,26 @@ def test_a_budgeted_jobs_real_memory_stays_within_its_budget(tmp_path):
     assert r["reserve"] is not None and r["reserve"] > 0, r   # it measured something beside the tensors
     assert r["tracked"] <= r["planner"] < BUDGET, r            # and planned with less than the budget
     assert r["real"] <= BUDGET, r
+
+
+def test_a_first_jobs_one_off_set_up_runs_before_its_figures_and_draws_nothing_from_the_users_generator():
+    """preload.ready(), before a job's real-memory watch: the process's imports, first trace
+    and first real step happen once, outside the job's real_peak_bytes; neither it nor the
+    job changes the process's random generator (the user's)."""
+    script = textwrap.dedent("""
+        import torch, dbml
+        from dbml.core import preload
+        from dbml.core.runtime import runtime
+        torch.manual_seed(7)
+        state = torch.get_rng_state()
+        preload.ready()
+        assert runtime().preload is not None and not runtime().preload.is_alive()
+        assert torch.equal(torch.get_rng_state(), state), "the preload drew from the process's generator"
+        con = dbml.connect(latency_model="roofline", progress="off")
+        con.execute("CREATE TABLE t AS SELECT range % 7 / 7.0 AS x, range % 2 AS y FROM range(200)")
+        con.execute("SELECT train('m', 't', label := 'y', epochs := 1)").fetchall()
+        assert torch.equal(torch.get_rng_state(), state), "the job drew from the process's generator"
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]

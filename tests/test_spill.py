@@ -27,7 +27,7 @@ import dbml
 from dbml.errors import TrainingError
 from dbml.scheduler.execute.devices import CpuDevice, Zeros, storage_bytes
 from dbml.scheduler.execute.runner import ScheduledStep
-from dbml.scheduler.execute.spill import BLOCK, CHUNK, SpillFile, SpillFull, file_system, sweep_stale
+from dbml.scheduler.execute.spill import BLOCK, CHUNK, Parked, SpillFile, SpillFull, file_system, sweep_stale
 from dbml.scheduler.execute.step import EagerStep
 from dbml.scheduler.graph.optim import OptimizerSpec
 from dbml.scheduler import hostmem, procmem
@@ -103,6 +103,59 @@ def test_close_removes_the_file_and_the_sweep_removes_only_dead_processes_files(
     assert sweep_stale(tmp_path) == [f"dbml_swap_{dead}_job_0.bin"]
     assert spill_files(tmp_path) == sorted([live.path.name, "dbml_swap_notes.txt"])
     live.close()
+
+
+def test_parked_tensors_come_back_bit_for_bit_and_their_extents_are_reused(tmp_path):
+    spill = SpillFile(tmp_path, "j")
+    g = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(300, 7, generator=g), torch.randn(64, 64, generator=g).t(),   # not contiguous
+               torch.tensor(3.5, dtype=torch.float64), torch.zeros(0), torch.arange(5) > 2,
+               torch.randn(CHUNK // 4 + 3, generator=g)]                                # across the bounce buffer
+    kept = Parked(spill, iter(tensors))
+    assert len(kept) == len(tensors) and spill.in_use > 0
+    back = list(kept)
+    for a, b in zip(tensors, back):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    into = [torch.empty_like(t) for t in tensors]
+    kept.read_into(into)
+    assert all(torch.equal(a, b) for a, b in zip(tensors, into))
+    with pytest.raises(ValueError, match="a torch.float32 \\(3,\\) tensor for a torch.float32 \\(300, 7\\) copy"):
+        kept.read_into([torch.empty(3)] + into[1:])
+    end = spill.end
+    kept.free()
+    assert spill.in_use == 0
+    again = Parked(spill, tensors)   # the next epoch's copy: in the same extents, the file no longer
+    assert spill.end == end
+    again.free()
+    spill.close()
+
+
+@pytest.mark.slow   # > 0.5 s on a quiet 2-core machine: out of the inner loop
+def test_an_early_stopping_jobs_best_weights_wait_in_the_spill_file_and_come_back_exactly(tmp_path, monkeypatch):
+    """Under a budget on the CPU the copy of the best epoch's weights is kept on disk, not
+    beside the budget in RAM; the stored model is still that epoch's, as eager PyTorch's."""
+    parked = []
+    real_init = Parked.__init__
+
+    def counting(self, spill, tensors):
+        real_init(self, spill, tensors)
+        parked.append(len(self))
+    monkeypatch.setattr(Parked, "__init__", counting)
+    con = dbml.connect(latency_model="roofline")
+    con.execute(f"SET temp_directory = '{tmp_path}'")
+    load(con, "moons", moons(600))
+    args = ("label := 'label', features := ['x1','x2'], hidden := [256, 256], epochs := 12, batch_size := 64, "
+            "lr := 0.3, early_stop := true, patience := 2")
+    eager = job_of(con, con.execute(f"SELECT train('e', 'moons', {args}, policy := 'eager')").fetchall()[0][0])
+    assert parked == []   # no budget: no spill file, the copy in memory
+    budget = int(0.9 * eager["measured_peak_bytes"])
+    kept = job_of(con, con.execute(f"SELECT train('k', 'moons', {args}, memory_budget := {budget})").fetchall()[0][0])
+    assert eager["best_epoch"] < eager["epochs"], "the test needs a run whose last epoch is not its best"
+    assert kept["best_epoch"] == eager["best_epoch"] and len(parked) >= 1
+    w = con.execute("SELECT name, weights FROM dbml_weights ORDER BY name").fetchall()
+    assert w[0][1] == w[1][1]
+    assert spill_files(tmp_path) == []
+    con.close()
 
 
 # -- the executor on it -------------------------------------------------------------------------

@@ -9,7 +9,7 @@ joins another set or a collective failed.
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from ..errors import DbmlError
@@ -28,6 +28,9 @@ class Group:
     address: str
     port: int
     backend: str
+    # the group's all-reduce bandwidth (bytes/s), measured once when this member joined
+    # (``join``); the same figure on every member, which the planners of its jobs use
+    bandwidth: float | None = field(default=None, compare=False)
 
 
 # -- on a device worker --------------------------------------------------------------------
@@ -41,17 +44,21 @@ def free_port() -> int:
 
 def join(current: Group | None, group: Group) -> Group:
     """This process in ``group`` as torch.distributed's default process group: at once if it is
-    in it already; else it leaves ``current`` first. Blocks until every member has joined."""
+    in it already; else it leaves ``current`` first. Blocks until every member has joined.
+    A new member measures the group's bandwidth with the others (a collective, once per
+    group: its buffers, gloo's pairs and their memory are the group's, not its first job's,
+    and each job starts that much sooner); the Group returned carries it."""
     import torch
     import torch.distributed as dist
+    from ..scheduler.graph.collective import measure_bandwidth
     if current == group and dist.is_initialized():
-        return group
+        return current
     leave()
     if group.backend == "nccl":
         torch.cuda.set_device(0)   # Ray shows the worker its one GPU
     dist.init_process_group(group.backend, init_method=f"tcp://{group.address}:{group.port}", rank=group.rank,
                             world_size=group.world, timeout=COLLECTIVE_TIMEOUT)
-    return group
+    return replace(group, bandwidth=measure_bandwidth())
 
 
 def leave() -> None:

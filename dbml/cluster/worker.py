@@ -58,8 +58,9 @@ class RemoteProgress:
     rank 0 reports progress and checkpoints."""
 
     def __init__(self, task: Task, rank: int, node: str, device: str, collective: bool = False,
-                 reporter: "Reporter | None" = None, node_id: str = ""):
+                 reporter: "Reporter | None" = None, node_id: str = "", comm_bandwidth: float | None = None):
         self.task, self.id, self.rank, self.collective = task, task.job_id, rank, collective
+        self.comm_bandwidth = comm_bandwidth   # the worker set's, measured when it formed (group.join)
         self.validate_epochs = task.validate_epochs
         self.since = time.perf_counter()   # the worker's start-up, as the estimate counts it
         self.worker = {"rank": rank, "node": node, "device": device, "pid": os.getpid(), "node_id": node_id}
@@ -305,7 +306,7 @@ class DeviceWorker:
         cur = self.db.cursor()
         try:
             outcome = run_task(task, cur, RemoteProgress(task, group.rank, self.node, self.device, collective=True,
-                                                         reporter=self.reporter))
+                                                         reporter=self.reporter, comm_bandwidth=group.bandwidth))
         finally:
             cur.close()
         if failed_in_collective(outcome):

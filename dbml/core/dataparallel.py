@@ -34,6 +34,9 @@ class DataParallelStep(ScheduledStep):
 
     def __init__(self, model: torch.nn.Module, loss_fn, spec, progress, **kwargs):
         kwargs.setdefault("collective", Collective.current())
+        # the group's bandwidth, measured when the worker set formed (dbml.cluster.group.join);
+        # without it every worker's runner measures it (a collective) as it is built
+        kwargs.setdefault("comm_bandwidth", getattr(progress, "comm_bandwidth", None))
         super().__init__(model, loss_fn, spec, **kwargs)
         self.progress = progress
 

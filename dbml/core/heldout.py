@@ -111,7 +111,10 @@ class EarlyStopping:
         if not self.spec.early_stop or loss is None or not math.isfinite(loss):
             return False
         if self.best_loss is None or loss < self.best_loss:
-            # the weights of the best epoch, copied (training goes on from them)
+            # the weights of the best epoch, copied (training goes on from them); the copy it
+            # replaces first gives its room back (a spill file's extents: the new one reuses them)
+            if hasattr(self.best, "free"):
+                self.best.free()
             self.best_loss, self.best_epoch, self.best = loss, record["epoch"], weights()
             return False
         return record["epoch"] - self.best_epoch >= self.spec.patience
@@ -119,7 +122,8 @@ class EarlyStopping:
     def state(self) -> dict:
         """What a checkpoint keeps of it (``dbml.core.checkpoints``), so a job resumed on another
         Ray worker stops where, and keeps what, the uninterrupted job does."""
-        return {"best_loss": self.best_loss, "best_epoch": self.best_epoch, "best": self.best}
+        best = None if self.best is None else list(self.best)   # tensors, also of a copy kept on disk
+        return {"best_loss": self.best_loss, "best_epoch": self.best_epoch, "best": best}
 
     def load(self, state: dict) -> None:
         self.best_loss, self.best_epoch, self.best = state["best_loss"], state["best_epoch"], state["best"]

@@ -57,6 +57,7 @@ def _load() -> None:
             return
     try:
         _trace_once()
+        _step_once()
     except Exception:  # noqa: BLE001 - a first job then pays for its first trace itself
         pass
     # pyarrow imports pandas, where it is installed, the first time it converts Python
@@ -71,9 +72,43 @@ def _trace_once() -> None:
     import torch
     from ..scheduler.graph.capture import capture
     from ..scheduler.graph.optim import OptimizerSpec
-    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    # skip_init: no draw from the process's generator, which is the user's (this may run beside their code)
+    net = torch.nn.Sequential(torch.nn.utils.skip_init(torch.nn.Linear, 3, 4), torch.nn.ReLU(),
+                              torch.nn.utils.skip_init(torch.nn.Linear, 4, 2))
     capture(net, torch.nn.functional.cross_entropy, OptimizerSpec(),
             (torch.zeros(8, 3), torch.zeros(8, dtype=torch.long)), job="preload")
+
+
+def _step_once() -> None:
+    """One real training step of a small network: the machine code of the kernels a job's
+    first iteration runs (products, activations, losses, the optimizer's updates; torch's
+    thread pool started) is paged in now, once per process. A process's first budgeted job
+    measured 10-12 MB of such file-backed pages (RssFile) as its own, over its budget."""
+    import torch
+    import torch.nn.functional as F
+    gen = torch.Generator().manual_seed(0)   # the process's generator is the user's: not drawn from
+    x = torch.randn(256, 64, generator=gen)
+    shapes = ((256, 64), (256,), (256, 256), (256,), (2, 256), (2,))
+    params = [(torch.randn(s, generator=gen) * 0.05).requires_grad_() for s in shapes]
+    for opt in (torch.optim.Adam(params), torch.optim.SGD(params, lr=0.1, momentum=0.9)):
+        h = F.relu(F.linear(F.relu(F.linear(x, params[0], params[1])), params[2], params[3]))
+        out = F.linear(h, params[4], params[5])
+        loss = F.cross_entropy(out, torch.zeros(256, dtype=torch.long)) + F.mse_loss(out[:, 0], x[:, 0])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def ready() -> None:
+    """Before a job starts measuring what it adds to the process (``procmem.watch``): the
+    process's one-off set-up for jobs done, the preload's imports and first trace, now if no
+    preload ran (a script's first job; it waits for it, as for a shell's). A job's
+    ``real_peak_bytes`` is then its own: the compiler stack torch imports on a first capture
+    (about 25 MB) and the pages its code faults in are the process's, once, as its imports
+    are, not the first job's (benchmarks/results/2026-11-28-vm-2c-issue33-realmem.md).
+    ``DBML_NO_PRELOAD=1``: the first job does it itself, inside its figures."""
+    start()
+    wait()
 
 
 def wait() -> None:

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from sqlglot import exp
 
-from . import catalog, checkpoints, heldout, models, placement, runners, threads
+from . import catalog, checkpoints, heldout, models, placement, preload, runners, threads
 from .estimate import Estimate, Measured, estimate, learn, overheads, slow_warning
 from .runtime import runtime
 from .columns import MEMORY_FIELDS
@@ -37,6 +37,7 @@ from .features import Preprocessing, fit as fit_preprocessing
 from .runners import JobHandle
 from ..scheduler import hostmem, procmem
 from ..scheduler.execute import rng
+from ..scheduler.execute.spill import Parked
 from ..scheduler.execute.step import EagerStep, StepRunner
 from .settings import resolve_device
 from .source import job_source, parsed as _parsed, select_tree, split_column
@@ -534,7 +535,7 @@ class TrainLoop:
             record.update(self.validate(self.forward_now()))
         self.history.append(record)
         self.progress.end_epoch(record, {**self.runner.stats(), "schedule": schedule_of(self.runner)})
-        stop = self.early.update(record, lambda: [v.detach().to("cpu", copy=True) for v in self.runner.values()])
+        stop = self.early.update(record, self.runner.kept_values)
         if self.checkpoints and not stop:
             self.progress.checkpoint(lambda: checkpoints.capture(self.runner, self.random, self.history, self.vanilla,
                                                                  self.early.state()))
@@ -546,6 +547,8 @@ class TrainLoop:
         if self.early.best is None:
             return
         tensors = list(self.module.parameters()) + list(self.module.buffers())
+        if isinstance(self.early.best, Parked):   # in the job's spill file: read into the model, no copy between
+            return self.early.best.read_into(tensors)
         with torch.no_grad():
             for t, v in zip(tensors, self.early.best, strict=True):
                 t.copy_(v)
@@ -610,6 +613,7 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
     runners.check_model_fits(config, params.optimizer, device)
     loss_fn = loss_function(prep)
     label = torch.int64 if prep.task == "classification" else torch.float32
+    preload.ready()   # the process's one-off imports and first trace are not the job's memory
     # what the job adds to the process's real memory, from here to its end
     with procmem.watch() as real, scheduler_errors(
             spec.model, job_id=progress.id, memory_budget=params.memory_budget,
@@ -641,13 +645,13 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
                                                     loop.end_epoch, loop.prepare, convert=_converter(prep, "train"),
                                                     history=loop.history)
             runner.finish()
+            loop.restore_best()   # before close: the best epoch's weights may be in the job's spill file
             said = loop.measured(history) if resume is None else None   # a resumed run's epochs are not all its own
         finally:
             runner.close()
             real.stop()
             progress.release_scheduler()
     loop.real = real.result
-    loop.restore_best()
     return {**trained_result(cur, table, prep, spec, config, module, loss_fn, device, n_val, history,
                              stream_stats, loop.memory(), loop.early.best_epoch, loop.said()), "said": said}
 

@@ -10,6 +10,8 @@ back (:func:`load_optimizer_states`: a job resumed from a checkpoint).
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import torch
 
 from ..graph.capture import graph_state, graph_state_without_optimizer, initial_states, state_keys, trainable
@@ -76,13 +78,20 @@ def model_values(state: ExecState, device: Device, model: torch.nn.Module, spec:
                  move: bool = True) -> list[torch.Tensor]:
     """Per parameter then per buffer of ``model``, its value in ``state`` (``move=False``:
     values on the host read there, the state unchanged)."""
+    return list(each_model_value(state, device, model, spec, move))
+
+
+def each_model_value(state: ExecState, device: Device, model: torch.nn.Module, spec: OptimizerSpec,
+                     move: bool = True) -> Iterator[torch.Tensor]:
+    """:func:`model_values` one at a time: a value read from the host (a spill file) is
+    made when it is asked for, not all of them at once."""
     layout = unit_layout(model, spec.update_chunk_bytes)
-    values = []
     for j, p in enumerate(model.parameters()):
         units = layout.of_param(j)
-        values.append(_joined(state, device, units, [layout.units[u][1] for u in units], p, move))
+        yield _joined(state, device, units, [layout.units[u][1] for u in units], p, move)
     base = len(layout.units)
-    return values + [state_value(state, device, base + i, b, move) for i, b in enumerate(model.buffers())]
+    for i, b in enumerate(model.buffers()):
+        yield state_value(state, device, base + i, b, move)
 
 
 def optimizer_states(state: ExecState, device: Device, model: torch.nn.Module,

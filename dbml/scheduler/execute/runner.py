@@ -58,7 +58,7 @@ import threading
 import weakref
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Hashable, Mapping
+from typing import Callable, Hashable, Iterable, Mapping
 
 import torch
 
@@ -80,9 +80,9 @@ from ..plan.vdnn import vdnn_plan
 from .codegen import fast_path_for
 from .devices import Device, as_view, make_device
 from .executor import Executor, Program
-from .jobstate import initial_state, load_optimizer_states, model_values, optimizer_states
+from .jobstate import each_model_value, initial_state, load_optimizer_states, model_values, optimizer_states
 from .planners import SEARCHES, ExternalPlanner, FixedPlanner, LocalPlanner, SearchPlanner, as_planner
-from .spill import BLOCK, CHUNK
+from .spill import BLOCK, CHUNK, Parked, SpillFull
 
 # a job alone under a budget measures its first iterations against the allocator (CUDA,
 # _remeasure_device) or the process's resident memory (a spilling CPU job, _remeasure_real)
@@ -670,6 +670,22 @@ class ScheduledStep:
         """Between iterations: the parameters and buffers as the state holds them now; a value
         on the host is read there (copied to the device for the caller, on CUDA), not moved."""
         return model_values(self.state, self.device, self.model, self.spec, move=False)
+
+    def kept_values(self) -> Iterable[torch.Tensor]:
+        """A copy of :meth:`values` kept while training goes on: written to the job's spill
+        file one value at a time where it has one (a swapped value is read from there and
+        written back, never all of them in memory at once), else copied in memory. On the
+        CPU under a budget the spill file is the slow tier: a copy of the weights kept in
+        RAM would sit beside the budget (an early-stopping job's best epoch: one model's
+        size, benchmarks/realmem_phases.py)."""
+        spill = self.device.spill
+        values = each_model_value(self.state, self.device, self.model, self.spec, move=False)
+        if spill is not None and self.budget_bytes is not None:
+            try:
+                return Parked(spill, values)
+            except SpillFull:
+                values = each_model_value(self.state, self.device, self.model, self.spec, move=False)
+        return [v.detach().to("cpu", copy=True) for v in values]
 
     def optimizer_state(self) -> list[dict[str, torch.Tensor]]:
         """Per trainable parameter, its optimizer state (as torch.optim would hold it)."""

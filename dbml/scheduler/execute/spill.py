@@ -33,12 +33,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import torch
 
 from ..errors import SchedulerError
 
-__all__ = ["SpillFile", "Extent", "SpillError", "SpillFull", "sweep_stale", "BLOCK", "CHUNK", "file_system",
+__all__ = ["SpillFile", "Parked", "Extent", "SpillError", "SpillFull", "sweep_stale", "BLOCK", "CHUNK", "file_system",
            "Tier", "measure_tier", "calibrate_tier", "tier_of"]
 
 BLOCK = 4096          # O_DIRECT's alignment of offsets, lengths and buffers (a page covers every block size)
@@ -229,6 +230,55 @@ class SpillFile:
     def __del__(self):
         if getattr(self, "fd", -1) >= 0 and getattr(self, "_lock", None) is not None:
             self.close()
+
+
+class Parked:
+    """Tensors kept in a spill file, outside the process's memory, until read back: a copy a
+    job keeps but does not compute with (early stopping's best epoch's weights). Each tensor
+    is written as it comes (an iterator of values read from the spill file one at a time
+    holds one in memory at a time); iterating reads them back the same way, each into a
+    fresh tensor. :meth:`free` gives the extents back to the file (its next copy reuses them)."""
+
+    def __init__(self, spill: SpillFile, tensors: Iterable[torch.Tensor]):
+        self.spill = spill
+        self.entries: list[tuple[Extent, torch.dtype, tuple[int, ...]]] = []
+        try:
+            for t in tensors:
+                t = t.detach().contiguous()
+                self.entries.append((spill.write(t.reshape(-1).view(torch.uint8)), t.dtype, tuple(t.shape)))
+        except BaseException:
+            self.free()
+            raise
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for e, dtype, shape in self.entries:
+            out = torch.empty(shape, dtype=dtype)
+            self.spill.read(e, out.reshape(-1).view(torch.uint8))
+            yield out
+
+    def read_into(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Read the copies back into ``tensors`` (as many, of their shapes and dtypes, on the
+        CPU): straight into a contiguous one's storage, no tensor in between."""
+        tensors = list(tensors)
+        if len(tensors) != len(self.entries):
+            raise ValueError(f"Parked.read_into(): {len(tensors)} tensors for {len(self.entries)} copies")
+        for t, (e, dtype, shape) in zip(tensors, self.entries):
+            if t.dtype != dtype or tuple(t.shape) != shape:
+                raise ValueError(f"Parked.read_into(): a {t.dtype} {tuple(t.shape)} tensor for a {dtype} {shape} copy")
+            if t.is_contiguous() and t.device.type == "cpu":
+                self.spill.read(e, t.detach().reshape(-1).view(torch.uint8))
+            else:
+                out = torch.empty(shape, dtype=dtype)
+                self.spill.read(e, out.reshape(-1).view(torch.uint8))
+                t.detach().copy_(out)
+
+    def free(self) -> None:
+        for e, _, _ in self.entries:
+            self.spill.free(e)
+        self.entries = []
 
 
 def _full_write(fd: int, view: memoryview, offset: int) -> None:

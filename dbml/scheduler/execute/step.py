@@ -8,7 +8,7 @@ vanilla the scheduler's results must equal bit for bit.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Callable, Iterable, Protocol
 
 import torch
 
@@ -35,6 +35,11 @@ class StepRunner(Protocol):
     def values(self) -> list[torch.Tensor]:
         """Between iterations: the model's parameters, then its buffers, as they are now, to
         read (e.g. a validation pass); nothing the runner holds moves."""
+
+    def kept_values(self) -> Iterable[torch.Tensor]:
+        """Between iterations: a copy of :meth:`values` to keep while training goes on (early
+        stopping's best epoch): in the job's slow tier where it has one (its spill file, outside
+        the process's memory: ``spill.Parked``), else in memory. Iterating it gives the values."""
 
     def optimizer_state(self) -> list[dict[str, torch.Tensor]]:
         """Between iterations: per trainable parameter, its optimizer state as torch.optim holds it."""
@@ -95,6 +100,9 @@ class EagerStep:
     def values(self) -> list[torch.Tensor]:
         """The model's own: plain PyTorch updates it in place."""
         return list(self.model.parameters()) + list(self.model.buffers())
+
+    def kept_values(self) -> list[torch.Tensor]:
+        return [v.detach().to("cpu", copy=True) for v in self.values()]
 
     def optimizer_state(self) -> list[dict[str, torch.Tensor]]:
         return [dict(self.optimizer.state[p]) for p in self._trained()]
