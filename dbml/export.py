@@ -172,7 +172,7 @@ def _temporary(folder: Path) -> str:
 
 def export_model(cur, model: str, path: str, version: int | None = None, overwrite: bool = False) -> dict:
     """Write ``model`` (its latest version, or ``version``) to ``path`` as ONNX; what was written."""
-    import onnx   # the onnx extra: pip install 'dbml[onnx]'
+    import onnx   # noqa: F401 - the onnx extra (pip install 'dbml[onnx]'): missing, an ImportError here, before anything is written
 
     try:
         target = _target(cur, path, overwrite)

@@ -129,6 +129,24 @@ def test_learn_fits_per_epoch_per_batch_and_per_iteration_costs_from_jobs_of_two
     assert estimating.overheads("cpu", "image", "cnn") == Overheads()   # a kind never trained: none
 
 
+def test_one_job_far_off_its_prediction_does_not_set_the_scale_of_the_others(learned):
+    """The scale is the median of the last jobs' ratios: a long job that ran 4.5x its
+    prediction (a loaded machine, copies waited on) among jobs at 0.7x leaves it near 0.7."""
+    def job(ops: float, ratio: float) -> None:
+        est = estimate(_seq(ops / 3, ops / 3, ops / 3), n_train=640, n_val=0, batch_size=64, epochs=1,
+                       validate_epochs=False)
+        steps = [10 * ops * ratio]
+        estimating.learn("cpu", "tabular", "mlp", est, Measured(epochs=steps, steps=steps, finish=0.1))
+    for ops, ratio in ((0.001, 0.7), (0.002, 0.72), (0.1, 4.5), (0.001, 0.68)):
+        job(ops, ratio)
+    assert estimating.overheads("cpu", "tabular", "mlp").scale == pytest.approx(0.71)
+
+
+def test_a_budgeted_jobs_iteration_counts_what_its_plan_adds():
+    base = dict(n_train=128, n_val=0, batch_size=64, epochs=1, validate_epochs=False)
+    assert estimate(_seq(1.0, 2.0, 0.5), **base, plan_extra=0.5).seconds == pytest.approx(2 * 4.0)
+
+
 def test_a_first_job_teaches_only_its_one_off_cost(learned):
     est = estimate(_seq(0.001, 0.002, 0.001), n_train=640, n_val=0, batch_size=64, epochs=2, validate_epochs=False,
                    cold=True)
@@ -140,6 +158,8 @@ def test_a_first_job_teaches_only_its_one_off_cost(learned):
 
 @pytest.mark.slow   # ~2 s: two trainings
 def test_a_linear_models_estimate_includes_its_fixed_costs_once_one_ran(rows, learned):
+    from dbml.core.training import first_job
+    first_job()   # a process's first job teaches only its one-off costs: this one is never it, whatever ran before
     train(rows, "'m', 'rows', label := 'y', arch := 'linear', epochs := 3, early_stop := false")
     (key, fixed), = [(k, v) for k, v in estimating._table().items() if k.endswith("/tabular/linear")]
     assert fixed.finish > 0 and fixed.epoch + fixed.batch > 0   # storing, streaming: learned from the job

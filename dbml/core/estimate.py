@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import os
 import dataclasses
 import threading
@@ -68,7 +69,8 @@ class Overheads:
     # ``batch`` are the line through them (a job size alone: all of it per epoch)
     rests: tuple[tuple[int, float], ...] = ()
     # the last jobs' (predicted seconds of their steps' ops, measured seconds in their steps):
-    # ``scale`` is their ratio, pooled (the long jobs, where seconds are many, weigh the most)
+    # ``scale`` is the median of their ratios (one job on a loaded machine, or one that waited on
+    # its copies more than its plan said, moves it no more than any other job)
     excess: tuple[tuple[float, float], ...] = ()
 
 
@@ -101,15 +103,17 @@ class Estimate:
 
 def estimate(seq, *, n_train: int, n_val: int, batch_size: int, epochs: int, validate_epochs: bool,
              prepare_seconds: float = 0.0, startup: float = 0.0, learned: Overheads = Overheads(),
-             cold: bool = False) -> Estimate:
+             cold: bool = False, plan_extra: float = 0.0) -> Estimate:
     """The job's estimate from ``seq``, the ``AccessSequence`` of its first batch (of
-    ``min(batch_size, n_train)`` rows): op ``end`` times are the predicted latencies, summed.
+    ``min(batch_size, n_train)`` rows): op ``end`` times are the predicted latencies, summed,
+    and ``plan_extra``, what its plan adds to an iteration (copies compute waits for,
+    recomputations: ``Plan.extra_time``; a job under a budget).
     ``prepare_seconds``: what capturing and planning that batch took; ``startup``: what the
     statement spent before now (measured); ``learned``: jobs like this one's fixed costs
     (:func:`overheads`); ``cold``: the process's first job."""
     rows = max(1, min(batch_size, n_train))
     forward = sum(op.end - op.start for op in seq.ops if op.phase == "forward")
-    return Estimate(iteration=seq.duration, forward=forward, iterations=math.ceil(n_train / rows),
+    return Estimate(iteration=seq.duration + max(0.0, plan_extra), forward=forward, iterations=math.ceil(n_train / rows),
                     val_batches=n_val / rows, epochs=epochs, validate_epochs=validate_epochs and n_val > 0,
                     capture=prepare_seconds if n_train % rows else 0.0, startup=startup, overheads=learned,
                     cold=cold)
@@ -166,8 +170,8 @@ def _learned(known: Overheads, est: Estimate, measured: Measured) -> Overheads:
     rests = (*known.rests, (est.iterations, rest))[-RESTS:]
     excess = (*known.excess, (iterations * est.iteration, max(0.0, sum(measured.steps) - est.capture)))[-RESTS:]
     epoch, batch = _line(rests)
-    predicted = sum(x for x, _ in excess)
-    scale = sum(y for _, y in excess) / predicted if predicted > 0 else known.scale
+    ratios = [y / x for x, y in excess if x > 0]
+    scale = statistics.median(ratios) if ratios else known.scale
     return dataclasses.replace(known, scale=scale, epoch=epoch, batch=batch,
                                finish=_towards(known.finish, max(0.0, measured.finish - validation)),
                                rests=rests, excess=excess)

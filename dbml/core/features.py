@@ -33,7 +33,7 @@ from sqlglot import exp
 from . import inputs
 from ..errors import InvalidArgument, SourceError
 from .inputs import InputEncoder
-from .source import Column, column, label_and_text, literal, number, parsed, quote, resolve_column, unused_name, value_sql
+from .source import Column, column, label_and_text, number, parsed, quote, resolve_column, unused_name, value_sql
 from ..zoo import Inputs
 
 MAX_CATEGORIES = 64

@@ -44,7 +44,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import cached_property
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import torch

@@ -507,7 +507,7 @@ class TrainLoop:
                                      batch_size=self.spec.batch_size, epochs=self.spec.epochs,
                                      validate_epochs=self.validate is not None, prepare_seconds=now - started,
                                      startup=now - self.progress.since, learned=overheads(*self.learns),
-                                     cold=first_job())
+                                     cold=first_job(), plan_extra=schedule[0].extra_time)
             self.slow = slow_warning(self.estimate, self.config, self.spec)
             self.progress.estimated(self.estimate.seconds, self.slow)
 

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from ..errors import InvalidArgument
-from ..core.settings import SETTINGS
 from ..core.spec import TRAIN_PARAMS, Param, TrainSpec, from_sql_row, macro, macro_arguments
 
 SEARCH_PARAMS = (
@@ -267,7 +266,7 @@ def parse_space(space, base: TrainSpec) -> Space:
 
 def _dimension(name, value, base: TrainSpec) -> Dimension:
     sql_type = _parameter_type(name, base)
-    form = f"an object such as {{\"log_uniform\": [1e-4, 0.1]}} or {{\"choice\": [...]}}"
+    form = "an object such as {\"log_uniform\": [1e-4, 0.1]} or {\"choice\": [...]}"
     if not isinstance(value, dict) or len(value) != 1:
         raise InvalidArgument(f"tune(): space's {name} must be {form}, with one of {', '.join(KINDS)}; "
                               f"got {json.dumps(value)[:60]}")

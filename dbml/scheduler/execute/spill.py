@@ -368,7 +368,6 @@ def measure_tier(directory: str | os.PathLike, nbytes: int = PROBE_BYTES) -> Tie
             t2 = time.perf_counter()
             spill.free(e)
             f = spill.write(small)
-            t3 = time.perf_counter()
             spill.read(f, small)
             t4 = time.perf_counter()
             spill.free(f)

@@ -47,7 +47,6 @@ def propose_stalling_swap(state: PlanState, gap: int, peak: PeakKey, peak_op: in
     if state.gaps.kind[gap] == CROSS:
         return _propose_cross(state, gap, peak, peak_op, margin)
     t, lo, hi = int(state.gaps.tensor[gap]), int(state.gaps.lo[gap]), int(state.gaps.hi[gap])
-    d = state.seq.copy_time(t)
     lo_time = state.op_end(lo)
     # the host copy is still valid (a graph output is never released: swapped out again)
     if state.host_ready.get(t, INF) <= lo_time and lo >= 0 and t not in state.seq.outputs:
