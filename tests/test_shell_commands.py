@@ -124,6 +124,19 @@ def test_schema_patterns_and_indexes(con):
     assert err == "Usage: .schema ?--indent? ?LIKE-PATTERN?\n"
 
 
+def test_a_schema_qualified_pattern_matches_schema_dot_name(con):
+    """The released CLI (v1.5.6) fails on a dotted pattern (its query reads a column sqlite_master
+    lacks); here it matches ``schema.name``, and --debug still prints the CLI's query."""
+    status, out, err = shell(con, "CREATE TABLE t1(a INT);\nCREATE SCHEMA s;\nCREATE TABLE s.t2(b INT);\n"
+                                  "CREATE VIEW s.v AS SELECT 1;\n.schema main.t*\n.schema s.*\n.schema *.t2\n"
+                                  ".schema main.t1\n.schema --debug s.t*\n")
+    assert err == "" and status == 0
+    assert out == ("CREATE TABLE t1(a INTEGER);\nCREATE TABLE s.t2(b INTEGER);\nCREATE VIEW s.v AS SELECT 1;\n"
+                   "CREATE TABLE s.t2(b INTEGER);\nCREATE TABLE t1(a INTEGER);\n"
+                   "SQL: SELECT sql FROM sqlite_master WHERE lower(printf('%s.%s',sname,tbl_name)) GLOB 's.t*' "
+                   "AND type!='meta' AND sql IS NOT NULL ORDER BY name;\n")
+
+
 def test_prompt_errors_are_the_clis(con):
     _, _, err = shell(con, ".prompt {\n.prompt \\\\\n.prompt \"{yyy}\"\n.prompt \"{sql}\"\n.prompt \"{color:xxx}\"\n"
                            ".prompt \"{color:red}D \" \"  ...\"\n")

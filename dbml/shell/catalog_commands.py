@@ -357,6 +357,13 @@ def indexes(shell, words):
         shell.print("".join(("" if j < count else "  ") + names[j].ljust(width) for j in range(i, len(names), count)))
 
 
+SCHEMA_SOURCE = parse_one(
+    "(SELECT 'table' AS type, table_name AS name, table_name AS tbl_name, sql, schema_name AS sname FROM duckdb_tables"
+    " UNION ALL SELECT 'view', view_name, view_name, sql, schema_name FROM duckdb_views"
+    " UNION ALL SELECT 'index', index_name, table_name, sql, schema_name FROM duckdb_indexes) AS sqlite_master",
+    read="duckdb")
+
+
 def schema(shell, words):
     indent, pattern = False, None
     for w in words[1:]:
@@ -384,7 +391,11 @@ def schema(shell, words):
         shown = exp.select("sql").from_("sqlite_master").where(where).order_by("name", dialect="duckdb")
         shell.print("SQL: " + cli_sql(shown, debug=True) + ";")
         return 0
-    query = exp.select("sql", "name").from_("sqlite_master").where(where).order_by("name", dialect="duckdb")
+    # sqlite_master, as DuckDB defines it, with each entry's schema (``sname``): the released CLI
+    # queries sqlite_master for a dotted pattern too, which has none, and fails
+    # ("Referenced column "sname" not found"); its --debug text above stays the CLI's
+    source = SCHEMA_SOURCE if pattern and "." in pattern else exp.to_table("sqlite_master")
+    query = exp.select("sql", "name").from_(source).where(where).order_by("name", dialect="duckdb")
     from .schema_text import dbml_owned, pretty_schema
     owned = dbml_owned(shell.db)
     for text, name in shell.db.execute(query.sql("duckdb")).fetchall():
