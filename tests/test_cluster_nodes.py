@@ -27,9 +27,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TIMEOUT_S = 300
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def seen(tmp_path_factory):
-    """What tests/multinode.py saw, by scenario (those it reached)."""
+    """What tests/multinode.py saw, by scenario (those it reached). Once per session: pytest-xdist
+    may run test_cluster.py's tests of the same group between these, and a module fixture would
+    then run the scenarios again (CI ran them twice, 49 s and 59 s)."""
     pytest.importorskip("ray", reason="Ray is an extra: pip install 'dbml[ray]'")
     pytest.importorskip("ray.cluster_utils")
     out = tmp_path_factory.mktemp("nodes") / "seen.json"
