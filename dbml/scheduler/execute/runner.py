@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import mmap
 import sys
 import threading
@@ -214,6 +215,11 @@ def hollow(model: torch.nn.Module) -> None:
                 continue
             flat = torch.frombuffer(mmap.mmap(-1, n), dtype=torch.uint8)
             t.data = as_view(flat, t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+
+
+def _model_bytes(model: torch.nn.Module) -> int:
+    """The bytes of the model's parameters and buffers (their shapes: a hollow model's too)."""
+    return sum(t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers()))
 
 
 def _resident_bytes(values, device: str) -> int:
@@ -680,12 +686,22 @@ class ScheduledStep:
         size, benchmarks/realmem_phases.py)."""
         spill = self.device.spill
         values = each_model_value(self.state, self.device, self.model, self.spec, move=False)
-        if spill is not None and self.budget_bytes is not None:
+        if spill is not None and not self._room_beside_the_job(_model_bytes(self.model)):
             try:
                 return Parked(spill, values)
             except SpillFull:
                 values = each_model_value(self.state, self.device, self.model, self.spec, move=False)
         return [v.detach().to("cpu", copy=True) for v in values]
+
+    def _room_beside_the_job(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` fit in the budget beside the job's whole unscheduled peak (no
+        budget: they do). A job its budget does not bind keeps a copy in RAM: writing it to
+        disk would cost time for memory nothing needs (a CPU job's default budget is half the
+        database's memory_limit)."""
+        if self.budget_bytes is None:
+            return True
+        vanilla = max((g.plan.vanilla_peak_bytes for g in self._graphs.values()), default=0)
+        return vanilla + nbytes <= self.budget_bytes - (self.real_reserve or 0) - (self.device_reserve or 0)
 
     def optimizer_state(self) -> list[dict[str, torch.Tensor]]:
         """Per trainable parameter, its optimizer state (as torch.optim would hold it)."""
