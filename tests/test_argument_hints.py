@@ -131,6 +131,19 @@ def test_unnest_of_a_table_macros_struct_names_its_table_form(con):
         con.duckdb.execute("SELECT unnest(evaluate('m', 't'))").fetchall()   # DuckDB's own message
 
 
+def test_unnest_of_trains_struct_names_the_subquery_that_expands_it_and_trains_nothing(con):
+    """train() is a scalar macro: its STRUCT expands once it is a subquery's column, as the
+    error says; the statement DuckDB could not plan trained nothing."""
+    con.execute("CREATE TABLE t AS SELECT range % 3 / 3.0 AS x, range % 2 AS y FROM range(40)")
+    want = (r"^Serialization Error: unnest\(train\(\.\.\.\)\) cannot expand train\(\)'s STRUCT .* "
+            r"SELECT unnest\(r\) FROM \(SELECT train\(\.\.\.\) AS r\)")
+    with pytest.raises(duckdb.SerializationException, match=want):
+        con.execute("SELECT unnest(train('m', 't', label := 'y', epochs := 1))").fetchall()
+    assert con.execute("SELECT count(*) FROM dbml_models").fetchall() == [(0,)]
+    fixed = con.execute("SELECT unnest(r) FROM (SELECT train('m', 't', label := 'y', epochs := 1) AS r)")
+    assert dict(zip([d[0] for d in fixed.description], fixed.fetchall()[0]))["status"] == "finished"
+
+
 @pytest.mark.parametrize("statement", [
     "SELECT count(*) FROM predictions('churn', (SELECT * FROM t))",       # DuckDB: no subquery in a table function
     "SELECT * FROM evaluate('churn', (FROM t))",                          # DuckDB: the subquery's columns

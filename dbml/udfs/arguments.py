@@ -217,23 +217,30 @@ _UNCOPYABLE = "Cannot copy BoundSubqueryExpression"
 
 
 def _unnested(statement: str, error: BaseException) -> BaseException | None:
-    """``unnest(evaluate(...))``: DuckDB copies the expression of the STRUCT it expands, and
-    cannot copy the subquery in the macro (the caller's TEMP tables, ``dbml_temp_names()``); the
-    table form of the same macro gives its fields as columns."""
-    from . import table_macros
+    """``unnest(evaluate(...))``, ``unnest(train(...))``: DuckDB copies the expression of the
+    STRUCT it expands, and cannot copy the subquery in the macro (the caller's TEMP tables,
+    ``dbml_temp_names()``). A table macro's table form gives its fields as columns; a scalar
+    macro's STRUCT expands once it is a subquery's column."""
+    from . import macro_signatures, table_macros
 
     if _UNCOPYABLE not in str(error):
         return None
     tokens, words, names = _read(statement)
     for i in range(len(tokens) - 3):
         function = names[i + 2]
-        if names[i] == "unnest" and words[i + 1] == "(" and function in table_macros() and words[i + 3] == "(":
-            from sqlglot import exp
-            call = exp.Anonymous(this=function, expressions=[exp.var("...")])
+        if names[i] != "unnest" or words[i + 1] != "(" or words[i + 3] != "(" or function not in macro_signatures():
+            continue
+        from sqlglot import exp
+        call = exp.Anonymous(this=function, expressions=[exp.var("...")])
+        if function in table_macros():
             table = exp.select(exp.Star()).from_(call).sql("duckdb", normalize_functions=False)
-            return type(error)(f"Serialization Error: unnest({function}(...)) cannot expand {function}()'s STRUCT "
-                               f"(DuckDB cannot copy the subquery inside the macro); read its fields as a table "
-                               f"instead: {table}, with the same arguments")
+            fix = f"read its fields as a table instead: {table}, with the same arguments"
+        else:
+            named = exp.select(exp.Anonymous(this="unnest", expressions=[exp.column("r")])).from_(
+                exp.select(exp.alias_(call, "r")).subquery()).sql("duckdb", normalize_functions=False)
+            fix = f"name its result in a subquery first: {named}, with the same arguments"
+        return type(error)(f"Serialization Error: unnest({function}(...)) cannot expand {function}()'s STRUCT "
+                           f"(DuckDB cannot copy the subquery inside the macro); {fix}")
     return None
 
 
