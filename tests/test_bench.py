@@ -75,7 +75,10 @@ def test_quick_workloads_build_and_match_their_batches():
 
 @pytest.mark.slow
 def test_quick_bench_runs_and_every_dbml_row_matches_eager_within_budget(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "dbml", "bench", "--quick", "--out", str(tmp_path)],
+    # the sections this test reads; the inference and realmem sections' rows are tested where they
+    # are made (tests/test_forward_memory.py, tests/test_bench_realmem.py): 48 s more here
+    proc = subprocess.run([sys.executable, "-m", "dbml", "bench", "--quick", "--out", str(tmp_path),
+                           "--sections", "single,coldstart,planning,concurrent,mixed,batch,fastpath"],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     [path] = tmp_path.glob("*.json")
@@ -104,6 +107,16 @@ def test_quick_bench_runs_and_every_dbml_row_matches_eager_within_budget(tmp_pat
     assert any(r["section"] == "coldstart" for r in rows)
     assert any(r["section"] == "mixed" for r in rows)
     assert (tmp_path / path.name.replace(".json", ".md")).exists()
+
+
+def test_the_inference_sections_dbml_row_runs_in_chunks_within_its_budget():
+    """The inference section (left out of the quick run above): eager no_grad on every row against
+    dbml's chunks within a budget of a quarter of eager's activations."""
+    from dbml.bench import infer
+    from dbml.bench.workloads import workload
+    eager, chunked = infer.rows_for(workload("mlp"), iters=1)
+    assert eager["method"] == "eager" and chunked["section"] == "inference" and chunked.get("error") is None
+    assert chunked["within_budget"] is True and chunked["peak_bytes"] < eager["peak_bytes"]
 
 
 def test_help_lists_workloads_and_methods():
