@@ -320,7 +320,7 @@ def test_a_budget_lowers_the_processs_real_memory(tmp_path):
         from dbml.scheduler.execute.spill import SpillFile
         from dbml.scheduler.graph.optim import OptimizerSpec
         torch.manual_seed(0)
-        model = torch.nn.Sequential(*[m for _ in range(6) for m in (torch.nn.Linear(2048, 2048), torch.nn.ReLU())],
+        model = torch.nn.Sequential(*[m for _ in range(3) for m in (torch.nn.Linear(2048, 2048), torch.nn.ReLU())],
                                     torch.nn.Linear(2048, 10))
         x, y = torch.randn(256, 2048), torch.randint(0, 10, (256,))
         budget = int(sys.argv[1]) or None
