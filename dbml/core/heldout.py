@@ -26,6 +26,7 @@ from .data import BatchStream, scratch_rows
 from .features import Preprocessing
 from .source import value_sql
 from .spec import TrainSpec
+from ..scheduler.execute.spill import Parked
 
 __all__ = ["EarlyStopping", "by_column", "held_out_sql", "holds_out", "is_held_out", "split_hash", "validate", "validation_outputs", "scores"]
 
@@ -113,7 +114,7 @@ class EarlyStopping:
         if self.best_loss is None or loss < self.best_loss:
             # the weights of the best epoch, copied (training goes on from them); the copy it
             # replaces first gives its room back (a spill file's extents: the new one reuses them)
-            if hasattr(self.best, "free"):
+            if isinstance(self.best, Parked):
                 self.best.free()
             self.best_loss, self.best_epoch, self.best = loss, record["epoch"], weights()
             return False
@@ -127,6 +128,16 @@ class EarlyStopping:
 
     def load(self, state: dict) -> None:
         self.best_loss, self.best_epoch, self.best = state["best_loss"], state["best_epoch"], state["best"]
+
+    def restore(self, tensors: list[torch.Tensor]) -> None:
+        """The best epoch's weights into ``tensors`` (the model's parameters, then its buffers);
+        a copy kept in the job's spill file is read straight into them, no tensor between."""
+        if isinstance(self.best, Parked):
+            self.best.read_into(tensors)
+            return
+        with torch.no_grad():
+            for t, v in zip(tensors, self.best, strict=True):
+                t.copy_(v)
 
 
 def validate(cur, table: str, prep: Preprocessing, forward, loss_fn, device, n_val: int, rows: int, convert) -> dict:

@@ -37,7 +37,6 @@ from .features import Preprocessing, fit as fit_preprocessing
 from .runners import JobHandle
 from ..scheduler import hostmem, procmem
 from ..scheduler.execute import rng
-from ..scheduler.execute.spill import Parked
 from ..scheduler.execute.step import EagerStep, StepRunner
 from .settings import resolve_device
 from .source import job_source, parsed as _parsed, select_tree, split_column
@@ -546,12 +545,7 @@ class TrainLoop:
         the last one's."""
         if self.early.best is None:
             return
-        tensors = list(self.module.parameters()) + list(self.module.buffers())
-        if isinstance(self.early.best, Parked):   # in the job's spill file: read into the model, no copy between
-            return self.early.best.read_into(tensors)
-        with torch.no_grad():
-            for t, v in zip(tensors, self.early.best, strict=True):
-                t.copy_(v)
+        self.early.restore(list(self.module.parameters()) + list(self.module.buffers()))
 
     def resume(self, state: dict) -> None:
         """Go on from a checkpoint (its weights are in the module already): optimizer state,
