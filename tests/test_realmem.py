@@ -73,13 +73,14 @@ def test_a_first_jobs_one_off_set_up_runs_before_its_figures_and_draws_nothing_f
     and first real step happen once, outside the job's real_peak_bytes; neither it nor the
     job changes the process's random generator (the user's)."""
     script = textwrap.dedent("""
-        import torch, dbml
+        import sys, torch, dbml
         from dbml.core import preload
         from dbml.core.runtime import runtime
         torch.manual_seed(7)
         state = torch.get_rng_state()
         preload.ready()
-        assert runtime().preload is not None and not runtime().preload.is_alive()
+        assert runtime().jobs_warmed.locked(), "the one-off set-up did not run"
+        assert "pandas" not in sys.modules, "ready() imported pandas under the job's peak"
         assert torch.equal(torch.get_rng_state(), state), "the preload drew from the process's generator"
         con = dbml.connect(latency_model="roofline", progress="off")
         con.execute("CREATE TABLE t AS SELECT range % 7 / 7.0 AS x, range % 2 AS y FROM range(200)")

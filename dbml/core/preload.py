@@ -101,14 +101,23 @@ def _step_once() -> None:
 
 def ready() -> None:
     """Before a job starts measuring what it adds to the process (``procmem.watch``): the
-    process's one-off set-up for jobs done, the preload's imports and first trace, now if no
-    preload ran (a script's first job; it waits for it, as for a shell's). A job's
+    process's one-off set-up for jobs done once, the first trace and a first real step, here
+    if no preload ran (a script's first job), else by waiting for the preload. A job's
     ``real_peak_bytes`` is then its own: the compiler stack torch imports on a first capture
     (about 25 MB) and the pages its code faults in are the process's, once, as its imports
     are, not the first job's (benchmarks/results/2026-11-28-vm-2c-issue33-realmem.md).
+    Only that: the preload's other imports (inference, pyarrow's pandas: about 40 MB) are
+    left to when they are used, after the job's steps, not under its peak.
     ``DBML_NO_PRELOAD=1``: the first job does it itself, inside its figures."""
-    start()
     wait()
+    rt = runtime()
+    if rt.preload is not None or os.environ.get("DBML_NO_PRELOAD") == "1" or not rt.jobs_warmed.acquire(blocking=False):
+        return
+    try:
+        _trace_once()
+        _step_once()
+    except Exception:  # noqa: BLE001 - the job then pays for its first trace itself
+        pass
 
 
 def wait() -> None:

@@ -56,6 +56,7 @@ class Runtime:
         self.environment: dict[str, str] = {}
         # the interactive shell's import of torch and the scheduler while it waits (dbml.core.preload)
         self.preload = None
+        self.jobs_warmed = threading.Lock()   # held for good once a job's one-off set-up ran (preload.ready)
         # the estimate's learned fixed costs (dbml.core.estimate: read once from the cache
         # directory), and whether this process's first job has been estimated (training.first_job)
         self.overheads_lock = threading.Lock()
