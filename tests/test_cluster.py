@@ -49,7 +49,9 @@ def ray_cluster():
     ray = pytest.importorskip("ray", reason="Ray is an extra: pip install 'dbml[ray]'")
     pytest.importorskip("ray.train.torch")
     if not ray.is_initialized():
-        ray.init(num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False)
+        # address="local": a cluster of the session's own, never one another process left
+        # (/tmp/ray/ray_current_cluster names the last one started on the machine, even a dead one)
+        ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False)
     yield ray
     dbml_cluster.disconnect()
     ray.shutdown()

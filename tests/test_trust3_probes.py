@@ -169,7 +169,9 @@ def ray_local():
     from dbml.cluster import placement
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False)
+        # address="local": a cluster of the session's own, never one another process left
+        # (/tmp/ray/ray_current_cluster names the last one started on the machine, even a dead one)
+        ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False)
     yield ray
     if started:
         placement.disconnect()
