@@ -113,6 +113,15 @@ def ready() -> None:
     rt = runtime()
     if rt.preload is not None or os.environ.get("DBML_NO_PRELOAD") == "1" or not rt.jobs_warmed.acquire(blocking=False):
         return
+    # on a thread of its own, as the preload does it: the caller's thread keeps no state of a trace
+    warm = threading.Thread(target=_warm, name="dbml-warm-up", daemon=True)
+    warm.start()
+    warm.join()
+
+
+def _warm() -> None:
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         _trace_once()
         _step_once()
