@@ -253,6 +253,28 @@ def test_bounded_malloc_is_in_force_while_a_budgeted_disk_job_runs(tmp_path):
     assert hostmem._state.get("bounded") == before
 
 
+BOUNDED_PROBE = """
+import torch
+from dbml.scheduler import hostmem, procmem
+assert hostmem.keep_freed_host_memory()
+with hostmem.bounded():
+    big = [torch.ones(1 << 18) for _ in range(64)]   # 1 MiB blocks
+    held = procmem.rss_bytes()
+    del big[::2]   # every other one: in the heap, holes between blocks still held
+    print(held - procmem.rss_bytes())
+"""
+
+
+def test_a_bounded_jobs_freed_megabyte_blocks_go_back_to_the_os():
+    """A data-parallel worker's half-batch activations are 1-2 MB: under a budget they must not
+    settle in the heap (the threshold was 4 MiB: its first job held 17 MB over its budget)."""
+    if not hostmem.keep_freed_host_memory():
+        pytest.skip("malloc is not managed here (DBML_HOST_MALLOC=system or not glibc)")
+    assert hostmem.BOUNDED_MMAP <= 1 << 20
+    out = subprocess.run([sys.executable, "-c", BOUNDED_PROBE], capture_output=True, text=True, check=True)
+    assert int(out.stdout.split()[-1]) >= 24 << 20, out.stdout   # of the 32 MiB freed
+
+
 def test_the_real_memory_watch_sees_an_allocation():
     with procmem.watch() as w:
         big = torch.ones(64 << 20, dtype=torch.uint8)   # 64 MiB, touched

@@ -27,6 +27,12 @@ MB added). While such a job runs (:func:`bounded`), malloc serves blocks of
 memory then follows the tensors it holds (156 MB for the same job, of which 45 MB are
 imports and graphs), at the cost of page faults on those blocks (the executor's buffer
 pool reuses the pointwise ones). When the last such job ends, freed memory is kept again.
+The threshold was 4 MiB; at 256 KiB (glibc's own default is 128 KiB) the blocks of a
+data-parallel worker's half batch and a transformer's heads no longer settle in the heap:
+a worker set's first budgeted job held 66.8-67.7 MB against 84.7 (budget 67.3), a
+transformer at half its peak 166-174 MB against 210-212, and its iterations were not
+slower (0.63 s against 0.86: the planner, seeing less beside its plan, swaps less)
+(benchmarks/results/2026-11-28-vm-2c-issue33-bounded-malloc.md).
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from . import config
 
 __all__ = ["keep_freed_host_memory", "give_back_freed_host_memory", "bounded", "BOUNDED_MMAP"]
 
-BOUNDED_MMAP = 4 << 20   # bytes: while a bounded job runs, blocks this large come from mmap
+BOUNDED_MMAP = 256 << 10   # bytes: while a bounded job runs, blocks this large come from mmap
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3   # glibc's mallopt parameters (malloc.h)
 _MMAP_THRESHOLD_MAX = (1 << 31) - 1              # the largest value mallopt accepts (an int)
