@@ -6,7 +6,7 @@ import pytest
 
 import dbml
 import dbml.core.runners
-from helpers import job_of
+from helpers import job_of, load, moons
 from dbml.errors import _round_up
 
 ARGS = "label := 'y', epochs := 2, hidden := [256, 256], batch_size := 256"
@@ -123,3 +123,19 @@ def test_plan_updating_settings_reach_the_job(wide, monkeypatch):
     wide.execute("SET VARIABLE dbml_replan_threshold = -1")
     with pytest.raises(duckdb.Error, match=r"plan updating needs 0 < replan_beta <= 1 and replan_threshold > 0"):
         train(wide, "bad")
+
+
+
+def test_a_batch_run_passively_does_not_count_as_a_plan_over_the_budget(con, tmp_path):
+    """A batch shape no plan fits (the last, short batch, under a disk job's budget less what
+    its process measured beside the plan) evicts on demand without a plan; its placeholder,
+    the unscheduled peak, is no plan, and the job's ``planned_peak_bytes`` said it was: over
+    the budget, beside a measured peak within it."""
+    load(con, "moons", moons(2064))   # 4 batches of 512, then one of 16
+    con.execute(f"SET temp_directory = '{tmp_path}'")
+    args = ("label := 'label', features := ['x1', 'x2'], arch := 'mlp', hidden := [1024, 1024], epochs := 1, "
+            "batch_size := 512, validation := 0")
+    eager = job_of(con, con.sql(f"SELECT train('e', 'moons', {args}, policy := 'eager')").fetchall()[0][0])
+    budget = int(0.8 * eager["vanilla_peak_bytes"])
+    job = job_of(con, con.sql(f"SELECT train('m', 'moons', {args}, memory_budget := {budget})").fetchall()[0][0])
+    assert job["measured_peak_bytes"] <= budget and job["planned_peak_bytes"] <= budget, (job, budget)

@@ -158,15 +158,16 @@ class RunnerStats:
     @classmethod
     def collect(cls, policy: str, budget_bytes: int | None, plans: list[Plan], executors: list[Executor],
                 graphs: int, counts: PlanCounts, plan_changes: int,
-                device_max_allocated_bytes: int | None = None, spilled_peak_bytes: int | None = None
-                ) -> RunnerStats:
+                device_max_allocated_bytes: int | None = None, spilled_peak_bytes: int | None = None,
+                planned: list[Plan] | None = None) -> RunnerStats:
+        """``planned``: the plans of the graphs that run one (not passive), when not all of ``plans``."""
         t: Counter = Counter()
         for e in executors:
             t.update(e.totals)
         return cls(
             policy=policy, budget_bytes=budget_bytes,
             vanilla_peak_bytes=max((p.vanilla_peak_bytes for p in plans), default=0),
-            planned_peak_bytes=max((p.peak_bytes for p in plans), default=0),
+            planned_peak_bytes=max((p.peak_bytes for p in (planned or plans)), default=0),
             measured_peak_bytes=max((e.peak_bytes for e in executors), default=0),
             reserved_peak_bytes=max((max(e.peak_bytes, e.reserved_peak) for e in executors), default=0),
             swaps=t["swap_outs"] + t["swap_ins"], swap_outs=t["swap_outs"], swap_ins=t["swap_ins"],
@@ -725,11 +726,14 @@ class ScheduledStep:
 
     def runner_stats(self) -> RunnerStats:
         cuda = self.device.type == "cuda"
+        # a passive graph (no plan yet: it evicts on demand, as a batch seen once an epoch does) holds the
+        # unscheduled placeholder, whose peak is no plan's: a job's planned peak is its plans'
+        planned = [p for k, p in self.plans.items() if not (k in self._graphs and self._graphs[k].passive)]
         return RunnerStats.collect(
             self.policy, self.budget_bytes, list(self.plans.values()), self.executors(), len(self.graphs),
             self.planning.counts, self.plan_changes,
             torch.cuda.max_memory_allocated(self.device.torch_device) if cuda else None,
-            self.device.spill.peak if self.device.spill is not None else None)
+            self.device.spill.peak if self.device.spill is not None else None, planned=planned)
 
     def stats(self) -> dict:
         return self.runner_stats().as_dict()
