@@ -24,8 +24,7 @@ import pytest
 import torch
 
 import dbml
-from dbml.errors import TrainingError
-from dbml.scheduler.execute.devices import CpuDevice, Zeros, storage_bytes
+from dbml.scheduler.execute.devices import CpuDevice, Zeros
 from dbml.scheduler.execute.runner import ScheduledStep
 from dbml.scheduler.execute.spill import BLOCK, CHUNK, Parked, SpillFile, SpillFull, file_system, sweep_stale
 from dbml.scheduler.execute.step import EagerStep
