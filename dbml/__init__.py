@@ -210,9 +210,13 @@ def export_model(con, model: str, path: str, version: int | None = None, overwri
 
 def connect(database: str = ":memory:", read_only: bool = False, **settings) -> Connection:
     """A DuckDB connection to ``database`` with dbml installed; ``settings`` as in dbml.core.settings.
-    If installing fails, the connection is closed (the file released) before the error is raised."""
+    If installing fails, the connection is closed (the file released) before the error is raised.
+    DuckDB's own progress bar is off (``SET enable_progress_bar = true`` brings it back): a
+    ``train()`` is one row to DuckDB, whose bar stood at 0 % beside dbml's progress line and
+    then printed 100 % to standard output even with ``progress='off'``, as the shell's does."""
     con = duckdb.connect(database, read_only=read_only)
     try:
+        con.execute("SET enable_progress_bar = false")
         return install(con, **settings)
     except BaseException:
         from .core.instance import release_user

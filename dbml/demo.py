@@ -203,7 +203,6 @@ FROM (SELECT name, evaluate(name, source) AS m FROM (VALUES
 def main(database: str = ":memory:") -> int:
     started = time.perf_counter()
     con = dbml.connect(database)
-    con.execute("SET enable_progress_bar = false")
     con.execute(UNIFORM)
     con.execute(NORMAL)
     print(f"dbml demo — DuckDB database: {database}\n")

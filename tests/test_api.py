@@ -144,3 +144,11 @@ def test_jobs_plots_the_shares_of_running_jobs(pts):
         pts.execute(f"SELECT cancel_job({job})").fetchall()
     assert fig.dbml["jobs"] and list(fig.dbml["jobs"]) == [f"slow (job {job})"]
     assert max(fig.dbml["jobs"][f"slow (job {job})"]) > 0
+
+
+def test_duckdbs_own_progress_bar_is_off_on_a_dbml_connection():
+    """A train() is one row to DuckDB: its bar printed 0 % then 100 % to standard output beside
+    dbml's own progress line (and with progress='off'), as the shell and the demo turn it off."""
+    con = dbml.connect(progress="off")
+    assert con.sql("SELECT current_setting('enable_progress_bar')").fetchall() == [(False,)]
+    con.close()

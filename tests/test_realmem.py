@@ -4,6 +4,7 @@ besides them (``ScheduledStep._remeasure_real``)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -66,6 +67,25 @@ def test_a_budgeted_jobs_real_memory_stays_within_its_budget(tmp_path):
     assert r["reserve"] is not None and r["reserve"] > 0, r   # it measured something beside the tensors
     assert r["tracked"] <= r["planner"] < BUDGET, r            # and planned with less than the budget
     assert r["real"] <= BUDGET, r
+
+
+def test_only_a_budgeted_job_waits_for_the_one_off_set_up():
+    """A job no budget of the user's bounds skips preload.ready()'s warm-up (0.2 s of a
+    script's first train()); the first budgeted job of the process runs it."""
+    script = textwrap.dedent("""
+        import dbml
+        from dbml.core.runtime import runtime
+        con = dbml.connect(latency_model="roofline", progress="off")
+        con.execute("CREATE TABLE t AS SELECT range % 7 / 7.0 AS x, range % 2 AS y FROM range(200)")
+        con.execute("SELECT train('m', 't', label := 'y', epochs := 1)").fetchall()
+        assert not runtime().jobs_warmed.locked(), "an unbudgeted job warmed up"
+        con.execute("SELECT train('b', 't', label := 'y', epochs := 1, memory_budget := '64MB')").fetchall()
+        assert runtime().jobs_warmed.locked(), "a budgeted job did not warm up"
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env={**os.environ, "DBML_NO_PRELOAD": "0"})
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
 def test_a_first_jobs_one_off_set_up_runs_before_its_figures_and_draws_nothing_from_the_users_generator():

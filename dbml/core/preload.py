@@ -99,7 +99,7 @@ def _step_once() -> None:
         opt.zero_grad()
 
 
-def ready() -> None:
+def ready(warm: bool = True) -> None:
     """Before a job starts measuring what it adds to the process (``procmem.watch``): the
     process's one-off set-up for jobs done once, the first trace and a first real step, here
     if no preload ran (a script's first job), else by waiting for the preload. A job's
@@ -108,8 +108,14 @@ def ready() -> None:
     are, not the first job's (benchmarks/results/2026-11-28-vm-2c-issue33-realmem.md).
     Only that: the preload's other imports (inference, pyarrow's pandas: about 40 MB) are
     left to when they are used, after the job's steps, not under its peak.
-    ``DBML_NO_PRELOAD=1``: the first job does it itself, inside its figures."""
+    ``DBML_NO_PRELOAD=1``: the first job does it itself, inside its figures.
+
+    ``warm=False`` (a job no budget of the user's bounds): only the wait. Its real memory is
+    reported, never planned, and the set-up would cost its statement 0.2 s (a script's first
+    ``train()``: 3.25 s against 3.05 s; its own first trace fills the same caches)."""
     wait()
+    if not warm:
+        return
     rt = runtime()
     if rt.preload is not None or os.environ.get("DBML_NO_PRELOAD") == "1" or not rt.jobs_warmed.acquire(blocking=False):
         return

@@ -607,7 +607,8 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
     runners.check_model_fits(config, params.optimizer, device)
     loss_fn = loss_function(prep)
     label = torch.int64 if prep.task == "classification" else torch.float32
-    preload.ready()   # the process's one-off imports and first trace are not the job's memory
+    # the process's one-off imports and first trace are not the job's memory: where a budget bounds it
+    preload.ready(warm=params.memory_budget is not None or params.shared_budget is not None)
     # what the job adds to the process's real memory, from here to its end
     with procmem.watch() as real, scheduler_errors(
             spec.model, job_id=progress.id, memory_budget=params.memory_budget,
