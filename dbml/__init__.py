@@ -208,6 +208,13 @@ def export_model(con, model: str, path: str, version: int | None = None, overwri
         cur.close()
 
 
+def _no_duckdb_bar(con: duckdb.DuckDBPyConnection) -> None:
+    try:
+        con.execute("SET enable_progress_bar = false")
+    except duckdb.InvalidInputException:
+        pass   # in Jupyter without ipywidgets DuckDB refuses the setting, and draws no bar there
+
+
 def connect(database: str = ":memory:", read_only: bool = False, **settings) -> Connection:
     """A DuckDB connection to ``database`` with dbml installed; ``settings`` as in dbml.core.settings.
     If installing fails, the connection is closed (the file released) before the error is raised.
@@ -216,7 +223,7 @@ def connect(database: str = ":memory:", read_only: bool = False, **settings) -> 
     then printed 100 % to standard output even with ``progress='off'``, as the shell's does."""
     con = duckdb.connect(database, read_only=read_only)
     try:
-        con.execute("SET enable_progress_bar = false")
+        _no_duckdb_bar(con)
         return install(con, **settings)
     except BaseException:
         from .core.instance import release_user
