@@ -63,6 +63,19 @@ def test_a_statement_that_trains_imports_torch_then():
     assert loaded["torch"] and loaded["dbml.core.training"] and loaded["dbml.core.catalog"]
 
 
+@pytest.mark.slow   # a fresh interpreter that trains: ~4 s
+def test_a_jobs_symbolic_scalars_import_nothing_of_torchs_compiler():
+    """Each unbacked symbol of a step (Adam's bias correction) made torch walk the stack past
+    its own files, whose list imports torch.export, torch._inductor and networkx: 0.25 s of a
+    fresh process's first train() (capture.shape_env)."""
+    probe = SETUP + ("con.execute(\"SELECT train('m', 't', label := 'y', epochs := 1)\").fetchall()\n"
+                     "print([m for m in ('torch.export._trace', 'torch._inductor.sizevars', 'networkx') "
+                     "if m in sys.modules])")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout
+
+
 @pytest.mark.slow   # a fresh interpreter that imports torch: ~3 s
 def test_the_modules_a_job_needs_are_out_of_the_collectors_reach():
     """What training imports (torch, fx, sympy, torch._dynamo through the graph store's

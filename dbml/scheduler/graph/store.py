@@ -35,13 +35,12 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx._lazy_graph_module import _LazyGraphModule
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
 # ShapeEnv() imports the translation validator, and torch._dynamo with it, at its first
 # construction (every captured or loaded step makes one): imported here, with this module,
 # it is among what dbml.core.training freezes out of the collector's reach (gc.freeze).
 import torch.fx.experimental.validator  # noqa: E402,F401
 
-from .capture import CapturedStep
+from .capture import CapturedStep, shape_env
 from .optim import OptimizerSpec
 from .sequence import Phase, TensorKind
 
@@ -208,7 +207,7 @@ class _Fakes:
     mode's dispatch (ten times cheaper: DenseNet-121 has ~12,000 values)."""
 
     def __init__(self, storage_nbytes: list[int]):
-        self.mode = FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True)
+        self.mode = FakeTensorMode(shape_env=shape_env(), static_shapes=True)
         self.nbytes = storage_nbytes
         self.bases: dict[int, torch.Tensor] = {}
 
