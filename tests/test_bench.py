@@ -76,9 +76,14 @@ def test_quick_workloads_build_and_match_their_batches():
 @pytest.mark.slow
 def test_quick_bench_runs_and_every_dbml_row_matches_eager_within_budget(tmp_path):
     # the sections this test reads; the inference and realmem sections' rows are tested where they
-    # are made (tests/test_forward_memory.py, tests/test_bench_realmem.py): 48 s more here
+    # are made (tests/test_forward_memory.py, tests/test_bench_realmem.py): 48 s more here. The
+    # peers but torch.compile: it is tested where it is made (tests/test_bench_peers.py), 17 s here
+    from dbml.bench.harness import NOT_QUICK_METHODS
+    from dbml.bench.single import ALL_METHODS
+    methods = [m for m in ALL_METHODS if m not in NOT_QUICK_METHODS and m != "compile"]
     proc = subprocess.run([sys.executable, "-m", "dbml", "bench", "--quick", "--out", str(tmp_path),
-                           "--sections", "single,coldstart,planning,concurrent,mixed,batch,fastpath"],
+                           "--sections", "single,coldstart,planning,concurrent,mixed,batch,fastpath",
+                           "--methods", ",".join(methods)],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     [path] = tmp_path.glob("*.json")
