@@ -12,6 +12,7 @@ imports the job manager.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import math
@@ -614,12 +615,16 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
             spec.model, job_id=progress.id, memory_budget=params.memory_budget,
             shared_budget=lambda: runners.job_budget(params, device, progress)):
         runners.check_plan_fits(config, loss_fn, params, device, min(spec.batch_size, n_train), label, progress)
-        module = models.build_seeded(config, spec.seed).to(device)
-        if resume is not None:
-            checkpoints.restore_model(module, resume)
         spill = runners.spill_file(cur, progress.name, device)
         try:
-            runner = runners.make_runner(module, loss_fn, params, device, progress, config, spill=spill)
+            # a job that spills holds its budget in real memory (hostmem.bounded, which its runner
+            # enters): its weights are made under it too, not in the heap, whose holes outlive them
+            bounded = spill is not None and params.policy not in ("none", "eager") and hostmem.keep_freed_host_memory()
+            with hostmem.bounded() if bounded else contextlib.nullcontext():
+                module = models.build_seeded(config, spec.seed).to(device)
+                if resume is not None:
+                    checkpoints.restore_model(module, resume)
+                runner = runners.make_runner(module, loss_fn, params, device, progress, config, spill=spill)
         except BaseException:
             if spill is not None:
                 spill.close()
