@@ -110,7 +110,7 @@ class JobHandle(Protocol):
 
 def make_runner(model: torch.nn.Module, loss_fn, params: RunnerParams, device: str, job: JobHandle,
                 config: Hashable | None = None, *, optimizer_state: list[dict] | None = None,
-                spill: SpillFile | None = None) -> StepRunner:
+                spill: SpillFile | None = None, real_base: int | None = None) -> StepRunner:
     """The step-runner boundary: the TENSILE scheduler, or plain PyTorch for policy 'eager'.
 
     A tensile job without a ``memory_budget`` of its own plans jointly with every other
@@ -159,7 +159,7 @@ def make_runner(model: torch.nn.Module, loss_fn, params: RunnerParams, device: s
                            device=CpuDevice(device, spill=spill) if spill is not None else device, job=job.name, latency_model=estimator, planner=planner,
                            ledger=device_ledger(device), share_graphs=config, optimizer_state=optimizer_state,
                            update=UpdateSettings(beta=params.replan_beta, threshold=params.replan_threshold,
-                                                 max_plan_share=MAX_PLAN_SHARE))
+                                                 max_plan_share=MAX_PLAN_SHARE), real_base=real_base)
     runner.latency_source = how   # the train summary reports it
     return runner
 

@@ -624,7 +624,8 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
                 module = models.build_seeded(config, spec.seed).to(device)
                 if resume is not None:
                     checkpoints.restore_model(module, resume)
-                runner = runners.make_runner(module, loss_fn, params, device, progress, config, spill=spill)
+                runner = runners.make_runner(module, loss_fn, params, device, progress, config, spill=spill,
+                                             real_base=real.start)
         except BaseException:
             if spill is not None:
                 spill.close()

@@ -113,6 +113,11 @@ class watch:
             _SAMPLER.open(id(self), self._start)
         return self
 
+    @property
+    def start(self) -> int | None:
+        """The process's resident memory when the watch began (None off Linux)."""
+        return self._start
+
     def stop(self) -> RealMemory | None:
         if self._start is None or self.result is not None:
             return self.result

@@ -278,7 +278,8 @@ class ScheduledStep:
                  planner: ExternalPlanner | Callable[[AccessSequence], Plan] | None = None,
                  update: UpdateSettings | None = None, ledger: DeviceLedger | None = None,
                  share_graphs: Hashable | None = None, optimizer_state: list[dict] | None = None,
-                 collective: Collective | None = None, comm_bandwidth: float | None = None):
+                 collective: Collective | None = None, comm_bandwidth: float | None = None,
+                 real_base: int | None = None):
         if policy not in RUNNER_POLICIES:
             raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(RUNNER_POLICIES)}")
         if policy == "capuchin" and budget_bytes is None and planner is None:
@@ -333,8 +334,10 @@ class ScheduledStep:
                 self._bounded = weakref.finalize(self, bounded().__enter__().__exit__, None, None, None)
         if self._plans_real_memory():
             rss = procmem.rss_bytes()
-            # the process before the job, as near as the runner sees it: its state was made for the job
-            self._real_base = None if rss is None else rss - _resident_bytes(self.state.values, "cpu")
+            # the process before the job: where the job's real_peak_bytes counts from, when the caller
+            # watched it (real_base), else as near as the runner sees it (its state was made for the job)
+            self._real_base = real_base if real_base is not None else \
+                None if rss is None else rss - _resident_bytes(self.state.values, "cpu")
 
     # -- views kept for callers and tests ----------------------------------------------
     def schedules(self) -> dict[Hashable, GraphSchedule]:
