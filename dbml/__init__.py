@@ -208,7 +208,9 @@ def export_model(con, model: str, path: str, version: int | None = None, overwri
         cur.close()
 
 
-def _no_duckdb_bar(con: duckdb.DuckDBPyConnection) -> None:
+def no_duckdb_progress_bar(con: duckdb.DuckDBPyConnection) -> None:
+    """DuckDB's own progress bar off on a dbml connection (dbml.connect, the shell): a train()
+    is one row to DuckDB, whose bar would stand at 0 % beside dbml's line."""
     try:
         con.execute("SET enable_progress_bar = false")
     except duckdb.InvalidInputException:
@@ -223,7 +225,7 @@ def connect(database: str = ":memory:", read_only: bool = False, **settings) -> 
     then printed 100 % to standard output even with ``progress='off'``, as the shell's does."""
     con = duckdb.connect(database, read_only=read_only)
     try:
-        _no_duckdb_bar(con)
+        no_duckdb_progress_bar(con)
         return install(con, **settings)
     except BaseException:
         from .core.instance import release_user

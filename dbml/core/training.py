@@ -38,6 +38,7 @@ from .features import Preprocessing, fit as fit_preprocessing
 from .runners import JobHandle
 from ..scheduler import hostmem, procmem
 from ..scheduler.execute import rng
+from ..scheduler.execute.runner import bounds_host_memory
 from ..scheduler.execute.step import EagerStep, StepRunner
 from .settings import resolve_device
 from .source import job_source, parsed as _parsed, select_tree, split_column
@@ -617,9 +618,10 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
         runners.check_plan_fits(config, loss_fn, params, device, min(spec.batch_size, n_train), label, progress)
         spill = runners.spill_file(cur, progress.name, device)
         try:
-            # a job that spills holds its budget in real memory (hostmem.bounded, which its runner
-            # enters): its weights are made under it too, not in the heap, whose holes outlive them
-            bounded = spill is not None and params.policy not in ("none", "eager") and hostmem.keep_freed_host_memory()
+            # a job that holds its budget in real memory (hostmem.bounded, which its runner enters):
+            # its weights are made under it too, not in the heap, whose holes outlive them
+            bounded = bounds_host_memory(params.policy, runners.job_budget(params, device, progress), spill) \
+                and hostmem.keep_freed_host_memory()
             with hostmem.bounded() if bounded else contextlib.nullcontext():
                 module = models.build_seeded(config, spec.seed).to(device)
                 if resume is not None:

@@ -237,7 +237,7 @@ def open_database(database: str, read_only: bool = False, config: dict | None = 
         check(con)
         installed = dbml.install(con, preload=False, progress="off")
         # DuckDB's own bar would draw over the line a running train() draws (interactive.py)
-        con.execute("SET enable_progress_bar = false").fetchall()
+        dbml.no_duckdb_progress_bar(con)
         _add_getenv(con)
         return installed
     except BaseException:

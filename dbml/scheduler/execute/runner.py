@@ -96,7 +96,7 @@ from .policies import PlanCounts, Planning, make_policy
 from .step import LossFn
 from .updating import LatencyTracker, UpdateSettings
 
-__all__ = ["ScheduledStep", "RunnerStats", "GraphSchedule", "summary_line", "RUNNER_POLICIES"]
+__all__ = ["ScheduledStep", "RunnerStats", "GraphSchedule", "summary_line", "RUNNER_POLICIES", "bounds_host_memory"]
 
 RUNNER_POLICIES = ("tensile", "capuchin", "none", "vdnn", "pooch", "swapadvisor")
 
@@ -195,6 +195,13 @@ class RunnerStats:
                 del out[optional]
         out["summary"] = summary_line(out)
         return out
+
+
+def bounds_host_memory(policy: str, budget_bytes: int | None, spill) -> bool:
+    """Whether a job holds its budget in the process's real memory (``hostmem.bounded``): a
+    scheduled job under a budget whose swaps go to a spill file. Its runner is bounded for its
+    life; ``training._fit_model`` builds its model under the same rule."""
+    return spill is not None and budget_bytes is not None and policy not in ("none", "eager")
 
 
 def hollow(model: torch.nn.Module) -> None:
@@ -328,7 +335,7 @@ class ScheduledStep:
         self._real_key: Hashable | None = None   # ... and where its measured reserve is kept for the next job
         if self.device.spill is not None:
             hollow(model)   # the state holds the only reference: a swapped parameter frees real memory
-            if budget_bytes is not None and self.policy != "none":
+            if bounds_host_memory(self.policy, budget_bytes, self.device.spill):
                 # under a budget, the process's memory follows the tensors held, not malloc's high-water mark
                 # a step dropped without close() leaves it too, when collected
                 self._bounded = weakref.finalize(self, bounded().__enter__().__exit__, None, None, None)
