@@ -120,9 +120,9 @@ def ready(warm: bool = True) -> None:
     if rt.preload is not None or os.environ.get("DBML_NO_PRELOAD") == "1" or not rt.jobs_warmed.acquire(blocking=False):
         return
     # on a thread of its own, as the preload does it: the caller's thread keeps no state of a trace
-    warm = threading.Thread(target=_warm, name="dbml-warm-up", daemon=True)
-    warm.start()
-    warm.join()
+    thread = threading.Thread(target=_warm, name="dbml-warm-up", daemon=True)
+    thread.start()
+    thread.join()
 
 
 def _warm() -> None:
