@@ -201,3 +201,24 @@ def test_ctrl_c_in_the_shell_returns_to_the_prompt(tmp_path):
     shell.expect(pexpect.EOF)
     print(f"Ctrl-C to prompt in the shell: {to_prompt:.2f} s")
     assert to_prompt < 10
+
+
+def test_ctrl_c_before_the_statements_wait_began_cancels_its_job(tmp_path, monkeypatch):
+    """Ctrl-C can land after a job started and before its statement waits on it (on a loaded
+    machine, while the job's thread starts): the job was nobody's, and ran on to the end
+    (the shell's Ctrl-C test failed so once in a loaded suite)."""
+    import dbml.core.jobs as jobs
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(jobs.JobManager, "wait_statement", interrupted)
+    con = dbml.connect(str(tmp_path / "k.duckdb"), latency_model="roofline", progress="off")
+    con.execute(TABLE)
+    with pytest.raises((KeyboardInterrupt, duckdb.Error)):
+        con.execute(LONG).fetchall()
+    monkeypatch.undo()
+    wait_until(lambda: con.sql("SELECT status FROM dbml_jobs WHERE model = 'long'").fetchall() == [("cancelled",)],
+               timeout=60)
+    assert con.sql("SELECT count(*) FROM dbml_models").fetchall()[0][0] == 0
+    con.close()

@@ -261,7 +261,11 @@ class JobManager:
         with self._lock:
             self._jobs[job.id] = job
             self._threads[job.id] = thread
-        thread.start()
+        try:
+            thread.start()
+        except BaseException:   # Ctrl-C while the thread starts: the job is nobody's to wait for
+            job.cancel("the statement was interrupted")
+            raise
         return job
 
     def _run(self, job: Job, spec, cur: duckdb.DuckDBPyConnection, run) -> None:
@@ -459,9 +463,20 @@ def train_all(manager: JobManager, calls: list[TrainCall], connection: int | Non
     and raises ``Interrupted`` (``JobManager.wait_statement``). ``since``: ``time.perf_counter()``
     when the statement began (its jobs' estimates count their start-up from it).
     """
-    jobs = [manager.submit(c.spec, connection, since=since) if c.spec is not None else None for c in calls]
+    jobs: list[Job | None] = []
+    try:
+        for c in calls:
+            jobs.append(manager.submit(c.spec, connection, since=since) if c.spec is not None else None)
+        if any(c.wait for c in calls):
+            manager.wait_statement([job for job in jobs if job is not None], connection)
+    except KeyboardInterrupt:
+        # Ctrl-C before the statement's wait began (a loaded machine: while a job's thread
+        # started): its jobs ran on, orphaned, to the end (tests/test_interrupts.py, the shell)
+        for job in jobs:
+            if job is not None:
+                job.cancel("the statement was interrupted")
+        raise
     if any(c.wait for c in calls):
-        manager.wait_statement([job for job in jobs if job is not None], connection)
         for c, job in zip(calls, jobs):
             if c.on_error == "raise" and job is not None and job.status in ("failed", "cancelled"):
                 raise job.exception
