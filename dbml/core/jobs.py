@@ -298,20 +298,23 @@ class JobManager:
             w.until_ended([job])
         return summary(job)
 
-    def wait_statement(self, jobs: list[Job], connection: int | None, *, fn: str = "train") -> None:
+    def wait_statement(self, jobs: list[Job], connection: int | None, *, fn: str = "train",
+                       since: float | None = None) -> None:
         """Block until the statement's ``jobs`` have ended. An interrupt of the statement —
         Ctrl-C (KeyboardInterrupt on this thread) or ``interrupt(connection)`` from another
         thread — cancels them, waits for them to stop at their next iteration boundary and
-        raises ``Interrupted`` with each job's fate."""
-        with self._waiting(Wait(jobs, fn), connection) as w:
+        raises ``Interrupted`` with each job's fate. ``since``: when the statement began
+        (``time.perf_counter()``), so that a Ctrl-C between then and its wait is not lost."""
+        with self._waiting(Wait(jobs, fn, since), connection) as w:
             w.until_ended(jobs)
 
     @contextmanager
-    def statement(self, connection: int | None, *, fn: str) -> Iterator["Wait"]:
+    def statement(self, connection: int | None, *, fn: str, since: float | None = None) -> Iterator["Wait"]:
         """A statement that starts jobs as it goes (tune()): its Wait, which ``interrupt(connection)``
         and Ctrl-C off the main thread reach (``Wait.interrupted``, and its jobs cancelled);
-        the statement adds each job it starts (``Wait.add``) and waits for them itself."""
-        with self._waiting(Wait([], fn), connection) as w:
+        the statement adds each job it starts (``Wait.add``) and waits for them itself.
+        ``since``: when the statement began, as for :meth:`wait_statement`."""
+        with self._waiting(Wait([], fn, since), connection) as w:
             yield w
 
     @contextmanager
@@ -320,6 +323,10 @@ class JobManager:
             self._waits.setdefault(connection, []).append(wait)
         if wait.off_main:
             runtime().off_main.add(wait)
+            # a Ctrl-C after the statement began and before this (the hook found no wait of
+            # it): the statement was interrupted. Added first, read second: no Ctrl-C is lost
+            if runtime().sigint_at >= wait.since:
+                wait.interrupt()
         try:
             yield wait
         finally:
@@ -368,6 +375,14 @@ class JobManager:
 # ``off_main`` (dbml.core.runtime), since the signal chain is the process's.
 
 
+def interrupted_since(since: float, fn: str) -> None:
+    """Raise ``Interrupted`` if a Ctrl-C came since ``since`` (``time.perf_counter()``): a
+    UDF that waited to start (a shell's preload) on a thread where no KeyboardInterrupt
+    arrives, before it had anything to cancel."""
+    if runtime().sigint_at >= since:
+        raise Interrupted(f"{fn}() was interrupted (Ctrl-C) before it started; nothing was run or stored")
+
+
 def interrupt_off_main_thread() -> None:
     """Ctrl-C: interrupt every statement waiting on jobs off the main thread."""
     for wait in list(runtime().off_main):
@@ -381,8 +396,9 @@ class Wait:
     POLL_S = 0.05          # how often a wait looks for an interrupt from another thread
     STOP_S = 60.0          # how long an interrupted wait waits for its jobs to stop
 
-    def __init__(self, jobs: list[Job], fn: str):
+    def __init__(self, jobs: list[Job], fn: str, since: float | None = None):
         self.jobs, self.fn = jobs, fn
+        self.since = time.perf_counter() if since is None else since   # when the statement began
         self.interrupted = threading.Event()
         self.off_main = threading.current_thread() is not threading.main_thread()
 
@@ -468,7 +484,7 @@ def train_all(manager: JobManager, calls: list[TrainCall], connection: int | Non
         for c in calls:
             jobs.append(manager.submit(c.spec, connection, since=since) if c.spec is not None else None)
         if any(c.wait for c in calls):
-            manager.wait_statement([job for job in jobs if job is not None], connection)
+            manager.wait_statement([job for job in jobs if job is not None], connection, since=since)
     except KeyboardInterrupt:
         # Ctrl-C before the statement's wait began (a loaded machine: while a job's thread
         # started): its jobs ran on, orphaned, to the end (tests/test_interrupts.py, the shell)

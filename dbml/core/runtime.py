@@ -21,10 +21,18 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import socket
 import threading
+import time
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 __all__ = ["Runtime", "runtime", "reset"]
+
+
+def _ctrl_c_seen(signum, frame) -> None:
+    """SIGINT's Python handler while :meth:`Runtime.interrupting`: the wake-up fd's thread has acted on it."""
 
 
 class Runtime:
@@ -38,9 +46,13 @@ class Runtime:
         self.closing: dict[str, threading.Event] = {}
         self.users: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         # the SIGINT chain: the handler dbml chained before (None: not hooked), and the
-        # statements waiting on jobs off the main thread that a Ctrl-C interrupts (dbml.jobs)
+        # statements waiting on jobs off the main thread that a Ctrl-C interrupts (dbml.jobs),
+        # and when the last Ctrl-C came (time.perf_counter(); a statement that began before it
+        # and waits only after it is interrupted when its wait begins)
         self.sigint_previous = None
         self.off_main: set = set()
+        self.sigint_at = float("-inf")
+        self.interrupting_statements: set = set()   # DuckDB connections whose statement a Ctrl-C stops (:meth:`interrupting`)
         # the Ray cluster this process is connected to (dbml.cluster), one per process
         self.cluster_lock = threading.Lock()
         self.cluster = None
@@ -66,27 +78,108 @@ class Runtime:
     # --- the signal chain -----------------------------------------------------------------
 
     def hook_sigint(self, interrupt) -> None:
-        """Chain ``interrupt`` before Python's SIGINT handler (once, from the main thread)."""
+        """Chain ``interrupt`` before Python's SIGINT handler (once, from the main thread).
+
+        Python runs a signal's handler only when the main thread runs Python code; while it
+        waits inside DuckDB on a statement whose UDF DuckDB runs on one of its own threads
+        (the shell's statements, relation results), the handler would run only once the
+        statement ended, that is, once the job trained to its end. So the hook also reads
+        the process's signal wake-up fd (``signal.set_wakeup_fd``: Python's C-level handler
+        writes each signal's number there at once) on a thread of its own, which interrupts
+        at the moment of the Ctrl-C; a wake-up fd set before is chained (each byte passed on)."""
         if self.sigint_previous is not None or threading.current_thread() is not threading.main_thread():
             return
         previous = signal.getsignal(signal.SIGINT)
         if not callable(previous):   # SIG_IGN / SIG_DFL: Ctrl-C is not Python's to handle
             return
 
-        def hook(signum, frame):
+        def ctrl_c() -> None:
+            self.sigint_at = time.perf_counter()
+            for con in list(self.interrupting_statements):
+                con.interrupt()
             interrupt()
+
+        reader, writer = socket.socketpair()
+
+        def hook(signum, frame):
+            if not watched():       # else the watching thread has interrupted, at the Ctrl-C itself
+                ctrl_c()
             return previous(signum, frame)
 
+        def watched() -> bool:
+            # whether the wake-up fd is still dbml's (another library may have set its own since)
+            if ours is None:
+                return False
+            current = signal.set_wakeup_fd(-1)
+            signal.set_wakeup_fd(current, warn_on_full_buffer=current != ours)
+            return current == ours
+
         signal.signal(signal.SIGINT, hook)
-        self.sigint_previous = (previous, hook)
+        writer.setblocking(False)
+        ours: int | None = writer.fileno()
+        try:
+            chained = signal.set_wakeup_fd(ours, warn_on_full_buffer=False)
+        except ValueError:          # not the main interpreter: the Python-level hook only
+            ours = None
+            reader.close()
+            writer.close()
+            self.sigint_previous = (previous, hook, None)
+            return
+
+        def watch() -> None:
+            with reader:
+                while True:
+                    try:
+                        data = reader.recv(256)
+                    except OSError:
+                        return
+                    if not data:    # unhooked: the writer was closed
+                        return
+                    if chained != -1:
+                        try:
+                            os.write(chained, data)
+                        except OSError:
+                            pass
+                    if signal.SIGINT in data:
+                        ctrl_c()
+
+        threading.Thread(target=watch, name="dbml-ctrl-c", daemon=True).start()
+        self.sigint_previous = (previous, hook, (reader, writer, chained))
+
+    @contextmanager
+    def interrupting(self, con) -> Iterator[None]:
+        """While the body runs a statement on DuckDB connection ``con`` from the main thread
+        (the shell's): a Ctrl-C interrupts it at once, as DuckDB's CLI does, through the
+        wake-up fd's thread (``con.interrupt()``, and the dbml statements waiting off the main
+        thread), and raises no KeyboardInterrupt afterwards: the statement's own error says
+        it was interrupted, and ``sigint_at`` that a Ctrl-C came. Without the wake-up fd
+        (not dbml's to set) Python's handler stays, late as it may run."""
+        hooked = self.sigint_previous
+        if hooked is None or hooked[2] is None or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        handler = signal.getsignal(signal.SIGINT)
+        self.interrupting_statements.add(con)
+        signal.signal(signal.SIGINT, _ctrl_c_seen)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, handler)
+            self.interrupting_statements.discard(con)
 
     def unhook_sigint(self) -> None:
-        """Put back the handler chained before, if dbml's hook is still the one installed."""
+        """Put back the handler (and wake-up fd) chained before, if dbml's are still the ones installed."""
         if self.sigint_previous is None or threading.current_thread() is not threading.main_thread():
             return
-        previous, hook = self.sigint_previous
+        previous, hook, wakeup = self.sigint_previous
         if signal.getsignal(signal.SIGINT) is hook:
             signal.signal(signal.SIGINT, previous)
+        if wakeup is not None:
+            reader, writer, chained = wakeup
+            current = signal.set_wakeup_fd(chained, warn_on_full_buffer=False)
+            if current != writer.fileno():   # someone else's since: theirs stays
+                signal.set_wakeup_fd(current)
+            writer.close()          # the watching thread reads the end, closes its side and stops
         self.sigint_previous = None
 
     # --- the environment ------------------------------------------------------------------
@@ -116,6 +209,7 @@ class Runtime:
             return False
         from ..scheduler.multijob import registry
         self.unhook_sigint()
+        self.sigint_at = float("-inf")
         self.views.clear()
         pool, self.decode_pool = self.decode_pool, None
         if pool is not None:

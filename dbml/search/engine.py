@@ -126,8 +126,10 @@ class Search:
     connection id of the calling statement, whose interrupt reaches the search.
     """
 
-    def __init__(self, manager: JobManager, cursor: Callable, request: TuneRequest, connection: int | None = None):
+    def __init__(self, manager: JobManager, cursor: Callable, request: TuneRequest, connection: int | None = None,
+                 since: float | None = None):
         self.manager, self.request, self.connection = manager, request, connection
+        self.since = since                  # when the statement began (time.perf_counter())
         self.cur = cursor()
         self.model = request.model
         self.trials: list[Trial] = []       # of this call, in order
@@ -146,7 +148,7 @@ class Search:
         with _tuning(self.model):
             try:
                 self._start()
-                with self.manager.statement(self.connection, fn="tune") as wait:
+                with self.manager.statement(self.connection, fn="tune", since=self.since) as wait:
                     self._run(wait)
                 self._say_stored(self._store_best())
                 return store.rows(self.cur, self.model, [t.number for t in self.trials])
@@ -503,6 +505,7 @@ def _same_objective(stored: list[dict], request: TuneRequest) -> None:
                               f"{delete.sql('duckdb')} ({drop.sql('duckdb')} drops them too)")
 
 
-def run(instance, request: TuneRequest, connection: int | None = None) -> list[dict]:
-    """Run ``request`` on a dbml database ``instance`` (its jobs and catalog): the rows of its trials."""
-    return Search(instance.jobs, instance.cursor, request, connection).run()
+def run(instance, request: TuneRequest, connection: int | None = None, since: float | None = None) -> list[dict]:
+    """Run ``request`` on a dbml database ``instance`` (its jobs and catalog): the rows of its
+    trials. ``since``: when the statement began (``time.perf_counter()``)."""
+    return Search(instance.jobs, instance.cursor, request, connection, since).run()

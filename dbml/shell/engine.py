@@ -19,9 +19,10 @@ from dataclasses import dataclass
 import duckdb
 from sqlglot import exp
 
-__all__ = ["Kept", "Outcome", "check", "error_text", "keep", "run", "UNLIMITED"]
+__all__ = ["INTERRUPTED", "Kept", "Outcome", "check", "error_text", "keep", "run", "UNLIMITED"]
 
 UNLIMITED = 2 ** 63 - 1
+INTERRUPTED = "Error: interrupted (Ctrl-C); the statement was stopped, nothing of it was stored"
 
 
 def check(con) -> None:
@@ -130,7 +131,7 @@ def error_text(e: BaseException, no_last_result: bool = False) -> str:
     # Ctrl-C inside a Python UDF (dbml's, e.g. while it first imports torch) comes back wrapped
     in_udf = "while executing the UDF: KeyboardInterrupt" in text
     if isinstance(e, duckdb.InterruptException) or "INTERRUPT" in text[:40].upper() or in_udf:
-        return "Error: interrupted (Ctrl-C); the statement was stopped, nothing of it was stored"
+        return INTERRUPTED
     if no_last_result and isinstance(e, duckdb.CatalogException) and "Table with name _ does not exist" in text:
         return 'Binder Error: Failed to query last result "_": no result available'
     if not isinstance(e, duckdb.Error) and not text.startswith("Error"):

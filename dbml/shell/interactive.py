@@ -15,6 +15,7 @@ from pathlib import Path
 
 import duckdb
 
+from .engine import INTERRUPTED
 from .reader import SqlBuffer, all_whitespace
 
 __all__ = ["History", "history_path", "interact"]
@@ -110,5 +111,5 @@ def interact(shell) -> int:
                     shell.output.statement_done()
             except (KeyboardInterrupt, duckdb.InterruptException):
                 buf.clear()
-                shell.error("Error: interrupted (Ctrl-C); the statement was stopped, nothing of it was stored")
+                shell.error(INTERRUPTED)
     return shell.status

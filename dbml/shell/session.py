@@ -19,10 +19,11 @@ from typing import Iterable, TextIO
 
 import duckdb
 
+from ..core.runtime import runtime
 from ..core.sqltext import UNDECODABLE
 from . import engine
 from .highlight import Highlighter
-from .engine import error_text
+from .engine import INTERRUPTED, error_text
 from .logs import ShellLog
 from .output import Output
 from .reader import SqlBuffer, all_whitespace
@@ -293,17 +294,21 @@ class Shell:
             from ..core import progress
             watch = progress.watching(self.con, progress.LineRenderer(self.err))
         self.output.flush()     # DuckDB's stdout log storage writes to the same stream, unbuffered
+        rt = runtime()
+        started = time.perf_counter()
         try:
-            with watch:
+            # a Ctrl-C stops the statement at once (the main thread waits inside DuckDB, where
+            # Python's handler would run only once the statement ended)
+            with watch, rt.interrupting(self.db):
                 outcome = engine.run(self.db, self.log.statement(sql), self.last)
             changes = outcome.changes
         except KeyboardInterrupt:
             self.logged()
-            self.error("Error: interrupted (Ctrl-C); the statement was stopped, nothing of it was stored")
+            self.error(INTERRUPTED)
             return False
         except Exception as e:  # noqa: BLE001 - every error is DuckDB's message, never a traceback
             self.logged()
-            self.error(error_text(e, self.last is None))
+            self.error(INTERRUPTED if rt.sigint_at >= started else error_text(e, self.last is None))
             return False
         self.logged()
         if changes is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import time
 from dataclasses import dataclass
 from inspect import Parameter, Signature
 from typing import TYPE_CHECKING, Callable
@@ -20,6 +21,7 @@ import duckdb
 from duckdb import sqltypes as t
 
 from ..core import preload
+from ..core.jobs import interrupted_since
 from ..core.source import refuse_in_sources
 from .types import (CALIBRATE_RESULT, DEPLOY_RESULT, PROBABILITIES, EVALUATE_RESULT, EXPLAIN_RESULT, EXPORT_RESULT, PREDICT_INPUT, JOB_ROWS, MEMORY_ROWS, PREDICTOR_ROWS, TRAIN_ARGS,
                     TRAIN_RESULT, TRIAL_ROWS, TUNE_ARGS, sql)
@@ -321,7 +323,9 @@ def _bound(fn: Function, context: Callable) -> Callable:
     function = fn.function
 
     def bound(*args):
+        called = time.perf_counter()
         preload.wait()   # a shell's preload still importing torch: nothing imports beside it
+        interrupted_since(called, fn.name)
         return function(context(), *args)
     bound.__signature__ = Signature([Parameter(f"arg{i}", Parameter.POSITIONAL_ONLY) for i in range(len(fn.params))])
     return bound

@@ -90,6 +90,7 @@ def train(ctx: Context, *columns: pa.Array) -> pa.Array:
 def tune(ctx: Context, *args) -> list[dict]:
     """One tune() call: its arguments (``dbml.search.tunespec.TUNE_PARAMS``, the settings), then the
     calling connection's id and its TEMP objects, as for train; the rows of its trials."""
+    since = time.perf_counter()   # a Ctrl-C from here on interrupts the search
     from ..search import engine as search  # Optuna, imported when a search runs
     *args, connection, temp_names = args
     _writable(ctx, "tune")
@@ -97,7 +98,7 @@ def tune(ctx: Context, *args) -> list[dict]:
     check_not_temp(select_tree(request.base.source, fn="tune"), temp_names, fn="tune")
     placement.check_access(request.base, ctx.instance.cursor())
     with progress.watching(ctx.instance, renderer_for(request.base.settings.progress), connection=connection):
-        return search.run(ctx.instance, request, connection)
+        return search.run(ctx.instance, request, connection, since)
 
 
 def wait_job(ctx: Context, job_id: int, connection: int) -> dict:
