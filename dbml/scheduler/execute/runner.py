@@ -521,12 +521,17 @@ class ScheduledStep:
 
     def _grow_device_reserve(self, g: GraphSchedule, peak: int, slack: int = 0) -> None:
         """The device held ``peak`` bytes in the last iteration: what it held beyond the
-        plan's tensors (or past the budget) grows the reserve, when by more than ``slack``,
-        and a plan made for what is left waits for the next iteration boundary."""
+        plan's tensors (or past the budget) grows the reserve, when by more than ``slack``
+        (past the budget: always, by ``slack`` more), and a plan made for what is left waits
+        for the next iteration boundary."""
         reserved = self.real_reserve or 0   # the bounce buffer's pages: reserved ahead already
-        hidden = max(peak - reserved - g.executor.iteration_peak,
-                     self.device_reserve + max(0, peak - self.budget_bytes))
-        if hidden <= self.device_reserve + slack:
+        over = peak - self.budget_bytes
+        hidden = max(peak - reserved - g.executor.iteration_peak, self.device_reserve + max(0, over))
+        if over > 0:
+            # past the budget: never within the slack (a job measured 0.6 MB over, its hidden
+            # bytes 0.7 MB, and kept its plan); the slack is the margin taken past what it found
+            hidden += slack
+        elif hidden <= self.device_reserve + slack:
             return
         self._set_device_reserve(hidden)
         try:
