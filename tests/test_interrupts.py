@@ -312,3 +312,29 @@ def test_ctrl_c_before_the_statements_wait_began_cancels_its_job(tmp_path, monke
                timeout=60)
     assert con.sql("SELECT count(*) FROM dbml_models").fetchall()[0][0] == 0
     con.close()
+
+
+def test_a_forked_child_keeps_its_ctrl_c_to_itself(tmp_path):
+    """The wake-up fd dbml reads is the process's; a child forked from it (multiprocessing's
+    'fork', a user's DataLoader) gets it back as it was, so a SIGINT to the child alone
+    interrupts nothing of the parent's statements."""
+    from dbml.core.runtime import runtime
+    con = dbml.connect(str(tmp_path / "f.duckdb"), progress="off")
+    hooked = runtime().sigint_previous
+    if hooked is None or hooked[2] is None:
+        pytest.skip("no wake-up fd here (SIGINT not Python's, or not the main thread)")
+    ours = hooked[2][1].fileno()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: report its wake-up fd, then SIGINT itself
+        current = signal.set_wakeup_fd(-1)
+        signal.set_wakeup_fd(current)
+        os.write(w, str(current).encode())
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        os._exit(0)
+    os.close(w)
+    child_fd = int(os.read(r, 32))
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert child_fd != ours
+    con.close()

@@ -53,6 +53,7 @@ class Runtime:
         self.off_main: set = set()
         self.sigint_at = float("-inf")
         self.interrupting_statements: set = set()   # DuckDB connections whose statement a Ctrl-C stops (:meth:`interrupting`)
+        self._fork_hooked = False   # os.register_at_fork(self._forked) done (it cannot be undone)
         # the Ray cluster this process is connected to (dbml.cluster), one per process
         self.cluster_lock = threading.Lock()
         self.cluster = None
@@ -145,6 +146,23 @@ class Runtime:
 
         threading.Thread(target=watch, name="dbml-ctrl-c", daemon=True).start()
         self.sigint_previous = (previous, hook, (reader, writer, chained))
+        if not self._fork_hooked:   # a forked child has no watching thread: its signals stay its own
+            os.register_at_fork(after_in_child=self._forked)
+            self._fork_hooked = True
+
+    def _forked(self) -> None:
+        """In a child forked from this process (os.fork, multiprocessing's 'fork'): the wake-up
+        fd is the parent's socket and no thread reads it here; put back the one chained
+        before, and let the Python-level hook alone handle the child's Ctrl-C."""
+        hooked = self.sigint_previous
+        if hooked is None or hooked[2] is None:
+            return
+        previous, hook, (reader, writer, chained) = hooked
+        try:
+            signal.set_wakeup_fd(chained)
+        except ValueError:
+            pass
+        self.sigint_previous = (previous, hook, None)
 
     @contextmanager
     def interrupting(self, con) -> Iterator[None]:
