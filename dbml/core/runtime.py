@@ -31,8 +31,7 @@ from contextlib import contextmanager
 __all__ = ["Runtime", "runtime", "reset"]
 
 
-def _ctrl_c_seen(signum, frame) -> None:
-    """SIGINT's Python handler while :meth:`Runtime.interrupting`: the wake-up fd's thread has acted on it."""
+CTRL_C_GRACE_S = 0.5   # how long the wake-up fd's thread leaves a Ctrl-C to Python's own handler
 
 
 class Runtime:
@@ -102,29 +101,30 @@ class Runtime:
 
         reader, writer = socket.socketpair()
 
-        def hook(signum, frame):
-            if not watched():       # else the watching thread has interrupted, at the Ctrl-C itself
-                ctrl_c()
-            return previous(signum, frame)
+        # Ctrl-Cs that Python's handler (hook) has run for, and that the wake-up fd brought:
+        # one byte each (Python's handler can run once for several), [hook's, watcher's]
+        counts = [0, 0]
+        ran = threading.Condition()
 
-        def watched() -> bool:
-            # whether the wake-up fd is still dbml's (another library may have set its own since)
-            if ours is None:
-                return False
-            current = signal.set_wakeup_fd(-1)
-            signal.set_wakeup_fd(current, warn_on_full_buffer=current != ours)
-            return current == ours
+        def seen(signum, frame) -> None:
+            """Python's handler ran for a Ctrl-C: in the shell's statement, all it does."""
+            with ran:
+                counts[0] += 1
+                ran.notify_all()
+
+        def hook(signum, frame):
+            seen(signum, frame)
+            ctrl_c()
+            return previous(signum, frame)
 
         signal.signal(signal.SIGINT, hook)
         writer.setblocking(False)
-        ours: int | None = writer.fileno()
         try:
-            chained = signal.set_wakeup_fd(ours, warn_on_full_buffer=False)
+            chained = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
         except ValueError:          # not the main interpreter: the Python-level hook only
-            ours = None
             reader.close()
             writer.close()
-            self.sigint_previous = (previous, hook, None)
+            self.sigint_previous = (previous, hook, None, None)
             return
 
         def watch() -> None:
@@ -141,11 +141,21 @@ class Runtime:
                             os.write(chained, data)
                         except OSError:
                             pass
-                    if signal.SIGINT in data:
+                    if signal.SIGINT not in data:
+                        continue
+                    counts[1] += data.count(signal.SIGINT)
+                    # the shell's statement (Python's handler a no-op meanwhile): at once; else
+                    # only where Python's handler has not run within the grace (the main
+                    # thread inside DuckDB): where it runs, it interrupts, and its
+                    # KeyboardInterrupt comes with the statement's own error, not after it
+                    with ran:
+                        late = not self.interrupting_statements and \
+                            not ran.wait_for(lambda: counts[0] >= counts[1], CTRL_C_GRACE_S)
+                    if late or self.interrupting_statements:
                         ctrl_c()
 
         threading.Thread(target=watch, name="dbml-ctrl-c", daemon=True).start()
-        self.sigint_previous = (previous, hook, (reader, writer, chained))
+        self.sigint_previous = (previous, hook, (reader, writer, chained), seen)
         if not self._fork_hooked:   # a forked child has no watching thread: its signals stay its own
             os.register_at_fork(after_in_child=self._forked)
             self._fork_hooked = True
@@ -157,12 +167,12 @@ class Runtime:
         hooked = self.sigint_previous
         if hooked is None or hooked[2] is None:
             return
-        previous, hook, (reader, writer, chained) = hooked
+        previous, hook, (reader, writer, chained), _ = hooked
         try:
             signal.set_wakeup_fd(chained)
         except ValueError:
             pass
-        self.sigint_previous = (previous, hook, None)
+        self.sigint_previous = (previous, hook, None, None)
 
     @contextmanager
     def interrupting(self, con) -> Iterator[None]:
@@ -178,7 +188,7 @@ class Runtime:
             return
         handler = signal.getsignal(signal.SIGINT)
         self.interrupting_statements.add(con)
-        signal.signal(signal.SIGINT, _ctrl_c_seen)
+        signal.signal(signal.SIGINT, hooked[3])   # counts the Ctrl-C; the wake-up fd's thread acts on it
         try:
             yield
         finally:
@@ -189,7 +199,7 @@ class Runtime:
         """Put back the handler (and wake-up fd) chained before, if dbml's are still the ones installed."""
         if self.sigint_previous is None or threading.current_thread() is not threading.main_thread():
             return
-        previous, hook, wakeup = self.sigint_previous
+        previous, hook, wakeup, _ = self.sigint_previous
         if signal.getsignal(signal.SIGINT) is hook:
             signal.signal(signal.SIGINT, previous)
         if wakeup is not None:
