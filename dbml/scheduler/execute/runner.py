@@ -92,6 +92,9 @@ DEVICE_CHECKS = 8
 # malloc's heap); a replan for each would spend planning time on nothing: it grows past this first
 REAL_SLACK = 1 << 20
 REAL_TRIES = 3   # plans tried for a smaller reserve when none fits the one measured (_remeasure_real)
+# a spilling CPU job whose architecture nothing in this process has measured yet: its first
+# iteration holds back this share of its budget (_reserve_real), then plans for what it measured
+FIRST_MARGIN = 0.25
 from .policies import PlanCounts, Planning, make_policy
 from .step import LossFn
 from .updating import LatencyTracker, UpdateSettings
@@ -333,6 +336,7 @@ class ScheduledStep:
         self._device_checks = 0   # iterations measured against the allocator so far (DEVICE_CHECKS at most)
         self._real_base: int | None = None   # a spilling CPU job: the process's RSS less its state (_reserve_real)
         self._real_key: Hashable | None = None   # ... and where its measured reserve is kept for the next job
+        self._probing = False   # its first iteration runs with FIRST_MARGIN held back (_reserve_real)
         if self.device.spill is not None:
             hollow(model)   # the state holds the only reference: a swapped parameter frees real memory
             if bounds_host_memory(self.policy, budget_bytes, self.device.spill):
@@ -396,10 +400,18 @@ class ScheduledStep:
         try:
             return self._policy.first_plan(seq, fallback)
         except InfeasibleBudget:
-            if not self._real_key or not self.device_reserve:
+            if not self.device_reserve or not (self._real_key or self._probing):
                 raise
-            self._set_device_reserve(0)
-            return self._policy.first_plan(seq, fallback)
+        if self._probing:   # a budget too tight for the margin: half of it, a quarter..., then none
+            for _ in range(REAL_TRIES):
+                self._set_device_reserve(self.device_reserve // 2)
+                try:
+                    return self._policy.first_plan(seq, fallback)
+                except InfeasibleBudget:
+                    continue
+            self._probing = False
+        self._set_device_reserve(0)
+        return self._policy.first_plan(seq, fallback)
 
     def _reserve_real(self, seq: AccessSequence, signature: Hashable) -> None:
         """Take off the planner's budget the memory the job holds for its swaps that is no
@@ -408,7 +420,8 @@ class ScheduledStep:
         tensors — temporaries inside ops, allocator slack, graphs and plans (~10 MB for a
         ResNet), a process's first capture's imports of torch's compiler stack (~46 MB) —
         is not known ahead: the first iterations measure it (:meth:`_remeasure_real`),
-        starting from what the last job of the same architecture in this process measured.
+        starting from what the last job of the same architecture in this process measured,
+        or, where none has, with :data:`FIRST_MARGIN` of the budget held back in the first.
         The summary's ``real_peak_bytes`` and the benchmarks (``benchmarks/budgets_real.py``,
         ``benchmarks/dp_real_memory.py``) report it beside the budget."""
         largest = max((t.nbytes for t in seq.tensors), default=0)
@@ -417,7 +430,16 @@ class ScheduledStep:
         # RSS, from what the last job of this architecture measured
         if self._real_base is not None and self.graphs.share is not None:
             self._real_key = (self.graphs.share, signature)
-        self._set_device_reserve(None if self._real_base is None else DEVICES.real_reserves.get(self._real_key, 0))
+        known = DEVICES.real_reserves.get(self._real_key) if self._real_key is not None else None
+        if self._real_base is None or known is not None:
+            self._set_device_reserve(known)
+        else:
+            # nothing measured yet what this process holds beside such plans (temporaries
+            # inside ops: 2-5 MB for an MLP 2048 wide, which a first iteration planned for the
+            # whole budget held on top of it): the first iteration holds back a margin, and
+            # the plans after it are made for what it measured (_remeasure_real)
+            self._probing = True
+            self._set_device_reserve(int(FIRST_MARGIN * self.budget_bytes))
 
     # -- the budget bounds the allocator's memory (a CUDA job alone) -------------------
     def _plans_device_memory(self) -> bool:
@@ -498,6 +520,17 @@ class ScheduledStep:
         if real is None:
             return
         kept = self.device_reserve
+        if self._probing:   # the first iteration held back a margin: plan for what it found instead
+            self._probing = False
+            hidden = real.peak_rss - self._real_base - (self.real_reserve or 0) - g.executor.iteration_peak
+            self._set_device_reserve(max(0, hidden) + REAL_SLACK)
+            try:
+                self._offer(g, self._policy.first_plan(g.seq, None).plan, g.seq)
+            except InfeasibleBudget:
+                self._set_device_reserve(self._smaller_reserve(g, kept, self.device_reserve))
+            if self._real_key is not None:
+                DEVICES.real_reserves[self._real_key] = self.device_reserve
+            return
         try:
             self._grow_device_reserve(g, real.peak_rss - self._real_base, slack=REAL_SLACK)
         except InfeasibleBudget:
