@@ -24,12 +24,13 @@ from . import models
 from .dataparallel import DataParallelStep
 from .latency import latency_model
 from ..scheduler.execute.devices import CpuDevice
-from ..scheduler.execute.runner import ScheduledStep
+from ..scheduler.execute.runner import ScheduledStep, bounce_reserve
 from ..scheduler.execute.spill import SpillFile, sweep_stale
 from ..scheduler.execute.step import EagerStep, StepRunner
 from ..scheduler.execute.updating import UpdateSettings
 from .columns import MEMORY_FIELDS
 from ..errors import InvalidArgument
+from ..scheduler.errors import InfeasibleBudget
 from ..scheduler import config as scheduler_config
 from ..scheduler.graph.access import build_sequence
 from ..scheduler.graph.capture import state_keys
@@ -264,14 +265,17 @@ def _gb(n: int) -> str:
 
 
 def check_plan_fits(cfg: models.ModelConfig, loss_fn, params: RunnerParams, device: str, rows: int,
-                    label: torch.dtype, job: JobHandle | None = None) -> None:
+                    label: torch.dtype, job: JobHandle | None = None, *, spill: bool = False) -> None:
     """For a tensile job whose parameters and optimizer state are a large part of its
     budget (``LARGE_MODEL_SHARE`` or more), plan its first batch on a model of the meta
     device before the real one is built: capture runs on fake tensors, so a budget no plan
     meets raises ``InfeasibleBudget`` (with the smallest feasible budget) having allocated
     nothing. Smaller models are built first; their own ahead-of-time plan (``prepare``)
     checks, still before any activation. A job with no budget plans within its device's
-    default (``job_budget``: on the CPU a share of its database's memory_limit)."""
+    default (``job_budget``: on the CPU a share of its database's memory_limit). ``spill``:
+    the job's swaps go to disk; alone on its budget, its runner plans without the bounce
+    buffer's pages (``runner.bounce_reserve``), so the smallest budget it is told counts them
+    (a budget suggested without them was refused by the runner: 1.30 MB for 1.33 MB)."""
     if params.policy != "tensile" or params.workers > 1 or scheduler_config.scheduler_disabled():
         return
     budget = job_budget(params, device, job)
@@ -283,7 +287,13 @@ def check_plan_fits(cfg: models.ModelConfig, loss_fn, params: RunnerParams, devi
     estimator, _ = latency_model(params.latency_model, device, params.torch_threads)
     estimator = estimator or RooflineModel(device=str(torch.device(device)))
     captured = GraphCache(model, loss_fn, params.optimizer, job=params.job).get(*batch)
-    plan(build_sequence(captured, estimator, params.job), budget)
+    seq = build_sequence(captured, estimator, params.job)
+    try:
+        plan(seq, budget)
+    except InfeasibleBudget as e:
+        if not spill or shares_device(params.policy, params.memory_budget):
+            raise
+        raise InfeasibleBudget(repr(params.job), budget, e.min_budget + bounce_reserve(seq)) from None
 
 
 # -- the vanilla and the summary ---------------------------------------------------------

@@ -615,9 +615,10 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
     with procmem.watch() as real, scheduler_errors(
             spec.model, job_id=progress.id, memory_budget=params.memory_budget,
             shared_budget=lambda: runners.job_budget(params, device, progress)):
-        runners.check_plan_fits(config, loss_fn, params, device, min(spec.batch_size, n_train), label, progress)
         spill = runners.spill_file(cur, progress.name, device)
         try:
+            runners.check_plan_fits(config, loss_fn, params, device, min(spec.batch_size, n_train), label, progress,
+                                    spill=spill is not None)
             # a job that holds its budget in real memory (hostmem.bounded, which its runner enters):
             # its weights are made under it too, not in the heap, whose holes outlive them
             bounded = bounds_host_memory(params.policy, runners.job_budget(params, device, progress), spill) \
