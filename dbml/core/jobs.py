@@ -325,7 +325,7 @@ class JobManager:
             runtime().off_main.add(wait)
             # a Ctrl-C after the statement began and before this (the hook found no wait of
             # it): the statement was interrupted. Added first, read second: no Ctrl-C is lost
-            if runtime().sigint_at >= wait.since:
+            if runtime().ctrl_c_since(wait.since):
                 wait.interrupt()
         try:
             yield wait
@@ -379,7 +379,7 @@ def interrupted_since(since: float, fn: str) -> None:
     """Raise ``Interrupted`` if a Ctrl-C came since ``since`` (``time.perf_counter()``): a
     UDF that waited to start (a shell's preload) on a thread where no KeyboardInterrupt
     arrives, before it had anything to cancel."""
-    if runtime().sigint_at >= since:
+    if runtime().ctrl_c_since(since):
         raise Interrupted(f"{fn}() was interrupted (Ctrl-C) before it started; nothing was run or stored")
 
 

@@ -174,6 +174,11 @@ class Runtime:
             pass
         self.sigint_previous = (previous, hook, None, None)
 
+    def ctrl_c_since(self, t: float) -> bool:
+        """Whether a Ctrl-C came at or after ``t`` (``time.perf_counter()``): a statement that
+        began then was interrupted, though its Ctrl-C may have reached nothing of it yet."""
+        return self.sigint_at >= t
+
     @contextmanager
     def interrupting(self, con) -> Iterator[None]:
         """While the body runs a statement on DuckDB connection ``con`` from the main thread

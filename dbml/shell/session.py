@@ -308,7 +308,7 @@ class Shell:
             return False
         except Exception as e:  # noqa: BLE001 - every error is DuckDB's message, never a traceback
             self.logged()
-            self.error(INTERRUPTED if rt.sigint_at >= started else error_text(e, self.last is None))
+            self.error(INTERRUPTED if rt.ctrl_c_since(started) else error_text(e, self.last is None))
             return False
         self.logged()
         if changes is not None:
