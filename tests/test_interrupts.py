@@ -174,11 +174,7 @@ def test_ctrl_c_reaches_a_statement_whose_udf_runs_off_the_main_thread():
 
 def test_ctrl_c_in_the_shell_returns_to_the_prompt(tmp_path):
     pexpect = pytest.importorskip("pexpect")
-    shell = pexpect.spawn(sys.executable, ["-m", "dbml", "shell", str(tmp_path / "sh.duckdb")],
-                          encoding="utf-8", timeout=120, dimensions=(50, 400), preexec_fn=_terminal_sigint,
-                          # Ctrl-C can cut the progress bar mid-character ('█' is three bytes)
-                          codec_errors="replace")
-    shell.expect_exact("dbml> ")
+    shell = _shell(tmp_path)
     shell.sendline("SET VARIABLE dbml_latency_model = 'roofline';")
     shell.expect_exact("dbml> ")
     shell.sendline(TABLE + ";")
@@ -207,6 +203,7 @@ def _shell(tmp_path):
     pexpect = pytest.importorskip("pexpect")
     shell = pexpect.spawn(sys.executable, ["-m", "dbml", "shell", str(tmp_path / "sh.duckdb")],
                           encoding="utf-8", timeout=120, dimensions=(50, 400), preexec_fn=_terminal_sigint,
+                          # Ctrl-C can cut the progress bar mid-character ('█' is three bytes)
                           codec_errors="replace")
     shell.expect_exact("dbml> ")
     return shell
