@@ -473,3 +473,35 @@ def test_the_ledger_rules_have_one_owner():
     assert "prog.add_bytes" in inspect.getsource(codegen.static_ledger)
     seq = synthetic.training_sequence("j", 80, seed=1)
     assert rules.op_added_bytes(seq) == [sum(d for _, d in c) for c in rules.op_changes(seq)]
+
+
+def test_a_swap_planned_again_that_moves_no_peak_is_not_progress():
+    """Compute fast beside a slow tier (a roofline of 3e11 flop/s, the disk at 4e8 B/s): a
+    stalling swap planned again at the peak, committed as progress though the peak stayed at
+    the same op, came back every round (its copies a rounding error later) until the loop
+    gave up. An MLP's smallest feasible budget then depended on the machine's measured
+    speed: 4.2 MB here against 3.2 MB with slower compute, and a budgeted job planned for
+    its whole budget (tests/test_realmem.py failed under load)."""
+    import torch
+    from dbml.scheduler.execute.devices import CpuDevice
+    from dbml.scheduler.execute.runner import ScheduledStep
+    from dbml.scheduler.graph.optim import OptimizerSpec
+    from dbml.scheduler.latency.estimate import Machine, RooflineModel
+
+    class SlowTier(CpuDevice):
+        def copy_bandwidth(self):
+            return 4e8
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(128, 2, generator=g), torch.randint(0, 2, (128,), generator=g)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(),
+                                torch.nn.Linear(512, 2))
+    step = ScheduledStep(model, torch.nn.functional.cross_entropy, OptimizerSpec("adam"), device=SlowTier(),
+                         job="fast", latency_model=RooflineModel(machine=Machine(3e11, 1.5e11, 8.6e10, 1.9e-6)))
+    seq = step._graph(x, y).seq
+    assert seq.copy_bandwidth == 4e8
+    vanilla = plan(seq, 1 << 40, policy="none").peak_bytes
+    p = plan(seq, int(0.6 * vanilla))   # before: InfeasibleBudget, its least budget 0.8 of vanilla
+    assert p.peak_bytes <= 0.6 * vanilla
+    check_plan(seq, p, int(0.6 * vanilla))

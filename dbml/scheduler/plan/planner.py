@@ -330,14 +330,24 @@ def _cheapest_round(jobs: list[PlanState], settings: PlanSettings, peak: int, by
     for _, _, _, j, _, p in sorted(material or options, key=lambda o: o[:5]):
         state = jobs[j]
         with _context(state, "recompute" if p.status == RECOMPUTED else "stalling swap", p.gap):
+            at = state.peak_op()
             if state.commit(p):
-                if _global_peak(jobs) <= peak:
+                if _global_peak(jobs) < peak or (_global_peak(jobs) == peak and not _moved_nothing(state, p, at)):
                     if p.status != RECOMPUTED:
                         _commit_later_swaps(state, p, settings)
                     return True
                 state.undo(p)   # its waits or its stall's outputs raised the peak
         _reject(state, p)
     return False
+
+
+def _moved_nothing(state: PlanState, p: Proposal, at: int) -> bool:
+    """A swap planned again (``p.drop``) that left the job's peak where it was, at the same
+    op: no progress, only its copies moved. Committed as progress, the same re-plan came
+    back every round, each time a rounding error later, until the loop gave up: with
+    compute fast beside a slow tier, an MLP's plan stopped at 67 MB where 50 MB plans
+    exist (the smallest feasible budget then depended on the machine's measured speed)."""
+    return p.drop is not None and state.peak_op() == at
 
 
 def _tier(state: PlanState, p: Proposal, settings: PlanSettings) -> int:
