@@ -382,3 +382,40 @@ def test_a_spilling_jobs_weights_are_made_under_the_bounded_allocator(tmp_path, 
     con.execute("SELECT train('m', 't', label := 'y', epochs := 1, hidden := [64], memory_budget := '2MB')").fetchall()
     con.close()
     assert seen and seen[0] >= 1, seen
+
+
+TIER_FIRST_JOB = textwrap.dedent("""
+    import json, os, sys
+    os.environ.pop("DBML_SPILL_BANDWIDTH", None)   # no tier pinned, none calibrated (a fresh cache dir)
+    import dbml
+    from dbml.scheduler import procmem
+    from dbml.scheduler.execute import spill
+    measured = spill.measure_tier
+    calls = []
+    def probe(directory, *args, **kwargs):
+        calls.append(bool(procmem._SAMPLER._watches))   # a job's real-memory watch open?
+        with procmem.watch() as w:
+            tier = measured(directory, *args, **kwargs)
+        calls.append(w.result.added)
+        return tier
+    spill.measure_tier = probe
+    con = dbml.connect(latency_model="roofline", progress="off")
+    con.execute("CREATE TABLE t AS SELECT range % 7 / 7.0 AS x, range % 2 AS y FROM range(500)")
+    con.execute("SELECT train('m', 't', label := 'y', epochs := 1, memory_budget := 2000000)").fetchall()
+    print(json.dumps(calls))
+""")
+
+
+@pytest.mark.slow
+def test_the_spill_tiers_probe_is_the_processs_not_a_first_jobs(tmp_path):
+    """Where no install calibrated the file system DuckDB spills to, the first job measures its
+    speed: before the job's real memory is watched (it was inside it: a worker set's first job
+    held 94 MB for a 67 MB budget), through 8 MB of buffers (it was 64 MB: the whole probe
+    written from one tensor and read into another)."""
+    import json
+    out = subprocess.run([sys.executable, "-c", TIER_FIRST_JOB], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "DBML_CACHE_DIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    inside_a_job, added = json.loads(out.stdout.strip().splitlines()[-1])
+    assert inside_a_job is False
+    assert added < 24e6, added

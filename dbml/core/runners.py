@@ -25,7 +25,7 @@ from .dataparallel import DataParallelStep
 from .latency import latency_model
 from ..scheduler.execute.devices import CpuDevice
 from ..scheduler.execute.runner import ScheduledStep, bounce_reserve
-from ..scheduler.execute.spill import SpillFile, sweep_stale
+from ..scheduler.execute.spill import SpillFile, sweep_stale, tier_of
 from ..scheduler.execute.step import EagerStep, StepRunner
 from ..scheduler.execute.updating import UpdateSettings
 from .columns import MEMORY_FIELDS
@@ -173,9 +173,7 @@ def spill_file(cur, job: str, device: str) -> SpillFile | None:
     Spill files of crashed processes found there are removed first."""
     if not device.startswith("cpu"):
         return None
-    # fetchall, not fetchone: a result left unfinished keeps the cursor busy (DuckDB 2)
-    (directory, limit), = cur.execute(
-        "SELECT current_setting('temp_directory'), current_setting('max_temp_directory_size')").fetchall()
+    directory, limit = _temp_settings(cur)
     if not directory:
         return None
     (held,), = cur.execute("SELECT coalesce(sum(size), 0) FROM duckdb_temporary_files()").fetchall()
@@ -183,6 +181,32 @@ def spill_file(cur, job: str, device: str) -> SpillFile | None:
     spill = SpillFile(directory, job)
     spill.limit = max(0, _temp_limit(limit, directory) - int(held))
     return spill
+
+
+def measure_spill_tier(cur, device: str) -> None:
+    """Before a job's real memory is measured (``procmem.watch``): the speed of the file
+    system its spill file will be on, which the planner plans swaps with
+    (``spill.tier_of``), measured here once per process and file system where ``python -m
+    dbml install`` did not calibrate it. The probe's buffers are then the process's, once,
+    as its imports are: inside the job they were 64 MB of a first job's real memory (a
+    worker set's first job held 94 MB for a 67 MB budget). Errors are left to
+    :func:`spill_file`, which reports them as the job's."""
+    if not device.startswith("cpu"):
+        return
+    directory, _ = _temp_settings(cur)
+    if directory:
+        try:
+            tier_of(directory)
+        except OSError:
+            pass
+
+
+def _temp_settings(cur) -> tuple[str, str]:
+    """The database's ``temp_directory`` ('' when off) and ``max_temp_directory_size``."""
+    # fetchall, not fetchone: a result left unfinished keeps the cursor busy (DuckDB 2)
+    (directory, limit), = cur.execute(
+        "SELECT current_setting('temp_directory'), current_setting('max_temp_directory_size')").fetchall()
+    return directory, limit
 
 
 def _temp_limit(setting: str, directory: str) -> int:

@@ -353,26 +353,33 @@ _tiers_lock = threading.Lock()
 def measure_tier(directory: str | os.PathLike, nbytes: int = PROBE_BYTES) -> Tier:
     """Write and read back ``nbytes`` in chunks through a spill file in ``directory``
     (as swaps do: O_DIRECT, the copy thread's bounce buffer), and one block each way for
-    the fixed cost. Best of two rounds: a loaded machine's slow round is noise."""
+    the fixed cost. Best of two rounds: a loaded machine's slow round is noise. The bytes
+    written are one :data:`CHUNK` of memory written to ``nbytes // CHUNK`` extents and read
+    back into another: 8 MB of the process's memory, not twice ``nbytes`` (64 MB, which a
+    first job measured as its own where no install had calibrated the tier)."""
     spill = SpillFile(directory, "probe")
     try:
-        src = torch.ones(nbytes, dtype=torch.uint8)
-        dst = torch.empty(nbytes, dtype=torch.uint8)
+        chunk = min(nbytes, CHUNK)
+        count = max(1, nbytes // chunk)
+        src = torch.ones(chunk, dtype=torch.uint8)
+        dst = torch.empty(chunk, dtype=torch.uint8)
         small = torch.ones(BLOCK, dtype=torch.uint8)
         write = read = lat = float("inf")
         for _ in range(2):
             t0 = time.perf_counter()
-            e = spill.write(src)
+            extents = [spill.write(src) for _ in range(count)]
             t1 = time.perf_counter()
-            spill.read(e, dst)
+            for e in extents:
+                spill.read(e, dst)
             t2 = time.perf_counter()
-            spill.free(e)
+            for e in extents:
+                spill.free(e)
             f = spill.write(small)
             spill.read(f, small)
             t4 = time.perf_counter()
             spill.free(f)
             write, read, lat = min(write, t1 - t0), min(read, t2 - t1), min(lat, (t4 - t2) / 2)
-        return Tier(write=nbytes / write, read=nbytes / read, latency=lat)
+        return Tier(write=chunk * count / write, read=chunk * count / read, latency=lat)
     finally:
         spill.close()
 
