@@ -184,3 +184,15 @@ def test_a_first_jobs_first_iteration_holds_back_a_margin_until_it_has_measured(
     assert not first[1][0], first   # then planned for what it measured
     second, _ = job("second")
     assert not second[0][0] and second[0][1] == first[-1][1], (first, second)
+
+
+def test_a_job_past_its_budget_in_real_memory_says_so_and_one_within_says_nothing():
+    from dbml.core.runners import real_memory_warning
+    over = real_memory_warning({"real_peak_bytes": 70_400_000, "budget_bytes": 67_300_000,
+                                "planned_peak_bytes": 50_500_000})
+    assert over.startswith("real memory: the process grew by 70.4 MB while the job ran, 3.1 MB more than its budget "
+                           "of 67.3 MB; its tensors took 50.5 MB"), over
+    assert "memory_budget" in over and "batch_size" in over
+    assert real_memory_warning({"real_peak_bytes": 67_300_000, "budget_bytes": 67_300_000}) is None
+    assert real_memory_warning({"real_peak_bytes": None, "budget_bytes": 67_300_000}) is None
+    assert real_memory_warning({"real_peak_bytes": 5, "budget_bytes": None}) is None

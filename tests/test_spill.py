@@ -401,8 +401,9 @@ TIER_FIRST_JOB = textwrap.dedent("""
     spill.measure_tier = probe
     con = dbml.connect(latency_model="roofline", progress="off")
     con.execute("CREATE TABLE t AS SELECT range % 7 / 7.0 AS x, range % 2 AS y FROM range(500)")
-    con.execute("SELECT train('m', 't', label := 'y', epochs := 1, memory_budget := 2000000)").fetchall()
-    print(json.dumps(calls))
+    r = con.execute("SELECT train('m', 't', label := 'y', epochs := 1, memory_budget := 2000000)").fetchall()[0][0]
+    real = con.execute("SELECT real_peak_bytes FROM dbml_jobs WHERE job_id = ?", [r["job_id"]]).fetchall()[0][0]
+    print(json.dumps(calls + [r["warnings"], real]))
 """)
 
 
@@ -416,6 +417,9 @@ def test_the_spill_tiers_probe_is_the_processs_not_a_first_jobs(tmp_path):
     out = subprocess.run([sys.executable, "-c", TIER_FIRST_JOB], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "DBML_CACHE_DIR": str(tmp_path)})
     assert out.returncode == 0, out.stderr[-3000:]
-    inside_a_job, added = json.loads(out.stdout.strip().splitlines()[-1])
+    inside_a_job, added, warnings, real = json.loads(out.stdout.strip().splitlines()[-1])
     assert inside_a_job is False
     assert added < 24e6, added
+    # a first job's one-off costs pass a 2 MB budget: its result says so, with the figures
+    assert real > 2_000_000 and "real memory: the process grew by" in warnings, (real, warnings)
+    assert "more than its budget of 2.0 MB" in warnings and "pass a larger memory_budget" in warnings

@@ -344,6 +344,28 @@ def vanilla_peak(model: torch.nn.Module, loss_fn, params: RunnerParams, x: torch
     return eager_peak(model, loss_fn, params, x, y)
 
 
+def real_memory_warning(memory: dict) -> str | None:
+    """The train summary's warning of a job whose real memory passed its budget
+    (``memory``: :func:`memory_summary`'s figures), or None. The budget bounds what its plans
+    hold, and the runner takes what the process was measured to hold beside them off the
+    planner's budget (``ScheduledStep._remeasure_real``); where the smallest plan and that
+    together pass the budget, the job still runs, and says so here, with the budget that
+    would have held it (a data-parallel worker's first job at 67.3 MB held 67.4)."""
+    real, budget = memory.get("real_peak_bytes"), memory.get("budget_bytes")
+    if real is None or budget is None or real <= budget:
+        return None
+    planned = memory.get("planned_peak_bytes")
+    tensors = f"; its tensors took {_mb(planned)} (planned_peak_bytes)" if planned is not None else ""
+    return (f"real memory: the process grew by {_mb(real)} while the job ran, {_mb(real - budget)} more than its "
+            f"budget of {_mb(budget)}{tensors}, the rest was held beside them (temporaries inside ops, buffers, "
+            f"and in a process's first job its one-off imports and caches); pass a larger memory_budget, or a "
+            f"smaller batch_size, to keep the process within it")
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
 def memory_summary(stats: dict, vanilla: int | None, real=None) -> dict:
     """The train summary's memory figures. The vanilla MSR is against, and its
     ``vanilla_source``: 'measured' (``vanilla``, eager PyTorch on a copy; or an eager job's

@@ -214,7 +214,9 @@ def fit(cur: duckdb.DuckDBPyConnection, spec: TrainSpec, progress: Progress,
                                                                 data.n_val, progress, _fit_model)
     finally:
         give_back_host_memory()
-    warnings = label_warnings(data.prep, data.n_train + data.n_val) + tuple(result["metrics"].get("warnings", ()))
+    over = runners.real_memory_warning(result["memory"])
+    warnings = label_warnings(data.prep, data.n_train + data.n_val) + tuple(result["metrics"].get("warnings", ())) \
+        + ((over,) if over else ())
     return Trained(result["spec"], data.prep, result["config"], result["module"], result["metrics"], result["memory"],
                    data.n_train, data.skipped, started, warnings, data.held_out_bucket, result.get("said"))
 
