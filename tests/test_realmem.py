@@ -196,3 +196,41 @@ def test_a_job_past_its_budget_in_real_memory_says_so_and_one_within_says_nothin
     assert real_memory_warning({"real_peak_bytes": 67_300_000, "budget_bytes": 67_300_000}) is None
     assert real_memory_warning({"real_peak_bytes": None, "budget_bytes": 67_300_000}) is None
     assert real_memory_warning({"real_peak_bytes": 5, "budget_bytes": None}) is None
+
+
+def test_an_earlier_jobs_reserve_that_no_plan_fits_is_halved_not_dropped(tmp_path):
+    """A second job of an architecture starts from the reserve the first measured; where no
+    plan fits the budget less it, it tries half of it, a quarter..., before none (it went to
+    none at once: the job then planned for its whole budget)."""
+    import torch
+    from dbml.scheduler.execute.devices import CpuDevice
+    from dbml.scheduler.execute.runner import ScheduledStep
+    from dbml.scheduler.execute.spill import SpillFile
+    from dbml.scheduler.graph.optim import OptimizerSpec
+    from dbml.scheduler.multijob.registry import DEVICES
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(128, 2, generator=g), torch.randint(0, 2, (128,), generator=g)
+
+    def job(name):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(2, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                                    torch.nn.ReLU(), torch.nn.Linear(512, 2))
+        return ScheduledStep(model, torch.nn.functional.cross_entropy, OptimizerSpec("adam"), budget_bytes=6_000_000,
+                             device=CpuDevice(spill=SpillFile(str(tmp_path), name)), job=name,
+                             share_graphs="reserve-halving-mlp")
+
+    first = job("first")
+    first._graph(x, y)
+    key = first._real_key
+    first.close()
+    assert key is not None
+    DEVICES.real_reserves[key] = 4_000_000   # no plan fits 6 MB less it and the bounce buffer's 1 MB
+    try:
+        second = job("second")
+        g2 = second._graph(x, y)
+        assert 0 < second.device_reserve < 4_000_000, second.device_reserve
+        assert g2.plan.peak_bytes <= 6_000_000 - second.real_reserve - second.device_reserve
+        second.close()
+    finally:
+        DEVICES.real_reserves.pop(key, None)

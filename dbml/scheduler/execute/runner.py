@@ -402,21 +402,23 @@ class ScheduledStep:
             and isinstance(self.planner, LocalPlanner) and self.policy == "tensile"
 
     def _first_plan(self, seq: AccessSequence, fallback: int | None):
-        """The policy's first plan; without the reserve an earlier job measured where none
-        fits with it (that reserve was a guess, the budget is the user's)."""
+        """The policy's first plan; where none fits with the reserve held back (a first
+        iteration's margin, or what an earlier job of the architecture measured: a guess,
+        the budget is the user's), with half of it, a quarter..., then none. (An earlier
+        job's reserve went to none at once: a second job under 75 MB then planned 70.8 MB of
+        tensors, and the process held 88 MB.)"""
         try:
             return self._policy.first_plan(seq, fallback)
         except InfeasibleBudget:
             if not self.device_reserve or not (self._real_key or self._probing):
                 raise
-        if self._probing:   # a budget too tight for the margin: half of it, a quarter..., then none
-            for _ in range(REAL_TRIES):
-                self._set_device_reserve(self.device_reserve // 2)
-                try:
-                    return self._policy.first_plan(seq, fallback)
-                except InfeasibleBudget:
-                    continue
-            self._probing = False
+        for _ in range(REAL_TRIES):
+            self._set_device_reserve(self.device_reserve // 2)
+            try:
+                return self._policy.first_plan(seq, fallback)
+            except InfeasibleBudget:
+                continue
+        self._probing = False
         self._set_device_reserve(0)
         return self._policy.first_plan(seq, fallback)
 
