@@ -44,7 +44,7 @@ from .gaps import CROSS, RECOMPUTED, SWAPPED, candidates
 from .liveness import analyse_liveness
 from .recompute import propose_recompute, recompute_candidates
 from .rules import recompute_wins
-from .stalls import propose_again, propose_stalling_swap, resident_at_peak
+from .stalls import propose_again, propose_later_swap_in, propose_stalling_swap, resident_at_peak
 from .state import PlanState, Proposal
 from .swap import propose_later_swap, propose_swap
 from ..errors import InfeasibleBudget, PlanningError, SchedulerError
@@ -398,12 +398,14 @@ def _priced_again(state: PlanState, settings: PlanSettings, key, op: int) -> lis
     held = resident[state.gaps.tensor[gaps]] | ((state.gaps.other[gaps] >= 0) & resident[state.gaps.other[gaps]])
     out = []
     for gap in map(int, gaps[held][:settings.priced]):
-        p = propose_again(state, gap, key, op, settings.swap_in_margin)
-        if p is None:
+        # planned anew, and with its swap-out kept and only its swap-in after the peak (the
+        # new swap-out of the first can leave the tensor on the device at an earlier point)
+        found = [p for p in (propose_again(state, gap, key, op, settings.swap_in_margin),
+                             propose_later_swap_in(state, gap, key, op, settings.swap_in_margin)) if p is not None]
+        if not found:
             state.stall_t[gap], state.stall_r[gap] = key
-        else:
-            nbytes = int(state.gaps.nbytes[gap])
-            out.append((p.cost / max(nbytes, 1), nbytes, p))
+        nbytes = int(state.gaps.nbytes[gap])
+        out += [(p.cost / max(nbytes, 1), nbytes, p) for p in found]
     return out
 
 
