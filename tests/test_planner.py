@@ -310,12 +310,14 @@ def test_random_plans_are_valid(seq, frac, knobs):
         if e.kind is RC:
             assert not seq.tensors[e.tensor].not_replayable
     # the planner's incremental ledger curve agrees with the analysis from scratch, for the
-    # plan and for the one recomputing first (plan_jobs keeps the better where copies stall)
+    # plan and for the one recomputing first (plan_jobs keeps the better where copies stall),
+    # and for its fallbacks where the budget was not met (no recompute chains, no recomputes)
     found = []
-    for first in (False, True):
-        (state,) = planner.schedule([seq], budget, knobs, by_tier=first)
-        found.append(state.plan("tensile"))
-        assert state.peak_bytes() == found[-1].peak_bytes
+    for tried in (knobs, *planner._fallbacks(knobs, "tensile")):
+        for first in (False, True):
+            (state,) = planner.schedule([seq], budget, tried, by_tier=first)
+            found.append(state.plan("tensile"))
+            assert state.peak_bytes() == found[-1].peak_bytes
     assert p in found
 
 
