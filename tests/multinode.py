@@ -224,8 +224,18 @@ def kill(ray, cluster, head, workers) -> dict:
         "jobs": con.execute("SELECT model, status FROM dbml_jobs WHERE model LIKE 'k%' ORDER BY job_id").fetchall(),
         "models": sorted(con.execute("SELECT name, version FROM dbml.models").fetchall()),
         "weights": sorted(con.execute("SELECT name, version FROM dbml.weights").fetchall()),
-        "alive_nodes": sum(n["Alive"] for n in ray.nodes()),
+        "alive_nodes": alive_after(ray, node.node_id),
     }
+
+
+def alive_after(ray, removed: str) -> int:
+    """The nodes alive once Ray's control store has seen ``removed`` go: it learns a node's
+    death from missed health checks, seconds after its jobs' workers were already lost (a
+    job can fail and ``wait_job`` answer first: the count then still held the removed node)."""
+    from helpers import wait_until
+    wait_until(lambda: not any(n["Alive"] for n in ray.nodes() if n["NodeID"] == removed), 60,
+               "the removed node marked dead", poll=0.2)
+    return sum(n["Alive"] for n in ray.nodes())
 
 
 def kill_unretried(ray, cluster, head, workers) -> dict:
@@ -257,7 +267,7 @@ def kill_unretried(ray, cluster, head, workers) -> dict:
             "jobs": con.execute("SELECT model, status FROM dbml_jobs WHERE model LIKE 'u_%' ORDER BY job_id").fetchall(),
             "models": sorted(con.execute("SELECT name, version FROM dbml.models").fetchall()),
             "weights": sorted(con.execute("SELECT name, version FROM dbml.weights").fetchall()),
-            "alive_nodes": sum(n["Alive"] for n in ray.nodes())}
+            "alive_nodes": alive_after(ray, node.node_id)}
 
 
 if __name__ == "__main__":
