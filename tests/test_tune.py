@@ -220,8 +220,12 @@ def test_an_interrupt_stops_the_search_and_keeps_the_ended_trials(db):
     watcher = db.cursor()   # before the search starts on db: a cursor reads db's settings from db
     thread = threading.Thread(target=run)
     thread.start()
-    wait_until(lambda: watcher.execute("SELECT count(*) FROM dbml_trials WHERE status = 'finished'").fetchall()[0][0],
-               timeout=60, what="a finished trial")
+    # a trial ended and the next one's job under way: interrupted between the two, no trial
+    # runs and the message (checked below) says 0 were cancelled (one full run did)
+    wait_until(lambda: watcher.execute("SELECT (SELECT count(*) FROM dbml_trials WHERE status = 'finished') > 0 "
+                                       "AND (SELECT count(*) FROM dbml_jobs WHERE model = 'm' "
+                                       "AND status IN ('queued', 'running')) > 0").fetchall()[0][0],
+               timeout=60, what="a finished trial and the next one's job")
     # what Connection.interrupt() does first (it then interrupts DuckDB too, whose own "Interrupted!"
     # may reach the caller instead of tune()'s message when it comes first)
     assert db._instance.jobs.interrupt(db._id) == 1
