@@ -165,15 +165,16 @@ def make_runner(model: torch.nn.Module, loss_fn, params: RunnerParams, device: s
     return runner
 
 
-def spill_file(cur, job: str, device: str) -> SpillFile | None:
+def spill_file(cur, job: str, device: str, temp: tuple[str, str] | None = None) -> SpillFile | None:
     """On the CPU, the job's spill file in the database's ``temp_directory`` (where DuckDB
     spills too), within ``max_temp_directory_size`` less what DuckDB holds there now; None
     on CUDA (host RAM is a GPU's slow tier) and where DuckDB's temp directory is off
     (``SET temp_directory = ''``: swapped tensors then stay in RAM, and save nothing).
-    Spill files of crashed processes found there are removed first."""
+    Spill files of crashed processes found there are removed first. ``temp``: the two
+    settings as :func:`measure_spill_tier` read them (else read here)."""
     if not device.startswith("cpu"):
         return None
-    directory, limit = _temp_settings(cur)
+    directory, limit = temp or temp_settings(cur)
     if not directory:
         return None
     (held,), = cur.execute("SELECT coalesce(sum(size), 0) FROM duckdb_temporary_files()").fetchall()
@@ -183,25 +184,27 @@ def spill_file(cur, job: str, device: str) -> SpillFile | None:
     return spill
 
 
-def measure_spill_tier(cur, device: str) -> None:
+def measure_spill_tier(cur, device: str) -> tuple[str, str] | None:
     """Before a job's real memory is measured (``procmem.watch``): the speed of the file
     system its spill file will be on, which the planner plans swaps with
     (``spill.tier_of``), measured here once per process and file system where ``python -m
     dbml install`` did not calibrate it. The probe's buffers are then the process's, once,
     as its imports are: inside the job they were 64 MB of a first job's real memory (a
-    worker set's first job held 94 MB for a 67 MB budget). Errors are left to
-    :func:`spill_file`, which reports them as the job's."""
+    worker set's first job held 94 MB for a 67 MB budget). Returns the temp settings it
+    read (:func:`temp_settings`; None off the CPU), for :func:`spill_file`. Errors are left
+    to :func:`spill_file`, which reports them as the job's."""
     if not device.startswith("cpu"):
-        return
-    directory, _ = _temp_settings(cur)
-    if directory:
+        return None
+    temp = temp_settings(cur)
+    if temp[0]:
         try:
-            tier_of(directory)
+            tier_of(temp[0])
         except OSError:
             pass
+    return temp
 
 
-def _temp_settings(cur) -> tuple[str, str]:
+def temp_settings(cur) -> tuple[str, str]:
     """The database's ``temp_directory`` ('' when off) and ``max_temp_directory_size``."""
     # fetchall, not fetchone: a result left unfinished keeps the cursor busy (DuckDB 2)
     (directory, limit), = cur.execute(

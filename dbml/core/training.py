@@ -613,12 +613,12 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
     label = torch.int64 if prep.task == "classification" else torch.float32
     # the process's one-off imports and first trace are not the job's memory: where a budget bounds it
     preload.ready(warm=params.memory_budget is not None or params.shared_budget is not None)
-    runners.measure_spill_tier(cur, device)
+    temp = runners.measure_spill_tier(cur, device)
     # what the job adds to the process's real memory, from here to its end
     with procmem.watch() as real, scheduler_errors(
             spec.model, job_id=progress.id, memory_budget=params.memory_budget,
             shared_budget=lambda: runners.job_budget(params, device, progress)):
-        spill = runners.spill_file(cur, progress.name, device)
+        spill = runners.spill_file(cur, progress.name, device, temp)
         try:
             runners.check_plan_fits(config, loss_fn, params, device, min(spec.batch_size, n_train), label, progress,
                                     spill=spill is not None)

@@ -339,7 +339,10 @@ def _recompute_round(jobs: list[PlanState], peak: int, chain: int = 0) -> bool:
 
 def _cheapest_round(jobs: list[PlanState], settings: PlanSettings, peak: int, by_tier: bool = False) -> bool:
     """Commit the option with the least added seconds per byte freed at some job's peak
-    (a stalling swap, a recompute) that keeps the global peak from rising; ``by_tier``:
+    (a stalling swap, a recompute) that lowers the global peak, or moves it off the op it
+    was at (an option that leaves it there, only its copies moved, is no progress: a swap
+    planned again so came back every round, each time a rounding error later, until the
+    loop gave up, and an MLP's plan stopped at 67 MB where 50 MB plans exist); ``by_tier``:
     a recompute that wins over copying (``_tier``) before any swap that stalls."""
     options = []
     for j, state in enumerate(jobs):
@@ -349,27 +352,19 @@ def _cheapest_round(jobs: list[PlanState], settings: PlanSettings, peak: int, by
     # tensors too small to count as progress (``min_gain``) only when nothing else is left:
     # a free swap of 4 bytes is cheapest per byte, and does nothing for the peak
     material = [o for o in options if -o[2] >= settings.min_gain * peak]
+    at = [state.peak_op() for state in jobs]   # each job's peak op this round (a refused option is undone)
     for _, _, _, j, _, p in sorted(material or options, key=lambda o: o[:5]):
         state = jobs[j]
         with _context(state, "recompute" if p.status == RECOMPUTED else "stalling swap", p.gap):
-            at = state.peak_op()
             if state.commit(p):
-                if _global_peak(jobs) < peak or (_global_peak(jobs) == peak and not _moved_nothing(state, p, at)):
+                now = _global_peak(jobs)
+                if now < peak or (now == peak and state.peak_op() != at[j]):
                     if p.status != RECOMPUTED:
                         _commit_later_swaps(state, p, settings)
                     return True
                 state.undo(p)   # its waits or its stall's outputs raised the peak
         _reject(state, p)
     return False
-
-
-def _moved_nothing(state: PlanState, p: Proposal, at: int) -> bool:
-    """A swap planned again (``p.drop``) that left the job's peak where it was, at the same
-    op: no progress, only its copies moved. Committed as progress, the same re-plan came
-    back every round, each time a rounding error later, until the loop gave up: with
-    compute fast beside a slow tier, an MLP's plan stopped at 67 MB where 50 MB plans
-    exist (the smallest feasible budget then depended on the machine's measured speed)."""
-    return p.drop is not None and state.peak_op() == at
 
 
 def _tier(state: PlanState, p: Proposal, settings: PlanSettings) -> int:
