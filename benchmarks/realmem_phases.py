@@ -30,6 +30,20 @@ sys.path.insert(0, HERE)
 _probe: dict = {}
 
 
+def _file_pages() -> dict[str, int]:
+    """Resident bytes of each mapped file (/proc/self/smaps): which code a job paged in."""
+    import re
+    pages, name = {}, None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+                parts = line.split()
+                name = parts[5] if len(parts) > 5 and parts[5].startswith("/") else None
+            elif name is not None and line.startswith("Rss:"):
+                pages[name] = pages.get(name, 0) + int(line.split()[1]) * 1024
+    return pages
+
+
 def _mallinfo() -> tuple[int, int, int]:
     """glibc's (bytes in use, free in the heaps, mmapped): mallinfo2."""
     import ctypes
@@ -89,11 +103,15 @@ class _Probe:
             self.start, self.rows = self.rss() or 0, []
             st = self.status("RssFile", "RssShmem")
             self.file0 = st.get("RssFile", 0) + st.get("RssShmem", 0)
+        self.files0 = _file_pages()
         self.enter("start")
 
     def end(self, real):
         self.runner = None
         self.enter("after watch")
+        now = _file_pages()
+        grown = sorted(((now[k] - self.files0.get(k, 0), k) for k in now), reverse=True)
+        self.note(files=[(os.path.basename(k), v) for v, k in grown[:6] if v > 0])
         with self.lock:
             rows, self.start = self.rows, None
         self.jobs += 1
@@ -194,7 +212,7 @@ def show(path: str) -> None:
                 r = {**r, "phase": "steps 3.."}
             merged.append(dict(r))
         for r in merged:
-            if r["phase"].startswith("after ") and r["max"] - r["at"] < 1e6:
+            if r["phase"].startswith("after ") and r["max"] - r["at"] < 1e6 and not r.get("files"):
                 continue
             extra = ""
             if "held_at_max" in r and "excess" in r:
@@ -207,6 +225,8 @@ def show(path: str) -> None:
                          f"{(r['planner_budget'] or 0) / 1e6:.1f}, reserve {(r['reserve'] or 0) / 1e6:.1f}"
                           f" + {(r.get('measured_reserve') or 0) / 1e6:.1f}")
             print(f"  {r['phase']:<22} at {r['at'] / 1e6:7.1f} MB  max {r['max'] / 1e6:7.1f} MB{extra}")
+            if r.get("files"):
+                print("    files paged in: " + ", ".join(f"{k} +{v / 1e6:.1f}" for k, v in r["files"]))
 
 
 def main(argv=None) -> int:

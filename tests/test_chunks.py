@@ -215,3 +215,36 @@ def test_the_chunk_size_identifies_a_shared_capture():
     chunked = GraphCache(model, loss_fn, OptimizerSpec("sgd", update_chunk_bytes=CHUNK), share="net").get(x, y)
     whole = GraphCache(model, loss_fn, OptimizerSpec("sgd", update_chunk_bytes=None), share="net").get(x, y)
     assert len(chunked.input_keys) > len(whole.input_keys)
+
+
+@pytest.mark.parametrize("budget, pieces", [(None, 16 << 20), (1 << 40, 16 << 20), (128 << 20, 16 << 20),
+                                            (127 << 20, 8 << 20), (67_300_000, 8 << 20), (20_000_000, 2 << 20),
+                                            (1_000, 1 << 20)])
+def test_a_small_budget_cuts_large_weights_into_smaller_pieces(budget, pieces):
+    """Pieces of at most an eighth of the budget, a power of two, not under 1 MiB; a spec
+    whose pieces are smaller already, or that keeps parameters whole, is kept."""
+    assert OptimizerSpec("adam").within(budget).update_chunk_bytes == pieces
+    assert OptimizerSpec("adam", update_chunk_bytes=CHUNK).within(budget).update_chunk_bytes == CHUNK
+    assert OptimizerSpec("adam", update_chunk_bytes=None).within(budget).update_chunk_bytes is None
+
+
+@pytest.mark.slow   # two jobs of a 4 MiB weight: ~3 s
+def test_a_budget_below_a_whole_weights_update_trains_in_pieces_as_eager(tmp_path):
+    """hidden [1024, 1024]: its 4 MiB weight's Adam update whole needs 12.6 MB of tensors
+    (16.8 MB with the spill's bounce buffer); in the 1 MiB pieces a 14 MB budget gets, 8.4 MB.
+    The job trains within its budget, bit for bit as eager PyTorch (it was refused before)."""
+    import dbml
+    from helpers import job_of, load, moons
+    con = dbml.connect(str(tmp_path / "db.duckdb"), latency_model="roofline", progress="off")
+    load(con, "moons", moons(1000))
+    args = ("label := 'label', features := ['x1', 'x2'], hidden := [1024, 1024], epochs := 1, "
+            "batch_size := 256")
+    eager = con.execute(f"SELECT train('eager', 'moons', {args}, policy := 'eager')").fetchall()[0][0]
+    budget = 14_000_000
+    tight = job_of(con, con.execute(f"SELECT train('tight', 'moons', {args}, memory_budget := {budget})")
+                   .fetchall()[0][0])
+    assert tight["planned_peak_bytes"] <= budget and tight["measured_peak_bytes"] <= budget
+    assert tight["final_loss"] == eager["final_loss"]
+    weights = con.execute("SELECT name, weights FROM dbml_weights ORDER BY name").fetchall()
+    assert weights[0][1] == weights[1][1]
+    con.close()

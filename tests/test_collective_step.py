@@ -38,6 +38,9 @@ SIZES = (512, 512, 301, 1)  # the global batches: 301 splits 150/151, 1 leaves r
 # all-reduce's summation order (Adam's first steps divide near-zero gradients by their own
 # size, which makes float32 rounding of order 1e-9 an update difference of order lr)
 SPEC = OptimizerSpec(kind="sgd", lr=0.05, momentum=0.9)
+# the same in pieces of 64 KiB: what a small budget makes of a large weight (OptimizerSpec.within):
+# each piece's gradient is all-reduced as its own tensor
+PIECES = OptimizerSpec(kind="sgd", lr=0.05, momentum=0.9, update_chunk_bytes=64 << 10)
 BUDGET_SHARE = 0.9          # of the unscheduled peak (the larger worker's); 0.7 is infeasible here
 BUCKET = 1 << 16            # small buckets: several all-reduces in each graph
 MACHINE = Machine(peak_flops=5e9, memory_bandwidth=5e9, copy_bandwidth=4e8, op_overhead=5e-6)
@@ -77,7 +80,7 @@ def _run(runner, batches):
     return losses
 
 
-def _worker(rank: int, store: str, out: str) -> None:
+def _worker(rank: int, store: str, out: str, spec: OptimizerSpec = SPEC) -> None:
     from dbml.core.dataparallel import DataParallelStep
     from dbml.scheduler import procmem
     from dbml.scheduler.execute.devices import CpuDevice
@@ -92,7 +95,7 @@ def _worker(rank: int, store: str, out: str) -> None:
     timing = {"latency_model": RooflineModel(MACHINE), "comm_bandwidth": bandwidth}
     plain_model = model()
     collective = Collective.current(bucket_bytes=BUCKET)
-    plain = DataParallelStep(plain_model, loss_fn, SPEC, Job(), policy="none", **timing,
+    plain = DataParallelStep(plain_model, loss_fn, spec, Job(), policy="none", **timing,
                              collective=collective, job=f"plain{rank}")
     plain_losses = _run(plain, batches)
     vanilla = torch.tensor(plain.stats()["vanilla_peak_bytes"])
@@ -101,7 +104,7 @@ def _worker(rank: int, store: str, out: str) -> None:
     sched_model = model()
     spill = SpillFile(tempfile.mkdtemp(prefix="dbml-dp-spill-"), f"dp{rank}")
     with procmem.watch() as real:
-        sched = DataParallelStep(sched_model, loss_fn, SPEC, Job(), policy="tensile", budget_bytes=budget,
+        sched = DataParallelStep(sched_model, loss_fn, spec, Job(), policy="tensile", budget_bytes=budget,
                                  **timing, device=CpuDevice("cpu", spill=spill), log=True,
                                  collective=collective, job=f"sched{rank}")
         try:
@@ -120,7 +123,7 @@ def _worker(rank: int, store: str, out: str) -> None:
     sched.close()
     plain.close()
     # a worker whose job is cancelled from its second step on stops every worker there
-    cancel = DataParallelStep(model(), loss_fn, SPEC, Job(cancel_at=2 if rank == 1 else None), policy="none",
+    cancel = DataParallelStep(model(), loss_fn, spec, Job(cancel_at=2 if rank == 1 else None), policy="none",
                               **timing, job=f"cancel{rank}")
     stopped = None
     for i, (x, y) in enumerate(batches):
@@ -143,6 +146,13 @@ def workers(tmp_path_factory):
     return [torch.load(out / f"{r}.pt", weights_only=False) for r in range(WORLD)]
 
 
+@pytest.fixture(scope="module")
+def workers_in_pieces(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dp-pieces")
+    mp.spawn(_worker, args=(str(out / "store"), str(out), PIECES), nprocs=WORLD, join=True)
+    return [torch.load(out / f"{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
 def _one_worker() -> tuple[list[torch.Tensor], list[float]]:
     """One worker training on the global batches, plain PyTorch."""
     from dbml.scheduler.execute.step import EagerStep
@@ -162,6 +172,21 @@ def test_scheduled_data_parallel_step_is_bit_identical_to_unscheduled(workers):
         assert w["sched_losses"] == w["plain_losses"]
     for a, b in zip(workers[0]["sched"], workers[1]["sched"], strict=True):
         assert torch.equal(a, b)   # every worker holds the same model
+
+
+@pytest.mark.slow   # two spawned processes: ~5 s
+def test_weights_in_pieces_keep_the_scheduled_step_bit_identical_and_within_the_budget(workers_in_pieces):
+    weights, _ = _one_worker()
+    for w in workers_in_pieces:
+        assert isinstance(w["sched_losses"], list), w["sched_losses"]
+        assert all(len(ops) > 2 * len(bucket_indices(list(model().parameters()), BUCKET))
+                   for ops in w["graphs"].values()), "no weight was cut into pieces"
+        for a, b, c in zip(w["sched"], w["plain"], weights, strict=True):
+            assert torch.equal(a, b) and (a - c).abs().max().item() <= 1e-5
+        assert w["sched_losses"] == w["plain_losses"]
+        assert w["stats"]["measured_peak_bytes"] <= w["budget"] and w["stats"]["planned_peak_bytes"] <= w["budget"]
+    for a, b in zip(workers_in_pieces[0]["sched"], workers_in_pieces[1]["sched"], strict=True):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ parameter would cut across its members).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Iterable
 
 if TYPE_CHECKING:
@@ -38,6 +38,15 @@ OPTIMIZERS = ("sgd", "adam", "adamw", "adagrad")
 # smallest feasible budget from 39.3 % to 32.0 % (benchmarks/chunk_floor.py). Smaller
 # pieces (8 MiB) plan lower still (29.0 %) but raise the unbudgeted peak by 2.4 %.
 DEFAULT_UPDATE_CHUNK_BYTES: int | None = 16 << 20
+# Under a memory budget, pieces are at most this share of it (a power of two of bytes, not
+# under MIN_UPDATE_CHUNK_BYTES): a parameter as large as the default piece is a large part of a small
+# budget. An MLP of hidden [2048, 2048] has a 16 MiB weight, one piece at the default size:
+# its Adam update holds the weight and both moments, 50.3 MB, the least any plan reaches;
+# in 8 MiB pieces its least plan is 33.6 MB, the forward's rebuilt weight beside its pieces
+# (benchmarks/chunk_floor.py). A budget of 128 MiB or more keeps the default. A job takes
+# the smaller pieces only where its budget needs them (dbml.core.runners.fit_pieces).
+BUDGET_PIECE_SHARE = 1 / 8
+MIN_UPDATE_CHUNK_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,15 @@ class OptimizerSpec:
             raise ValueError(f"update_chunk_bytes must be a positive int or None, got {chunk!r}")
         if self.stacked and chunk is not None:
             raise ValueError("a stacked spec updates whole parameters: pass update_chunk_bytes=None")
+
+    def within(self, budget: int | None) -> "OptimizerSpec":
+        """This spec for a step planned within ``budget`` bytes (None: no budget): pieces of at
+        most :data:`BUDGET_PIECE_SHARE` of it, where that is smaller than this spec's."""
+        chunk = self.update_chunk_bytes
+        if budget is None or chunk is None:
+            return self
+        share = max(MIN_UPDATE_CHUNK_BYTES, 1 << (max(1, int(budget * BUDGET_PIECE_SHARE)).bit_length() - 1))
+        return self if share >= chunk else replace(self, update_chunk_bytes=share)
 
 
 def add_l1(spec: OptimizerSpec, params, grads) -> list:
