@@ -7,6 +7,7 @@ Prints each job's planned, measured (tracked) and real peak (``dbml_jobs.real_pe
 the job's process RSS above its start) with the budget.
 
     python benchmarks/dp_real_memory.py [--fraction 0.8] [--jobs 2] [--fresh]
+    python benchmarks/dp_real_memory.py --outside 3   # the worker processes' VmHWM, eager vs budgeted
 
 ``--fresh``: the vanilla peak comes from a local unscheduled job run first, so that the
 worker set's (and the local process's) first job is a budgeted one: it pays the process's
@@ -56,12 +57,67 @@ def run(con, name: str, extra: str) -> tuple:
     return row
 
 
+def worker_pids() -> list[int]:
+    """The Ray device workers' processes (their title: ``ray::DeviceWorker``), found from outside."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if f.read().startswith(b"ray::DeviceWorker"):
+                        pids.append(int(name))
+            except OSError:
+                continue
+    return sorted(pids)
+
+
+def status_of(pid: int) -> dict[str, int]:
+    """VmHWM and VmRSS of process ``pid`` in bytes, read from /proc by this (another) process."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("VmHWM", "VmRSS"):
+                out[key] = int(rest.split()[0]) * 1024
+    return out
+
+
+def outside(fraction: float, rounds: int) -> None:
+    """Each round, a fresh Ray cluster per mode: one ``workers := 2`` job, eager or under
+    ``fraction`` of the vanilla peak, as its worker set's first; then each worker process's
+    resident high-water mark (VmHWM) read from /proc by the driver: the whole process's, its
+    imports and the job's alike, as /usr/bin/time reads a local one."""
+    import ray
+    vanilla = vanilla_apart()
+    print(f"vanilla peak {vanilla / 1e6:.1f} MB (a process of its own); budget {fraction * vanilla / 1e6:.1f} MB")
+    for r in range(rounds):
+        for mode, extra in (("eager", ", policy := 'eager'"), ("budget", f", memory_budget := {int(fraction * vanilla)}")):
+            ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False,
+                     log_to_driver=False)
+            try:
+                con = dbml.connect(latency_model="roofline", progress="off", cluster="ray")
+                load(con, "moons", moons(4000))
+                row = run(con, f"{mode} {r + 1}", f", workers := 2{extra}")
+                hwm = [status_of(p)["VmHWM"] for p in worker_pids()]
+                print(f"   worker processes' VmHWM from outside: {', '.join(f'{h / 1e6:.1f}' for h in hwm)} MB; "
+                      f"job's real {row[2] / 1e6:.1f} MB", flush=True)
+                con.close()
+            finally:
+                ray.shutdown()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--fraction", type=float, default=0.8)
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--fresh", action="store_true", help="no unscheduled job on the worker set first")
+    p.add_argument("--outside", type=int, default=0, metavar="ROUNDS",
+                   help="instead: eager against budgeted first jobs in fresh worker sets, each worker "
+                        "process's high-water mark read from /proc by the driver")
     args = p.parse_args(argv)
+    if args.outside:
+        outside(args.fraction, args.outside)
+        return 0
     import ray
     ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False, log_to_driver=False)
     print(f"load average {os.getloadavg()[0]:.2f}")

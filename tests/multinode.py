@@ -20,6 +20,9 @@ which scenario it was in); the test, not this script, judges it:
   (``cluster.remove_node``); each job's outcome, the catalog, predictions.
 - kill_unretried: the other worker node removed under a job with ``max_retries = 0`` (and
   one on the head): the error it fails with, the catalog.
+- reconnect: ``ray.shutdown()`` and ``ray.init()`` again in this process (a notebook's
+  restart), then a placed job on the same dbml connection: its outcome (the old connection's
+  hub and workers are gone with it).
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def main(out_path: str) -> None:
                    "load": os.getloadavg()[0]})
     try:
         for name, scenario in (("hub", hub), ("spread", spread), ("ship", ship), ("search", search), ("kill", kill),
-                               ("kill_unretried", kill_unretried)):
+                               ("kill_unretried", kill_unretried), ("reconnect", reconnect)):
             t = time.perf_counter()
             done(name, {**scenario(ray, cluster, head, workers), "seconds": time.perf_counter() - t})
     finally:
@@ -268,6 +271,19 @@ def kill_unretried(ray, cluster, head, workers) -> dict:
             "models": sorted(con.execute("SELECT name, version FROM dbml.models").fetchall()),
             "weights": sorted(con.execute("SELECT name, version FROM dbml.weights").fetchall()),
             "alive_nodes": alive_after(ray, node.node_id)}
+
+
+def reconnect(ray, cluster, head, workers) -> dict:
+    from dbml.cluster import placement
+    con, before = connection(), placement.current()
+    ray.shutdown()
+    ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+    try:
+        outcome = con.execute(f"SELECT train('r_after', 'moons', {ARGS}, epochs := 2)").fetchall()[0][0]["status"]
+    except Exception as e:  # noqa: BLE001 - checked by the test
+        outcome = f"error: {e}"
+    return {"outcome": outcome, "new_connection": placement.current() is not before,
+            "models": sorted(con.execute("SELECT name FROM dbml.models WHERE name = 'r_after'").fetchall())}
 
 
 if __name__ == "__main__":

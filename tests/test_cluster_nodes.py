@@ -116,5 +116,13 @@ def test_a_removed_node_fails_its_unretried_job_naming_the_fix_and_stores_nothin
     assert kill["models"] == kill["weights"] and ["u_there", 1] not in kill["models"] and ["u_here", 1] in kill["models"]
 
 
+def test_a_driver_that_reconnects_to_ray_gets_new_workers(seen):
+    """ray.shutdown() and ray.init() in the driver (a notebook's restart): the next job starts a
+    new hub and workers, not "Can't find actor" from the old connection's."""
+    r = scenario(seen, "reconnect")
+    assert r["outcome"] == "finished", r["outcome"]
+    assert r["new_connection"] and r["models"] == [["r_after"]]
+
+
 def test_the_scenarios_ran_to_the_end(seen):
     assert seen["_failed"] is None, seen["_failed"]

@@ -244,6 +244,13 @@ def _on_this_node(ray):
     return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
 
 
+def _driver(ray) -> tuple[str, str]:
+    """Which connection to Ray this process has: its driver's job and node (a new local cluster
+    numbers its jobs from 1 again, on a node of a new id)."""
+    context = ray.get_runtime_context()
+    return context.get_job_id(), context.get_node_id()
+
+
 class Cluster:
     """The process's connection to a Ray cluster: its hub and its pool of device workers."""
 
@@ -251,6 +258,9 @@ class Cluster:
         from .hub import Hub
         self.ray, self.setting = ray, setting
         self.session = uuid.uuid4().hex[:8]
+        # the driver's connection: a ray.shutdown() and ray.init() in this process (a notebook's
+        # restart) is another, where this one's hub and workers are gone (alive)
+        self.driver = _driver(ray)
         started = time.perf_counter()
         self.hub = ray.remote(num_cpus=0, max_concurrency=WORKER_CONCURRENCY,
                               scheduling_strategy=_on_this_node(ray))(Hub).remote()
@@ -261,7 +271,10 @@ class Cluster:
         self._lock = threading.Lock()
 
     def alive(self) -> bool:
-        return self.ray.is_initialized()
+        """Whether this process is still connected to Ray by the connection that started the
+        hub and the workers (after ray.shutdown() and ray.init() they are gone: connect() then
+        starts new ones, where their handles answered "Can't find actor")."""
+        return self.ray.is_initialized() and _driver(self.ray) == self.driver
 
     def gpus(self) -> bool:
         """Whether the cluster has GPUs: then a device is a GPU, else a CPU slot."""
