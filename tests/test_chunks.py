@@ -248,3 +248,20 @@ def test_a_budget_below_a_whole_weights_update_trains_in_pieces_as_eager(tmp_pat
     weights = con.execute("SELECT name, weights FROM dbml_weights ORDER BY name").fetchall()
     assert weights[0][1] == weights[1][1]
     con.close()
+
+
+@pytest.mark.parametrize("policy, budget, pieces", [("tensile", 14_000_000, 1 << 20),    # floor 12.6 MB whole: cut
+                                                    ("tensile", 30_000_000, 16 << 20),   # plans whole within 30 MB
+                                                    ("tensile", None, 16 << 20),         # the device's budget: GBs
+                                                    ("eager", 14_000_000, 16 << 20)])    # eager PyTorch cuts nothing
+def test_a_job_takes_smaller_pieces_only_where_its_budget_needs_them(policy, budget, pieces):
+    """``runners.fit_pieces``: hidden [1024, 1024], batch 256; its 4 MiB weight is cut only
+    where the step captured whole has a floor above what its first plan may use."""
+    from dbml.core import models, runners
+    from dbml.zoo.inputs import Inputs
+    cfg = models.config("mlp", Inputs("tabular", features=2), 2, hidden=[1024, 1024])
+    params = runners.RunnerParams("m", policy, 1, OptimizerSpec("adam"), budget, None, "roofline", 1, 0.5, 0.1,
+                                  False)
+    got = runners.fit_pieces(cfg, loss_fn, params, "cpu", 256, torch.int64)
+    assert got.optimizer.update_chunk_bytes == pieces
+    assert dataclasses.replace(got, optimizer=params.optimizer) == params   # nothing else changes
