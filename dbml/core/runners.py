@@ -321,12 +321,15 @@ def fit_pieces(cfg: models.ModelConfig, loss_fn, params: RunnerParams, device: s
     finer = params.optimizer.within(budget)
     if finer == params.optimizer:
         return params
-    with torch.device("meta"):
-        largest = max((p.numel() * p.element_size() for p in models.build(cfg).parameters() if p.requires_grad),
-                      default=0)
-    if largest <= finer.update_chunk_bytes:   # no parameter would be cut
+    try:
+        with torch.device("meta"):
+            largest = max((p.numel() * p.element_size() for p in models.build(cfg).parameters() if p.requires_grad),
+                          default=0)
+        if largest <= finer.update_chunk_bytes:   # no parameter would be cut
+            return params
+        seq = _meta_sequence(cfg, loss_fn, params, device, rows, label)
+    except Exception:  # noqa: BLE001 - a registered model that cannot be built on the meta device trains whole
         return params
-    seq = _meta_sequence(cfg, loss_fn, params, device, rows, label)
     room = budget
     if torch.device(device).type == "cpu":
         room -= int(FIRST_MARGIN * budget) + bounce_reserve(seq)
