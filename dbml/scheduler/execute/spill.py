@@ -43,7 +43,11 @@ __all__ = ["SpillFile", "Parked", "Extent", "SpillError", "SpillFull", "sweep_st
            "Tier", "measure_tier", "calibrate_tier", "tier_of"]
 
 BLOCK = 4096          # O_DIRECT's alignment of offsets, lengths and buffers (a page covers every block size)
-CHUNK = 4 << 20       # the bounce buffer: 4 MiB per job, large enough that a syscall's cost is noise
+# the bounce buffer: 2 MiB per job, large enough that a syscall's cost is small. Its pages are
+# the job's real memory beside its plan (runner.bounce_reserve): 4 MiB wrote 1.6 GB/s and read
+# 1.4 here, 2 MiB 1.5-2 % and 6 % slower, and a 67.3 MB job planned 4 MB more of tensors in
+# the 2 MB it left: 6.3-7.4 s against 7.6-8.2 s (benchmarks/pieces_cost.py 67.3MB)
+CHUNK = 2 << 20
 _PREFIX = "dbml_swap_"
 _NAME = re.compile(rf"{_PREFIX}(\d+)_.*\.bin$")
 _serial = itertools.count()
@@ -355,7 +359,7 @@ def measure_tier(directory: str | os.PathLike, nbytes: int = PROBE_BYTES) -> Tie
     (as swaps do: O_DIRECT, the copy thread's bounce buffer), and one block each way for
     the fixed cost. Best of two rounds: a loaded machine's slow round is noise. The bytes
     written are one :data:`CHUNK` of memory written to ``nbytes // CHUNK`` extents and read
-    back into another: 8 MB of the process's memory, not twice ``nbytes`` (64 MB, which a
+    back into another: two chunks of the process's memory, not twice ``nbytes`` (64 MB, which a
     first job measured as its own where no install had calibrated the tier)."""
     spill = SpillFile(directory, "probe")
     try:
