@@ -262,6 +262,8 @@ def test_a_job_takes_smaller_pieces_only_where_its_budget_needs_them(policy, bud
     cfg = models.config("mlp", Inputs("tabular", features=2), 2, hidden=[1024, 1024])
     params = runners.RunnerParams("m", policy, 1, OptimizerSpec("adam"), budget, None, "roofline", 1, 0.5, 0.1,
                                   False)
-    got = runners.fit_pieces(cfg, loss_fn, params, "cpu", 256, torch.int64)
+    got, meta = runners.fit_pieces(cfg, loss_fn, params, "cpu", 256, torch.int64)
     assert got.optimizer.update_chunk_bytes == pieces
+    # the whole step's meta sequence, captured and kept whole, is handed on (check_plan_fits reuses it)
+    assert (meta is not None) == (policy == "tensile" and budget == 30_000_000)
     assert dataclasses.replace(got, optimizer=params.optimizer) == params   # nothing else changes

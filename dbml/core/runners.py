@@ -34,6 +34,7 @@ from ..errors import InvalidArgument
 from ..scheduler.errors import InfeasibleBudget
 from ..scheduler import config as scheduler_config
 from ..scheduler.graph.access import build_sequence
+from ..scheduler.graph.sequence import AccessSequence
 from ..scheduler.graph.capture import state_keys
 from ..scheduler.graph.optim import OptimizerSpec
 from ..scheduler.graph.graphs import GraphCache
@@ -293,11 +294,11 @@ def _gb(n: int) -> str:
 
 
 def _meta_sequence(cfg: models.ModelConfig, loss_fn, params: RunnerParams, device: str, rows: int,
-                   label: torch.dtype):
-    """The job's first batch's step captured on a model of the meta device (nothing allocated),
-    as an access sequence timed by the job's latency model."""
+                   label: torch.dtype, model: torch.nn.Module | None = None):
+    """The job's first batch's step captured on a model of the meta device (nothing allocated;
+    ``model``: one built there already), as an access sequence timed by the job's latency model."""
     with torch.device("meta"):
-        model = models.build(cfg)
+        model = model if model is not None else models.build(cfg)
         batch = (models.sample_input(cfg, rows), torch.empty(rows, dtype=label))
     estimator, _ = latency_model(params.latency_model, device, params.torch_threads)
     estimator = estimator or RooflineModel(device=str(torch.device(device)))
@@ -306,7 +307,7 @@ def _meta_sequence(cfg: models.ModelConfig, loss_fn, params: RunnerParams, devic
 
 
 def fit_pieces(cfg: models.ModelConfig, loss_fn, params: RunnerParams, device: str, rows: int,
-               label: torch.dtype, job: JobHandle | None = None) -> RunnerParams:
+               label: torch.dtype, job: JobHandle | None = None) -> tuple[RunnerParams, AccessSequence | None]:
     """``params`` with its optimizer's pieces cut to its budget (``OptimizerSpec.within``)
     where the budget needs it: where the step captured whole (on the meta device) has a
     tensor-granularity floor above what its first plan may use (on the CPU, the budget less
@@ -314,32 +315,35 @@ def fit_pieces(cfg: models.ModelConfig, loss_fn, params: RunnerParams, device: s
     needs them (the cat that rebuilds a weight each step: 3 epochs of an MLP of hidden
     [2048, 2048] took 3.7-4.1 s in 8 MiB pieces against 3.5-3.6 s whole at a 100 MB budget
     that bound nothing), so a job that plans within its budget whole stays whole. For a
-    scheduled policy only; before the job's watch: the meta capture is not its memory."""
+    scheduled policy only; before the job's watch: the meta capture is not its memory.
+    Also the meta sequence of the params it returns, where it captured one (None: it cut
+    the pieces, or captured nothing), for :func:`check_plan_fits`."""
     if params.policy in ("eager", "none") or scheduler_config.scheduler_disabled():
-        return params
+        return params, None
     budget = job_budget(params, device, job)
     finer = params.optimizer.within(budget)
     if finer == params.optimizer:
-        return params
+        return params, None
     try:
         with torch.device("meta"):
-            largest = max((p.numel() * p.element_size() for p in models.build(cfg).parameters() if p.requires_grad),
-                          default=0)
+            model = models.build(cfg)
+        largest = max((p.numel() * p.element_size() for p in model.parameters() if p.requires_grad), default=0)
         if largest <= finer.update_chunk_bytes:   # no parameter would be cut
-            return params
-        seq = _meta_sequence(cfg, loss_fn, params, device, rows, label)
+            return params, None
+        seq = _meta_sequence(cfg, loss_fn, params, device, rows, label, model)
     except Exception:  # noqa: BLE001 - a registered model that cannot be built on the meta device trains whole
-        return params
+        return params, None
     room = budget
     if torch.device(device).type == "cpu":
         room -= int(FIRST_MARGIN * budget) + bounce_reserve(seq)
     if tensor_granularity_floor(seq) <= room:
-        return params
-    return dataclasses.replace(params, optimizer=finer)
+        return params, seq
+    return dataclasses.replace(params, optimizer=finer), None
 
 
 def check_plan_fits(cfg: models.ModelConfig, loss_fn, params: RunnerParams, device: str, rows: int,
-                    label: torch.dtype, job: JobHandle | None = None, *, spill: bool = False) -> None:
+                    label: torch.dtype, job: JobHandle | None = None, *, spill: bool = False,
+                    seq: AccessSequence | None = None) -> None:
     """For a tensile job whose parameters and optimizer state are a large part of its
     budget (``LARGE_MODEL_SHARE`` or more), plan its first batch on a model of the meta
     device before the real one is built: capture runs on fake tensors, so a budget no plan
@@ -349,13 +353,14 @@ def check_plan_fits(cfg: models.ModelConfig, loss_fn, params: RunnerParams, devi
     default (``job_budget``: on the CPU a share of its database's memory_limit). ``spill``:
     the job's swaps go to disk; alone on its budget, its runner plans without the bounce
     buffer's pages (``runner.bounce_reserve``), so the smallest budget it is told counts them
-    (a budget suggested without them was refused by the runner: 1.30 MB for 1.33 MB)."""
+    (a budget suggested without them was refused by the runner: 1.30 MB for 1.33 MB).
+    ``seq``: the meta sequence :func:`fit_pieces` captured for these params, if any."""
     if params.policy != "tensile" or params.workers > 1 or scheduler_config.scheduler_disabled():
         return
     budget = job_budget(params, device, job)
     if state_bytes(cfg, params.optimizer)[0] < LARGE_MODEL_SHARE * budget:
         return
-    seq = _meta_sequence(cfg, loss_fn, params, device, rows, label)
+    seq = seq if seq is not None else _meta_sequence(cfg, loss_fn, params, device, rows, label)
     try:
         plan(seq, budget)
     except InfeasibleBudget as e:
@@ -399,15 +404,12 @@ def real_memory_warning(memory: dict) -> str | None:
     if real is None or budget is None or real <= budget:
         return None
     planned = memory.get("planned_peak_bytes")
-    tensors = f"; its tensors took {_mb(planned)} (planned_peak_bytes)" if planned is not None else ""
-    return (f"real memory: the process grew by {_mb(real)} while the job ran, {_mb(real - budget)} more than its "
-            f"budget of {_mb(budget)}{tensors}, the rest was held beside them (temporaries inside ops, buffers, "
+    tensors = f"; its tensors took {_gb(planned)} (planned_peak_bytes)" if planned is not None else ""
+    return (f"real memory: the process grew by {_gb(real)} while the job ran, {_gb(real - budget)} more than its "
+            f"budget of {_gb(budget)}{tensors}, the rest was held beside them (temporaries inside ops, buffers, "
             f"and in a process's first job its one-off imports and caches); pass a larger memory_budget, or a "
             f"smaller batch_size, to keep the process within it")
 
-
-def _mb(n: int) -> str:
-    return f"{n / 1e6:.1f} MB"
 
 
 def memory_summary(stats: dict, vanilla: int | None, real=None) -> dict:

@@ -613,7 +613,7 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
     label = torch.int64 if prep.task == "classification" else torch.float32
     # the process's one-off imports and first trace are not the job's memory: where a budget bounds it
     preload.ready(warm=params.memory_budget is not None or params.shared_budget is not None)
-    params = runners.fit_pieces(config, loss_fn, params, device, min(spec.batch_size, n_train), label, progress)
+    params, meta = runners.fit_pieces(config, loss_fn, params, device, min(spec.batch_size, n_train), label, progress)
     temp = runners.measure_spill_tier(cur, device)
     # what the job adds to the process's real memory, from here to its end
     with procmem.watch() as real, scheduler_errors(
@@ -622,7 +622,7 @@ def _fit_model(cur, table: str, prep: Preprocessing, spec: TrainSpec, n_train: i
         spill = runners.spill_file(cur, progress.name, device, temp)
         try:
             runners.check_plan_fits(config, loss_fn, params, device, min(spec.batch_size, n_train), label, progress,
-                                    spill=spill is not None)
+                                    spill=spill is not None, seq=meta)
             # a job that holds its budget in real memory (hostmem.bounded, which its runner enters):
             # its weights are made under it too, not in the heap, whose holes outlive them
             bounded = bounds_host_memory(params.policy, runners.job_budget(params, device, progress), spill) \
