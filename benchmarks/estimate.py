@@ -12,11 +12,14 @@ child process so that its first job is a fresh process's first):
 * ``cold linear 400`` in a second fresh process.
 
 Every job runs its full ``epochs`` (``early_stop := false``: the estimate is for the epochs
-asked; early stopping can only end sooner). Per job: estimate, measured, ``ratio``
-(estimate / measured); then the median ratio and the jobs outside +-30 %. The load
-average is printed before and after.
+asked; early stopping can only end sooner). Per job: the estimate (``dbml_jobs.estimated_seconds``:
+the last said, from the job's first steps), measured, ``ratio`` (estimate / measured), and the
+same for the prediction said before the first iteration (``predicted_seconds`` in the model's
+metrics); then the median ratios and the jobs outside +-30 %. The load average is printed
+before and after. ``--fresh`` runs on a cache directory holding only the installed predictor and
+spill tiers (a new user's machine after ``install``: nothing learned from earlier jobs).
 
-    python -m dbml.bench.estimate [--json out.json]
+    python -m dbml.bench.estimate [--fresh] [--json out.json]
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ import argparse
 import json
 import os
 import statistics
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 TOLERANCE = 0.30
@@ -106,40 +111,61 @@ def child(cold: str) -> list[dict]:
         r = dbml.train(con, f"m{i}", table, label="y", early_stop=False, **args)
         measured = time.perf_counter() - started
         est = con.execute("SELECT estimated_seconds FROM dbml_jobs WHERE job_id = ?", [r["job_id"]]).fetchall()[0][0]
-        rows.append({"job": name, "estimated": est, "measured": measured,
-                     "ratio": None if est is None else est / measured, "job_seconds": r["seconds"],
+        predicted = con.execute("SELECT (metrics->>'predicted_seconds')::DOUBLE FROM dbml_models WHERE name = ?",
+                                [f"m{i}"]).fetchall()[0][0]
+        rows.append({"job": name, "estimated": est, "predicted": predicted, "measured": measured,
+                     "ratio": None if est is None else est / measured,
+                     "predicted_ratio": None if predicted is None else predicted / measured, "job_seconds": r["seconds"],
                      "epochs": r["epochs"], "rows": r["rows"]})
     con.close()
     return rows
 
 
-def run(log=print) -> list[dict]:
+def run(log=print, env: dict | None = None) -> list[dict]:
     rows = []
     for cold in ("mlp", "linear"):
         out = subprocess.run([sys.executable, "-m", "dbml.bench.estimate", "--child", cold], capture_output=True,
-                             text=True, check=False)
+                             text=True, check=False, env=env)
         if out.returncode != 0:
             raise RuntimeError(f"the child process failed:\n{out.stderr[-4000:]}")
         rows += json.loads(out.stdout.strip().splitlines()[-1])
     for r in rows:
         log(f"{r['job']:<22} est {r['estimated'] or float('nan'):7.2f} s  measured {r['measured']:7.2f} s  "
-            f"ratio {r['ratio'] or float('nan'):5.2f}  (job {r['job_seconds']:.2f} s)")
-    ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
-    outside = [r["job"] for r in rows if r["ratio"] is None or abs(r["ratio"] - 1) > TOLERANCE]
-    log(f"median ratio {statistics.median(ratios):.2f}; outside +-{TOLERANCE:.0%}: {', '.join(outside) or 'none'}")
+            f"ratio {r['ratio'] or float('nan'):5.2f}  (predicted before training {r['predicted'] or float('nan'):7.2f} s, "
+            f"ratio {r['predicted_ratio'] or float('nan'):5.2f}; job {r['job_seconds']:.2f} s)")
+    for key, what in (("ratio", "estimate (from the first steps)"), ("predicted_ratio", "predicted before training")):
+        ratios = [r[key] for r in rows if r[key] is not None]
+        outside = [r["job"] for r in rows if r[key] is None or abs(r[key] - 1) > TOLERANCE]
+        log(f"{what}: median ratio {statistics.median(ratios):.2f}; outside +-{TOLERANCE:.0%}: "
+            f"{', '.join(outside) or 'none'}")
     return rows
+
+
+def _fresh_cache(path: str) -> str:
+    """``path`` holding copies of this machine's installed predictor and spill tiers, nothing else."""
+    from dbml.scheduler.config import cache_dir
+
+    for f in cache_dir().iterdir():
+        if f.is_file() and (f.name.startswith("predictor-") or f.name == "spill-tiers.json"):
+            shutil.copy(f, path)
+    return path
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--child", choices=("mlp", "linear"), help=argparse.SUPPRESS)
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--fresh", action="store_true", help="a cache with only the installed predictor and spill tiers")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child)))
         return
     print(f"load average before: {os.getloadavg()[0]:.2f}")
-    rows = run()
+    if args.fresh:
+        with tempfile.TemporaryDirectory() as fresh:
+            rows = run(env={**os.environ, "DBML_CACHE_DIR": _fresh_cache(fresh)})
+    else:
+        rows = run()
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     if args.json:
         with open(args.json, "w") as f:

@@ -2,6 +2,7 @@
 ``estimated_seconds`` in dbml_jobs (train()'s ``warnings`` says when it is long), and a warning with cheaper
 choices when it passes the ``slow_train_seconds`` setting."""
 
+import dataclasses
 import types
 
 import pytest
@@ -60,15 +61,34 @@ def _seq(forward: float, backward: float, optimizer: float):
     return types.SimpleNamespace(ops=ops, duration=t)
 
 
-def test_estimate_counts_iterations_validation_and_the_last_batch_capture():
+def test_estimate_counts_iterations_validation_and_the_measured_start_up():
     est = estimate(_seq(1.0, 2.0, 0.5), n_train=130, n_val=32, batch_size=64, epochs=10, validate_epochs=True,
-                   prepare_seconds=4.0)
+                   startup=4.0)
     assert (est.iterations, est.val_batches, est.iteration, est.forward) == (3, 0.5, 3.5, 1.0)
-    # 10 x (3 x 3.5 + 0.5 x 1.0) + the last validation (0.5) + the smaller last batch's capture (4.0)
-    assert est.seconds == pytest.approx(10 * 11.0 + 0.5 + 4.0)
-    even = estimate(_seq(1.0, 2.0, 0.5), n_train=128, n_val=0, batch_size=64, epochs=2, validate_epochs=True,
-                    prepare_seconds=4.0)
-    assert even.seconds == pytest.approx(2 * 2 * 3.5)   # no validation rows, no second shape
+    # the start-up (the batch shapes' captures included) + 10 x (3 x 3.5 + 0.5 x 1.0) + the last validation (0.5)
+    assert est.seconds == pytest.approx(4.0 + 10 * 11.0 + 0.5)
+    even = estimate(_seq(1.0, 2.0, 0.5), n_train=128, n_val=0, batch_size=64, epochs=2, validate_epochs=True)
+    assert even.seconds == pytest.approx(2 * 2 * 3.5)   # no validation rows
+
+
+def test_the_last_smaller_batchs_graph_is_captured_before_the_estimate_not_in_the_first_epoch(rows, monkeypatch):
+    """A smaller last batch is a new graph: captured in TrainLoop.prepare, so its capture is
+    in the start-up the estimate measures; its plan is made when it comes (a plan made ahead
+    would ask the shared planner for room the job does not use yet)."""
+    from dbml.core import training
+
+    captured, planned, step = [], [], training.TrainLoop.step
+
+    def first_step(self, x, y):
+        if not captured:
+            captured.append(len(self.runner.graphs._graphs))
+            planned.append(len(self.runner._graphs))
+        return step(self, x, y)
+
+    monkeypatch.setattr(training.TrainLoop, "step", first_step)
+    r = train(rows, "'m', 'rows', label := 'y', epochs := 2, batch_size := 7, validation := 0")
+    assert r["status"] == "finished" and r["estimated_seconds"] is not None and r["rows"] % 7
+    assert (captured, planned) == ([2], [1])
 
 
 def test_cheaper_choices_name_fewer_epochs_a_cheap_arch_and_smaller_images():
@@ -121,12 +141,15 @@ def test_learn_fits_per_epoch_per_batch_and_per_iteration_costs_from_jobs_of_two
     got = estimating.overheads("cpu", "tabular", "linear")
     assert got.epoch == pytest.approx(0.05) and got.batch == pytest.approx(0.002)
     assert got.scale == pytest.approx(1.25)
-    assert 0.2 < got.finish <= 0.4                         # moving towards 0.4 (LEARNING_RATE)
+    assert got.finish == pytest.approx(0.4)
     # kept beside the predictor for the next process, and the kind's other archs start from it
     estimating.forget()
     assert estimating.overheads("cpu", "tabular", "linear") == got
     assert estimating.overheads("cpu", "tabular", "mlp").epoch == pytest.approx(0.05)
-    assert estimating.overheads("cpu", "image", "cnn") == Overheads()   # a kind never trained: none
+    # a kind never trained: the device's streaming and finishing costs, its ops at their predicted scale
+    assert estimating.overheads("cpu", "image", "cnn") == Overheads(epoch=got.epoch, batch=got.batch,
+                                                                   finish=got.finish)
+    assert estimating.overheads("cuda", "image", "cnn") == Overheads()   # nothing ran on that device
 
 
 def test_one_job_far_off_its_prediction_does_not_set_the_scale_of_the_others(learned):
@@ -139,7 +162,7 @@ def test_one_job_far_off_its_prediction_does_not_set_the_scale_of_the_others(lea
         estimating.learn("cpu", "tabular", "mlp", est, Measured(epochs=steps, steps=steps, finish=0.1))
     for ops, ratio in ((0.001, 0.7), (0.002, 0.72), (0.1, 4.5), (0.001, 0.68)):
         job(ops, ratio)
-    assert estimating.overheads("cpu", "tabular", "mlp").scale == pytest.approx(0.71)
+    assert 0.68 <= estimating.overheads("cpu", "tabular", "mlp").scale <= 0.72
 
 
 def test_a_budgeted_jobs_iteration_counts_what_its_plan_adds():
@@ -147,13 +170,29 @@ def test_a_budgeted_jobs_iteration_counts_what_its_plan_adds():
     assert estimate(_seq(1.0, 2.0, 0.5), **base, plan_extra=0.5).seconds == pytest.approx(2 * 4.0)
 
 
-def test_a_first_job_teaches_only_its_one_off_cost(learned):
+def test_a_first_job_teaches_its_one_off_cost_streaming_and_storing_not_the_scale(learned):
     est = estimate(_seq(0.001, 0.002, 0.001), n_train=640, n_val=0, batch_size=64, epochs=2, validate_epochs=False,
                    cold=True)
-    estimating.learn("cpu", "tabular", "mlp", est, Measured(epochs=[0.04, 0.04], steps=[0.04, 0.04], finish=1.0))
+    # its steps 0.04 s an epoch (0.1 s outside them), 1.0 s after the last
+    estimating.learn("cpu", "tabular", "mlp", est, Measured(epochs=[0.14, 0.14], steps=[0.04, 0.04], finish=1.0))
     got = estimating.overheads("cpu", "tabular", "mlp")
-    assert got.cold == pytest.approx(0.5 * (1.0 + 0.08 - est.seconds))   # half way from none
-    assert (got.scale, got.epoch, got.finish) == (1.0, 0.0, 0.0)
+    assert (got.scale, got.excess) == (1.0, ())                      # its first calls inflate its steps
+    assert (got.epoch, got.finish) == (pytest.approx(0.1), 1.0)      # streaming and storing: as any job's
+    # the one-off: what it spent beyond a later job's estimate with those figures
+    assert got.cold == pytest.approx(2 * 0.14 + 1.0 - (2 * (10 * 0.004 + 0.1) + 1.0))
+
+
+def test_the_scale_weighs_each_job_by_its_iterations_per_epoch(learned):
+    """A job of 5 iterations an epoch ran its steps at 2.2x their prediction (two graphs'
+    switches), jobs of 71 and 282 at 0.9x: the scale is theirs."""
+    def job(iterations: int, ratio: float) -> None:
+        est = estimate(_seq(0.0002, 0.0002, 0.0001), n_train=64 * iterations, n_val=0, batch_size=64, epochs=2,
+                       validate_epochs=False)
+        steps = [iterations * 0.0005 * ratio] * 2
+        estimating.learn("cpu", "tabular", "linear", est, Measured(epochs=steps, steps=steps, finish=0.1))
+    for iterations, ratio in ((5, 2.2), (5, 2.3), (71, 0.9), (5, 2.1), (282, 0.88)):
+        job(iterations, ratio)
+    assert 0.88 <= estimating.overheads("cpu", "tabular", "linear").scale <= 0.9   # unweighted: 2.1
 
 
 @pytest.mark.slow   # ~2 s: two trainings
@@ -196,3 +235,46 @@ def test_a_fresh_processs_first_job_counts_its_start_up_and_one_off_costs_a_warm
     assert first["cold"] and not second["cold"]
     # the first statement imported torch and the scheduler before its estimate: seconds, not milliseconds
     assert first["startup"] > 0.5 and first["startup"] > 3 * second["startup"]
+
+
+def test_the_estimate_said_again_from_the_first_steps_counts_what_is_left_at_their_median():
+    est = estimate(_seq(1.0, 2.0, 0.5), n_train=640, n_val=64, batch_size=64, epochs=3, validate_epochs=True,
+                   learned=Overheads(epoch=0.5, batch=0.1, finish=2.0))
+    # 25 of 30 iterations done in 40 s, their steps 1.5 s: 5 left at 1.5 + 0.1; no epoch's stream left to
+    # start, one epoch's validation (1 batch x 1.0) and the last one's; the finish
+    assert estimating.remeasured(est, 40.0, 25, [1.4, 1.5, 9.0]) == pytest.approx(40 + 5 * 1.6 + 0 + 1 + 1 + 2.0)
+    assert not estimating.timed_enough([0.01] * 19) and estimating.timed_enough([0.01] * 20)
+    assert estimating.timed_enough([0.4] * 3) and not estimating.timed_enough([0.4, 0.7])   # a second's worth
+
+
+@pytest.mark.slow   # ~2 s: two trainings
+def test_a_prediction_far_off_is_said_again_from_the_jobs_first_steps(rows, learned):
+    """Jobs like this one taught a step scale 400x too high: the prediction said before training
+    is far off, the estimate said again after its first steps is near the measured time."""
+    first = train(rows, "'m', 'rows', label := 'y', arch := 'linear', epochs := 4, early_stop := false")
+    for k in [k for k in estimating._table() if "/tabular/" in k]:
+        known = estimating._table()[k]
+        estimating._table()[k] = dataclasses.replace(known, scale=400 * known.scale)
+    r = train(rows, "'m', 'rows', label := 'y', arch := 'linear', epochs := 4, early_stop := false")
+    predicted = rows.sql("SELECT (metrics->>'predicted_seconds')::DOUBLE FROM dbml_models "
+                         "WHERE name = 'm' AND version = 2").fetchall()[0][0]
+    assert predicted > 5 * r["seconds"], (predicted, r["seconds"])
+    # a loose bound: a shared 2-core machine's load moves a short job's time
+    assert 0.4 * r["seconds"] <= r["estimated_seconds"] <= 2.5 * r["seconds"], (r["estimated_seconds"], r["seconds"])
+    assert first["estimated_seconds"] is not None
+
+
+def test_streaming_costs_are_the_kinds_whichever_arch_taught_them(learned):
+    """A linear model that ran only 5-iteration epochs takes the per-batch cost the kind's
+    50-iteration MLP jobs showed, with its own scale and finish."""
+    def job(arch: str, iterations: int, finish: float) -> None:
+        est = estimate(_seq(0.001, 0.002, 0.001), n_train=64 * iterations, n_val=0, batch_size=64, epochs=2,
+                       validate_epochs=False)
+        steps = [iterations * 0.004 for _ in range(2)]
+        estimating.learn("cpu", "tabular", arch, est, Measured(
+            epochs=[s + 0.05 + 0.002 * iterations for s in steps], steps=steps, finish=finish))
+    job("linear", 5, 0.2)
+    job("mlp", 50, 0.4)
+    got = estimating.overheads("cpu", "tabular", "linear")
+    assert got.epoch == pytest.approx(0.05) and got.batch == pytest.approx(0.002)   # the kind's line
+    assert got.finish == pytest.approx(0.2) and got.scale == pytest.approx(1.0)     # the arch's own

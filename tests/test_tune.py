@@ -137,7 +137,9 @@ def test_trials_are_packed_under_one_budget_that_is_kept(db, monkeypatch):
     watcher = threading.Thread(target=sample)
     watcher.start()
     try:
-        rows = rows_of(tune(db, trials=6, pruner="none"))
+        # 8 epochs: a trial's steps outlast the other trials' captures (each ~0.3 s, one at a time
+        # in the process), which now all come before a trial's first step
+        rows = rows_of(tune(db, fixed=FIXED.replace("epochs := 3", "epochs := 8"), trials=6, pruner="none"))
     finally:
         stop.set()
         watcher.join()

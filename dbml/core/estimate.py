@@ -9,15 +9,15 @@ over the held-out rows that early stopping reads each epoch, plus the job's fixe
     + epochs x (iterations per epoch x (iteration x scale + batch wait) + epoch's stream
                 + validation rows / batch x forward)
     + one last forward pass over the validation rows (the summary's val_metric)
-    + one more capture and plan when the last batch of an epoch is smaller than the others
     + the finish (storing the model, the collection after the job)
     + a fresh process's first job's one-off costs (first calls of the ops, lazy imports)
 
 * The start-up is what the statement has spent before the estimate is said, measured, not
   predicted: in a fresh process the imports (torch, the scheduler), loading the latency
   predictor, the first capture; in any process reading and encoding the rows and the
-  first batch's capture and plan (``TrainLoop.prepare``). Issue 32 found it left out:
-  13 s of a fresh process's 14 s first train().
+  captures and plans of the epoch's batch shapes (``TrainLoop.prepare``: the first batch's
+  and the last, smaller one's). Issue 32 found it left out: 13 s of a fresh process's 14 s
+  first train().
 * The rest is what no op latency holds (``Overheads``): the executor's dispatch and the
   step's bookkeeping (``scale``, measured step seconds per predicted op second), waiting
   for each batch and starting each epoch's stream from DuckDB (``batch``, ``epoch``),
@@ -27,10 +27,14 @@ over the held-out rows that early stopping reads each epoch, plus the job's fixe
   each train(): measured against predicted), per device, input kind and arch, and kept
   beside the latency predictor (``overheads.json`` in the cache directory), so a fresh
   process's first job starts from the last ones'. A kind never trained on this machine
-  has none (the estimate is then the ops alone, as before).
+  takes the streaming and finishing costs the device's other kinds taught, with its ops at
+  their predicted scale (:func:`overheads`); on a machine that trained nothing, none.
 
-The last-batch capture is measured, not predicted: a new batch shape is a new graph,
-captured and planned once (as long as the first batch's took, timed just before).
+The last batch's capture is measured, not predicted: a smaller last batch is a new graph,
+captured and planned before the estimate (until the tenth round it was captured in the first
+epoch and guessed as long as the first batch's; but the first batch's graph is often read
+from the disk cache and the last one's not, and the first epoch of a 5,000-row job then
+took 0.4 s more than said).
 
 ``epochs`` is the upper bound: early stopping may end sooner. The sequence is planned
 for the first batch at its full size (sequences at their longest), so a job of
@@ -52,7 +56,8 @@ from dataclasses import asdict, dataclass
 
 from .runtime import runtime
 
-__all__ = ["Estimate", "Measured", "Overheads", "estimate", "learn", "overheads", "slow_warning", "cheaper_choices"]
+__all__ = ["Estimate", "Measured", "Overheads", "estimate", "learn", "overheads", "remeasured", "timed_enough", "slow_warning",
+           "cheaper_choices"]
 
 
 @dataclass(frozen=True)
@@ -68,10 +73,11 @@ class Overheads:
     # the last jobs' (iterations per epoch, seconds per epoch outside the steps): ``epoch`` and
     # ``batch`` are the line through them (a job size alone: all of it per epoch)
     rests: tuple[tuple[int, float], ...] = ()
-    # the last jobs' (predicted seconds of their steps' ops, measured seconds in their steps):
-    # ``scale`` is the median of their ratios (one job on a loaded machine, or one that waited on
-    # its copies more than its plan said, moves it no more than any other job)
-    excess: tuple[tuple[float, float], ...] = ()
+    # the last jobs' (predicted seconds of their steps' ops, measured seconds in their steps,
+    # iterations per epoch): ``scale`` is the median of their ratios, weighed by iterations per
+    # epoch (one job on a loaded machine, or one that waited on its copies more than its plan
+    # said, moves it no more than its weight; _scale)
+    excess: tuple[tuple[float, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -84,7 +90,6 @@ class Estimate:
     val_batches: float     # validation batches per pass (rows / batch size)
     epochs: int            # the most epochs the job runs
     validate_epochs: bool  # whether every epoch ends with a pass over the validation rows
-    capture: float = 0.0   # seconds to capture and plan one more batch shape (the last, smaller batch)
     startup: float = 0.0   # seconds spent before the estimate, measured: the statement's start to the first plan
     overheads: Overheads = Overheads()   # learned fixed costs of jobs like this one (learn)
     cold: bool = False     # the process's first job: its one-off costs (overheads.cold) are counted
@@ -97,26 +102,62 @@ class Estimate:
 
     @property
     def seconds(self) -> float:
-        return (self.startup + self.epochs * self.epoch_seconds + self.val_batches * self.forward + self.capture
+        return (self.startup + self.epochs * self.epoch_seconds + self.val_batches * self.forward
                 + self.overheads.finish + (self.overheads.cold if self.cold else 0.0))
 
 
 def estimate(seq, *, n_train: int, n_val: int, batch_size: int, epochs: int, validate_epochs: bool,
-             prepare_seconds: float = 0.0, startup: float = 0.0, learned: Overheads = Overheads(),
+             startup: float = 0.0, learned: Overheads = Overheads(),
              cold: bool = False, plan_extra: float = 0.0) -> Estimate:
     """The job's estimate from ``seq``, the ``AccessSequence`` of its first batch (of
     ``min(batch_size, n_train)`` rows): op ``end`` times are the predicted latencies, summed,
     and ``plan_extra``, what its plan adds to an iteration (copies compute waits for,
     recomputations: ``Plan.extra_time``; a job under a budget).
-    ``prepare_seconds``: what capturing and planning that batch took; ``startup``: what the
-    statement spent before now (measured); ``learned``: jobs like this one's fixed costs
+    ``startup``: what the statement spent before now (measured: its batch shapes' captures
+    and plans included); ``learned``: jobs like this one's fixed costs
     (:func:`overheads`); ``cold``: the process's first job."""
     rows = max(1, min(batch_size, n_train))
     forward = sum(op.end - op.start for op in seq.ops if op.phase == "forward")
     return Estimate(iteration=seq.duration + max(0.0, plan_extra), forward=forward, iterations=math.ceil(n_train / rows),
                     val_batches=n_val / rows, epochs=epochs, validate_epochs=validate_epochs and n_val > 0,
-                    capture=prepare_seconds if n_train % rows else 0.0, startup=startup, overheads=learned,
+                    startup=startup, overheads=learned,
                     cold=cold)
+
+
+# How many of its iterations' steps a job times before it says its estimate again from them
+# (the job's first left out: its first calls): 20, or fewer (3 at least) once they took a
+# second. The first ten or so steps of an epoch run beside DuckDB starting the next epoch's
+# stream on the other core: measured at 0.9-1.0 ms against 0.6 ms later in a 282-step epoch,
+# so five steps said a 20,000-row MLP 1.3-1.7x its time; twenty, 1.1x.
+TIMED_ITERATIONS, TIMED_SECONDS, TIMED_AT_LEAST = 20, 1.0, 3
+
+
+def timed_enough(steps: list[float]) -> bool:
+    """Whether a job's timed steps are enough to say its estimate again from."""
+    return len(steps) >= TIMED_ITERATIONS or (len(steps) >= TIMED_AT_LEAST and sum(steps) >= TIMED_SECONDS)
+
+
+def remeasured(est: Estimate, elapsed: float, done: int, steps: list[float]) -> float:
+    """The job's estimate again once it has run ``done`` iterations in ``elapsed`` seconds
+    (from the statement's start): what is left of its iterations at the median of ``steps``,
+    the measured seconds of its first iterations' steps, plus what ``est`` says of the rest
+    (waiting for each batch, each epoch's stream and validation, the finish).
+
+    The prediction scales the latency model's sum of an iteration's ops by what the jobs
+    like this one measured; a kind whose jobs never ran here starts at the ops' own scale,
+    and there the model's error is the estimate's: measured on this machine, a small
+    transformer's step ran 2.6-3.3x its predicted ops at batch 64 (calibration times it at
+    batch 4), a bag of words' 1.6x. So the estimate is said twice: predicted before the first
+    iteration (for the slow-job warning), then from the job's own steps. (Not from the whole
+    iterations' wall time: the first batches wait for a stream that has just started, and
+    timed so, a 20,000-row MLP's estimate came out 1.5-1.8x its time.)"""
+    per_epoch = max(est.iterations, 1)
+    left = max(0, est.epochs * per_epoch - done)
+    streams = max(0, est.epochs - math.ceil(done / per_epoch))   # epochs not begun
+    ends = max(0, est.epochs - done // per_epoch)                # epochs not ended
+    validation = est.val_batches * est.forward
+    return (elapsed + left * (statistics.median(steps) + est.overheads.batch) + streams * est.overheads.epoch
+            + ends * (validation if est.validate_epochs else 0.0) + validation + est.overheads.finish)
 
 
 # -- the fixed costs, learned from the jobs that ran ------------------------------------------------
@@ -135,54 +176,94 @@ def _key(device: str, kind: str, arch: str | None) -> str:
 
 def overheads(device: str, kind: str, arch: str) -> Overheads:
     """The learned fixed costs of a job of ``arch`` on ``kind`` inputs on ``device``; those of
-    the kind's other archs where this arch never ran; none (zeros) where the kind never ran."""
+    the kind's other archs where this arch never ran, and the streaming costs (per epoch, per
+    batch) of all the kind's jobs. Where no job of the kind ran warm here
+    (a fresh cache's first image job after its tabular ones), the per-epoch, per-batch and
+    finishing costs of the device's other kinds, at the predicted ops' own scale: streaming
+    and storing cost much the same whatever the model, the scale is the arch's (measured
+    0.5-0.7 for an MLP, 3 for a small transformer). None (zeros) where nothing ran."""
     with runtime().overheads_lock:
         table = _table()
-        return table.get(_key(device, kind, arch)) or table.get(_key(device, kind, None)) or Overheads()
+        kinds = table.get(_key(device, kind, None))
+        own = table.get(_key(device, kind, arch)) or kinds
+        anywhere = table.get(_key(device, ANY, None))
+        if (own is not None and own.excess) or anywhere is None or not anywhere.excess:
+            if own is None or kinds is None or kinds is own:
+                return own or Overheads()
+            # streaming is the data's: the line through all the kind's jobs (of more sizes than one
+            # arch's: a linear model's 400-row jobs alone said nothing of a 5,000-row epoch's batches)
+            return dataclasses.replace(own, epoch=kinds.epoch, batch=kinds.batch)
+        return Overheads(epoch=anywhere.epoch, batch=anywhere.batch, finish=anywhere.finish,
+                         cold=(own or anywhere).cold)
+
+
+# The key of what every kind's jobs on a device taught (overheads' fallback).
+ANY = "*"
 
 
 def learn(device: str, kind: str, arch: str, est: Estimate, measured: Measured) -> Overheads:
     """After a job: what it spent beyond its estimate's predicted parts, folded into what
-    jobs like it are estimated with; the new figures. A process's first job (``est.cold``)
-    teaches only ``cold``: what it spent beyond what a later job would have."""
+    jobs like it (its arch, its kind, and any job on the device) are estimated with; the new
+    figures. A process's first job (``est.cold``) teaches only ``cold``: what it spent beyond
+    what a later job would have. A first measurement is taken whole, later ones move the
+    figures ``LEARNING_RATE`` of the way."""
     epochs = len(measured.epochs)
     if epochs == 0 or est.iterations == 0:
         return overheads(device, kind, arch)
     with runtime().overheads_lock:
         table = _table()
-        for key in (_key(device, kind, arch), _key(device, kind, None)):
-            table[key] = _learned(table.get(key) or Overheads(), est, measured)
+        for key in (_key(device, kind, arch), _key(device, kind, None), _key(device, ANY, None)):
+            table[key] = _learned(table.get(key), est, measured)
         _save(table)
         return table[_key(device, kind, arch)]
 
 
-def _learned(known: Overheads, est: Estimate, measured: Measured) -> Overheads:
-    """``known`` moved towards what one job measured (``LEARNING_RATE`` of the way)."""
+def _learned(known: Overheads | None, est: Estimate, measured: Measured) -> Overheads:
+    """``known`` moved towards what one job measured (``LEARNING_RATE`` of the way; all of
+    it where nothing was known). A process's first job teaches its one-off costs and what
+    streaming and storing cost (they are not one-off: the first job's finish measured
+    0.25-0.29 s, later ones' 0.18-0.22 s), not the scale its first calls inflate."""
+    rate = LEARNING_RATE if known is not None else 1.0
+    known = known or Overheads()
     epochs = len(measured.epochs)
     validation = est.val_batches * est.forward
-    if est.cold:
-        warm = dataclasses.replace(est, overheads=known, cold=False, epochs=epochs, startup=0.0)
-        spent = sum(measured.epochs) + measured.finish
-        return dataclasses.replace(known, cold=_towards(known.cold, max(0.0, spent - warm.seconds)))
-    iterations = epochs * est.iterations
     rest = max(0.0, (sum(measured.epochs) - sum(measured.steps)) / epochs
                - (validation if est.validate_epochs else 0.0))
     rests = (*known.rests, (est.iterations, rest))[-RESTS:]
-    excess = (*known.excess, (iterations * est.iteration, max(0.0, sum(measured.steps) - est.capture)))[-RESTS:]
     epoch, batch = _line(rests)
-    ratios = [y / x for x, y in excess if x > 0]
-    scale = statistics.median(ratios) if ratios else known.scale
-    return dataclasses.replace(known, scale=scale, epoch=epoch, batch=batch,
-                               finish=_towards(known.finish, max(0.0, measured.finish - validation)),
-                               rests=rests, excess=excess)
+    finish = _towards(known.finish, max(0.0, measured.finish - validation), rate if known.rests else 1.0)
+    taught = dataclasses.replace(known, epoch=epoch, batch=batch, finish=finish, rests=rests)
+    if est.cold:
+        warm = dataclasses.replace(est, overheads=taught, cold=False, epochs=epochs, startup=0.0)
+        spent = sum(measured.epochs) + measured.finish
+        return dataclasses.replace(taught, cold=_towards(known.cold, max(0.0, spent - warm.seconds), rate))
+    excess = (*known.excess, (epochs * est.iterations * est.iteration, sum(measured.steps), est.iterations))[-RESTS:]
+    return dataclasses.replace(taught, scale=_scale(excess, known.scale), excess=excess)
+
+
+def _scale(excess, known: float) -> float:
+    """The median of the last jobs' ratios (measured step seconds / predicted), each job weighed
+    by its iterations per epoch: a job of 5 iterations an epoch switches between its two batch
+    shapes' graphs every 5 steps (their memory pools, caches gone cold) and measured 2x the
+    per-step time of one of 71, which its epochs' few steps make no large part of its time.
+    ``excess``: (predicted, measured[, iterations per epoch]) per job; ``known`` where none."""
+    ratios = sorted((y / p[0], p[2] if len(p) > 2 else 1) for p in excess for y in [p[1]] if p[0] > 0)
+    if not ratios:
+        return known
+    half, seen = sum(w for _, w in ratios) / 2, 0.0
+    for ratio, weight in ratios:
+        seen += weight
+        if seen >= half:
+            return ratio
+    return ratios[-1][0]
 
 
 # How many jobs the per-epoch, per-batch and per-iteration costs are fitted to.
 RESTS = 8
 
 
-def _towards(old: float, new: float) -> float:
-    return old + LEARNING_RATE * (new - old)
+def _towards(old: float, new: float, rate: float = LEARNING_RATE) -> float:
+    return old + rate * (new - old)
 
 
 def _line(points) -> tuple[float, float]:

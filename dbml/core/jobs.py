@@ -57,7 +57,7 @@ class Job:
     recomputes: int | None = None
     passive_swaps: int | None = None
     replans: int | None = None
-    estimated_seconds: float | None = None   # the job's predicted time (dbml.core.estimate), once planned
+    estimated_seconds: float | None = None   # the job's estimated time (dbml.core.estimate): predicted once planned, then from its first steps
     warnings: str | None = None              # what the job said before training (a slow estimate)
     started: datetime | None = None
     finished: datetime | None = None

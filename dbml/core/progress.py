@@ -30,7 +30,7 @@ class JobView:
     progress: float          # 0..1 of all its iterations
     loss: float | None
     rows_per_s: float | None
-    estimated_seconds: float | None = None   # predicted before the first iteration (dbml.core.estimate)
+    estimated_seconds: float | None = None   # predicted before the first iteration, then from its first steps (dbml.core.estimate)
 
     @property
     def ended(self) -> bool:

@@ -245,12 +245,13 @@ def hold_database_memory(job: JobHandle, device: str, budget: int, *, shared: bo
         job.hold_memory(budget, device if shared else None)
 
 
-def prepare(runner: StepRunner, x: torch.Tensor, label: torch.dtype, device: str) -> None:
+def prepare(runner: StepRunner, x: torch.Tensor, label: torch.dtype, device: str, plan: bool = True) -> None:
     """Capture and plan the first batch's graph (an input like ``x``) ahead of it, while
     DuckDB reads the rows (a no-op for eager). Capture runs on fake tensors, so a budget
     no plan can meet raises ``InfeasibleBudget`` here, before any activation is allocated
-    (and a job cancelled while it waits for admission, ``NotAdmitted``)."""
-    runner.prepare(x, torch.empty(len(x), dtype=label, device=device))
+    (and a job cancelled while it waits for admission, ``NotAdmitted``). ``plan=False``:
+    capture only (a later batch shape: ``StepRunner.prepare``)."""
+    runner.prepare(x, torch.empty(len(x), dtype=label, device=device), plan=plan)
 
 
 # -- before the model is built ---------------------------------------------------------

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from sqlglot import exp
 
 from . import catalog, checkpoints, heldout, models, placement, preload, runners, threads
-from .estimate import Estimate, Measured, estimate, learn, overheads, slow_warning
+from .estimate import Estimate, Measured, estimate, learn, overheads, remeasured, slow_warning, timed_enough
 from .runtime import runtime
 from .columns import MEMORY_FIELDS
 from .data import BatchStream, StreamStats, drop_scratch, scratch_rows
@@ -491,6 +491,9 @@ class TrainLoop:
         self.learns = (device, config.inputs.kind, config.arch)   # whose fixed costs it is estimated with
         self.step_seconds: list[float] = []   # each epoch's seconds inside step() (estimate.Measured)
         self._stepping = 0.0
+        # the estimate said again from the job's first iterations' steps (estimate.remeasured)
+        self.remeasured: float | None = None
+        self._done, self._steps = 0, []
 
     def measured(self, history: list[dict]) -> "Said | None":
         """The estimate and this run's epochs, once they have ended (None: nothing was estimated)."""
@@ -498,25 +501,36 @@ class TrainLoop:
                                                        self.step_seconds, time.perf_counter())
 
     def prepare(self) -> None:
-        """The first batch's graph and plan, while DuckDB reads the rows."""
+        """The first batch's graph and plan, while DuckDB reads the rows, and, where the rows
+        do not divide into batches, the last, smaller one's graph (a new shape is a new
+        capture, 0.3 s for a small MLP: made here, it is part of the start-up the estimate
+        measures rather than a cost inside the first epoch it would have to guess; its plan,
+        0.05 s, is made when it comes, as a plan made now would ask a shared planner for room
+        the job does not use yet)."""
         rows = min(self.spec.batch_size, self.n_train)
         label = torch.int64 if self.prep.task == "classification" else torch.float32
-        started = time.perf_counter()
         runners.prepare(self.runner, models.sample_input(self.config, rows, self.device), label, self.device)
+        schedule = schedule_of(self.runner)   # the first batch's: what an iteration is estimated from
+        if self.n_train % rows:
+            runners.prepare(self.runner, models.sample_input(self.config, self.n_train % rows, self.device), label,
+                            self.device, plan=False)
         now = time.perf_counter()
-        schedule = schedule_of(self.runner)
         if schedule is not None:   # eager (and Capuchin before its first iteration) plan nothing ahead
             self.estimate = estimate(schedule[1], n_train=self.n_train, n_val=self.n_val,
                                      batch_size=self.spec.batch_size, epochs=self.spec.epochs,
-                                     validate_epochs=self.validate is not None, prepare_seconds=now - started,
+                                     validate_epochs=self.validate is not None,
                                      startup=now - self.progress.since, learned=overheads(*self.learns),
                                      cold=first_job(), plan_extra=schedule[0].extra_time)
             self.slow = slow_warning(self.estimate, self.config, self.spec)
             self.progress.estimated(self.estimate.seconds, self.slow)
 
     def said(self) -> dict:
-        """What the job stores of its estimate: ``estimated_seconds``, and the warning of a slow one."""
-        return {"estimated_seconds": None if self.estimate is None else self.estimate.seconds,
+        """What the job stores of its estimate: ``estimated_seconds`` (the last said: from its
+        first iterations' steps where it ran that many), ``predicted_seconds`` (said before
+        them), and the warning of a slow one."""
+        predicted = None if self.estimate is None else self.estimate.seconds
+        return {"estimated_seconds": predicted if self.remeasured is None else self.remeasured,
+                "predicted_seconds": predicted,   # said before the first iteration (the model's metrics keep it)
                 "warnings": [self.slow] if self.slow else []}
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -526,8 +540,21 @@ class TrainLoop:
         started = time.perf_counter()
         loss = self.random.call(self.runner.step, x, y) if self._whole_step else self.runner.step(x, y)
         self.progress.step(len(y))
-        self._stepping += time.perf_counter() - started
+        now = time.perf_counter()
+        self._stepping += now - started
+        self._time_iterations(now - started)
         return loss
+
+    def _time_iterations(self, seconds: float) -> None:
+        """After an iteration's step: its seconds (the job's first left out: its first calls);
+        once they are enough (``estimate.timed_enough``), the estimate said again from them."""
+        self._done += 1
+        if self._done >= 2 and self.remeasured is None:
+            self._steps.append(seconds)
+            if self.estimate is not None and timed_enough(self._steps):
+                self.remeasured = remeasured(self.estimate, time.perf_counter() - self.progress.since, self._done,
+                                             self._steps)
+                self.progress.estimated(self.remeasured, self.slow)
 
     def end_epoch(self, record: dict) -> bool:
         """Report the epoch (with its validation, when measured); True to stop training here:
@@ -557,6 +584,7 @@ class TrainLoop:
         checkpoints.restore_run(self.runner, self.random, state)
         self.history, self.vanilla, self._measured = list(state["history"]), state["vanilla"], True
         self.early.load(state)
+        self._done = len(self.history) * math.ceil(self.n_train / self.spec.batch_size)   # the epochs behind it
 
     def forward_now(self):
         """The model's forward pass with the weights the runner holds now, in eval mode; it

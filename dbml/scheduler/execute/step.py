@@ -22,9 +22,10 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 class StepRunner(Protocol):
     latency_source: str | None   # where the latency model came from, for the caller's report (None: none used)
 
-    def prepare(self, x: torch.Tensor, y: torch.Tensor) -> None:
+    def prepare(self, x: torch.Tensor, y: torch.Tensor, plan: bool = True) -> None:
         """Get ready for a batch shaped like ``x``, ``y`` before its first iteration (its
-        values are not read), e.g. while the data is still being read."""
+        values are not read), e.g. while the data is still being read; ``plan=False``: only
+        what asks for no memory (capturing its graph, not planning it)."""
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Run one iteration (forward, backward, optimizer update); return the loss, detached."""
@@ -71,7 +72,7 @@ class EagerStep:
         self.peak_bytes: int | None = None
         self.latency_source: str | None = None   # eager PyTorch needs no latency model
 
-    def prepare(self, x: torch.Tensor, y: torch.Tensor) -> None:
+    def prepare(self, x: torch.Tensor, y: torch.Tensor, plan: bool = True) -> None:
         """Nothing to get ready: eager PyTorch plans nothing."""
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
