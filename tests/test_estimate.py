@@ -3,6 +3,7 @@
 choices when it passes the ``slow_train_seconds`` setting."""
 
 import dataclasses
+import json
 import types
 
 import pytest
@@ -278,3 +279,18 @@ def test_streaming_costs_are_the_kinds_whichever_arch_taught_them(learned):
     got = estimating.overheads("cpu", "tabular", "linear")
     assert got.epoch == pytest.approx(0.05) and got.batch == pytest.approx(0.002)   # the kind's line
     assert got.finish == pytest.approx(0.2) and got.scale == pytest.approx(1.0)     # the arch's own
+
+
+def test_figures_this_version_cannot_read_are_learned_afresh_not_a_failed_train(rows, learned):
+    """overheads.json is shared by every dbml on the machine: an entry of another version's
+    form (or a hand edit) is left out, and training goes on."""
+    (learned / "overheads.json").write_text(json.dumps({
+        "cpu/tabular/linear": {"scale": "fast", "excess": [[1]]},
+        "cpu/tabular/*": {"scale": 1.0, "excess": [[0.1, 0.2, 5]], "rests": []},
+        "cpu/*/*": [1, 2],
+        "cpu/image/cnn": {"scale": 2.0, "epoch": 0.1, "excess": [[0.1, 0.2]], "rests": [[5, 0.1]], "future": 1},
+    }))
+    estimating.forget()
+    assert set(estimating._table()) == {"cpu/image/cnn"}   # an older version's pairs and an unknown field: read
+    r = train(rows, "'m', 'rows', label := 'y', arch := 'linear', epochs := 2")
+    assert r["status"] == "finished" and r["estimated_seconds"] is not None

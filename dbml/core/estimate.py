@@ -73,11 +73,13 @@ class Overheads:
     # the last jobs' (iterations per epoch, seconds per epoch outside the steps): ``epoch`` and
     # ``batch`` are the line through them (a job size alone: all of it per epoch)
     rests: tuple[tuple[int, float], ...] = ()
-    # the last jobs' (predicted seconds of their steps' ops, measured seconds in their steps,
-    # iterations per epoch): ``scale`` is the median of their ratios, weighed by iterations per
-    # epoch (one job on a loaded machine, or one that waited on its copies more than its plan
-    # said, moves it no more than its weight; _scale)
-    excess: tuple[tuple[float, ...], ...] = ()
+    # the last jobs' (predicted seconds of their steps' ops, measured seconds in their steps),
+    # and their iterations per epoch (``weights``, a field of its own: versions before it read
+    # the pairs): ``scale`` is the median of their ratios, weighed by iterations per epoch (one
+    # job on a loaded machine, or one that waited on its copies more than its plan said, moves
+    # it no more than its weight; _scale)
+    excess: tuple[tuple[float, float], ...] = ()
+    weights: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -237,17 +239,25 @@ def _learned(known: Overheads | None, est: Estimate, measured: Measured) -> Over
         warm = dataclasses.replace(est, overheads=taught, cold=False, epochs=epochs, startup=0.0)
         spent = sum(measured.epochs) + measured.finish
         return dataclasses.replace(taught, cold=_towards(known.cold, max(0.0, spent - warm.seconds), rate))
-    excess = (*known.excess, (epochs * est.iterations * est.iteration, sum(measured.steps), est.iterations))[-RESTS:]
-    return dataclasses.replace(taught, scale=_scale(excess, known.scale), excess=excess)
+    weights = (*_weights(known), est.iterations)[-RESTS:]
+    excess = (*known.excess, (epochs * est.iterations * est.iteration, sum(measured.steps)))[-RESTS:]
+    return dataclasses.replace(taught, scale=_scale(excess, weights, known.scale), excess=excess, weights=weights)
 
 
-def _scale(excess, known: float) -> float:
+def _weights(known: Overheads) -> tuple[float, ...]:
+    """``known.weights``, one per ``known.excess`` (1 for those an older version wrote)."""
+    return (1.0,) * (len(known.excess) - len(known.weights)) + known.weights[-len(known.excess):] \
+        if known.excess else ()
+
+
+def _scale(excess, weights, known: float) -> float:
     """The median of the last jobs' ratios (measured step seconds / predicted), each job weighed
     by its iterations per epoch: a job of 5 iterations an epoch switches between its two batch
     shapes' graphs every 5 steps (their memory pools, caches gone cold) and measured 2x the
     per-step time of one of 71, which its epochs' few steps make no large part of its time.
-    ``excess``: (predicted, measured[, iterations per epoch]) per job; ``known`` where none."""
-    ratios = sorted((y / p[0], p[2] if len(p) > 2 else 1) for p in excess for y in [p[1]] if p[0] > 0)
+    ``excess``: (predicted, measured) per job, ``weights`` their iterations per epoch; ``known``
+    where none."""
+    ratios = sorted((y / x, w) for (x, y), w in zip(excess, weights, strict=True) if x > 0)
     if not ratios:
         return known
     half, seen = sum(w for _, w in ratios) / 2, 0.0
@@ -296,15 +306,38 @@ def _path():
 
 
 def _table() -> dict[str, Overheads]:
-    """The learned figures, read from the cache directory once per process (under the lock)."""
+    """The learned figures, read from the cache directory once per process (under the lock).
+    An entry this version cannot read (another version's, a hand edit) is left out: it is
+    learned afresh, never a failed train()."""
     learned = runtime().overheads
     if not learned:
         try:
-            learned.update({k: Overheads(**{**v, **{f: tuple(map(tuple, v.get(f, ()))) for f in ("rests", "excess")}})
-                             for k, v in json.loads(_path().read_text()).items()})
-        except (OSError, ValueError, TypeError):   # none yet, or unreadable: learned afresh
-            pass
+            entries = json.loads(_path().read_text())
+        except (OSError, ValueError):   # none yet, or unreadable: learned afresh
+            entries = {}
+        for key, value in (entries.items() if isinstance(entries, dict) else ()):
+            entry = _entry(value)
+            if entry is not None:
+                learned[key] = entry
     return learned
+
+
+def _entry(value) -> Overheads | None:
+    """One key's figures from the file, or None where they are not what this version writes."""
+    try:
+        fields = {f.name for f in dataclasses.fields(Overheads)}
+        got = {k: v for k, v in value.items() if k in fields}
+        for f in ("rests", "excess"):
+            got[f] = tuple(tuple(float(x) for x in p) for p in got.get(f, ()))
+        got["weights"] = tuple(float(w) for w in got.get("weights", ()))
+        entry = Overheads(**got)
+        numbers = (entry.scale, entry.epoch, entry.batch, entry.finish, entry.cold)
+        if not all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in numbers) \
+                or any(len(p) != 2 for p in (*entry.rests, *entry.excess)) or len(entry.weights) > len(entry.excess):
+            return None
+        return entry
+    except (AttributeError, TypeError, ValueError):
+        return None
 
 
 def _save(table: dict[str, Overheads]) -> None:
