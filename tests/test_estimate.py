@@ -250,16 +250,18 @@ def test_the_estimate_said_again_from_the_first_steps_counts_what_is_left_at_the
 
 @pytest.mark.slow   # ~2 s: two trainings
 def test_a_prediction_far_off_is_said_again_from_the_jobs_first_steps(rows, learned):
-    """Jobs like this one taught a step scale 400x too high: the prediction said before training
+    """Jobs like this one taught a step scale 40,000x too high: the prediction said before training
     is far off, the estimate said again after its first steps is near the measured time."""
     first = train(rows, "'m', 'rows', label := 'y', arch := 'linear', epochs := 4, early_stop := false")
     for k in [k for k in estimating._table() if "/tabular/" in k]:
         known = estimating._table()[k]
-        estimating._table()[k] = dataclasses.replace(known, scale=400 * known.scale)
+        estimating._table()[k] = dataclasses.replace(known, scale=40000 * known.scale)
     r = train(rows, "'m', 'rows', label := 'y', arch := 'linear', epochs := 4, early_stop := false")
     predicted = rows.sql("SELECT (metrics->>'predicted_seconds')::DOUBLE FROM dbml_models "
                          "WHERE name = 'm' AND version = 2").fetchall()[0][0]
     assert predicted > 5 * r["seconds"], (predicted, r["seconds"])
+    # the slow-job warning follows the estimate: the prediction passed 60 s, the first steps did not
+    assert predicted > 60 and r["warnings"] is None, (predicted, r["warnings"])
     # a loose bound: a shared 2-core machine's load moves a short job's time
     assert 0.4 * r["seconds"] <= r["estimated_seconds"] <= 2.5 * r["seconds"], (r["estimated_seconds"], r["seconds"])
     assert first["estimated_seconds"] is not None
@@ -294,3 +296,14 @@ def test_figures_this_version_cannot_read_are_learned_afresh_not_a_failed_train(
     assert set(estimating._table()) == {"cpu/image/cnn"}   # an older version's pairs and an unknown field: read
     r = train(rows, "'m', 'rows', label := 'y', arch := 'linear', epochs := 2")
     assert r["status"] == "finished" and r["estimated_seconds"] is not None
+
+
+def test_the_slow_warning_said_from_the_first_steps_names_their_time():
+    est = estimate(_seq(0.001, 0.002, 0.001), n_train=6400, n_val=0, batch_size=64, epochs=50, validate_epochs=False)
+    spec = types.SimpleNamespace(settings=types.SimpleNamespace(slow_train_seconds=60.0), shape=None)
+    text = types.SimpleNamespace(arch="transformer", inputs=Inputs("tokens", vocab=100, max_len=16))
+    assert estimating.slow_warning(est, text, spec) is None           # predicted: 50 x 100 x 4 ms = 20 s
+    steps = [0.02] * 20                                                # measured: 20 ms a step
+    warning = estimating.slow_warning(estimating.timed(est, steps), text, spec, seconds=101.0)
+    assert warning.startswith("estimated 101 s to train (50 epochs of 100 iterations, 20.0 ms each, timed over "
+                              "its first steps)") and "epochs := 30" in warning and "arch := 'bow'" in warning

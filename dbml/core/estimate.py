@@ -56,7 +56,7 @@ from dataclasses import asdict, dataclass
 
 from .runtime import runtime
 
-__all__ = ["Estimate", "Measured", "Overheads", "estimate", "learn", "overheads", "remeasured", "timed_enough", "slow_warning",
+__all__ = ["Estimate", "Measured", "Overheads", "estimate", "learn", "overheads", "remeasured", "timed", "timed_enough", "slow_warning",
            "cheaper_choices"]
 
 
@@ -95,6 +95,7 @@ class Estimate:
     startup: float = 0.0   # seconds spent before the estimate, measured: the statement's start to the first plan
     overheads: Overheads = Overheads()   # learned fixed costs of jobs like this one (learn)
     cold: bool = False     # the process's first job: its one-off costs (overheads.cold) are counted
+    timed: bool = False    # ``iteration`` is the job's own steps' median (timed), not the latency model's
 
     @property
     def epoch_seconds(self) -> float:
@@ -150,7 +151,7 @@ def remeasured(est: Estimate, elapsed: float, done: int, steps: list[float]) -> 
     and there the model's error is the estimate's: measured on this machine, a small
     transformer's step ran 2.6-3.3x its predicted ops at batch 64 (calibration times it at
     batch 4), a bag of words' 1.6x. So the estimate is said twice: predicted before the first
-    iteration (for the slow-job warning), then from the job's own steps. (Not from the whole
+    iteration, then from the job's own steps (and the slow-job warning with it: :func:`timed`). (Not from the whole
     iterations' wall time: the first batches wait for a stream that has just started, and
     timed so, a 20,000-row MLP's estimate came out 1.5-1.8x its time.)"""
     per_epoch = max(est.iterations, 1)
@@ -358,15 +359,25 @@ def forget() -> None:
         runtime().overheads.clear()
 
 
-def slow_warning(est: Estimate, config, spec) -> str | None:
-    """The warning of a job whose estimate passes ``spec.settings.slow_train_seconds``, naming the
-    estimate and cheaper choices; None under it."""
-    if est.seconds <= spec.settings.slow_train_seconds:
+def slow_warning(est: Estimate, config, spec, seconds: float | None = None) -> str | None:
+    """The warning of a job whose estimate (``seconds``, or ``est``'s own) passes
+    ``spec.settings.slow_train_seconds``, naming the estimate and cheaper choices; None under it."""
+    seconds = est.seconds if seconds is None else seconds
+    if seconds <= spec.settings.slow_train_seconds:
         return None
     choices = cheaper_choices(est, config, spec)
-    return (f"estimated {_duration(est.seconds)} to train ({est.epochs} epochs of {est.iterations} iterations, "
-            f"{_duration(est.iteration)} each, predicted by the latency model) before early stopping"
+    how = "timed over its first steps" if est.timed else "predicted by the latency model"
+    return (f"estimated {_duration(seconds)} to train ({est.epochs} epochs of {est.iterations} iterations, "
+            f"{_duration(est.iteration * est.overheads.scale)} each, {how}) before early stopping"
             + (f"; cheaper: {' or '.join(choices)}" if choices else ""))
+
+
+def timed(est: Estimate, steps: list[float]) -> Estimate:
+    """``est`` with its iteration the median of the job's first ``steps`` (their measured
+    seconds: the latency model's scale no longer applies), for :func:`slow_warning`'s figures
+    once the estimate is said again (:func:`remeasured`)."""
+    return dataclasses.replace(est, iteration=statistics.median(steps),
+                               overheads=dataclasses.replace(est.overheads, scale=1.0), timed=True)
 
 
 # Cheaper architectures for a kind of input: the one ``auto`` picks below its size thresholds

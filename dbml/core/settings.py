@@ -58,8 +58,8 @@ SETTINGS = (
     Setting("replan_threshold", "DOUBLE", 0.3,
             "plan updating: relative drift of the summed latency that replans"),
     Setting("slow_train_seconds", "DOUBLE", 60.0,
-            "a train() whose time predicted before training (predicted_seconds in its model's metrics) passes "
-            "this says so in its warnings, with cheaper choices"),
+            "a train() whose estimated time (estimated_seconds: predicted before training, then from its first "
+            "steps) passes this says so in its warnings, with cheaper choices"),
     Setting("torch_threads", "INTEGER", 1, "PyTorch intra-op threads of each training job's thread"),
     Setting("prefetch_batches", "INTEGER", 4, "record batches fetched ahead of training"),
     Setting("shuffle_window", "INTEGER", 65536, "rows of the shuffle buffer each epoch draws batches from"),

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from sqlglot import exp
 
 from . import catalog, checkpoints, heldout, models, placement, preload, runners, threads
-from .estimate import Estimate, Measured, estimate, learn, overheads, remeasured, slow_warning, timed_enough
+from .estimate import Estimate, Measured, estimate, learn, overheads, remeasured, slow_warning, timed, timed_enough
 from .runtime import runtime
 from .columns import MEMORY_FIELDS
 from .data import BatchStream, StreamStats, drop_scratch, scratch_rows
@@ -547,13 +547,16 @@ class TrainLoop:
 
     def _time_iterations(self, seconds: float) -> None:
         """After an iteration's step: its seconds (the job's first left out: its first calls);
-        once they are enough (``estimate.timed_enough``), the estimate said again from them."""
+        once they are enough (``estimate.timed_enough``), the estimate said again from them, and
+        the slow-job warning with it."""
         self._done += 1
         if self._done >= 2 and self.remeasured is None:
             self._steps.append(seconds)
             if self.estimate is not None and timed_enough(self._steps):
                 self.remeasured = remeasured(self.estimate, time.perf_counter() - self.progress.since, self._done,
                                              self._steps)
+                # the warning follows the estimate: said, or withdrawn, with it
+                self.slow = slow_warning(timed(self.estimate, self._steps), self.config, self.spec, self.remeasured)
                 self.progress.estimated(self.remeasured, self.slow)
 
     def end_epoch(self, record: dict) -> bool:
