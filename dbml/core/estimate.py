@@ -15,9 +15,8 @@ over the held-out rows that early stopping reads each epoch, plus the job's fixe
 * The start-up is what the statement has spent before the estimate is said, measured, not
   predicted: in a fresh process the imports (torch, the scheduler), loading the latency
   predictor, the first capture; in any process reading and encoding the rows and the
-  captures and plans of the epoch's batch shapes (``TrainLoop.prepare``: the first batch's
-  and the last, smaller one's). Issue 32 found it left out: 13 s of a fresh process's 14 s
-  first train().
+  first batch's capture and plan and the last, smaller batch's capture (``TrainLoop.prepare``).
+  Issue 32 found it left out: 13 s of a fresh process's 14 s first train().
 * The rest is what no op latency holds (``Overheads``): the executor's dispatch and the
   step's bookkeeping (``scale``, measured step seconds per predicted op second), waiting
   for each batch and starting each epoch's stream from DuckDB (``batch``, ``epoch``),
@@ -31,10 +30,10 @@ over the held-out rows that early stopping reads each epoch, plus the job's fixe
   their predicted scale (:func:`overheads`); on a machine that trained nothing, none.
 
 The last batch's capture is measured, not predicted: a smaller last batch is a new graph,
-captured and planned before the estimate (until the tenth round it was captured in the first
+captured before the estimate (until the tenth round it was captured and planned in the first
 epoch and guessed as long as the first batch's; but the first batch's graph is often read
 from the disk cache and the last one's not, and the first epoch of a 5,000-row job then
-took 0.4 s more than said).
+took 0.4 s more than said). Its plan, 0.05 s, is still made in the first epoch.
 
 ``epochs`` is the upper bound: early stopping may end sooner. The sequence is planned
 for the first batch at its full size (sequences at their longest), so a job of
@@ -105,8 +104,19 @@ class Estimate:
 
     @property
     def seconds(self) -> float:
-        return (self.startup + self.epochs * self.epoch_seconds + self.val_batches * self.forward
-                + self.overheads.finish + (self.overheads.cold if self.cold else 0.0))
+        return self.startup + self.left_after(0)
+
+    def left_after(self, done: int) -> float:
+        """Seconds left once ``done`` of its iterations have run: the rest of them, the streams
+        of the epochs not begun, the validation passes of those not ended and the last one,
+        the finish, and (cold) the one-off costs."""
+        per_iteration = self.iteration * self.overheads.scale + self.overheads.batch
+        streams = max(0, self.epochs - math.ceil(done / self.iterations))   # epochs not begun
+        ends = max(0, self.epochs - done // self.iterations)                # epochs not ended
+        validation = self.val_batches * self.forward
+        return (max(0, self.epochs * self.iterations - done) * per_iteration + streams * self.overheads.epoch
+                + ends * (validation if self.validate_epochs else 0.0) + validation + self.overheads.finish
+                + (self.overheads.cold if self.cold else 0.0))
 
 
 def estimate(seq, *, n_train: int, n_val: int, batch_size: int, epochs: int, validate_epochs: bool,
@@ -116,8 +126,8 @@ def estimate(seq, *, n_train: int, n_val: int, batch_size: int, epochs: int, val
     ``min(batch_size, n_train)`` rows): op ``end`` times are the predicted latencies, summed,
     and ``plan_extra``, what its plan adds to an iteration (copies compute waits for,
     recomputations: ``Plan.extra_time``; a job under a budget).
-    ``startup``: what the statement spent before now (measured: its batch shapes' captures
-    and plans included); ``learned``: jobs like this one's fixed costs
+    ``startup``: what the statement spent before now (measured: the batch shapes' captures
+    included); ``learned``: jobs like this one's fixed costs
     (:func:`overheads`); ``cold``: the process's first job."""
     rows = max(1, min(batch_size, n_train))
     forward = sum(op.end - op.start for op in seq.ops if op.phase == "forward")
@@ -154,13 +164,7 @@ def remeasured(est: Estimate, elapsed: float, done: int, steps: list[float]) -> 
     iteration, then from the job's own steps (and the slow-job warning with it: :func:`timed`). (Not from the whole
     iterations' wall time: the first batches wait for a stream that has just started, and
     timed so, a 20,000-row MLP's estimate came out 1.5-1.8x its time.)"""
-    per_epoch = max(est.iterations, 1)
-    left = max(0, est.epochs * per_epoch - done)
-    streams = max(0, est.epochs - math.ceil(done / per_epoch))   # epochs not begun
-    ends = max(0, est.epochs - done // per_epoch)                # epochs not ended
-    validation = est.val_batches * est.forward
-    return (elapsed + left * (statistics.median(steps) + est.overheads.batch) + streams * est.overheads.epoch
-            + ends * (validation if est.validate_epochs else 0.0) + validation + est.overheads.finish)
+    return elapsed + timed(est, steps).left_after(done)
 
 
 # -- the fixed costs, learned from the jobs that ran ------------------------------------------------
@@ -190,14 +194,14 @@ def overheads(device: str, kind: str, arch: str) -> Overheads:
         kinds = table.get(_key(device, kind, None))
         own = table.get(_key(device, kind, arch)) or kinds
         anywhere = table.get(_key(device, ANY, None))
-        if (own is not None and own.excess) or anywhere is None or not anywhere.excess:
-            if own is None or kinds is None or kinds is own:
-                return own or Overheads()
-            # streaming is the data's: the line through all the kind's jobs (of more sizes than one
-            # arch's: a linear model's 400-row jobs alone said nothing of a 5,000-row epoch's batches)
-            return dataclasses.replace(own, epoch=kinds.epoch, batch=kinds.batch)
-        return Overheads(epoch=anywhere.epoch, batch=anywhere.batch, finish=anywhere.finish,
-                         cold=(own or anywhere).cold)
+        if (own is None or not own.excess) and anywhere is not None and anywhere.excess:
+            return Overheads(epoch=anywhere.epoch, batch=anywhere.batch, finish=anywhere.finish,
+                             cold=(own or anywhere).cold)
+        if own is None or kinds is None or own is kinds:
+            return own or Overheads()
+        # streaming is the data's: the line through all the kind's jobs (of more sizes than one
+        # arch's: a linear model's 400-row jobs alone said nothing of a 5,000-row epoch's batches)
+        return dataclasses.replace(own, epoch=kinds.epoch, batch=kinds.batch)
 
 
 # The key of what every kind's jobs on a device taught (overheads' fallback).
@@ -207,9 +211,8 @@ ANY = "*"
 def learn(device: str, kind: str, arch: str, est: Estimate, measured: Measured) -> Overheads:
     """After a job: what it spent beyond its estimate's predicted parts, folded into what
     jobs like it (its arch, its kind, and any job on the device) are estimated with; the new
-    figures. A process's first job (``est.cold``) teaches only ``cold``: what it spent beyond
-    what a later job would have. A first measurement is taken whole, later ones move the
-    figures ``LEARNING_RATE`` of the way."""
+    figures (:func:`_learned`: a process's first job teaches no scale). A first measurement is
+    taken whole, later ones move the figures ``LEARNING_RATE`` of the way."""
     epochs = len(measured.epochs)
     if epochs == 0 or est.iterations == 0:
         return overheads(device, kind, arch)
@@ -375,8 +378,9 @@ def slow_warning(est: Estimate, config, spec, seconds: float | None = None) -> s
 def timed(est: Estimate, steps: list[float]) -> Estimate:
     """``est`` with its iteration the median of the job's first ``steps`` (their measured
     seconds: the latency model's scale no longer applies), for :func:`slow_warning`'s figures
-    once the estimate is said again (:func:`remeasured`)."""
-    return dataclasses.replace(est, iteration=statistics.median(steps),
+    once the estimate is said again (:func:`remeasured`). Its one-off costs, a process's
+    first job's, are behind it by then (``cold`` off)."""
+    return dataclasses.replace(est, iteration=statistics.median(steps), cold=False,
                                overheads=dataclasses.replace(est.overheads, scale=1.0), timed=True)
 
 

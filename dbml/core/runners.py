@@ -412,7 +412,6 @@ def real_memory_warning(memory: dict) -> str | None:
             f"smaller batch_size, to keep the process within it")
 
 
-
 def memory_summary(stats: dict, vanilla: int | None, real=None) -> dict:
     """The train summary's memory figures. The vanilla MSR is against, and its
     ``vanilla_source``: 'measured' (``vanilla``, eager PyTorch on a copy; or an eager job's

@@ -550,9 +550,9 @@ class TrainLoop:
         once they are enough (``estimate.timed_enough``), the estimate said again from them, and
         the slow-job warning with it."""
         self._done += 1
-        if self._done >= 2 and self.remeasured is None:
+        if self._done >= 2 and self.estimate is not None and self.remeasured is None:   # nothing kept for eager
             self._steps.append(seconds)
-            if self.estimate is not None and timed_enough(self._steps):
+            if timed_enough(self._steps):
                 self.remeasured = remeasured(self.estimate, time.perf_counter() - self.progress.since, self._done,
                                              self._steps)
                 # the warning follows the estimate: said, or withdrawn, with it
